@@ -1,0 +1,39 @@
+"""Task registry: a plain dict from name to factory, and get_task(name, data=..., **options).
+
+Text tasks (one file each; interface in notes/interfaces.md):
+  countdown       procedural arithmetic puzzles            options: num_count=(3, 4) | 3 | 4 | 2, format_score=0.0
+  knights_knaves  procedural logic puzzles (Logic-RL)      options: people=(3, 4, 5), binary=False
+  gsm8k           grade-school math, needs data=PATH (or the `datasets` package)   options: format_score=0.0
+  text_match      {prompt, reference} JSONL, F1 + ROUGE-L reward, needs data=PATH
+                  options: format_weight=0.0, pass_threshold=0.5
+The ImageNet toy (tasks/imagenet_toy.py) is not a text task, so it has no entry here.
+
+Every task object has: name, pass_threshold, examples(split, n, seed), prompt(example, style),
+reward(completion, example, style), solution(example, style), reward_fn(completions, **columns).
+"""
+
+import inspect
+
+from tasks import countdown, gsm8k, knights_knaves, text_match
+from tasks._verify import COMPACT_ALPHABET
+
+TASKS = {
+    "countdown": countdown.make_task,
+    "knights_knaves": knights_knaves.make_task,
+    "gsm8k": gsm8k.make_task,
+    "text_match": text_match.make_task,
+}
+
+__all__ = ["COMPACT_ALPHABET", "TASKS", "get_task"]
+
+
+def get_task(name, *, data=None, **options):
+    """Build the task `name`; `data` is a file path for the data-file tasks, `options` go to its factory."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(sorted(TASKS))}")
+    factory = TASKS[name]
+    allowed = [p for p in inspect.signature(factory).parameters if p != "data"]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"task {name!r} has no option(s) {unknown}; options: {allowed}")
+    return factory(data=data, **options)

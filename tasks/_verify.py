@@ -1,0 +1,109 @@
+"""Helpers shared by the task files: the compact alphabet, tag extraction, the think/answer format check,
+the chat system prompt and the TRL-style batch wrapper.
+
+Everything here works on plain strings with str.find / str.rfind and linear regexes, so a hostile
+100 000-character completion costs a few milliseconds and nothing is ever evaluated as code.
+"""
+
+import re
+
+# Every character of a compact prompt or solution is one of these (the tiny char model's vocabulary).
+COMPACT_ALPHABET = "\n ()*+,-./0123456789:=>abcdefghijklmnopqrstuvwxyz"
+_COMPACT_SET = frozenset(COMPACT_ALPHABET)
+
+# The papers' instruct template: reason inside <think>, answer inside <answer>.
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. You first reason about the problem step by step, then give the user "
+    "the final answer. Write the reasoning inside <think> </think> tags and the final answer inside "
+    "<answer> </answer> tags, i.e. <think> reasoning here </think> <answer> answer here </answer>."
+)
+
+
+def chat_messages(user_text):
+    """The chat-style prompt: the think/answer system message plus one user message."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text}]
+
+
+def compact_text(text):
+    """Lower-case `text` and map every character outside COMPACT_ALPHABET to a space (runs collapsed)."""
+    mapped = "".join(c if c in _COMPACT_SET and c != "\n" else " " for c in text.lower())
+    return " ".join(mapped.split())
+
+
+def completion_text(completion):
+    """The text of one completion: a plain string, or TRL's conversational form
+    [{"role": "assistant", "content": ...}] (the last message's content is used)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    if isinstance(completion, (list, tuple)) and completion:
+        last = completion[-1]
+        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
+    return ""
+
+
+def last_tag_block(text, tag="answer"):
+    """Content of the last <tag>...</tag> in `text`, or None. O(len(text)), no regex."""
+    close = text.rfind(f"</{tag}>")
+    if close < 0:
+        return None
+    start = text.rfind(f"<{tag}>", 0, close)
+    if start < 0:
+        return None
+    return text[start + len(tag) + 2:close]
+
+
+def has_think_answer_format(text):
+    """True when `text` holds exactly one <think>...</think> followed by exactly one <answer>...</answer>.
+
+    A completion that starts inside the think block counts as if "<think>" were there: chat templates of
+    reasoning models pre-fill it in the prompt (one-line simplification of Logic-RL's check)."""
+    if text.count("<think>") == 0 and text.count("</think>") == 1:
+        text = "<think>" + text
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    if any(text.count(tag) != 1 for tag in tags):
+        return False
+    positions = [text.find(tag) for tag in tags]
+    return positions == sorted(positions)
+
+
+def answer_region(text):
+    """Where a chat completion's answer lives: the last <answer> block, else the text after the last </think>,
+    else the whole completion."""
+    block = last_tag_block(text)
+    if block is not None:
+        return block
+    end_think = text.rfind("</think>")
+    return text[end_think + len("</think>"):] if end_think >= 0 else text
+
+
+_ASCII_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+
+
+def last_number(text):
+    """The last ASCII number in `text` (commas kept; the caller normalises), or None. Linear-time regex,
+    tried on the last 1000 characters first (a match touching that window's edge may be cut: rescan all)."""
+    for tail in (text[-1000:], text):
+        last = None
+        for last in _ASCII_NUMBER.finditer(tail):
+            pass
+        if last is not None and (last.start() > 0 or len(tail) == len(text)):
+            return last.group(0)
+        if len(tail) == len(text):
+            return None
+    return None
+
+
+def rewards_from_columns(reward, completions, columns, fields, style="chat"):
+    """TRL GRPOTrainer-style batch reward: completions[i] is scored against the example rebuilt from
+    columns[field][i] for every field of the task's examples (extra columns such as `prompts` are ignored)."""
+    missing = [f for f in fields if f not in columns]
+    if missing:
+        raise ValueError(f"reward_fn: missing example column(s) {missing}; pass the dataset columns as keywords")
+    for field in fields:
+        if len(columns[field]) != len(completions):
+            raise ValueError(f"reward_fn: column '{field}' has {len(columns[field])} rows, "
+                             f"expected {len(completions)} (one per completion)")
+    return [float(reward(completion_text(c), {f: columns[f][i] for f in fields}, style=style))
+            for i, c in enumerate(completions)]

@@ -1,0 +1,297 @@
+"""Countdown: combine 3 or 4 given integers with + - * / into an expression that equals a target.
+
+Generator (DESIGN.md §6): integers in [1, 99], target in [10, 100], both redrawn until a depth-first search
+finds an expression that uses every number exactly once (division only when exact). Verifier: a whitelisted
+tokenizer and a recursive-descent parser (integers, + - * /, parentheses, optional "= target"), bounded in
+length and depth, evaluated in exact Fractions; the multiset of numbers used must equal the given one.
+Model output is never evaluated as Python.
+
+Compact style (tiny char model):  prompt "12 5 3>51:"  solution "12*5-9" style, no spaces.
+Chat style: the TinyZero-like think/answer template; the last <answer>...</answer> is graded.
+"""
+
+import random
+import zlib
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+from tasks._verify import chat_messages, completion_text, last_tag_block, rewards_from_columns
+
+MAX_ANSWER_CHARS = 200  # longer answers are rejected before tokenizing
+MAX_PAREN_DEPTH = 16  # deeper nesting is rejected by the parser
+MAX_NUMBER_DIGITS = 6  # integer literals with more digits are rejected
+NUMBER_RANGE = (1, 99)
+TARGET_RANGE = (10, 100)
+TEST_EVERY = 10  # a problem belongs to the test split when crc32(problem) % TEST_EVERY == 0
+
+# ---------------------------------------------------------------------------------------------------------
+# Solver (generator side). values[mask] = every integer reachable from the numbers in bitmask `mask` (exact
+# division only). The target is checked, and the expression rebuilt, by a depth-first search over splits of
+# a mask into two parts that looks the needed right operand up in the other part's set instead of looping.
+_ATOM, _PRODUCT, _SUM = 3, 2, 1
+
+
+def _value_sets(numbers):
+    """{mask: set of reachable integers} for every non-empty proper subset of the numbers."""
+    k = len(numbers)
+    full = (1 << k) - 1
+    values = {1 << i: {n} for i, n in enumerate(numbers)}
+    for mask in sorted(range(1, full), key=lambda m: bin(m).count("1")):
+        if mask in values:
+            continue
+        reachable = set()
+        sub = (mask - 1) & mask
+        while sub:
+            rest = mask ^ sub
+            if sub < rest:  # unordered split; both operand orders are added below
+                for a in values[sub]:
+                    for b in values[rest]:
+                        reachable.update((a + b, a - b, b - a, a * b))
+                        if b and a % b == 0:
+                            reachable.add(a // b)
+                        if a and b % a == 0:
+                            reachable.add(b // a)
+            sub = (sub - 1) & mask
+        values[mask] = reachable
+    return values
+
+
+def _split(mask, value, values):
+    """(left_mask, a, op, b) with a op b == value, a from values[left_mask], b from the rest; or None."""
+    sub = (mask - 1) & mask
+    while sub:
+        rest_values = values[mask ^ sub]
+        for a in values[sub]:
+            needed = {"+": value - a, "-": a - value}
+            if a and value % a == 0:
+                needed["*"] = value // a
+            if value and a % value == 0 and a // value:
+                needed["/"] = a // value
+            for op, b in needed.items():
+                if b in rest_values:
+                    return sub, a, op, b
+            if value == 0 and a == 0 and rest_values:  # 0 * b and 0 / b (b != 0)
+                b = next((x for x in rest_values if x), None)
+                if b is not None:
+                    return sub, a, "/", b
+        sub = (sub - 1) & mask
+    return None
+
+
+def _expression(mask, value, values, numbers):
+    """(text, precedence) of an expression over the numbers in `mask` equal to `value` (which is reachable)."""
+    if mask & (mask - 1) == 0:
+        return str(numbers[mask.bit_length() - 1]), _ATOM
+    sub, a, op, b = _split(mask, value, values)
+    ta, pa = _expression(sub, a, values, numbers)
+    tb, pb = _expression(mask ^ sub, b, values, numbers)
+    left = f"({ta})" if (op in "*/" and pa == _SUM) else ta
+    right_needs = pb == _SUM if op in "-*" else pb <= _PRODUCT if op == "/" else False
+    right = f"({tb})" if right_needs else tb
+    return f"{left}{op}{right}", _SUM if op in "+-" else _PRODUCT
+
+
+@lru_cache(maxsize=65536)
+def solve(numbers, target):
+    """One expression (compact, minimal parentheses) using every number of the tuple `numbers` exactly once
+    that equals `target` with integer intermediate results, or None when there is none."""
+    if len(numbers) == 1:
+        return str(numbers[0]) if numbers[0] == target else None
+    full = (1 << len(numbers)) - 1
+    values = _value_sets(numbers)
+    if _split(full, target, values) is None:
+        return None
+    return _expression(full, target, values, numbers)[0]
+
+
+def generate(rng, num_counts, split):
+    """One solvable problem {"numbers", "target"} from `rng` that belongs to `split` (train/test by hash)."""
+    while True:
+        count = rng.choice(num_counts)
+        numbers = [rng.randint(*NUMBER_RANGE) for _ in range(count)]
+        target = rng.randint(*TARGET_RANGE)
+        in_test = zlib.crc32(repr((sorted(numbers), target)).encode()) % TEST_EVERY == 0
+        if in_test != (split == "test"):
+            continue
+        if solve(tuple(numbers), target) is not None:
+            return {"numbers": numbers, "target": target}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Verifier: whitelisted tokenizer + recursive-descent parser over exact Fractions.
+class ParseError(ValueError):
+    """The answer is not a well-formed equation of the allowed grammar."""
+
+
+def tokenize(text):
+    """Integers and the characters + - * / ( ) =, ASCII only; whitespace is skipped. Anything else raises."""
+    tokens, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c in " \t\n":
+            i += 1
+        elif c in "+-*/()=":
+            tokens.append(c)
+            i += 1
+        elif "0" <= c <= "9":  # explicit ASCII range: str.isdigit() would accept '٣'
+            j = i
+            while j < len(text) and "0" <= text[j] <= "9":
+                j += 1
+            if j - i > MAX_NUMBER_DIGITS:
+                raise ParseError("integer literal too long")
+            tokens.append(int(text[i:j]))
+            i = j
+        else:
+            raise ParseError(f"character {c!r} not allowed")
+    return tokens
+
+
+def parse_equation(text):
+    """Parse "expr" or "expr = integer" -> (value: Fraction or None on division by zero, numbers used: list,
+    claimed right-hand side: int or None). Grammar: expr := term (+|- term)*, term := factor (*|/ factor)*,
+    factor := integer | ( expr ). Raises ParseError on anything else, on answers longer than
+    MAX_ANSWER_CHARS and on parentheses nested deeper than MAX_PAREN_DEPTH."""
+    if len(text) > MAX_ANSWER_CHARS:
+        raise ParseError("answer too long")
+    tokens = tokenize(text)
+    pos = 0
+    used = []
+
+    def peek():
+        return tokens[pos] if pos < len(tokens) else None
+
+    def factor(depth):
+        nonlocal pos
+        token = peek()
+        if isinstance(token, int):
+            pos += 1
+            used.append(token)
+            return Fraction(token)
+        if token == "(":
+            if depth >= MAX_PAREN_DEPTH:
+                raise ParseError("parentheses nested too deep")
+            pos += 1
+            value = expr(depth + 1)
+            if peek() != ")":
+                raise ParseError("missing ')'")
+            pos += 1
+            return value
+        raise ParseError(f"unexpected token {token!r}")
+
+    def term(depth):
+        nonlocal pos
+        value = factor(depth)
+        while peek() in ("*", "/"):
+            op = tokens[pos]
+            pos += 1
+            right = factor(depth)
+            if value is None or right is None or (op == "/" and right == 0):
+                value = None  # division by zero: keep parsing, the answer is well-formed but worth nothing
+            else:
+                value = value * right if op == "*" else value / right
+        return value
+
+    def expr(depth):
+        nonlocal pos
+        value = term(depth)
+        while peek() in ("+", "-"):
+            op = tokens[pos]
+            pos += 1
+            right = term(depth)
+            value = None if value is None or right is None else value + right if op == "+" else value - right
+        return value
+
+    value = expr(0)
+    claimed = None
+    if peek() == "=":
+        pos += 1
+        claimed = peek()
+        if not isinstance(claimed, int):
+            raise ParseError("'=' must be followed by an integer")
+        pos += 1
+    if pos != len(tokens):
+        raise ParseError(f"unexpected token {peek()!r}")
+    return value, used, claimed
+
+
+def is_correct(answer, numbers, target):
+    """True when `answer` parses, uses exactly the multiset `numbers`, and equals `target` (and so does its
+    optional "= n" suffix). Raises ParseError when the answer is malformed."""
+    value, used, claimed = parse_equation(answer)
+    return (sorted(used) == sorted(numbers) and value is not None and value == target
+            and (claimed is None or claimed == target))
+
+
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class CountdownTask:
+    """Countdown task object (interface in notes/interfaces.md). num_counts: how many numbers a problem may
+    have (each problem draws one); format_score: reward for a well-formed but wrong answer (TinyZero: 0.1)."""
+
+    num_counts: tuple = (3, 4)
+    format_score: float = 0.0
+    name: str = "countdown"
+    pass_threshold: float = 1.0
+
+    def examples(self, split, n, seed):
+        """`n` distinct solvable problems, deterministic in (split, seed); train and test never share one."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        rng = random.Random(f"countdown-{split}-{seed}")
+        out, seen = [], set()
+        while len(out) < n:
+            problem = generate(rng, self.num_counts, split)
+            key = (tuple(sorted(problem["numbers"])), problem["target"])
+            if key not in seen:
+                seen.add(key)
+                out.append(problem)
+        return out
+
+    def prompt(self, example, style="chat"):
+        numbers, target = example["numbers"], example["target"]
+        if style == "compact":
+            return " ".join(str(n) for n in numbers) + f">{target}:"
+        if style != "chat":
+            raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
+        return chat_messages(
+            f"Using the numbers {list(numbers)}, write an equation that equals {target}. You may use +, -, * "
+            "and / with parentheses, and every number must be used exactly once. Reason inside <think> "
+            "</think> tags, then give only the equation inside <answer> </answer> tags, for example "
+            "<answer> (1 + 2) * 3 </answer>.")
+
+    def reward(self, completion, example, style="chat"):
+        """1.0 for a correct equation; format_score for a well-formed wrong one (chat: any <answer> block,
+        as in TinyZero; compact: a parseable expression); 0.0 otherwise."""
+        text = completion_text(completion)
+        answer = text.strip() if style == "compact" else last_tag_block(text)
+        if answer is None:
+            return 0.0
+        try:
+            correct = is_correct(answer, example["numbers"], example["target"])
+        except ParseError:
+            return 0.0 if style == "compact" else self.format_score
+        return 1.0 if correct else self.format_score
+
+    def solution(self, example, style="compact"):
+        """A correct completion, from the depth-first solver (the warm-start target)."""
+        expression = solve(tuple(example["numbers"]), example["target"])
+        if expression is None:
+            raise ValueError(f"countdown example has no solution: {example}")
+        if style == "compact":
+            return expression
+        return f"<think> {expression} = {example['target']} </think> <answer> {expression} </answer>"
+
+    def reward_fn(self, completions, **columns):
+        """TRL GRPOTrainer reward function: columns `numbers` and `target`, one row per completion."""
+        return rewards_from_columns(self.reward, completions, columns, ("numbers", "target"))
+
+
+def make_task(data=None, num_count=(3, 4), format_score=0.0):
+    """Factory for get_task("countdown", num_count=(3, 4) | 3 | 4 | 2, format_score=0.0)."""
+    if data is not None:
+        raise ValueError("countdown generates its problems; it takes no data= file")
+    counts = (num_count,) if isinstance(num_count, int) else tuple(num_count)
+    if not counts or any(c not in (2, 3, 4) for c in counts):
+        raise ValueError(f"num_count must be 2, 3, 4 or a tuple of those such as (3, 4), got {num_count!r}")
+    return CountdownTask(num_counts=counts, format_score=float(format_score))

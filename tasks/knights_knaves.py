@@ -1,0 +1,280 @@
+"""Knights and Knaves: knights always tell the truth, knaves always lie; find who is who.
+
+Generator (DESIGN.md §6): n people each make one statement, a tree of depth <= 2 over leaves "X is a
+knight/knave" with not, and, or, -> and <=> (two operands). Every statement is turned into a truth table over
+all 2^n knight/knave assignments, held as one Python integer with bit a set when the statement is true under
+assignment a (person i is a knight in assignment a iff bit i of a is set). A puzzle is kept only when
+exactly one assignment makes every "person i is a knight <=> statement i" hold, and no two statements repeat.
+
+Reward (Logic-RL): format +1 / -1 (one <think>...</think> then one <answer>...</answer>), answer +2 when every
+role is right, -1.5 when parsed but wrong, -2 when unparseable or when the format failed. Top score 3.
+The binary variant gives 1.0 for format + right answer, else 0.0.
+
+Compact style: people are letters a, b, c, ...; a leaf is "b1" (b is a knight) or "b0" (b is a knave); "-"
+is not, "*" and, "+" or, ">" implies, "=" iff. Prompt "a:b1*c0,b:-a1,c:a1>b0." -> solution "101".
+"""
+
+import random
+import re
+import zlib
+from dataclasses import dataclass
+
+from tasks._verify import chat_messages, completion_text, has_think_answer_format, last_tag_block, \
+    rewards_from_columns
+
+NAMES = ("alice", "bob", "charlie", "david", "emma", "frank", "grace", "henry", "isabella", "jack", "kate",
+         "liam", "mia", "noah", "olivia", "peter", "quinn", "ruby", "samuel", "tara", "uma", "victor",
+         "william", "xena", "yusuf", "zoey", "aiden", "bella", "caleb", "daisy", "ethan", "fiona", "george",
+         "hannah", "oscar", "penelope", "lucas", "sofia", "mason", "chloe")
+OPS = ("leaf", "not", "and", "or", "imp", "iff")  # drawn uniformly for the top of each statement
+COMPACT_OP = {"and": "*", "or": "+", "imp": ">", "iff": "="}
+LETTERS = "abcdefgh"
+MAX_ANSWER_CHARS = 2000  # longer answers are unparseable
+TEST_EVERY = 10  # a puzzle is in the test split when hash(puzzle) % TEST_EVERY == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Statements are tuples: ("is", person, is_knight) | ("not", leaf) | (op, leaf, leaf) for op in and/or/imp/iff.
+def knight_tables(n):
+    """knight_tables(n)[i]: truth table (int with 2^n bits) of "person i is a knight"."""
+    return [sum(1 << a for a in range(1 << n) if a >> i & 1) for i in range(n)]
+
+
+def truth_table(statement, knights, full):
+    """Truth table of a statement given the leaf tables `knights` and the all-ones mask `full`."""
+    kind = statement[0]
+    if kind == "is":
+        return knights[statement[1]] if statement[2] else full ^ knights[statement[1]]
+    if kind == "not":
+        return full ^ truth_table(statement[1], knights, full)
+    a, b = truth_table(statement[1], knights, full), truth_table(statement[2], knights, full)
+    if kind == "and":
+        return a & b
+    if kind == "or":
+        return a | b
+    if kind == "imp":
+        return (full ^ a) | b
+    return full ^ (a ^ b)  # iff
+
+
+def solutions(statements):
+    """All assignments (as lists of bools, True = knight) consistent with the statements, by brute force."""
+    n = len(statements)
+    knights, full = knight_tables(n), (1 << (1 << n)) - 1
+    consistent = full
+    for i, statement in enumerate(statements):
+        consistent &= full ^ (knights[i] ^ truth_table(statement, knights, full))
+    return [[bool(a >> i & 1) for i in range(n)] for a in range(1 << n) if consistent >> a & 1]
+
+
+def _random_statement(rng, speaker, n, knights, full):
+    """One statement for `speaker`, never equivalent to "I am a knave" (nobody can say that)."""
+    while True:
+        kind = rng.choice(OPS)
+        if kind in ("leaf", "not"):
+            leaf = ("is", rng.randrange(n), rng.random() < 0.5)
+            statement = leaf if kind == "leaf" else ("not", leaf)
+        else:
+            first, second = rng.sample(range(n), 2)  # two different people: no "A or not A"
+            statement = (kind, ("is", first, rng.random() < 0.5), ("is", second, rng.random() < 0.5))
+        if truth_table(statement, knights, full) != full ^ knights[speaker]:
+            return statement
+
+
+def _canonical(statement):
+    """The statement with the operands of and / or / iff sorted, so "A and B" repeats "B and A"."""
+    if statement[0] in ("and", "or", "iff"):
+        return (statement[0],) + tuple(sorted(statement[1:]))
+    return statement
+
+
+def generate_statements(rng, n):
+    """Statements of a puzzle with n people that has exactly one solution and no repeated statement."""
+    knights, full = knight_tables(n), (1 << (1 << n)) - 1
+    while True:
+        statements = [_random_statement(rng, i, n, knights, full) for i in range(n)]
+        if len(set(map(_canonical, statements))) == n and len(solutions(statements)) == 1:
+            return statements
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rendering: chat text with names and varied sentence templates, and the compact code.
+_SAYS = ('{name} says, "{s}."', '{name} tells you: "{s}."', '"{s}," claims {name}.', 'According to {name}, "{s}."',
+         '{name} states: "{s}."', 'In {name}\'s words: "{s}."')
+_NOT = ("it is not the case that {a}", "it is false that {a}")
+_BINARY = {"and": ("{a} and {b}",), "or": ("{a} or {b}", "either {a} or {b}"),
+           "imp": ("if {a} then {b}", "{b} if {a}"), "iff": ("{a} if and only if {b}",)}
+
+
+def _render(statement, speaker, names, rng):
+    kind = statement[0]
+    if kind == "is":
+        role = "a knight" if statement[2] else "a knave"
+        return f"I am {role}" if statement[1] == speaker else f"{names[statement[1]].capitalize()} is {role}"
+    if kind == "not":
+        return rng.choice(_NOT).format(a=_render(statement[1], speaker, names, rng))
+    return rng.choice(_BINARY[kind]).format(a=_render(statement[1], speaker, names, rng),
+                                            b=_render(statement[2], speaker, names, rng))
+
+
+def _compact(statement):
+    kind = statement[0]
+    if kind == "is":
+        return f"{LETTERS[statement[1]]}{int(statement[2])}"
+    if kind == "not":
+        return "-" + _compact(statement[1])
+    return _compact(statement[1]) + COMPACT_OP[kind] + _compact(statement[2])
+
+
+def decode_compact(code):
+    """Statements back from the compact code "a:b1*c0,b:-a1,c:a1>b0." (inverse of the rendering)."""
+    op_of = {v: k for k, v in COMPACT_OP.items()}
+    statements = []
+    for part in code.rstrip(".").split(","):
+        body = part.split(":", 1)[1]
+        if body.startswith("-"):
+            statements.append(("not", ("is", LETTERS.index(body[1]), body[2] == "1")))
+        elif len(body) == 2:
+            statements.append(("is", LETTERS.index(body[0]), body[1] == "1"))
+        else:
+            statements.append((op_of[body[2]], ("is", LETTERS.index(body[0]), body[1] == "1"),
+                               ("is", LETTERS.index(body[3]), body[4] == "1")))
+    return statements
+
+
+def answer_text(names, knights):
+    """Ground truth in the papers' format: "(1) Alice is a knight\\n(2) Bob is a knave"."""
+    return "\n".join(f"({i + 1}) {name.capitalize()} is a {'knight' if k else 'knave'}"
+                     for i, (name, k) in enumerate(zip(names, knights)))
+
+
+def make_example(rng, n):
+    """One puzzle as a flat dict of JSON-able values (usable as dataset columns)."""
+    statements = generate_statements(rng, n)
+    names = rng.sample(NAMES, n)
+    knights = solutions(statements)[0]
+    listed = ", ".join(name.capitalize() for name in names[:-1]) + f" and {names[-1].capitalize()}"
+    lines = []
+    for i, statement in enumerate(statements):
+        sentence = _render(statement, i, names, rng)
+        lines.append(rng.choice(_SAYS).format(name=names[i].capitalize(), s=sentence[0].upper() + sentence[1:]))
+    puzzle = (f"An island is inhabited only by knights, who always tell the truth, and knaves, who always lie. "
+              f"You meet {n} inhabitants: {listed}. " + " ".join(lines))
+    code = ",".join(f"{LETTERS[i]}:{_compact(s)}" for i, s in enumerate(statements)) + "."
+    return {"puzzle": puzzle, "names": names, "knights": knights, "compact": code,
+            "answer": answer_text(names, knights)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parsing a model's answer.
+_WORD = re.compile(r"[a-z]+")
+
+
+def parse_roles(answer, names):
+    """{name: is_knight} from free text such as "(1) Alice is a knight\\n(2) Bob is a knave", names in any
+    order, case-insensitive; each role word is tied to the nearest name before it ("not" between them flips
+    it). None when the number of role words differs from the number of people or a name is missing/doubled."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return None
+    words = _WORD.findall(answer.lower())
+    if sum(w in ("knight", "knave", "knights", "knaves") for w in words) != len(names):
+        return None
+    roles, name_set, current, negated = {}, set(names), None, False
+    for word in words:
+        if word in name_set:
+            current, negated = word, False
+        elif word == "not" and current is not None:
+            negated = not negated
+        elif word in ("knight", "knave", "knights", "knaves"):
+            if current is None or current in roles:
+                return None
+            roles[current] = word.startswith("knight") != negated
+            current = None
+    return roles if len(roles) == len(names) else None
+
+
+@dataclass
+class KnightsKnavesTask:
+    """Knights-and-Knaves task object (interface in notes/interfaces.md). people: puzzle sizes to draw from
+    (3..8); binary: 1/0 reward instead of Logic-RL's -3..3 scale."""
+
+    people: tuple = (3, 4, 5)
+    binary: bool = False
+    name: str = "knights_knaves"
+    pass_threshold: float = 3.0
+
+    def __post_init__(self):
+        self.pass_threshold = 1.0 if self.binary else 3.0
+
+    def examples(self, split, n, seed):
+        """`n` distinct puzzles, deterministic in (split, seed); train and test never share one."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        rng = random.Random(f"knights_knaves-{split}-{seed}")
+        out, seen = [], set()
+        while len(out) < n:
+            example = make_example(rng, rng.choice(self.people))
+            key = example["compact"]
+            in_test = zlib.crc32(key.encode()) % TEST_EVERY == 0
+            if in_test == (split == "test") and key not in seen:
+                seen.add(key)
+                out.append(example)
+        return out
+
+    def prompt(self, example, style="chat"):
+        if style == "compact":
+            return example["compact"]
+        if style != "chat":
+            raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
+        first = example["names"][0].capitalize()
+        return chat_messages(
+            f"{example['puzzle']} Who is a knight and who is a knave? Inside the <answer> </answer> tags, "
+            f"state the identity of every inhabitant, one per line, for example <answer> (1) {first} is a "
+            "knight\n(2) ... </answer>.")
+
+    def score(self, completion, example, style="chat"):
+        """(format_ok, roles_or_None) for one completion."""
+        text = completion_text(completion)
+        if style == "compact":
+            answer = text.strip()
+            if len(answer) != len(example["names"]) or set(answer) - {"0", "1"}:
+                return True, None
+            return True, dict(zip(example["names"], (c == "1" for c in answer)))
+        if not has_think_answer_format(text):
+            return False, None
+        return True, parse_roles(last_tag_block(text), example["names"])
+
+    def reward(self, completion, example, style="chat"):
+        """Logic-RL: format (+1/-1) + answer (+2 right, -1.5 wrong, -2 unparseable or bad format); binary:
+        1.0 for a right answer in the right format, else 0.0. Compact style has no tags: format counts as met."""
+        format_ok, roles = self.score(completion, example, style)
+        right = roles is not None and roles == dict(zip(example["names"], example["knights"]))
+        if self.binary:
+            return 1.0 if format_ok and right else 0.0
+        answer_score = -2.0 if not format_ok or roles is None else 2.0 if right else -1.5
+        return (1.0 if format_ok else -1.0) + answer_score
+
+    def solution(self, example, style="compact"):
+        if style == "compact":
+            return "".join("1" if k else "0" for k in example["knights"])
+        return (f"<think> Checking every statement against each assignment. </think> "
+                f"<answer> {example['answer']} </answer>")
+
+    def accuracy(self, rewards):
+        """Share of rewards at the top score (the papers' accuracy)."""
+        rewards = list(rewards)
+        return sum(r >= self.pass_threshold for r in rewards) / max(len(rewards), 1)
+
+    def reward_fn(self, completions, **columns):
+        """TRL GRPOTrainer reward function: columns `names` and `knights`, one row per completion."""
+        return rewards_from_columns(self.reward, completions, columns, ("names", "knights"))
+
+
+def make_task(data=None, people=(3, 4, 5), binary=False):
+    """Factory for get_task("knights_knaves", people=(3, 4, 5) | int in 3..8, binary=False)."""
+    if data is not None:
+        raise ValueError("knights_knaves generates its puzzles; it takes no data= file")
+    sizes = (people,) if isinstance(people, int) else tuple(people)
+    if not sizes or any(not 3 <= p <= 8 for p in sizes):
+        raise ValueError(f"people must be in 3..8 (an int or a tuple), got {people!r}")
+    return KnightsKnavesTask(people=sizes, binary=bool(binary))

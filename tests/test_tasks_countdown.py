@@ -1,0 +1,179 @@
+"""Countdown: verifier truth table, the bounded parser, the solver and the generator (DESIGN.md §6)."""
+
+from fractions import Fraction
+
+import pytest
+
+from tasks import COMPACT_ALPHABET, get_task
+from tasks.countdown import MAX_PAREN_DEPTH, ParseError, parse_equation, solve, tokenize
+
+EXAMPLE = {"numbers": [3, 5, 7], "target": 22}  # 3*5+7 = 22
+
+
+def chat(answer):
+    return f"<think> trying things </think> <answer> {answer} </answer>"
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("countdown")
+
+
+@pytest.fixture(scope="module")
+def task_with_format():
+    return get_task("countdown", format_score=0.1)
+
+
+# --- verifier truth table -------------------------------------------------------------------------------
+@pytest.mark.parametrize("answer, expected", [
+    ("3*5+7", 1.0),            # correct
+    ("7+5*3", 1.0),            # correct, other order (precedence: 5*3 first)
+    ("(3*5)+7", 1.0),          # redundant parentheses are fine
+    ("3*5+7 = 22", 1.0),       # "= target" suffix
+    ("3*5+7=22", 1.0),
+    ("3*5+7 = 23", 0.0),       # suffix claims a wrong target
+    ("3*5-7", 0.0),            # wrong value (8)
+    ("(3+5)*7", 0.0),          # wrong value (56)
+    ("3*5+8", 0.0),            # wrong numbers
+    ("3*7+1", 0.0),            # 22 but with a number not given, and 5 unused
+    ("3*5+7+5-5", 0.0),        # reused number
+    ("3*5", 0.0),              # a number left out
+    ("3*5+7 is it", 0.0),      # extra text inside the answer
+    ("-3+5*5", 0.0),           # unary minus is not in the grammar
+    ("3.0*5+7", 0.0),          # decimals are not in the grammar
+    ("3 × 5 + 7", 0.0),        # non-ASCII operator
+    ("", 0.0),
+])
+def test_countdown_chat_truth_table(task, answer, expected):
+    assert task.reward(chat(answer), EXAMPLE) == expected
+
+
+def test_countdown_missing_tags_scores_zero_even_with_format_score(task, task_with_format):
+    assert task.reward("3*5+7", EXAMPLE, style="chat") == 0.0
+    assert task_with_format.reward("the answer is 3*5+7", EXAMPLE, style="chat") == 0.0
+    assert task_with_format.reward("<answer> 3*5+7", EXAMPLE, style="chat") == 0.0  # unclosed tag
+
+
+def test_countdown_format_score_tinyzero_style(task_with_format):
+    # a present <answer> block that is wrong (or malformed) earns the format score, a right one earns 1
+    assert task_with_format.reward(chat("3*5-7"), EXAMPLE) == pytest.approx(0.1)
+    assert task_with_format.reward(chat("banana"), EXAMPLE) == pytest.approx(0.1)
+    assert task_with_format.reward(chat("3*5+7"), EXAMPLE) == 1.0
+
+
+def test_countdown_last_answer_block_is_graded(task):
+    assert task.reward("<answer>1+1</answer> then <answer>3*5+7</answer>", EXAMPLE) == 1.0
+    assert task.reward("<answer>3*5+7</answer> then <answer>1+1</answer>", EXAMPLE) == 0.0
+
+
+def test_countdown_compact_whole_completion_is_the_answer(task, task_with_format):
+    assert task.reward("3*5+7", EXAMPLE, style="compact") == 1.0
+    assert task.reward(" 3*5+7\n", EXAMPLE, style="compact") == 1.0
+    assert task.reward("3*5+7=22", EXAMPLE, style="compact") == 1.0
+    assert task.reward("<answer>3*5+7</answer>", EXAMPLE, style="compact") == 0.0
+    # compact format score: only for a parseable expression
+    assert task_with_format.reward("3*5-7", EXAMPLE, style="compact") == pytest.approx(0.1)
+    assert task_with_format.reward("3*5-", EXAMPLE, style="compact") == 0.0
+
+
+def test_countdown_exact_fractions():
+    # 6 / (1 - 3/4) = 24 needs a non-integer intermediate; floats would give 23.999... or 24.000...01
+    task = get_task("countdown")
+    assert task.reward(chat("6/(1-3/4)"), {"numbers": [1, 3, 4, 6], "target": 24}) == 1.0
+    value, used, claimed = parse_equation("6/(1-3/4)")
+    assert value == Fraction(24) and sorted(used) == [1, 3, 4, 6] and claimed is None
+
+
+def test_countdown_division_by_zero_scores_zero(task):
+    assert task.reward(chat("5/(3-3)"), {"numbers": [3, 3, 5], "target": 10}) == 0.0
+    assert parse_equation("5/(3-3)")[0] is None
+
+
+# --- bounded, whitelisted parser ------------------------------------------------------------------------
+def test_tokenizer_rejects_non_ascii_digits_and_names():
+    assert tokenize("12*(3+4)") == [12, "*", "(", 3, "+", 4, ")"]
+    for text in ("٣+5", "３+5", "x+1", "__import__('os')", "2**3", "1e5"):
+        with pytest.raises(ParseError):
+            parse_equation(text)
+
+
+def test_parser_depth_is_bounded():
+    ok = "(" * MAX_PAREN_DEPTH + "1" + ")" * MAX_PAREN_DEPTH
+    assert parse_equation(ok)[0] == 1
+    too_deep = "(" + ok + ")"
+    with pytest.raises(ParseError, match="deep"):
+        parse_equation(too_deep)
+
+
+def test_parser_length_is_bounded_before_tokenizing():
+    with pytest.raises(ParseError, match="too long"):
+        parse_equation("1+" * 150 + "1")  # 301 characters, well-formed otherwise
+
+
+def test_parser_rejects_huge_literals():
+    with pytest.raises(ParseError, match="literal"):
+        parse_equation("9" * 50)
+
+
+HOSTILE = ["__import__('os').system('echo pwned')", "9**9**9**9", "(" * 10_000 + "1" + ")" * 10_000,
+           "1+" * 50_000 + "1", "x" * 100_000, "١٢*٥-٣", "3*5+7\x00", "eval('3*5+7')"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=range(len(HOSTILE)))
+def test_countdown_hostile_inputs_score_zero_or_format(task_with_format, hostile):
+    assert task_with_format.reward(hostile, EXAMPLE, style="compact") == 0.0
+    assert task_with_format.reward(chat(hostile), EXAMPLE) == pytest.approx(0.1)
+    assert task_with_format.reward(hostile, EXAMPLE, style="chat") == 0.0
+
+
+# --- solver and generator -------------------------------------------------------------------------------
+def test_solver_finds_or_refuses():
+    assert solve((1, 1, 1), 100) is None  # at most 3 from three ones
+    expression = solve((25, 4, 3), 97)  # 25*4-3
+    assert expression is not None
+    value, used, _ = parse_equation(expression)
+    assert value == 97 and sorted(used) == [3, 4, 25]
+
+
+@pytest.mark.parametrize("num_count", [3, 4, (3, 4)])
+def test_every_generated_problem_is_solved_by_its_own_solution(num_count):
+    task = get_task("countdown", num_count=num_count)
+    counts = {num_count} if isinstance(num_count, int) else set(num_count)
+    for example in task.examples("train", 150, seed=1):
+        assert len(example["numbers"]) in counts
+        assert all(1 <= n <= 99 for n in example["numbers"]) and 10 <= example["target"] <= 100
+        for style in ("compact", "chat"):
+            assert task.reward(task.solution(example, style), example, style) == 1.0
+
+
+def test_compact_prompt_and_solution_use_the_alphabet(task):
+    example = {"numbers": [12, 5, 3], "target": 51}
+    assert task.prompt(example, "compact") == "12 5 3>51:"
+    for example in task.examples("train", 100, seed=2):
+        text = task.prompt(example, "compact") + task.solution(example, "compact")
+        assert set(text) <= set(COMPACT_ALPHABET) and " " not in task.solution(example)
+
+
+def test_chat_prompt_is_think_answer_messages(task):
+    messages = task.prompt(EXAMPLE, "chat")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "<answer>" in messages[0]["content"] and "[3, 5, 7]" in messages[1]["content"]
+
+
+def test_examples_deterministic_distinct_and_splits_disjoint(task):
+    first, again = task.examples("train", 200, seed=7), task.examples("train", 200, seed=7)
+    assert first == again
+    assert first != task.examples("train", 200, seed=8)
+    key = lambda e: (tuple(sorted(e["numbers"])), e["target"])
+    train = {key(e) for e in first}
+    test = {key(e) for e in task.examples("test", 200, seed=7)}
+    assert len(train) == 200 and len(test) == 200 and not train & test
+
+
+def test_bad_options_raise():
+    with pytest.raises(ValueError, match="num_count"):
+        get_task("countdown", num_count=7)
+    with pytest.raises(ValueError, match="data"):
+        get_task("countdown", data="x.jsonl")
+    with pytest.raises(ValueError, match="split"):
+        get_task("countdown").examples("valid", 3, 0)

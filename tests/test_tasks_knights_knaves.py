@@ -1,0 +1,162 @@
+"""Knights and Knaves: truth tables, uniqueness by brute force, the answer parser and Logic-RL scoring."""
+
+import itertools
+
+import pytest
+
+from tasks import COMPACT_ALPHABET, get_task
+from tasks.knights_knaves import decode_compact, knight_tables, parse_roles, solutions, truth_table
+
+# Hand-solved puzzle: Alice says "Bob is a knave"; Bob says "Alice and I are knights".
+# Alice knight -> Bob knave -> Bob's claim is false, as a knave's must be: consistent.
+# Alice knave -> Bob knight -> Bob's claim must be true, but Alice is a knave: contradiction.
+HAND = {"names": ["alice", "bob"], "knights": [True, False]}
+HAND_STATEMENTS = [("is", 1, False), ("and", ("is", 0, True), ("is", 1, True))]
+
+
+def chat(answer):
+    return f"<think> case analysis </think> <answer> {answer} </answer>"
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("knights_knaves")
+
+
+@pytest.fixture(scope="module")
+def puzzles(task):
+    return task.examples("train", 300, seed=0)
+
+
+def brute_force(statements):
+    """Reference solver written the slow, obvious way (tuples of bools, recursive evaluation)."""
+    def holds(s, roles):
+        kind = s[0]
+        if kind == "is":
+            return roles[s[1]] == s[2]
+        if kind == "not":
+            return not holds(s[1], roles)
+        a, b = holds(s[1], roles), holds(s[2], roles)
+        return {"and": a and b, "or": a or b, "imp": (not a) or b, "iff": a == b}[kind]
+    n = len(statements)
+    return [list(r) for r in itertools.product([False, True], repeat=n)
+            if all(r[i] == holds(s, r) for i, s in enumerate(statements))]
+
+
+def test_knight_tables_two_people():
+    # assignments a = 0..3, bit i of a = person i is a knight
+    assert knight_tables(2) == [0b1010, 0b1100]
+    knights, full = knight_tables(2), 0b1111
+    assert truth_table(("and", ("is", 0, True), ("is", 1, False)), knights, full) == 0b0010  # only a = 1
+    assert truth_table(("imp", ("is", 0, True), ("is", 1, True)), knights, full) == 0b1101
+    assert truth_table(("iff", ("is", 0, True), ("is", 1, True)), knights, full) == 0b1001
+    assert truth_table(("not", ("is", 1, False)), knights, full) == 0b1100
+
+
+def test_hand_puzzle_has_the_hand_solution():
+    assert solutions(HAND_STATEMENTS) == brute_force(HAND_STATEMENTS) == [[True, False]]
+
+
+def test_solutions_counts_ambiguous_and_paradoxical_puzzles():
+    # each vouches for the other: both knights or both knaves
+    assert sorted(solutions([("is", 1, True), ("is", 0, True)])) == [[False, False], [True, True]]
+    # "I am a knave" has no consistent assignment at all
+    assert solutions([("is", 0, False), ("is", 0, True)]) == []
+
+
+def test_every_generated_puzzle_has_exactly_one_solution(task, puzzles):
+    for example in puzzles:
+        statements = decode_compact(example["compact"])
+        assert brute_force(statements) == [example["knights"]]
+        assert len({s if s[0] not in ("and", "or", "iff") else (s[0],) + tuple(sorted(s[1:]))
+                     for s in statements}) == len(statements)  # no repeated statement
+        for i, s in enumerate(statements):  # nobody says (anything equivalent to) "I am a knave"
+            assert s not in (("is", i, False), ("not", ("is", i, True)))
+        assert task.reward(chat(example["answer"]), example) == 3.0
+        assert task.reward(task.solution(example, "chat"), example) == 3.0
+        assert task.reward(task.solution(example, "compact"), example, style="compact") == 3.0
+
+
+def test_puzzle_text_names_everyone_and_sizes_follow_option(puzzles):
+    for example in puzzles[:50]:
+        assert 3 <= len(example["names"]) <= 5
+        for name in example["names"]:
+            assert name.capitalize() in example["puzzle"]
+    big = get_task("knights_knaves", people=8).examples("train", 3, seed=0)
+    assert all(len(e["names"]) == 8 and len(solutions(decode_compact(e["compact"]))) == 1 for e in big)
+
+
+def test_compact_prompt_and_solution_use_the_alphabet(task, puzzles):
+    for example in puzzles:
+        text = task.prompt(example, "compact") + task.solution(example, "compact")
+        assert set(text) <= set(COMPACT_ALPHABET)
+
+
+def test_parser_any_order_case_insensitive():
+    names = HAND["names"]
+    assert parse_roles("(1) Alice is a knight\n(2) Bob is a knave", names) == {"alice": True, "bob": False}
+    assert parse_roles("BOB is a KNAVE, and alice is a knight.", names) == {"alice": True, "bob": False}
+    assert parse_roles("Alice is not a knave; Bob: knave", names) == {"alice": True, "bob": False}
+
+
+@pytest.mark.parametrize("answer", [
+    "(1) Alice is a knight",                                  # one role for two people
+    "(1) Alice is a knight\n(2) Bob is a knave\n(3) Bob is a knight",  # three roles
+    "Alice and Bob are knights",                              # one role word
+    "(1) Alice is a knight\n(2) Alice is a knave",            # Bob missing, Alice doubled
+    "knight knave",                                           # roles with no names
+])
+def test_parser_rejects_wrong_number_or_missing_names(answer):
+    assert parse_roles(answer, HAND["names"]) is None
+
+
+def test_logic_rl_scores(task):
+    right = "(1) Alice is a knight\n(2) Bob is a knave"
+    wrong = "(1) Alice is a knave\n(2) Bob is a knave"
+    assert task.reward(chat(right), HAND) == 3.0           # +1 format, +2 answer
+    assert task.reward(chat(wrong), HAND) == -0.5          # +1 format, -1.5 answer
+    assert task.reward(chat("no idea"), HAND) == -1.0      # +1 format, -2 unparseable
+    assert task.reward(f"<answer> {right} </answer>", HAND) == -3.0       # -1 format, -2 (not graded)
+    assert task.reward(chat(right) + " <answer> x </answer>", HAND) == -3.0  # two answer blocks
+    # a completion that starts inside a pre-filled <think> still has the format
+    assert task.reward(f"case analysis </think> <answer> {right} </answer>", HAND) == 3.0
+
+
+def test_binary_variant_and_accuracy():
+    binary = get_task("knights_knaves", binary=True)
+    assert binary.pass_threshold == 1.0
+    assert binary.reward(chat("(1) Alice is a knight\n(2) Bob is a knave"), HAND) == 1.0
+    assert binary.reward(chat("(1) Alice is a knave\n(2) Bob is a knave"), HAND) == 0.0
+    assert binary.reward("(1) Alice is a knight\n(2) Bob is a knave", HAND) == 0.0  # no tags
+    task = get_task("knights_knaves")
+    assert task.accuracy([3.0, -0.5, 3.0, -3.0]) == 0.5
+    assert binary.accuracy([1.0, 0.0, 0.0, 0.0]) == 0.25
+
+
+def test_compact_answers(task):
+    assert task.reward("10", HAND, style="compact") == 3.0
+    assert task.reward("01", HAND, style="compact") == -0.5
+    assert task.reward("1", HAND, style="compact") == -1.0
+    assert task.reward("1x", HAND, style="compact") == -1.0
+
+
+@pytest.mark.parametrize("hostile", ["__import__('os').system('echo pwned')", "knight " * 20_000,
+                                     "(" * 10_000, "x" * 100_000, "١٠"])
+def test_hostile_answers_are_unparseable(task, hostile):
+    assert task.reward(chat(hostile), HAND) == -1.0
+    assert task.reward(hostile, HAND) == -3.0
+    assert task.reward(hostile, HAND, style="compact") == -1.0
+
+
+def test_examples_deterministic_and_splits_disjoint(task, puzzles):
+    assert task.examples("train", 300, seed=0) == puzzles
+    assert task.examples("train", 20, seed=1) != puzzles[:20]
+    test = {e["compact"] for e in task.examples("test", 200, seed=0)}
+    assert not test & {e["compact"] for e in puzzles}
+
+
+def test_bad_options_raise():
+    with pytest.raises(ValueError, match="people"):
+        get_task("knights_knaves", people=9)
+    with pytest.raises(ValueError, match="data"):
+        get_task("knights_knaves", data="x.jsonl")

@@ -1,0 +1,189 @@
+"""Plot a train.py metrics.jsonl: reward, pass rate, clip fractions, KL, entropy, response length vs step.
+
+The SoftmaxGRPO review asks how active clipping and the KL penalty are during training; this answers it
+for any run. Each line of metrics.jsonl is a JSON object with a "step". Rows with "eval": true are
+held-out evaluations and are drawn separately (markers, "eval" in the legend).
+
+Keys looked for (first match wins; matching ignores case, '-' vs '_', and a 'train/' or 'eval/' prefix):
+  panel             training rows                                   eval rows
+  reward            reward_mean, reward, mean_reward                reward, reward_mean
+  pass rate         pass_rate, pass@1                               pass@1, pass_rate, accuracy
+  clip fraction     clip_frac_low, clip_frac_high, dual_clip_frac   -
+  KL                kl, kl_mean                                     -
+  entropy           entropy                                         -
+  response length   response_length, completion_length, length      length, response_length
+Missing keys are skipped (a panel with nothing to show says so); `--extra a,b` adds panels for other keys
+(e.g. zero_var_share, grad_norm, lopti_low_share, adv_abs_mean, ratio_mean, tokens_per_s).
+Several files can be given to overlay runs (one colour per file, labelled by its folder).
+
+Run:  python -m experiments.plot_metrics runs/default/metrics.jsonl [other/metrics.jsonl] [--output PNG]
+Prints a first/last/min/max summary of every series; writes the PNG when matplotlib is installed
+(default: metrics.png next to the first file).
+"""
+
+import argparse
+import json
+import math
+import os
+
+# panel title -> list of series; a series is (label, training-row aliases, eval-row aliases)
+PANELS = [
+    ("reward", [("reward", ("reward_mean", "reward", "mean_reward"), ("reward", "reward_mean"))]),
+    ("pass rate", [("pass rate", ("pass_rate", "pass@1"), ("pass@1", "pass_rate", "accuracy"))]),
+    ("clip fraction", [("low (ratio < 1-eps_low)", ("clip_frac_low",), ()),
+                       ("high (ratio > 1+eps_high)", ("clip_frac_high",), ()),
+                       ("dual clip", ("dual_clip_frac",), ())]),
+    ("KL to reference (k3)", [("kl", ("kl", "kl_mean"), ())]),
+    ("entropy (nats/token)", [("entropy", ("entropy",), ())]),
+    ("response length (tokens)", [("length", ("response_length", "completion_length", "length"),
+                                   ("length", "response_length"))]),
+]
+
+
+def normalize_key(key):
+    key = key.lower().replace("-", "_")
+    for prefix in ("train/", "eval/"):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def read_metrics(path):
+    """metrics.jsonl -> (train_rows, eval_rows), lists of dicts; bad lines raise ValueError naming file:line."""
+    if not os.path.exists(path):
+        raise ValueError(f"metrics file not found: {path}")
+    train_rows, eval_rows = [], []
+    with open(path) as f:
+        for line_number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: not valid JSON ({error.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
+            (eval_rows if row.get("eval") is True else train_rows).append(row)
+    if not train_rows and not eval_rows:
+        raise ValueError(f"{path}: no metric rows")
+    return train_rows, eval_rows
+
+
+def extract_series(rows, aliases):
+    """First alias present in any row -> (key, steps, values); (None, [], []) when none is present."""
+    available = {}
+    for row in rows:
+        for key in row:
+            available.setdefault(normalize_key(key), key)
+    for alias in aliases:
+        key = available.get(normalize_key(alias))
+        if key is None:
+            continue
+        steps, values = [], []
+        for index, row in enumerate(rows):
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                steps.append(row.get("step", index))
+                values.append(float(value))
+        if values:
+            return key, steps, values
+    return None, [], []
+
+
+def moving_average(values, window):
+    if window <= 1:
+        return values
+    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+            for i in range(len(values))]
+
+
+def collect(paths, extra_keys=()):
+    """-> list of (panel title, list of (run label, series label, is_eval, key, steps, values))."""
+    runs = [(os.path.basename(os.path.dirname(os.path.abspath(p))) or p, *read_metrics(p)) for p in paths]
+    panels = PANELS + [(key, [(key, (key,), (key,))]) for key in extra_keys]
+    result = []
+    for title, series_specs in panels:
+        found = []
+        for run_label, train_rows, eval_rows in runs:
+            for label, train_aliases, eval_aliases in series_specs:
+                for is_eval, rows, aliases in ((False, train_rows, train_aliases), (True, eval_rows, eval_aliases)):
+                    key, steps, values = extract_series(rows, aliases)
+                    if key is not None:
+                        found.append((run_label, label, is_eval, key, steps, values))
+        result.append((title, found))
+    return result
+
+
+def print_summary(panels):
+    print("| panel | run | series | key | first | last | min | max | n |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for title, found in panels:
+        if not found:
+            print(f"| {title} | - | (no matching keys) | | | | | | |")
+        for run_label, label, is_eval, key, steps, values in found:
+            name = ("eval " if is_eval else "") + label
+            print(f"| {title} | {run_label} | {name} | {key} | {values[0]:.4g} | {values[-1]:.4g} | "
+                  f"{min(values):.4g} | {max(values):.4g} | {len(values)} |")
+
+
+def plot(panels, path, smooth=1, multiple_runs=False):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipped the PNG (pip install matplotlib); the summary above has the numbers")
+        return False
+    columns = 3
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (title, found) in zip(axes.flat, panels):
+        run_labels = list(dict.fromkeys(entry[0] for entry in found))
+        series_labels = list(dict.fromkeys(entry[1] for entry in found))
+        for run_label, label, is_eval, key, steps, values in found:
+            color_index = run_labels.index(run_label) if multiple_runs else series_labels.index(label)
+            name = (f"{run_label}: " if multiple_runs else "") + ("eval " if is_eval else "") + label
+            if is_eval:
+                ax.plot(steps, values, "o--", markersize=4, color=colors[color_index % len(colors)], label=name)
+            else:
+                ax.plot(steps, moving_average(values, smooth), color=colors[color_index % len(colors)],
+                        alpha=0.9, label=name)
+        if not found:
+            ax.text(0.5, 0.5, "not in metrics", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(found) > 1:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Plot train.py metrics.jsonl files (reward, pass rate, clip, KL, ...).")
+    parser.add_argument("metrics", nargs="+", help="one or more metrics.jsonl files (several = overlay)")
+    parser.add_argument("--output", default=None, help="PNG path (default: metrics.png next to the first file)")
+    parser.add_argument("--extra", default="", help="comma list of further keys to plot, e.g. zero_var_share,grad_norm")
+    parser.add_argument("--smooth", type=int, default=1, help="moving-average window for training rows")
+    args = parser.parse_args(argv)
+    if args.smooth < 1:
+        parser.error("--smooth must be >= 1")
+    extra = [key.strip() for key in args.extra.split(",") if key.strip()]
+    try:
+        panels = collect(args.metrics, extra)
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+    print_summary(panels)
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.metrics[0])), "metrics.png")
+    if plot(panels, output, args.smooth, multiple_runs=len(args.metrics) > 1):
+        print(f"wrote {output}")
+    return panels
+
+
+if __name__ == "__main__":
+    main()

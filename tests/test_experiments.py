@@ -1,0 +1,215 @@
+"""Smoke tests and one substantive check per script: the ImageNet toy check, Fig. 1 and plot_metrics.
+
+Sizes are tiny (a few seconds in all); the default toy check itself takes ~2 minutes and is not run here.
+"""
+
+import csv
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from experiments import fig1_prompt_weight, plot_metrics
+from softmax_grpo import grpo_prompt_weight, maxrl_weight, prompt_weight
+from tasks import imagenet_toy
+
+try:  # matplotlib is optional: the scripts write their PNGs only when it is installed
+    import matplotlib  # noqa: F401
+    HAS_MATPLOTLIB = True
+except ImportError:
+    HAS_MATPLOTLIB = False
+
+# the toy check's smallest configuration: 100 classes (initial success 1%), 150 steps
+SMALL_TOY = ["--classes", "100", "--dim", "16", "--noise", "1.0", "--train-per-class", "20", "--test-per-class", "10",
+             "--hidden", "64", "--steps", "150", "--batch-size", "32", "--lr", "3e-3", "--eval-every", "50",
+             "--seed", "0"]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls: one thread is fastest and does not fight other jobs for the cores (restored afterwards)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# ImageNet-classification toy check
+
+def test_toy_outputs_files_and_columns(tmp_path, capsys):
+    finals = imagenet_toy.main(SMALL_TOY + ["--group-sizes", "2,4", "--steps", "40", "--eval-every", "15",
+                                            "--output-dir", str(tmp_path)])
+    curves = read_csv(tmp_path / "curves.csv")
+    assert list(curves[0]) == ["step", "method", "M", "tau", "accuracy", "success_rate", "entropy", "train_reward"]
+    # one run of cross-entropy (it does not sample) + 4 RL methods x 2 group sizes, 4 evaluations each (0,15,30,40)
+    assert len(finals) == 1 + 4 * 2
+    assert len(curves) == 4 * len(finals)
+    assert {(r["method"], r["M"]) for r in curves} == {("ce", "")} | {
+        (m, g) for m in ("reinforce", "grpo", "maxrl", "softmax") for g in ("2", "4")}
+    assert all(0.0 <= float(r["accuracy"]) <= 1.0 and 0.0 <= float(r["success_rate"]) <= 1.0 for r in curves)
+    # every run starts from the same uniform policy: success rate 1/C and entropy log C at step 0
+    for row in curves:
+        if row["step"] == "0":
+            assert float(row["success_rate"]) == pytest.approx(1 / 100, rel=1e-5)
+            assert float(row["entropy"]) == pytest.approx(math.log(100), rel=1e-5)
+    assert {r["tau"] for r in curves if r["method"] == "softmax"} == {"0.2"}
+    final_rows = read_csv(tmp_path / "final.csv")
+    assert len(final_rows) == len(finals) and "wall_s" in final_rows[0]
+    out = capsys.readouterr().out
+    assert "| method | M=2 | M=4 |" in out and "| softmax (tau=0.2) |" in out
+    assert (tmp_path / "curves.png").exists() == HAS_MATPLOTLIB
+
+
+def test_toy_cross_entropy_beats_reinforce(tmp_path):
+    """The paper's premise at the smallest config, fixed seed: with initial success 1% and M = 4, exact maximum
+    likelihood learns (far above chance) while REINFORCE, which sees the label only when it samples it, lags."""
+    finals = imagenet_toy.main(SMALL_TOY + ["--methods", "ce,reinforce", "--group-sizes", "4",
+                                            "--output-dir", str(tmp_path)])
+    accuracy = {row["method"]: row["accuracy"] for row in finals}
+    assert accuracy["ce"] > 0.4  # chance is 0.01
+    assert accuracy["ce"] > accuracy["reinforce"] + 0.2
+
+
+def test_toy_is_deterministic_under_seed(one_thread):
+    data = imagenet_toy.make_synthetic(num_classes=20, dim=8, train_per_class=10, test_per_class=5, seed=3)
+    cfg = imagenet_toy.ToyConfig(steps=30, batch_size=16, eval_every=10, hidden=16, lr=1e-2, seed=3)
+    first = imagenet_toy.train_one(data, "softmax", 4, cfg)
+    second = imagenet_toy.train_one(data, "softmax", 4, cfg)
+    assert first == second
+    assert imagenet_toy.train_one(data, "softmax", 4, imagenet_toy.ToyConfig(
+        steps=30, batch_size=16, eval_every=10, hidden=16, lr=1e-2, seed=4)) != first
+
+
+@pytest.mark.parametrize("method, tau", [("reinforce", 0.2), ("grpo", 0.2), ("maxrl", 0.2), ("softmax", 0.2),
+                                         ("softmax", 1.0)])
+def test_toy_rl_loss_is_the_policy_gradient_of_eq4(method, tau, one_thread):
+    """E[grad of the toy's RL loss w.r.t. the logits] = -omega(p) * grad p, grad p = p (onehot(y*) - pi).
+
+    One image's logits z are shared by B copies, so the loss gradient is a Monte Carlo average over B groups of
+    M sampled labels. omega = 1 for the batch-mean REINFORCE baseline (up to 1/(B M)), grpo_prompt_weight for
+    GRPO, maxrl_weight for MaxRL and prompt_weight for SoftmaxGRPO (DESIGN.md §3). B = 40 000, M = 4: standard error ~1e-3 per coordinate,
+    tolerance 6e-3; a wrong weight (e.g. omega = 1 for softmax, where omega ~ 2.2) is off by > 0.1.
+    """
+    num_groups, M = 40_000, 4
+    logits = torch.tensor([1.0, 0.2, -0.3, 0.0, -1.0], requires_grad=True)
+    label = 0
+    pi = torch.softmax(logits.detach(), -1)
+    p = pi[label].item()
+    labels = torch.full((num_groups,), label)
+    loss, mean_reward = imagenet_toy.one_step_rl_loss(logits.expand(num_groups, -1), labels, method, M, tau,
+                                                      torch.Generator().manual_seed(0))
+    loss.backward()
+    omega = {"reinforce": 1.0, "grpo": grpo_prompt_weight(p, M), "maxrl": maxrl_weight(p, M),
+             "softmax": prompt_weight(p, M, tau)}[method]
+    grad_p = p * (torch.nn.functional.one_hot(torch.tensor(label), 5).float() - pi)
+    assert mean_reward == pytest.approx(p, abs=0.01)
+    assert torch.allclose(logits.grad, -omega * grad_p, atol=6e-3), (logits.grad, -omega * grad_p)
+
+
+def test_toy_loads_real_features(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(6).repeat(10)
+    features = torch.nn.functional.one_hot(labels, 6).float() * 3 + torch.randn(60, 6, generator=gen)
+    np.savez(tmp_path / "feats.npz", features=features.numpy(), labels=labels.numpy())
+    torch.save({"features": features, "labels": labels}, tmp_path / "feats.pt")
+    for name in ("feats.npz", "feats.pt"):
+        data = imagenet_toy.load_features(str(tmp_path / name), test_fraction=0.25, seed=0)
+        assert data.num_classes == 6 and len(data.test_y) == 15 and len(data.train_y) == 45
+    finals = imagenet_toy.main(["--features", str(tmp_path / "feats.npz"), "--methods", "ce,softmax",
+                                "--group-sizes", "2", "--steps", "20", "--batch-size", "8", "--eval-every", "10",
+                                "--optimizer", "sgd", "--lr", "0.1", "--output-dir", str(tmp_path / "out")])
+    assert len(finals) == 2
+
+
+def test_toy_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        imagenet_toy.load_features(str(tmp_path / "missing.npz"))
+    np.savez(tmp_path / "wrong.npz", x=np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="'features' and 'labels'"):
+        imagenet_toy.load_features(str(tmp_path / "wrong.npz"))
+    with pytest.raises(SystemExit):
+        imagenet_toy.parse_args(["--methods", "ce,nonsense"])
+    with pytest.raises(SystemExit):
+        imagenet_toy.parse_args(["--group-sizes", "1"])
+    with pytest.raises(SystemExit, match="file not found"):
+        imagenet_toy.main(["--features", str(tmp_path / "missing.pt"), "--output-dir", str(tmp_path)])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Fig. 1: prompt weights
+
+def test_fig1_csv_matches_the_exact_functions(tmp_path):
+    fig1_prompt_weight.main(["--points", "11", "--output-dir", str(tmp_path)])
+    rows = read_csv(tmp_path / "fig1_prompt_weight.csv")
+    assert list(rows[0]) == ["p", "reinforce", "grpo", "maxrl", "softmax_tau0.1", "softmax_tau0.3", "softmax_tau1"]
+    assert [float(r["p"]) for r in rows] == pytest.approx(np.linspace(0, 1, 11))
+    for row in rows[::3] + [rows[-1]]:  # sampled points, including both ends
+        p = float(row["p"])
+        assert float(row["reinforce"]) == 1.0
+        assert float(row["grpo"]) == pytest.approx(grpo_prompt_weight(p, 8), rel=1e-8)
+        assert float(row["maxrl"]) == pytest.approx(maxrl_weight(p, 8), rel=1e-8)
+        for tau in (0.1, 0.3, 1.0):
+            assert float(row[f"softmax_tau{tau:g}"]) == pytest.approx(prompt_weight(p, 8, tau), rel=1e-8)
+    # the figure's message: SoftmaxGRPO favours hard prompts (omega decreasing in p), REINFORCE is flat
+    softmax = [float(r["softmax_tau0.3"]) for r in rows]
+    assert all(a > b for a, b in zip(softmax, softmax[1:]))
+    assert (tmp_path / "fig1_prompt_weight.png").exists() == HAS_MATPLOTLIB
+
+
+def test_fig1_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    fig1_prompt_weight.main(["--points", "5", "--group-size", "4", "--taus", "0.5", "--output-dir", str(tmp_path)])
+    assert "matplotlib is not installed" in capsys.readouterr().out
+    assert (tmp_path / "fig1_prompt_weight.csv").exists()
+    assert not (tmp_path / "fig1_prompt_weight.png").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# plot_metrics
+
+def write_metrics(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def synthetic_metrics():
+    rows = [{"step": 0, "eval": True, "pass@1": 0.1, "reward": 0.1, "length": 8.0}]
+    for step in range(1, 11):
+        rows.append({"step": step, "reward_mean": 0.1 * step, "pass_rate": 0.05 * step, "clip_frac_low": 0.01,
+                     "clip_frac_high": 0.02, "entropy": 2.0 - 0.1 * step, "response_length": 9.0, "grad_norm": 1.0})
+    rows.append({"step": 10, "eval": True, "pass@1": 0.6, "reward": 0.6, "length": 9.0})
+    return rows
+
+
+def test_plot_metrics_finds_series_and_writes_png(tmp_path, capsys):
+    write_metrics(tmp_path / "metrics.jsonl", synthetic_metrics())
+    panels = dict(plot_metrics.main([str(tmp_path / "metrics.jsonl"), "--extra", "grad_norm"]))
+    keys = {title: {(entry[2], entry[3]) for entry in found} for title, found in panels.items()}
+    assert keys["reward"] == {(False, "reward_mean"), (True, "reward")}
+    assert keys["pass rate"] == {(False, "pass_rate"), (True, "pass@1")}
+    assert keys["clip fraction"] == {(False, "clip_frac_low"), (False, "clip_frac_high")}
+    assert keys["KL to reference (k3)"] == set()  # no reference model in this run: skipped, not an error
+    assert keys["grad_norm"] == {(False, "grad_norm")}
+    eval_pass = [entry for entry in panels["pass rate"] if entry[2]][0]
+    assert eval_pass[4] == [0, 10] and eval_pass[5] == [0.1, 0.6]  # eval rows kept apart from training rows
+    assert "(no matching keys)" in capsys.readouterr().out
+    assert (tmp_path / "metrics.png").exists() == HAS_MATPLOTLIB
+
+
+def test_plot_metrics_tolerates_key_variants_and_rejects_bad_lines(tmp_path):
+    write_metrics(tmp_path / "a.jsonl", [{"step": 1, "train/Reward": 0.5, "KL": 0.01, "pass_rate": None}])
+    panels = dict(plot_metrics.collect([str(tmp_path / "a.jsonl")]))
+    assert [entry[3] for entry in panels["reward"]] == ["train/Reward"]
+    assert [entry[3] for entry in panels["KL to reference (k3)"]] == ["KL"]
+    assert panels["pass rate"] == []  # null values are skipped
+    (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        plot_metrics.read_metrics(str(tmp_path / "bad.jsonl"))

@@ -1,0 +1,168 @@
+"""Rollouts with Hugging Face `generate`, and the log-probabilities of the sampled tokens (DESIGN.md section 5).
+
+Layout used everywhere in this repo: a batch row is [left-padded prompt | completion], the completion being the
+last T columns. `completion_mask` [B, T] marks the generated tokens up to and including the first EOS; the
+log-prob tensors [B, T] line up with it column for column.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts: chat template for instruct models, plain text otherwise
+# ---------------------------------------------------------------------------------------------------------------
+def render_prompts(tokenizer, task, examples, style):
+    """Token ids of each example's prompt (list of lists of ints, no padding).
+
+    style "compact": the task's one-line prompt; the tokenizer adds its own BOS (the tiny char tokenizer does).
+    style "chat": the task's messages through the tokenizer's chat template with the generation prompt. A
+    tokenizer without a template gets the messages' text joined by newlines (train.py warns once about it).
+    """
+    if style == "compact":
+        return [tokenizer(task.prompt(ex, "compact"))["input_ids"] for ex in examples]
+    if style != "chat":
+        raise ValueError(f"prompt style must be 'chat' or 'compact', got {style!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        texts = ["\n".join(m["content"] for m in task.prompt(ex, "chat")) + "\n" for ex in examples]
+        return [tokenizer(t)["input_ids"] for t in texts]
+    texts = [tokenizer.apply_chat_template(task.prompt(ex, "chat"), add_generation_prompt=True, tokenize=False)
+             for ex in examples]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]  # the template has its own BOS
+
+
+def left_pad(prompt_ids, pad_token_id):
+    """list of P_i-long id lists -> (input_ids [N, P], attention_mask [N, P]) with padding on the left."""
+    width = max(len(p) for p in prompt_ids)
+    input_ids = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, width - len(ids):] = 1
+    return input_ids, attention_mask
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Completion mask: every generated token up to and including the first EOS
+# ---------------------------------------------------------------------------------------------------------------
+def completion_mask_from_ids(completion_ids, eos_token_id):
+    """completion_ids [B, T] -> (completion_mask [B, T] float 0/1, truncated [B] bool).
+
+    A row's mask covers columns 0..e where e is its first EOS (kept: the model must learn to stop); a row with
+    no EOS is truncated and keeps all T columns. Works when pad == eos: generate pads finished rows with the pad
+    id, and only the first EOS counts. eos_token_id: an int or a list of ints (several stop tokens).
+    """
+    eos_ids = torch.as_tensor(eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id],
+                              device=completion_ids.device)
+    is_eos = torch.isin(completion_ids, eos_ids)
+    has_eos = is_eos.any(dim=1)
+    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), completion_ids.shape[1] - 1)
+    columns = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    completion_mask = (columns[None, :] <= first_eos[:, None]).float()
+    return completion_mask, ~has_eos
+
+
+@dataclass
+class Rollouts:
+    input_ids: torch.Tensor        # [B, P+T] left-padded prompt, then completion (B = num_prompts * M)
+    attention_mask: torch.Tensor   # [B, P+T] prompt padding and post-EOS padding are 0
+    completion_mask: torch.Tensor  # [B, T] float 0/1, the tokens the loss sees
+    truncated: torch.Tensor        # [B] bool, no EOS within max_new_tokens
+    prompt_index: torch.Tensor     # [B] long, row -> index into the prompt list (rows of a group are adjacent)
+    completions: list              # [B] decoded completion text (special tokens dropped)
+
+    @property
+    def completion_ids(self):
+        return self.input_ids[:, -self.completion_mask.shape[1]:]
+
+
+@torch.no_grad()
+def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens, temperature=1.0,
+                      top_p=1.0, greedy=False, mask_truncated=False):
+    """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
+
+    prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling at
+    `temperature` (top_k off, no repetition penalty), so p_old = softmax(logits / temperature) up to top_p.
+    Randomness comes from torch's global RNG: seed with torch.manual_seed for reproducible rollouts.
+    mask_truncated: zero the completion mask of rows that hit max_new_tokens without an EOS.
+    """
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_id = model.generation_config.eos_token_id
+    eos_id = eos_id if eos_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    prompt_input_ids, prompt_mask = left_pad(prompt_ids, pad_id)
+    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0).to(device)
+    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)
+    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if not greedy else \
+        dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    was_training = model.training
+    model.eval()
+    output = model.generate(input_ids=prompt_input_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
+                            pad_token_id=pad_id, eos_token_id=eos_id, repetition_penalty=1.0, **sampling)
+    model.train(was_training)
+    completion_ids = output[:, prompt_input_ids.shape[1]:]
+    completion_mask, truncated = completion_mask_from_ids(completion_ids, eos_id)
+    completions = tokenizer.batch_decode(completion_ids.masked_fill(completion_mask == 0, pad_id),
+                                         skip_special_tokens=True)
+    if mask_truncated:  # still rewarded (they shape the group baseline), but never trained on
+        completion_mask = completion_mask * (~truncated)[:, None].float()
+    return Rollouts(input_ids=output, attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+                    completion_mask=completion_mask, truncated=truncated,
+                    prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(num_generations),
+                    completions=completions)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Log-probabilities of the sampled tokens (selective: only completion positions, micro-batched)
+# ---------------------------------------------------------------------------------------------------------------
+def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=None,
+                   with_entropy=False):
+    """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
+
+    input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here: the completion
+    is the last T columns). The LM head runs on the last T+1 positions only (`logits_to_keep`); per micro-batch
+    of rows, log p = logit[token] - logsumexp(logits), so no full-vocabulary log-softmax of the whole batch is
+    ever held. Gradients flow unless called under torch.no_grad(). with_entropy=True also returns the
+    per-token entropy [B, T] of softmax(logits / temperature), detached (a metric).
+    Positions follow HF generate with left padding: position_id = (number of real tokens before) clipped at 0.
+    """
+    width = completion_mask.shape[1]
+    micro_batch = micro_batch or input_ids.shape[0]
+    logprob_chunks, entropy_chunks = [], []
+    for start in range(0, input_ids.shape[0], micro_batch):
+        ids = input_ids[start:start + micro_batch]
+        mask = attention_mask[start:start + micro_batch]
+        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                       logits_to_keep=width + 1).logits[:, -width - 1:-1, :]  # position t predicts token t+1
+        logits = logits.float() / temperature                       # [b, T, V]
+        targets = ids[:, -width:]
+        log_normalizer = torch.logsumexp(logits, dim=-1)            # [b, T]
+        logprob_chunks.append(logits.gather(-1, targets[..., None]).squeeze(-1) - log_normalizer)
+        if with_entropy:
+            with torch.no_grad():
+                probs = torch.softmax(logits, dim=-1)
+                entropy_chunks.append(log_normalizer - (probs * logits).sum(dim=-1))
+    logprobs = torch.cat(logprob_chunks)
+    return (logprobs, torch.cat(entropy_chunks).detach()) if with_entropy else logprobs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Held-out evaluation: greedy pass@1 and mean reward
+# ---------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens, batch_size=256):
+    """Greedy decoding on held-out examples -> {"pass@1", "reward", "length"} (python floats).
+
+    pass@1: share of examples whose greedy completion has reward >= task.pass_threshold.
+    """
+    rewards, lengths = [], []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, chunk, style), 1,
+                                     max_new_tokens=max_new_tokens, greedy=True)
+        rewards += [task.reward(text, ex, style=style) for text, ex in zip(rollouts.completions, chunk)]
+        lengths += rollouts.completion_mask.sum(dim=1).tolist()
+    passed = [r >= task.pass_threshold for r in rewards]
+    return {"pass@1": sum(passed) / len(passed), "reward": sum(rewards) / len(rewards),
+            "length": sum(lengths) / len(lengths)}

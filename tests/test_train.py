@@ -1,0 +1,206 @@
+"""train.py end to end on a very small tiny model: smoke runs, the update's invariants, resume, Ctrl-C, bad input.
+
+Most runs use a stub task whose reward is graded (share of digit characters), so every group has reward variance
+and every step really updates the policy. Runs are in-process (train.main) for speed.
+"""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import tasks
+import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--tiny-hidden", "32", "--tiny-layers", "1", "--warm-start-steps", "0", "--prompts-per-step", "2",
+         "--num-generations", "4", "--max-new-tokens", "6", "--eval-size", "4", "--eval-every", "2"]
+
+
+@dataclass
+class DigitsTask:
+    """Stub task: reward = share of digits in the completion (graded, so groups almost never tie)."""
+    name: str = "digits"
+    pass_threshold: float = 0.5
+    on_reward: object = None  # test hook, called on every reward
+
+    def examples(self, split, n, seed):
+        rng = random.Random(f"{split}-{seed}")
+        return [{"x": rng.randint(0, 99)} for _ in range(n)]
+
+    def prompt(self, example, style="chat"):
+        return f"{example['x']}>" if style == "compact" else [{"role": "user", "content": f"{example['x']}>"}]
+
+    def reward(self, completion, example, style="chat"):
+        if self.on_reward:
+            self.on_reward()
+        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+    def solution(self, example, style="compact"):
+        return "777"
+
+
+@pytest.fixture(autouse=True)
+def setup(monkeypatch):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and robust when the CPU is shared
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: DigitsTask())
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(tmp_path, *extra, name="run", task="digits"):
+    out = str(tmp_path / name)
+    result = train.main(["--task", task, "--output-dir", out, *SMALL, *extra])
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    return result, [r for r in rows if not r.get("eval")], [r for r in rows if r.get("eval")], out
+
+
+def weights(path):
+    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+# --- smoke runs ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags", [
+    ["--method", "softmax", "--tau", "0.1"],
+    ["--method", "grpo"],
+    ["--alpha", "0.3"],                                         # Advantage Reweighting
+    ["--alpha", "0.3", "--lopti-eta", "0.02", "--dual-clip", "10"],  # AR + Lopti; p_old ~ 1/50 before training
+    ["--kl-coef", "0.01"],                                      # reference model and k3 term
+    ["--ppo-epochs", "2", "--loss-agg", "seq-mean-token-mean"],  # off-policy epochs, other aggregation
+    ["--dtype", "bf16", "--lopti-eta", "0.02"],                 # the CUDA default's autocast path, on CPU
+], ids=["softmax", "grpo", "ar", "ar-lopti", "kl", "epochs2", "bf16-autocast"])
+def test_three_step_run_updates_and_logs(tmp_path, flags):
+    result, steps, evals, out = run(tmp_path, "--steps", "3", "--lr", "1e-3", *flags)
+    assert [r["step"] for r in steps] == [1, 2, 3] and [r["step"] for r in evals] == [0, 2, 3]
+    for key in ("reward_mean", "pass_rate", "zero_var_share", "adv_abs_mean", "response_length", "clip_frac_low",
+                "clip_frac_high", "entropy", "grad_norm", "lopti_low_share", "rollout_s", "update_s", "tokens_per_s"):
+        assert all(torch.isfinite(torch.tensor(float(r[key]))) for r in steps), key
+    assert all(r["grad_norm"] > 0 for r in steps)  # graded rewards: every step has a real gradient
+    before = weights(os.path.join(out, "warm_start-digits-h32-l1"))  # the initial policy (no warm start here)
+    after = weights(os.path.join(out, "latest"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert result["metrics_path"] == os.path.join(out, "metrics.jsonl")
+    if "--lopti-eta" in flags:
+        assert all(0 < r["lopti_low_share"] < 1 for r in steps)
+    if "--kl-coef" in flags:
+        assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6) and steps[-1]["kl"] > 0  # policy drifts from ref
+    if "--ppo-epochs" in flags or "--lopti-eta" in flags:
+        assert any(r["ratio_max"] != 1.0 for r in steps)  # the later updates see pi != pi_old
+
+
+def test_countdown_with_cached_warm_start(tmp_path, capsys):
+    flags = ["--steps", "2", "--warm-start-steps", "3", "--task-option", "format_score=0.1"]
+    first, steps, _, out = run(tmp_path, *flags, task="countdown")
+    assert len(steps) == 2 and os.path.exists(os.path.join(out, "warm_start-countdown-h32-l1", "warm_start.json"))
+    assert "warm start step 3" in capsys.readouterr().out
+    second, _, _, _ = run(tmp_path, *flags, task="countdown")  # same output dir: the warm start is loaded
+    assert "warm start: loaded" in capsys.readouterr().out
+    assert second["before"] == first["before"] and second["after"] == first["after"]
+
+
+def test_the_tiny_policy_learns_the_stub_task(tmp_path):
+    _, steps, evals, _ = run(tmp_path, "--steps", "30", "--lr", "3e-3", "--prompts-per-step", "8", "--eval-every", "30")
+    mean_reward = lambda rows: sum(r["reward_mean"] for r in rows) / len(rows)
+    assert mean_reward(steps[-5:]) > mean_reward(steps[:5]) + 0.1  # sampled completions: ~0.2 digits at first
+    assert evals[-1]["reward"] > evals[0]["reward"] + 0.3           # greedy completions
+
+
+# --- the update's invariants ---------------------------------------------------------------------------------------
+def test_micro_batching_does_not_change_the_update(tmp_path):
+    # Each micro-batch's loss is scaled by its share of the batch's tokens, so the summed gradient is the
+    # gradient of the global token-mean, whatever the micro-batch size.
+    _, steps_1, _, out_1 = run(tmp_path, "--steps", "2", "--micro-batch", "1", name="mb1")
+    _, steps_8, _, out_8 = run(tmp_path, "--steps", "2", "--micro-batch", "8", name="mb8")
+    a, b = weights(os.path.join(out_1, "latest")), weights(os.path.join(out_8, "latest"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-5)
+    assert steps_1[0]["loss"] == pytest.approx(steps_8[0]["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("flags,expected_no_grad", [([], 0), (["--ppo-epochs", "2"], 1), (["--kl-coef", "0.1"], 1)])
+def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
+    # On-policy (1 epoch) there is no separate no-grad pass: the first training forward gives pi_old.
+    # A second epoch needs pi_old fixed first (one no-grad pass); kl_coef > 0 adds the reference model's pass.
+    calls = []
+    original = train.token_logprobs
+
+    def counting(model, *args, **kwargs):
+        calls.append((id(model), torch.is_grad_enabled()))
+        return original(model, *args, **kwargs)
+    monkeypatch.setattr(train, "token_logprobs", counting)
+    run(tmp_path, "--steps", "1", *flags)
+    assert sum(not grad for _, grad in calls) == expected_no_grad
+    assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags", [[], ["--kl-coef", "0.05", "--lopti-eta", "0.02", "--alpha", "0.3"]],
+                         ids=["softmax", "kl-lopti"])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, flags):
+    _, steps, evals, out = run(tmp_path, "--steps", "4", "--save-every", "2", *flags)
+    full = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    final = weights(os.path.join(out, "checkpoint-4"))
+    # continue from step 2 in the same folder: rows after step 2 are dropped, then rewritten identically
+    train.main(["--task", "digits", "--output-dir", out, *SMALL, "--steps", "4", "--save-every", "2", *flags,
+                "--resume", os.path.join(out, "checkpoint-2")])
+    resumed = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in train.TIMING_KEYS} for r in rows]
+    assert strip(resumed) == strip(full)
+    assert all(torch.equal(final[k], v) for k, v in weights(os.path.join(out, "latest")).items())
+
+
+def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch):
+    rewards_seen = []
+
+    def interrupt_in_step_2():  # rewards 1-4: step-0 eval; 5-12: step 1; 13-20: step 2 -> Ctrl-C during step 2
+        rewards_seen.append(1)
+        if len(rewards_seen) == 15:
+            os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: DigitsTask(on_reward=interrupt_in_step_2))
+    _, steps, _, out = run(tmp_path, "--steps", "5")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert os.path.realpath(os.path.join(out, "latest")) == os.path.realpath(os.path.join(out, "checkpoint-2"))
+    state = torch.load(os.path.join(out, "latest", "trainer_state.pt"), weights_only=False)
+    assert state["step"] == 2 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# --- bad input: one line on stderr, exit code 2, no traceback ------------------------------------------------------
+@pytest.mark.parametrize("flags,message", [
+    (["--task", "nope"], "invalid choice: 'nope'"),
+    (["--method", "nope"], "invalid choice: 'nope'"),
+    (["--tau", "0"], "--tau must be > 0"),
+    (["--tau", "-1"], "--tau must be > 0"),
+    (["--num-generations", "1"], "--num-generations must be >= 2"),
+    (["--model", "./no/such/model"], "model path does not exist: ./no/such/model"),
+    (["--task-option", "nonsense"], "KEY=VALUE"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--output-dir", str(tmp_path), "--steps", "0", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and err.startswith("train.py: error:")
+
+
+def test_gguf_without_its_packages_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    (tmp_path / "policy.gguf").write_bytes(b"GGUF")
+    with pytest.raises(SystemExit):
+        train.main(["--output-dir", str(tmp_path), "--model", str(tmp_path / "policy.gguf")])
+    assert "loading a .gguf file needs: pip install gguf" in capsys.readouterr().err
+
+
+def test_bad_input_from_the_command_line(tmp_path):
+    proc = subprocess.run([sys.executable, "train.py", "--output-dir", str(tmp_path), "--model",
+                           str(tmp_path / "missing.gguf")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"train.py: error: model path does not exist: {tmp_path / 'missing.gguf'}"

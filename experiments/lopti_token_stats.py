@@ -1,0 +1,318 @@
+"""Lopti paper (Yang et al., arXiv 2505.12929) Fig. 1(d) and Fig. 3 on rollouts of one checkpoint.
+
+Both figures look at the tokens that get a gradient (completion tokens of rows with A != 0; train.py skips the
+others) and group them by p_old, the sampled token's probability under the sampling policy (logits /
+temperature). Groups: "quantile" (default) = four equal-count quartiles of those tokens' p_old (ties broken by
+position); "fixed" = p_old in [0,.25) [.25,.5) [.5,.75) [.75,1]. The CSVs give each group's p_old range.
+
+Fig. 1(d), gradient norm per token by quartile. The logit-level gradient of token o's term A log pi(o) is
+A (onehot(o) - softmax(z)), whose norm |A| * ||onehot(o) - softmax(z)|| = |A| sqrt(1 - 2 pi_o + sum_j pi_j^2)
+is computed from the full-vocabulary probabilities (Prop. 4.2: it lies between sqrt(N/(N-1)) (1-pi_o) and
+sqrt(2) (1-pi_o), so low-probability tokens dominate). Columns: mean of that norm, mean of the unweighted
+||onehot - softmax||, the quartile's share of the sum; --param-grad adds the L2 norm of the parameter gradient of
+each quartile's part of the unclipped objective, (1/N) sum_{tokens in q} A_t log pi_t (one backward per quartile).
+
+Fig. 3, which way probabilities move. From the SAME rollouts and the SAME starting weights (a deep copy each), one
+update each for: GRPO; AR (alpha 0.3); Lopti (eta 0.5, low-probability pass first, two optimizer steps); AR+Lopti.
+The update is train.py's step 4 with --ppo-epochs 1 and no KL: fresh AdamW (lr, weight decay 0.01), per pass a
+token-mean clipped loss from ppo.policy_loss over lopti.lopti_passes(reweight_advantages(...)), grad-norm clip
+1.0, optimizer.step(). Then the tokens' log-probs are recomputed; per quartile we report the share of
+positive-advantage tokens whose probability rose, and of negative-advantage tokens whose probability fell.
+Note: a fresh AdamW's first step is close to lr * sign(gradient) per parameter, as at the start of a run;
+--optimizer sgd takes a plain gradient step instead (the raw gradient magnitudes Prop. 4.2 is about; use a
+larger --lr, e.g. 0.5 for the tiny model).
+
+    python -m experiments.lopti_token_stats --checkpoint runs/default/latest                  # tiny, CPU, ~1 min
+    python -m experiments.lopti_token_stats --checkpoint Qwen/Qwen2.5-3B-Instruct --task knights_knaves \\
+        --temperature 0.7 --lr 1e-6 --num-prompts 32 --max-new-tokens 1024 --micro-batch 4 --param-grad
+
+Writes <output-dir>/fig1d_grad_norm.csv, fig3_prob_rise.csv and, with matplotlib, the two PNGs.
+"""
+import argparse
+import copy
+import csv
+import math
+import os
+
+import torch
+
+from experiments.table3_allocation import load_checkpoint, make_task, sample_groups, train_defaults
+from lopti import lopti_passes, reweight_advantages
+from ppo import policy_loss
+from rollout import token_logprobs
+from softmax_grpo import METHODS, group_advantages
+
+UPDATES = {"grpo": dict(alpha=0.0, eta=0.0), "ar": dict(alpha=0.3, eta=0.0),  # Fig. 3's four variants
+           "lopti": dict(alpha=0.0, eta=0.5), "ar+lopti": dict(alpha=0.3, eta=0.5)}
+NUM_GROUPS = 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Token statistics: p_old, ||onehot - softmax||, quartile groups
+# ---------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=64):
+    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 for every completion token.
+
+    Full-vocabulary softmax, one micro-batch at a time ([micro_batch, T, V] floats; lower --micro-batch for a
+    large vocabulary): ||e_o - pi||^2 = (1 - pi_o)^2 + sum_{j != o} pi_j^2 = 1 - 2 pi_o + sum_j pi_j^2.
+    """
+    width = completion_mask.shape[1]
+    norm_chunks = []
+    for start in range(0, input_ids.shape[0], micro_batch):
+        ids, mask = input_ids[start:start + micro_batch], attention_mask[start:start + micro_batch]
+        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # as rollout.token_logprobs
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                       logits_to_keep=width + 1).logits[:, :-1, :].float() / temperature
+        probs = torch.softmax(logits, dim=-1)                                        # [b, T, V]
+        token_probs = probs.gather(-1, ids[:, -width:, None]).squeeze(-1)            # [b, T]
+        norm_chunks.append((1.0 - 2.0 * token_probs + (probs ** 2).sum(-1)).clamp_min(0.0).sqrt())
+    return torch.cat(norm_chunks)
+
+
+def probability_groups(old_probs, token_mask, how="quantile"):
+    """old_probs, token_mask [B, T] -> group index [B, T] long in 0..3 (-1 outside token_mask).
+
+    quantile: sort the masked tokens by p_old and cut into 4 equal-count parts (stable sort: ties by position);
+    fixed: p_old in [0,.25) [.25,.5) [.5,.75) [.75,1].
+    """
+    groups = torch.full(old_probs.shape, -1, dtype=torch.long)
+    mask = token_mask.bool()
+    values = old_probs[mask]
+    if how == "fixed":
+        groups[mask] = (values * NUM_GROUPS).long().clamp(max=NUM_GROUPS - 1)
+    elif how == "quantile":
+        order = torch.argsort(values, stable=True)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))
+        groups[mask] = rank * NUM_GROUPS // max(len(order), 1)
+    else:
+        raise ValueError(f"--groups must be 'quantile' or 'fixed', got {how!r}")
+    return groups
+
+
+def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperature, micro_batch):
+    """L2 norm of grad (1/N) sum_{tokens in group q} A log pi, for q = 0..3 -> list of 4 floats."""
+    input_ids, attention_mask, completion_mask = batch
+    params = [p for p in model.parameters() if p.requires_grad]
+    norms = []
+    for q in range(NUM_GROUPS):
+        grads = [torch.zeros_like(p) for p in params]
+        for start in range(0, input_ids.shape[0], micro_batch):
+            rows = slice(start, start + micro_batch)
+            in_group = (groups[rows] == q).float()
+            if not in_group.any():
+                continue
+            logprobs = token_logprobs(model, input_ids[rows], attention_mask[rows], completion_mask[rows],
+                                      temperature=temperature)
+            objective = (advantages[rows, None] * logprobs * in_group).sum() / total_tokens
+            for acc, g in zip(grads, torch.autograd.grad(objective, params, allow_unused=True)):
+                if g is not None:
+                    acc += g
+        norms.append(torch.sqrt(sum((g.float() ** 2).sum() for g in grads)).item())
+    return norms
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fig. 3: one update as train.py does it, then which probabilities rose
+# ---------------------------------------------------------------------------------------------------------------
+def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
+               clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
+    """train.py step 4 (one PPO epoch, no KL) on `model` in place: AR, then 1 pass (eta = 0) or Lopti's 2 passes.
+
+    batch = (input_ids [B, P+T], attention_mask, completion_mask [B, T]); advantages [B]; old_logprobs [B, T].
+    Rows with A = 0 are skipped; each micro-batch's loss is weighted by its share of the batch's tokens.
+    optimizer "adamw" (train.py's) or "sgd" (plain gradient step: the update follows the gradient's magnitudes).
+    """
+    input_ids, attention_mask, completion_mask = batch
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
+        else torch.optim.SGD(model.parameters(), lr=lr)
+    rows = torch.nonzero((advantages != 0) & (completion_mask.sum(1) > 0)).squeeze(1)
+    micro_batches = [rows[i:i + micro_batch] for i in range(0, len(rows), micro_batch)]
+    token_share = completion_mask.sum(1) / completion_mask.sum().clamp_min(1)
+    model.train()
+    for pass_index in range(2 if eta > 0 else 1):
+        optimizer.zero_grad(set_to_none=True)
+        for mb in micro_batches:
+            mask, old = completion_mask[mb], old_logprobs[mb]
+            logprobs = token_logprobs(model, input_ids[mb], attention_mask[mb], mask, temperature=temperature)
+            token_adv = reweight_advantages(advantages[mb], old.exp(), mask, alpha)
+            _, pass_adv, pass_mask = lopti_passes(token_adv, old.exp(), mask, eta)[pass_index]
+            loss, _ = policy_loss(logprobs, old, pass_adv, mask, clip_low=clip_low, clip_high=clip_high,
+                                  kl_mask=pass_mask)
+            (loss * token_share[mb].sum()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+    return model
+
+
+def rise_rows(method, old_logprobs, new_logprobs, advantages, groups):
+    """Per group: share of A > 0 tokens with new log-prob > old, and of A < 0 tokens with new < old (nan: none)."""
+    def mean_over(values, mask):
+        return values[mask].float().mean().item() if mask.any() else math.nan
+
+    rows = []
+    sign = advantages[:, None].expand_as(groups)
+    delta = new_logprobs - old_logprobs
+    for q in range(NUM_GROUPS):
+        positive, negative = (groups == q) & (sign > 0), (groups == q) & (sign < 0)
+        rows.append({"method": method, "group": q + 1,
+                     "pos_tokens": int(positive.sum()), "pos_rose_share": mean_over(delta > 0, positive),
+                     "neg_tokens": int(negative.sum()), "neg_fell_share": mean_over(delta < 0, negative),
+                     "mean_delta_logprob_pos": mean_over(delta, positive)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------------------------
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+
+
+def plot(output_dir, fig1d, fig3):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipped the PNGs (pip install matplotlib); the CSVs have the numbers")
+        return []
+    labels = [f"Q{r['group']}\n{r['p_min']:.3f}-{r['p_max']:.3f}" for r in fig1d]
+    x = list(range(NUM_GROUPS))
+    fig, ax = plt.subplots(figsize=(5, 3.8))
+    ax.bar(x, [r["mean_adv_x_norm"] for r in fig1d], color="tab:blue")
+    ax.set_yscale("log")  # the low-probability group is often orders of magnitude ahead
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("p_old group (range)")
+    ax.set_ylabel("mean |A| * ||onehot - softmax||")
+    ax.set_title("Lopti Fig. 1(d): logit gradient norm per token")
+    fig.tight_layout()
+    paths = [os.path.join(output_dir, "fig1d_grad_norm.png")]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    methods = list(dict.fromkeys(r["method"] for r in fig3))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        shares = [r["pos_rose_share"] for r in fig3 if r["method"] == method]
+        ax.bar([q + (i - (len(methods) - 1) / 2) * width for q in x], shares, width, label=method)
+    ax.set_xticks(x, labels)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("p_old group (range)")
+    ax.set_ylabel("share of A > 0 tokens whose prob. rose")
+    ax.set_title("Lopti Fig. 3: after one update")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(output_dir, "fig3_prob_rise.png"))
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Lopti Fig. 1(d) (gradient norm by p_old) and Fig. 3 (which "
+                                                 "probabilities rose after one update).")
+    parser.add_argument("--checkpoint", default="runs/default/latest", help="save_pretrained folder or HF id")
+    parser.add_argument("--task", default="countdown")
+    parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE", help="as in train.py")
+    parser.add_argument("--data", default=None, help="data file for gsm8k / text_match")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("-M", "--num-generations", dest="M", type=int, default=8)
+    parser.add_argument("--method", default="grpo", choices=METHODS, help="group advantages (Lopti paper: grpo)")
+    parser.add_argument("--tau", type=float, default=0.1, help="for --method softmax")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: train.py's (tiny or not)")
+    parser.add_argument("--lr", type=float, default=None, help="default: train.py's (3e-4 tiny, 1e-6 otherwise)")
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"), help="Fig. 3's update (train.py: "
+                        "adamw; sgd shows the raw gradient's effect, give it a larger --lr)")
+    parser.add_argument("--clip-high", type=float, default=None, help="default: train.py's")
+    parser.add_argument("--groups", default="quantile", choices=("quantile", "fixed"))
+    parser.add_argument("--param-grad", action="store_true", help="Fig. 1(d): parameter-gradient norm per group")
+    parser.add_argument("--micro-batch", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--output-dir", default="runs/lopti_stats")
+    args = parser.parse_args(argv)
+    try:
+        model, tokenizer, style = load_checkpoint(args.checkpoint, args.device)
+        defaults = train_defaults(style, args.task, args.task_option, args.data)
+        task = make_task(defaults)
+    except ValueError as error:
+        parser.error(str(error))
+    max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
+    lr = args.lr if args.lr is not None else defaults.lr
+    clip_high = args.clip_high if args.clip_high is not None else defaults.clip_high
+    device = next(model.parameters()).device
+
+    torch.manual_seed(args.seed)
+    examples = task.examples("test", args.num_prompts, seed=args.seed)
+    [(rollouts, _)], rewards = sample_groups(model, tokenizer, task, examples, args.M, style=style,
+                                             temperature=args.temperature, max_new_tokens=max_new_tokens,
+                                             batch_prompts=len(examples))
+    advantages = group_advantages(rewards, args.method, tau=args.tau).view(-1).to(device)
+    batch = tuple(t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask))
+    with torch.no_grad():  # p_old, computed exactly as the post-update log-probs below (same code, same batches)
+        old_logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
+    norms = logit_gradient_norms(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
+    token_mask = batch[2].bool() & (advantages != 0)[:, None]
+    if not token_mask.any():
+        parser.error("every group has equal rewards (all advantages 0): nothing to measure; use more prompts")
+    old_probs = old_logprobs.exp()
+    groups = probability_groups(old_probs.cpu(), token_mask.cpu(), args.groups).to(device)
+
+    # --- Fig. 1(d) -------------------------------------------------------------------------------------------
+    weighted = advantages.abs()[:, None] * norms
+    total = weighted[token_mask].sum().item()
+    grad_norms = [None] * NUM_GROUPS
+    if args.param_grad:
+        grad_norms = param_grad_norms(model, batch, advantages, groups, total_tokens=batch[2].sum().item(),
+                                      temperature=args.temperature, micro_batch=args.micro_batch)
+    fig1d = []
+    for q in range(NUM_GROUPS):
+        in_group = groups == q
+        p_group = old_probs[in_group]  # may be empty with --groups fixed: its row reports nan
+        fig1d.append({"group": q + 1, "p_min": p_group.min().item() if len(p_group) else math.nan,
+                      "p_max": p_group.max().item() if len(p_group) else math.nan,
+                      "tokens": int(in_group.sum()), "mean_p_old": p_group.mean().item(),
+                      "mean_norm": norms[in_group].mean().item(), "mean_adv_x_norm": weighted[in_group].mean().item(),
+                      "share_of_sum": weighted[in_group].sum().item() / total,
+                      "param_grad_norm": "" if grad_norms[q] is None else grad_norms[q]})
+
+    # --- Fig. 3 ---------------------------------------------------------------------------------------------
+    fig3 = []
+    for method, setting in UPDATES.items():
+        updated = one_update(copy.deepcopy(model), batch, advantages, old_logprobs, lr=lr, temperature=args.temperature,
+                             clip_high=clip_high, micro_batch=args.micro_batch, optimizer=args.optimizer, **setting)
+        with torch.no_grad():
+            new_logprobs = token_logprobs(updated, batch[0], batch[1], batch[2], temperature=args.temperature,
+                                          micro_batch=args.micro_batch)
+        fig3 += rise_rows(method, old_logprobs, new_logprobs, advantages, groups)
+        del updated
+
+    print(f"checkpoint {args.checkpoint} ({style}), task {task.name}, {args.num_prompts} prompts x M={args.M}, "
+          f"{int(token_mask.sum())} tokens with A != 0, groups: {args.groups}, update lr {lr:g}")
+    print("Fig. 1(d) | group | p_old range | tokens | mean ||e-pi|| | mean |A|*||e-pi|| | share | param grad |")
+    for r in fig1d:
+        grad = f"{r['param_grad_norm']:.4g}" if r["param_grad_norm"] != "" else "-"
+        print(f"  Q{r['group']} | {r['p_min']:.3f}-{r['p_max']:.3f} | {r['tokens']} | {r['mean_norm']:.3f} | "
+              f"{r['mean_adv_x_norm']:.3f} | {r['share_of_sum']:.3f} | {grad} |")
+    print("Fig. 3: share of A>0 tokens whose probability rose (A<0 tokens whose probability fell), by group")
+    print("  method   | " + " | ".join(f"Q{q + 1}" for q in range(NUM_GROUPS)) + " |")
+    for method in UPDATES:
+        cells = [f"{r['pos_rose_share']:.2f} ({r['neg_fell_share']:.2f})" for r in fig3 if r["method"] == method]
+        print(f"  {method:<8} | " + " | ".join(cells) + " |")
+    os.makedirs(args.output_dir, exist_ok=True)
+    write_csv(os.path.join(args.output_dir, "fig1d_grad_norm.csv"), fig1d)
+    write_csv(os.path.join(args.output_dir, "fig3_prob_rise.csv"), fig3)
+    print(f"wrote {args.output_dir}/fig1d_grad_norm.csv, fig3_prob_rise.csv")
+    for path in plot(args.output_dir, fig1d, fig3):
+        print(f"wrote {path}")
+    return fig1d, fig3
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""Seconds per RL step: our trainer against TRL's GRPOTrainer on the identical workload (issue 6).
+
+    python benchmarks/step_time.py                    # --preset tiny-cpu: train.py's tiny Llama on a CPU
+    python benchmarks/step_time.py --preset gpu       # Qwen2.5-0.5B-Instruct, bf16, 16 prompts x M=8, 256 tokens
+    python benchmarks/step_time.py --profile torch    # where our step spends its time (or --profile cprofile)
+    python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to train.parse_args
+    pip install -r requirements-bench.txt             # the TRL side (optional: without it only ours is timed)
+
+Our configuration is train.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate
+copies), prompts in the same order, M, max_new_tokens, temperature, top_p, top_k off, beta = 0 (no reference model),
+AdamW lr / weight decay / grad clip, constant lr, micro-batches of --micro-batch rows and one optimizer step per batch
+(TRL: gradient accumulation), fp32 weights (bf16 autocast on GPU), no gradient checkpointing, reward = task.reward.
+The tiny model is warm-started as `python train.py` does it (cached): at random init every reward is 0, and with all
+advantages 0 our update has nothing to do. What the clock covers, per step:
+  ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the training forward (its
+        detached log-probs are pi_old: on-policy), clipped loss, backward; clip; AdamW. Rows with advantage 0 are
+        skipped, as train.py does (zero gradient at beta 0). Lopti re-runs forward/backward/step, not the rollout.
+  TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per
+        micro-batch forward (with entropy) + backward, clip, AdamW, scheduler, zero_grad.
+Timings alternate in one process (TRL step k, our step k, our Lopti step k, ...), medians after warm-up; peak memory
+is measured for each side in a fresh subprocess (--only ours / --only trl): a process's peak RSS only grows.
+"""
+import argparse
+import contextlib
+import copy
+import functools
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import tasks  # noqa: E402
+import train  # noqa: E402
+from lopti import isolation_masks, lopti_passes, reweight_advantages  # noqa: E402
+from model import load_policy, warm_start  # noqa: E402
+from ppo import policy_loss  # noqa: E402
+from rollout import generate_rollouts, render_prompts, token_logprobs  # noqa: E402
+from softmax_grpo import group_advantages  # noqa: E402
+
+PRESETS = {  # the issue's two workloads: train.py flags + benchmark length
+    "tiny-cpu": dict(train=["--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--prompts-per-step", "16",
+                            "--num-generations", "8", "--max-new-tokens", "16"], steps=6, warmup=1,
+                     threads=1),  # 1 thread: tiny matmuls lose to OpenMP overhead, worse on shared cores
+    "gpu": dict(train=["--model", "Qwen/Qwen2.5-0.5B-Instruct", "--device", "cuda", "--dtype", "bf16",
+                       "--prompts-per-step", "16", "--num-generations", "8", "--max-new-tokens", "256"],
+                steps=8, warmup=2, threads=0),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Other flags go to train.parse_args.")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-cpu")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per side (after warm-up)")
+    p.add_argument("--warmup", type=int, default=None, help="unmeasured steps per side first")
+    p.add_argument("--threads", type=int, default=None, help="torch threads, shared by both sides (0 = default)")
+    p.add_argument("--lopti-eta", type=float, default=0.5, help="eta of the Lopti side (paper: 0.5)")
+    p.add_argument("--lopti-alpha", type=float, default=0.3, help="AR alpha of the Lopti side (paper: 0.3)")
+    p.add_argument("--no-warm-start", action="store_true", help="tiny model from random init (all rewards 0)")
+    p.add_argument("--only", choices=("both", "ours", "trl"), default="both", help="one side (memory subprocess)")
+    p.add_argument("--no-memory", action="store_true", help="skip the per-side memory subprocesses")
+    p.add_argument("--profile", choices=("none", "torch", "cprofile"), default="none", help="profile our step")
+    args, train_argv = p.parse_known_args(argv)
+    preset = PRESETS[args.preset]
+    for key in ("steps", "warmup", "threads"):
+        setattr(args, key, preset[key] if getattr(args, key) is None else getattr(args, key))
+    if args.steps < 1 or args.warmup < 0:
+        p.error("need --steps >= 1 and --warmup >= 0")
+    args.train = train.parse_args(preset["train"] + train_argv)  # later flags win: the user's over the preset's
+    if args.train.kl_coef > 0 or args.train.ppo_epochs != 1 or args.train.loss_agg != "token-mean":
+        p.error("the comparison is defined for kl_coef 0, ppo_epochs 1, loss_agg token-mean (TRL: beta 0, dapo)")
+    if args.train.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda but no CUDA device is visible (use --preset tiny-cpu)")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    args.device = torch.device(args.train.device)
+    return args
+
+
+# --- Clocks and memory ---------------------------------------------------------------------------------------------
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def timed(seconds, device, name):
+    """Adds the block's wall time to seconds[name]; synchronises CUDA on both ends so queued GPU work counts."""
+    sync(device)
+    start = time.perf_counter()
+    with torch.profiler.record_function(name):
+        yield
+    sync(device)
+    seconds[name] += time.perf_counter() - start
+
+
+def memory_mib(device):
+    """(peak, current) MiB: the CUDA allocator on GPU, else this process's VmHWM / VmRSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, torch.cuda.memory_allocated(device) / 2**20
+    with open("/proc/self/status") as f:  # Linux only (elsewhere: resource.getrusage(...).ru_maxrss is the peak)
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith(("VmHWM", "VmRSS"))}
+    return fields["VmHWM"] / 1024, fields["VmRSS"] / 1024
+
+
+# --- The workload: task, prompts, the policy (as train.py builds it) -----------------------------------------------
+def build_workload(args):
+    """-> (task, examples, model, tokenizer); one example list, sliced per step by every side."""
+    t = args.train
+    task = tasks.get_task(t.task, data=t.data, **t.task_options)
+    examples = task.examples("train", t.prompts_per_step * (args.warmup + args.steps), seed=t.seed)
+    model, tokenizer = load_policy(t.model, device=args.device, alphabet=tasks.COMPACT_ALPHABET,
+                                   tiny_hidden=t.tiny_hidden, tiny_layers=t.tiny_layers, seed=t.seed)
+    if t.model == "tiny":  # as train.py main(): the warm start (cached in the folder train.py uses), eager attention
+        if not args.no_warm_start:
+            name = f"warm_start-{t.task}-h{t.tiny_hidden}-l{t.tiny_layers}"
+            cache_dir = os.path.join(t.output_dir, name)  # train.py's own cache, when `python train.py` made it
+            if not os.path.exists(os.path.join(cache_dir, "warm_start.json")):
+                cache_dir = os.path.join("runs", "bench", name)  # else ours, computed once (minutes on a CPU)
+            model, _ = warm_start(model, tokenizer, task, cache_dir=cache_dir, max_steps=t.warm_start_steps,
+                                  target_pass=t.warm_start_target, max_new_tokens=t.max_new_tokens,
+                                  eval_examples=task.examples("test", t.eval_size, seed=t.seed + 1), seed=t.seed,
+                                  log=print)
+        model.config._attn_implementation = "eager"
+    return task, examples, model, tokenizer
+
+
+# --- Our step: a mirror of train.py main()'s loop body, sections 1-4 (train.py has no step function yet) -----------
+def our_step(side, task, examples, device):
+    """One optimizer step (two for Lopti) on fresh rollouts -> (seconds per phase, completion tokens, rows used)."""
+    model, tokenizer, optimizer, a = side["model"], side["tokenizer"], side["optimizer"], side["args"]
+    seconds = defaultdict(float)
+    clock = functools.partial(timed, seconds, device)
+    bf16 = a.dtype == "bf16"  # train.py's --dtype: bf16 autocast over fp32 weights
+    autocast = functools.partial(torch.autocast, device.type, torch.bfloat16) if bf16 else contextlib.nullcontext
+    M, G = a.num_generations, len(examples)
+    with clock("rollout"):
+        model.eval()
+        with autocast():
+            rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, a.style), M,
+                                         max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
+                                         mask_truncated=a.mask_truncated)
+        model.train()
+    with clock("reward+advantage"):
+        rewards = torch.tensor([task.reward(text, examples[i], style=a.style)
+                                for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
+        advantages = group_advantages(rewards.view(G, M), a.method, tau=a.tau).view(-1).to(device)
+        input_ids, attention_mask = rollouts.input_ids.to(device), rollouts.attention_mask.to(device)
+        completion_mask = rollouts.completion_mask.to(device)
+        rows = torch.nonzero((advantages != 0) & (completion_mask.sum(1) > 0)).squeeze(1)  # zero gradient otherwise
+        micro_batches = [rows[i:i + a.micro_batch] for i in range(0, len(rows), a.micro_batch)]
+        share = completion_mask.sum(1) / completion_mask.sum().clamp_min(1)  # token-mean over the whole batch
+        old_logprobs = torch.zeros_like(completion_mask)  # on-policy: filled from the first training forward
+    for pass_index in range(2 if a.lopti_eta > 0 else 1):
+        for mb in micro_batches:
+            mask = completion_mask[mb]
+            with clock("log-prob forward"), autocast():
+                out = token_logprobs(model, input_ids[mb], attention_mask[mb], mask, temperature=a.temperature,
+                                     with_entropy=pass_index == 0)
+            with clock("update"):
+                logprobs, entropy = out if pass_index == 0 else (out, None)
+                if pass_index == 0:
+                    old_logprobs[mb] = logprobs.detach()
+                old = old_logprobs[mb]
+                token_adv = reweight_advantages(advantages[mb], old.exp(), mask, a.alpha)
+                passes = lopti_passes(token_adv, old.exp(), mask, a.lopti_eta, a.lopti_order)
+                _, pass_adv, pass_mask = passes[pass_index]
+                loss, _ = policy_loss(logprobs, old, pass_adv, mask, clip_low=a.clip_low, clip_high=a.clip_high,
+                                      dual_clip=a.dual_clip, kl_mask=pass_mask, loss_agg=a.loss_agg,
+                                      norm_constant=a.max_new_tokens)
+                (loss * share[mb].sum()).backward()
+                loss.item()  # train.py's metrics: loss, entropy, Lopti low-token share (sync points on GPU)
+                if pass_index == 0:
+                    (entropy * mask).sum().item(), isolation_masks(old.exp(), mask, a.lopti_eta)[0].sum().item()
+        with clock("update"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip).item()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)  # train.py zeroes before each pass: the same work
+    return dict(seconds), int(completion_mask.sum().item()), len(rows) / len(advantages)
+
+
+def make_our_side(name, model, tokenizer, train_args, *, alpha, eta):
+    model = copy.deepcopy(model)
+    side_args = copy.copy(train_args)
+    side_args.alpha, side_args.lopti_eta = alpha, eta
+    optimizer = torch.optim.AdamW(model.parameters(), lr=side_args.lr, weight_decay=side_args.weight_decay)
+    return dict(name=name, model=model, tokenizer=tokenizer, optimizer=optimizer, args=side_args,
+                seconds=[], phases=[], tokens=[], rows=[])
+
+
+def run_our_side(side, task, examples, device, step):
+    G = side["args"].prompts_per_step
+    phases, tokens, rows = our_step(side, task, examples[step * G:(step + 1) * G], device)
+    for key, value in (("seconds", sum(phases.values())), ("phases", phases), ("tokens", tokens), ("rows", rows)):
+        side[key].append(value)
+
+
+# --- TRL's GRPOTrainer on the same workload, with a callback clock -------------------------------------------------
+def make_trl_trainer(model, tokenizer, task, examples, args, after_step):
+    """GRPOTrainer configured for one optimizer step per prompts_per_step * M completions (micro-batched as ours).
+
+    after_step(k) runs inside the on_step_end callback, after TRL's step k is timed (our sides run there)."""
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamed-argument notices
+    t, device = args.train, args.device
+    B = t.prompts_per_step * t.num_generations
+    micro = t.micro_batch if B % t.micro_batch == 0 else B  # TRL needs equal micro-batches
+
+    def prompt_column(example):
+        if t.style == "compact":
+            return task.prompt(example, "compact")
+        messages = task.prompt(example, "chat")
+        if getattr(tokenizer, "chat_template", None):
+            return messages
+        return "\n".join(m["content"] for m in messages) + "\n"  # rollout.render_prompts' no-template fallback
+
+    def reward(completions, example_index, **_):  # the same task.reward our side calls
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [task.reward(text, examples[i], style=t.style) for text, i in zip(texts, example_index)]
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.seconds, self.tokens, self.generate_seconds = [], [], []
+
+        def on_step_begin(self, *_, **__):
+            sync(device)
+            self.start = time.perf_counter()
+
+        def on_step_end(self, _args, state, *_, **__):
+            sync(device)
+            self.seconds.append(time.perf_counter() - self.start)
+            after_step(state.global_step - 1)
+
+    clock = StepClock()
+    clock.output_dir = tempfile.TemporaryDirectory(prefix="trl-bench-")  # TRL writes nothing; removed at exit
+    config = GRPOConfig(
+        output_dir=clock.output_dir.name, max_steps=args.warmup + args.steps, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=B // micro, num_generations=t.num_generations, num_iterations=1,
+        max_completion_length=t.max_new_tokens, temperature=t.temperature, top_p=t.top_p, top_k=0,
+        repetition_penalty=1.0, mask_truncated_completions=t.mask_truncated, beta=0.0, epsilon=t.clip_low,
+        epsilon_high=t.clip_high, loss_type="dapo",  # dapo = token-mean over the whole batch, like ours
+        learning_rate=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.grad_clip, optim="adamw_torch",
+        lr_scheduler_type="constant", warmup_steps=0, gradient_checkpointing=False, bf16=t.dtype == "bf16",
+        fp16=False, use_cpu=device.type == "cpu", shuffle_dataset=False, seed=t.seed, report_to="none",
+        logging_strategy="no", save_strategy="no", eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+    dataset = Dataset.from_list([{"prompt": prompt_column(ex), "example_index": i} for i, ex in enumerate(examples)])
+    trainer = GRPOTrainer(model=copy.deepcopy(model), processing_class=copy.deepcopy(tokenizer),
+                          reward_funcs=reward, args=config, train_dataset=dataset, callbacks=[clock])
+    trainer.remove_callback(PrinterCallback)  # no end-of-training metrics dump
+    generate_and_score = trainer._generate_and_score_completions
+
+    def timed_generate_and_score(*a, **kw):  # measurement only: TRL's rollout share and completion tokens
+        seconds = defaultdict(float)
+        with timed(seconds, device, "generate+score"):
+            out = generate_and_score(*a, **kw)
+        clock.generate_seconds.append(seconds["generate+score"])
+        clock.tokens.append(int(out["completion_mask"].sum().item()))
+        return out
+
+    trainer._generate_and_score_completions = timed_generate_and_score
+    return trainer, clock
+
+
+# --- Reporting -----------------------------------------------------------------------------------------------------
+def median_after_warmup(values, warmup):
+    return statistics.median(values[warmup:] or values) if values else float("nan")
+
+
+def measure_memory_in_subprocesses(sides, argv):
+    """{side: (peak MiB, MiB before its first step)} from a fresh `--only side` process each."""
+    result = {}
+    for side in sides:
+        command = [sys.executable, os.path.abspath(__file__), *argv, "--only", side, "--no-memory",
+                   "--profile", "none", "--steps", "2", "--warmup", "1"]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            print(f"memory subprocess for {side} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            continue
+        result[side] = json.loads(lines[-1][len("RESULT "):])["memory"]
+    return result
+
+
+def report(args, n_params, sides, trl_clock, memory):
+    t = args.train
+    print(f"\nworkload: {t.model} ({n_params:.2f}M params, {t.dtype}, {args.device}, {torch.get_num_threads()} "
+          f"threads) | {t.task} {t.style} | {t.prompts_per_step} prompts x M={t.num_generations} | max_new_tokens "
+          f"{t.max_new_tokens} | temperature {t.temperature} top_p {t.top_p} | beta 0 | AdamW lr {t.lr} | "
+          f"micro-batch {t.micro_batch} | median of {args.steps} steps after {args.warmup} warm-up")
+    rows = [(s["name"], s["seconds"], s["tokens"]) for s in sides]
+    if trl_clock is not None:
+        rows.append(("TRL GRPOTrainer", trl_clock.seconds, trl_clock.tokens))
+    print(f"{'':30s} {'s/step':>8s} {'completion tok/step':>20s} {'tok/s':>8s}")
+    med = {}
+    for name, seconds, tokens in rows:
+        med[name], tok = median_after_warmup(seconds, args.warmup), median_after_warmup(tokens, args.warmup)
+        print(f"{name:30s} {med[name]:8.3f} {tok:20.0f} {tok / med[name]:8.0f}")
+    if trl_clock is not None:
+        print(f"ratio ours/TRL: {med[rows[0][0]] / med['TRL GRPOTrainer']:.2f}  (target <= 0.7)")
+        gen = median_after_warmup(trl_clock.generate_seconds, args.warmup)
+        print(f"TRL breakdown (median s): generate+reward+advantage {gen:.3f}, the rest (forward with entropy, "
+              f"backward, clip, AdamW) {med['TRL GRPOTrainer'] - gen:.3f}")
+    if len(sides) > 1:
+        print(f"ratio Lopti/one pass: {med[rows[1][0]] / med[rows[0][0]]:.2f}  (target <= 1.25)")
+    for side in sides:
+        phases = {k: median_after_warmup([p.get(k, 0.0) for p in side["phases"]], args.warmup)
+                  for k in ("rollout", "reward+advantage", "log-prob forward", "update")}
+        total = sum(phases.values())
+        print(f"{side['name']} breakdown (median s): " +
+              ", ".join(f"{k} {v:.3f} ({100 * v / total:.0f}%)" for k, v in phases.items()))
+    if sides:
+        print("rows forwarded by ours (the others have advantage 0, so zero gradient at beta 0; TRL forwards all): "
+              + ", ".join(f"{100 * median_after_warmup(s['rows'], args.warmup):.0f}% ({s['name']})" for s in sides))
+    unit = "peak CUDA allocated" if args.device.type == "cuda" else "peak RSS"
+    for side, (peak, before) in memory.items():
+        print(f"memory, {side} alone ({unit}): {peak:.0f} MiB, {peak - before:+.0f} MiB above the pre-step level")
+    if {"ours", "trl"} <= memory.keys():
+        print(f"ratio peak memory ours/TRL: {memory['ours'][0] / memory['trl'][0]:.2f}  (target <= 1.0)")
+
+
+def profile_ours(args, task, examples, model, tokenizer):
+    """A warm-up step, then two profiled steps of our single-pass side; prints the top entries."""
+    side = make_our_side("ours", model, tokenizer, args.train, alpha=0.0, eta=0.0)
+    run_our_side(side, task, examples, args.device, 0)
+    steps = range(1, min(3, args.warmup + args.steps))
+    if args.profile == "cprofile":
+        import cProfile
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: [run_our_side(side, task, examples, args.device, k) for k in steps])
+        for order, count in (("tottime", 20), ("cumulative", 30)):
+            pstats.Stats(profiler).strip_dirs().sort_stats(order).print_stats(count)
+        return
+    cuda = [torch.profiler.ProfilerActivity.CUDA] if args.device.type == "cuda" else []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + cuda) as prof:
+        for k in steps:
+            run_our_side(side, task, examples, args.device, k)
+    key = "self_device_time_total" if args.device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.manual_seed(args.train.seed)
+    task, examples, model, tokenizer = build_workload(args)
+    if args.profile != "none":
+        return profile_ours(args, task, examples, model, tokenizer)
+    have_trl = importlib.util.find_spec("trl") is not None
+    if not have_trl:
+        print("TRL is not installed (pip install -r requirements-bench.txt): timing ours only")
+        if args.only == "trl":
+            sys.exit("--only trl needs TRL")
+    sides = []
+    if args.only != "trl":
+        sides.append(make_our_side("ours, one pass", model, tokenizer, args.train, alpha=0.0, eta=0.0))
+    if args.only == "both":
+        sides.append(make_our_side(f"ours, Lopti eta {args.lopti_eta} AR {args.lopti_alpha}", model, tokenizer,
+                                   args.train, alpha=args.lopti_alpha, eta=args.lopti_eta))
+
+    def our_sides(step):  # after TRL's step `step`: one pass, then Lopti, on the same prompts
+        for side in sides:
+            run_our_side(side, task, examples, args.device, step)
+
+    trl_clock = None
+    if have_trl and args.only != "ours":
+        trainer, trl_clock = make_trl_trainer(model, tokenizer, task, examples, args, our_sides)
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    del model  # every side holds its own copy; drop the template before measuring memory
+    if args.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(args.device)
+    before = memory_mib(args.device)[1]
+    if trl_clock is not None:
+        trainer.train()
+    else:
+        for step in range(args.warmup + args.steps):
+            our_sides(step)
+    if args.only != "both":
+        seconds = sides[0]["seconds"] if sides else trl_clock.seconds
+        print("RESULT " + json.dumps({"memory": [memory_mib(args.device)[0], before], "seconds": seconds}))
+        return
+    memory = {} if args.no_memory else measure_memory_in_subprocesses(["ours"] + ["trl"] * have_trl, argv)
+    report(args, n_params, sides, trl_clock, memory)
+
+
+if __name__ == "__main__":
+    main()

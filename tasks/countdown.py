@@ -23,6 +23,7 @@ MAX_PAREN_DEPTH = 16  # deeper nesting is rejected by the parser
 MAX_NUMBER_DIGITS = 6  # integer literals with more digits are rejected
 NUMBER_RANGE = (1, 99)
 TARGET_RANGE = (10, 100)
+MAX_REPEATS = 2_000  # consecutive duplicate draws before examples() gives up
 TEST_EVERY = 10  # a problem belongs to the test split when crc32(problem) % TEST_EVERY == 0
 
 # ---------------------------------------------------------------------------------------------------------
@@ -239,13 +240,19 @@ class CountdownTask:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         rng = random.Random(f"countdown-{split}-{seed}")
-        out, seen = [], set()
+        out, seen, repeats = [], set(), 0
         while len(out) < n:
             problem = generate(rng, self.num_counts, split)
             key = (tuple(sorted(problem["numbers"])), problem["target"])
-            if key not in seen:
-                seen.add(key)
-                out.append(problem)
+            if key in seen:
+                repeats += 1  # a long run of repeats means the split has no more distinct problems
+                if repeats > MAX_REPEATS:
+                    raise ValueError(f"countdown: asked for n={n} {split} problems with num_count="
+                                     f"{self.num_counts}, but only about {len(out)} distinct ones exist")
+                continue
+            seen.add(key)
+            out.append(problem)
+            repeats = 0
         return out
 
     def prompt(self, example, style="chat"):

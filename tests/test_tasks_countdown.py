@@ -177,3 +177,11 @@ def test_bad_options_raise():
         get_task("countdown", data="x.jsonl")
     with pytest.raises(ValueError, match="split"):
         get_task("countdown").examples("valid", 3, 0)
+
+
+def test_examples_beyond_the_problem_space_is_an_error_not_a_hang():
+    # 2-number Countdown has only ~680 distinct test problems: asking for more must fail with a clear message.
+    task = get_task("countdown", num_count=2)
+    assert len(task.examples("test", 600, seed=0)) == 600
+    with pytest.raises(ValueError, match="distinct"):
+        task.examples("test", 2000, seed=0)

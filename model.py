@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import random
+import zlib
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -100,6 +101,18 @@ def sft_batch(tokenizer, task, examples):
     attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     label_ids = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
     return input_ids, attention_mask, label_ids
+
+
+# train.py arguments a warm start depends on: a change to any of them must not reuse an old cache folder
+WARM_START_SETTINGS = ("task", "data", "task_options", "seed", "tiny_hidden", "tiny_layers", "warm_start_steps",
+                       "warm_start_target", "max_new_tokens", "eval_size")
+
+
+def warm_start_dir(args):
+    """<output-dir>/warm_start-<task>-h<H>-l<L>-<crc32 of WARM_START_SETTINGS>: the warm start's cache folder."""
+    settings = json.dumps({name: getattr(args, name) for name in WARM_START_SETTINGS}, sort_keys=True, default=str)
+    tag = f"{zlib.crc32(settings.encode()):08x}"
+    return os.path.join(args.output_dir, f"warm_start-{args.task}-h{args.tiny_hidden}-l{args.tiny_layers}-{tag}")
 
 
 def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=1500, batch_size=64, lr=3e-3,

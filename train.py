@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 import tasks
 from lopti import PASS_ORDERS, isolation_masks, lopti_passes, reweight_advantages
-from model import load_policy, warm_start
+from model import load_policy, warm_start, warm_start_dir
 from ppo import LOSS_AGGS, policy_loss
 from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import METHODS, group_advantages
@@ -158,6 +158,125 @@ def write_metrics(path, row):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# One RL step: rollouts -> rewards -> group advantages, then the update (AR; one pass or Lopti's two) -> stats
+# --------------------------------------------------------------------------------------------------------------
+def precision(args):
+    """The --dtype compute context: bf16 autocast over fp32 weights, or nothing (fp32)."""
+    bf16 = args.dtype == "bf16"
+    return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks/step_time.py passes a real one
+    return contextlib.nullcontext()
+
+
+def collect_rollouts(model, tokenizer, task, examples, args, *, clock=no_clock):
+    """M sampled completions per example, their task rewards and group advantages (DESIGN.md sections 2, 5).
+
+    -> (rollouts: rollout.Rollouts of B = len(examples) * M rows, rewards [B] float, advantages [B] float)."""
+    with clock("rollout"), precision(args):
+        rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, args.style),
+                                     args.num_generations, max_new_tokens=args.max_new_tokens,
+                                     temperature=args.temperature, top_p=args.top_p, mask_truncated=args.mask_truncated)
+    with clock("reward+advantage"):
+        rewards = torch.tensor([task.reward(text, examples[i], style=args.style)
+                                for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
+        group_rewards = rewards.view(len(examples), args.num_generations)  # a data-file task may give fewer than G
+        advantages = group_advantages(group_rewards, args.method, tau=args.tau).view(-1)  # [B]
+    return rollouts, rewards, advantages
+
+
+def update_policy(model, optimizer, rollouts, advantages, args, *, ref_model=None, old_logprobs=None,
+                  clock=no_clock):
+    """ppo_epochs x (one pass, or Lopti's low then high pass) on one batch, one optimizer step per pass.
+
+    rollouts: input_ids / attention_mask [B, P+T], completion_mask [B, T]; advantages [B]. old_logprobs [B, T]:
+    pi_old of the sampled tokens; None = computed here (on-policy: the first training forward's, detached).
+    -> stats (python floats): loss, policy_loss's stats, entropy, lopti_low_share, grad_norm."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask = rollouts.input_ids.to(device), rollouts.attention_mask.to(device)
+    completion_mask, advantages = rollouts.completion_mask.to(device), advantages.to(device)
+
+    # which rows to forward, and each row's share of the global loss denominator
+    # With kl_coef = 0 a row whose advantage is 0 has exactly zero gradient, so it is skipped (still counted).
+    active = (advantages != 0) | (ref_model is not None)
+    rows = torch.nonzero(active & (completion_mask.sum(1) > 0)).squeeze(1)
+    micro_batches = [rows[i:i + args.micro_batch] for i in range(0, len(rows), args.micro_batch)]
+    token_share = completion_mask.sum(1) / completion_mask.sum().clamp_min(1)  # [B]; token-mean
+    row_share = torch.full_like(token_share, 1.0 / len(token_share))             # seq-mean-* modes
+    share = token_share if args.loss_agg == "token-mean" else row_share
+
+    # old (sampling-policy) and reference log-probs
+    on_policy = old_logprobs is None and args.ppo_epochs == 1
+    with torch.no_grad(), precision(args):
+        ref_logprobs = None if ref_model is None else token_logprobs(
+            ref_model, input_ids, attention_mask, completion_mask, temperature=args.temperature,
+            micro_batch=args.micro_batch)
+        # on-policy (1 epoch): the first training forward's detached log-probs ARE pi_old (filled below);
+        # with more epochs pi_old must be fixed before the first update: one no-grad pass
+        if old_logprobs is None:
+            old_logprobs = torch.zeros_like(completion_mask)
+            if args.ppo_epochs > 1 and len(rows):
+                old_logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], completion_mask[rows],
+                                                    temperature=args.temperature, micro_batch=args.micro_batch)
+
+    # the passes: one optimizer step each
+    num_passes = 2 if args.lopti_eta > 0 else 1
+    stat_keys = ["clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max"] + ["kl"] * (ref_model is not None)
+    sums = dict.fromkeys(stat_keys, 0.0)  # policy_loss stats summed over micro-batches, weighted by share
+    loss_sum, entropy_sum, low_tokens, grad_norms = 0.0, 0.0, 0.0, []
+    for epoch in range(args.ppo_epochs):
+        for pass_index in range(num_passes):
+            optimizer.zero_grad(set_to_none=True)
+            for mb in micro_batches:
+                first_forward = epoch == 0 and pass_index == 0
+                mask = completion_mask[mb]
+                with clock("log-prob forward"), precision(args):
+                    out = token_logprobs(model, input_ids[mb], attention_mask[mb], mask,
+                                         temperature=args.temperature, with_entropy=first_forward)
+                logprobs, entropy = out if first_forward else (out, None)
+                if first_forward and on_policy:
+                    old_logprobs[mb] = logprobs.detach()
+                old = old_logprobs[mb]
+                old_probs = old.exp()  # p_old of each sampled token
+                token_adv = reweight_advantages(advantages[mb], old_probs, mask, args.alpha)  # AR; alpha=0: same
+                _, pass_adv, pass_mask = lopti_passes(token_adv, old_probs, mask, args.lopti_eta,
+                                                      args.lopti_order)[pass_index]
+                loss, stats = policy_loss(logprobs, old, pass_adv, mask, clip_low=args.clip_low,
+                                          clip_high=args.clip_high, dual_clip=args.dual_clip,
+                                          ref_logprobs=None if ref_logprobs is None else ref_logprobs[mb],
+                                          kl_coef=args.kl_coef, kl_mask=pass_mask, loss_agg=args.loss_agg,
+                                          norm_constant=args.max_new_tokens)
+                weight = share[mb].sum()
+                (loss * weight).backward()  # sum over micro-batches = the loss of the whole batch
+                loss_sum += loss.item() * weight.item()
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value * weight.item()
+                if first_forward:
+                    entropy_sum += (entropy * mask).sum().item()
+                    low_tokens += isolation_masks(old_probs, mask, max(args.lopti_eta, 0.0))[0].sum().item()
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
+            optimizer.step()
+
+    updates = args.ppo_epochs * num_passes
+    forwarded_tokens = max(completion_mask[rows].sum().item(), 1.0)
+    forwarded_share = max(share[rows].sum().item(), 1e-12)  # stats are means over the forwarded tokens
+    return {"loss": loss_sum / updates, **{key: value / updates / forwarded_share for key, value in sums.items()},
+            "entropy": entropy_sum / forwarded_tokens, "lopti_low_share": low_tokens / forwarded_tokens,
+            "grad_norm": sum(grad_norms) / len(grad_norms)}
+
+
+def rollout_stats(task, rollouts, rewards, advantages, num_generations):
+    """The batch's metrics before the update: rewards, pass rate, zero-variance groups, lengths."""
+    group_rewards = rewards.view(-1, num_generations)  # [prompts, M]
+    return {"reward_mean": rewards.mean().item(), "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
+            "zero_var_share": (group_rewards.max(1).values == group_rewards.min(1).values).float().mean().item(),
+            "adv_abs_mean": advantages.abs().mean().item(),
+            "response_length": rollouts.completion_mask.sum().item() / len(rewards),
+            "truncated_share": rollouts.truncated.float().mean().item()}
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------------------------
 def main(argv=None):
@@ -171,8 +290,6 @@ def main(argv=None):
     random.seed(args.seed)
     np.random.seed(args.seed)
     device = torch.device(args.device)
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.dtype == "bf16" \
-        else contextlib.nullcontext
 
     # --- task, policy, warm start (tiny only), reference policy (only when kl_coef > 0) ---------------------
     try:
@@ -185,7 +302,7 @@ def main(argv=None):
     eval_examples = task.examples("test", args.eval_size, seed=args.seed)
     initial_dir = args.model
     if args.model == "tiny":
-        initial_dir = os.path.join(args.output_dir, f"warm_start-{args.task}-h{args.tiny_hidden}-l{args.tiny_layers}")
+        initial_dir = warm_start_dir(args)  # cached: a second run with the same settings skips it
         if args.resume is None and args.warm_start_steps > 0:
             model, _ = warm_start(model, tokenizer, task, cache_dir=initial_dir, max_steps=args.warm_start_steps,
                                   target_pass=args.warm_start_target, max_new_tokens=args.max_new_tokens,
@@ -216,7 +333,7 @@ def main(argv=None):
             f.writelines(line for line in kept if json.loads(line)["step"] <= start_step)
     else:
         open(metrics_path, "w").close()
-        with autocast():
+        with precision(args):
             state["initial_eval"] = evaluate(model, tokenizer, task, eval_examples, style=args.style,
                                              max_new_tokens=args.max_new_tokens)
         write_metrics(metrics_path, {"step": 0, "eval": True, **state["initial_eval"]})
@@ -230,104 +347,30 @@ def main(argv=None):
         tqdm.write("Ctrl-C: saving a checkpoint after this step (press again to abort)")
     previous_handler = signal.signal(signal.SIGINT, request_stop)
 
-    M, G, step = args.num_generations, args.prompts_per_step, start_step
+    step = start_step
     bar = tqdm(range(start_step + 1, args.steps + 1), initial=start_step, total=args.steps, desc="RL")
     for step in bar:
-        # --- 1. rollouts and rewards -------------------------------------------------------------------------
+        # --- 1. rollouts, rewards, group advantages ---------------------------------------------------------
         t0 = time.time()
         for group in optimizer.param_groups:  # linear warm-up, then constant (no dependence on --steps)
             group["lr"] = args.lr * min(1.0, step / (args.warmup_steps + 1))
-        examples = task.examples("train", G, seed=args.seed * 1_000_003 + step)  # a function of (seed, step) only
-        with autocast():
-            rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, args.style), M,
-                                         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                         top_p=args.top_p, mask_truncated=args.mask_truncated)
-        rewards = torch.tensor([task.reward(text, examples[i], style=args.style)
-                                for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
-        group_rewards = rewards.view(len(examples), M)  # a data-file task may return fewer than G prompts
-        advantages = group_advantages(group_rewards, args.method, tau=args.tau).view(-1)  # [B]
-        input_ids, attention_mask = rollouts.input_ids.to(device), rollouts.attention_mask.to(device)
-        completion_mask, advantages = rollouts.completion_mask.to(device), advantages.to(device)
+        examples = task.examples("train", args.prompts_per_step, seed=args.seed * 1_000_003 + step)  # (seed, step)
+        rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples, args)
         t1 = time.time()
 
-        # --- 2. which rows to forward, and each row's share of the global loss denominator ------------------
-        # With kl_coef = 0 a row whose advantage is 0 has exactly zero gradient, so it is skipped (still counted).
-        active = (advantages != 0) | (ref_model is not None)
-        rows = torch.nonzero(active & (completion_mask.sum(1) > 0)).squeeze(1)
-        micro_batches = [rows[i:i + args.micro_batch] for i in range(0, len(rows), args.micro_batch)]
-        token_share = completion_mask.sum(1) / completion_mask.sum().clamp_min(1)  # [B]; token-mean
-        row_share = torch.full_like(token_share, 1.0 / len(token_share))             # seq-mean-* modes
-        share = token_share if args.loss_agg == "token-mean" else row_share
-
-        # --- 3. old (sampling-policy) and reference log-probs ------------------------------------------------
-        with torch.no_grad(), autocast():
-            ref_logprobs = None if ref_model is None else token_logprobs(
-                ref_model, input_ids, attention_mask, completion_mask, temperature=args.temperature,
-                micro_batch=args.micro_batch)
-            # on-policy (1 epoch): the first training forward's detached log-probs ARE pi_old (filled below);
-            # with more epochs pi_old must be fixed before the first update: one no-grad pass
-            old_logprobs = torch.zeros_like(completion_mask)
-            if args.ppo_epochs > 1 and len(rows):
-                old_logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], completion_mask[rows],
-                                                    temperature=args.temperature, micro_batch=args.micro_batch)
-
-        # --- 4. the update: ppo_epochs x (1 pass, or Lopti's low then high pass), one optimizer step per pass -
-        num_passes = 2 if args.lopti_eta > 0 else 1
-        stat_keys = ["clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max"] + ["kl"] * (ref_model is not None)
-        sums = dict.fromkeys(stat_keys, 0.0)  # policy_loss stats summed over micro-batches, weighted by share
-        loss_sum, entropy_sum, low_tokens, grad_norms = 0.0, 0.0, 0.0, []
-        for epoch in range(args.ppo_epochs):
-            for pass_index in range(num_passes):
-                optimizer.zero_grad(set_to_none=True)
-                for mb in micro_batches:
-                    first_forward = epoch == 0 and pass_index == 0
-                    mask = completion_mask[mb]
-                    with autocast():
-                        out = token_logprobs(model, input_ids[mb], attention_mask[mb], mask,
-                                             temperature=args.temperature, with_entropy=first_forward)
-                    logprobs, entropy = out if first_forward else (out, None)
-                    if first_forward and args.ppo_epochs == 1:
-                        old_logprobs[mb] = logprobs.detach()
-                    old = old_logprobs[mb]
-                    old_probs = old.exp()  # p_old of each sampled token
-                    token_adv = reweight_advantages(advantages[mb], old_probs, mask, args.alpha)  # AR; alpha=0: same
-                    _, pass_adv, pass_mask = lopti_passes(token_adv, old_probs, mask, args.lopti_eta,
-                                                          args.lopti_order)[pass_index]
-                    loss, stats = policy_loss(logprobs, old, pass_adv, mask, clip_low=args.clip_low,
-                                              clip_high=args.clip_high, dual_clip=args.dual_clip,
-                                              ref_logprobs=None if ref_logprobs is None else ref_logprobs[mb],
-                                              kl_coef=args.kl_coef, kl_mask=pass_mask, loss_agg=args.loss_agg,
-                                              norm_constant=args.max_new_tokens)
-                    weight = share[mb].sum()
-                    (loss * weight).backward()  # sum over micro-batches = the loss of the whole batch
-                    loss_sum += loss.item() * weight.item()
-                    for key, value in stats.items():
-                        sums[key] = sums.get(key, 0.0) + value * weight.item()
-                    if first_forward:
-                        entropy_sum += (entropy * mask).sum().item()
-                        low_tokens += isolation_masks(old_probs, mask, max(args.lopti_eta, 0.0))[0].sum().item()
-                grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
-                optimizer.step()
+        # --- 2. the update: AR, then one clipped-surrogate pass or Lopti's two, ppo_epochs times --------------
+        stats = update_policy(model, optimizer, rollouts, advantages, args, ref_model=ref_model)
         t2 = time.time()
 
-        # --- 5. metrics, evaluation, checkpoint ----------------------------------------------------------------
-        updates = args.ppo_epochs * num_passes
-        n_tokens = completion_mask.sum().item()
-        forwarded_tokens = max(completion_mask[rows].sum().item(), 1.0)
-        forwarded_share = max(share[rows].sum().item(), 1e-12)  # stats are means over the forwarded tokens
-        row = {"step": step, "reward_mean": rewards.mean().item(),
-               "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
-               "zero_var_share": (group_rewards.max(1).values == group_rewards.min(1).values).float().mean().item(),
-               "adv_abs_mean": advantages.abs().mean().item(), "response_length": n_tokens / len(rewards),
-               "truncated_share": rollouts.truncated.float().mean().item(),
-               "loss": loss_sum / updates, **{key: value / updates / forwarded_share for key, value in sums.items()},
-               "entropy": entropy_sum / forwarded_tokens, "lopti_low_share": low_tokens / forwarded_tokens,
-               "grad_norm": sum(grad_norms) / len(grad_norms), "lr": optimizer.param_groups[0]["lr"],
-               "rollout_s": t1 - t0, "update_s": t2 - t1, "tokens_per_s": n_tokens / max(t2 - t0, 1e-9)}
+        # --- 3. metrics, evaluation, checkpoint ----------------------------------------------------------------
+        n_tokens = rollouts.completion_mask.sum().item()
+        row = {"step": step, **rollout_stats(task, rollouts, rewards, advantages, args.num_generations), **stats,
+               "lr": optimizer.param_groups[0]["lr"], "rollout_s": t1 - t0, "update_s": t2 - t1,
+               "tokens_per_s": n_tokens / max(t2 - t0, 1e-9)}
         write_metrics(metrics_path, row)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate=f"{row['pass_rate']:.3f}")
         if step % args.eval_every == 0 or step == args.steps:
-            with autocast():
+            with precision(args):
                 final_eval = evaluate(model, tokenizer, task, eval_examples, style=args.style,
                                       max_new_tokens=args.max_new_tokens)
             write_metrics(metrics_path, {"step": step, "eval": True, **final_eval})
@@ -340,7 +383,7 @@ def main(argv=None):
     bar.close()
     signal.signal(signal.SIGINT, previous_handler)
 
-    # --- 6. before / after ----------------------------------------------------------------------------------
+    # --- 4. before / after ----------------------------------------------------------------------------------
     before = state["initial_eval"]
     rows = [("before RL" + (" (after warm start)" if args.model == "tiny" else ""), before),
             (f"after RL (step {step})", final_eval)]

@@ -40,11 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
 import train  # noqa: E402
-from lopti import isolation_masks, lopti_passes, reweight_advantages  # noqa: E402
-from model import load_policy, warm_start  # noqa: E402
-from ppo import policy_loss  # noqa: E402
-from rollout import generate_rollouts, render_prompts, token_logprobs  # noqa: E402
-from softmax_grpo import group_advantages  # noqa: E402
+from model import load_policy, warm_start, warm_start_dir  # noqa: E402
 
 PRESETS = {  # the issue's two workloads: train.py flags + benchmark length
     "tiny-cpu": dict(train=["--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--prompts-per-step", "16",
@@ -121,8 +117,8 @@ def build_workload(args):
                                    tiny_hidden=t.tiny_hidden, tiny_layers=t.tiny_layers, seed=t.seed)
     if t.model == "tiny":  # as train.py main(): the warm start (cached in the folder train.py uses), eager attention
         if not args.no_warm_start:
-            name = f"warm_start-{t.task}-h{t.tiny_hidden}-l{t.tiny_layers}"
-            cache_dir = os.path.join(t.output_dir, name)  # train.py's own cache, when `python train.py` made it
+            cache_dir = warm_start_dir(t)
+            name = os.path.basename(cache_dir)  # train.py's own cache, when `python train.py` made it
             if not os.path.exists(os.path.join(cache_dir, "warm_start.json")):
                 cache_dir = os.path.join("runs", "bench", name)  # else ours, computed once (minutes on a CPU)
             model, _ = warm_start(model, tokenizer, task, cache_dir=cache_dir, max_steps=t.warm_start_steps,
@@ -133,62 +129,26 @@ def build_workload(args):
     return task, examples, model, tokenizer
 
 
-# --- Our step: a mirror of train.py main()'s loop body, sections 1-4 (train.py has no step function yet) -----------
+# --- Our step: train.py's own step functions, with a clock per phase ----------------------------------------------
 def our_step(side, task, examples, device):
-    """One optimizer step (two for Lopti) on fresh rollouts -> (seconds per phase, completion tokens, rows used)."""
+    """One optimizer step (two for Lopti) on fresh rollouts -> (seconds per phase, completion tokens, rows used).
+
+    train.collect_rollouts + train.update_policy, as train.py main() calls them; their clock hook times the
+    phases rollout, reward+advantage and log-prob forward; update = the rest of update_policy."""
     model, tokenizer, optimizer, a = side["model"], side["tokenizer"], side["optimizer"], side["args"]
     seconds = defaultdict(float)
     clock = functools.partial(timed, seconds, device)
-    bf16 = a.dtype == "bf16"  # train.py's --dtype: bf16 autocast over fp32 weights
-    autocast = functools.partial(torch.autocast, device.type, torch.bfloat16) if bf16 else contextlib.nullcontext
-    M, G = a.num_generations, len(examples)
-    with clock("rollout"):
-        model.eval()
-        with autocast():
-            rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, a.style), M,
-                                         max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                                         mask_truncated=a.mask_truncated)
-        model.train()
-    with clock("reward+advantage"):
-        rewards = torch.tensor([task.reward(text, examples[i], style=a.style)
-                                for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
-        advantages = group_advantages(rewards.view(G, M), a.method, tau=a.tau).view(-1).to(device)
-        input_ids, attention_mask = rollouts.input_ids.to(device), rollouts.attention_mask.to(device)
-        completion_mask = rollouts.completion_mask.to(device)
-        rows = torch.nonzero((advantages != 0) & (completion_mask.sum(1) > 0)).squeeze(1)  # zero gradient otherwise
-        micro_batches = [rows[i:i + a.micro_batch] for i in range(0, len(rows), a.micro_batch)]
-        share = completion_mask.sum(1) / completion_mask.sum().clamp_min(1)  # token-mean over the whole batch
-        old_logprobs = torch.zeros_like(completion_mask)  # on-policy: filled from the first training forward
-    for pass_index in range(2 if a.lopti_eta > 0 else 1):
-        for mb in micro_batches:
-            mask = completion_mask[mb]
-            with clock("log-prob forward"), autocast():
-                out = token_logprobs(model, input_ids[mb], attention_mask[mb], mask, temperature=a.temperature,
-                                     with_entropy=pass_index == 0)
-            with clock("update"):
-                logprobs, entropy = out if pass_index == 0 else (out, None)
-                if pass_index == 0:
-                    old_logprobs[mb] = logprobs.detach()
-                old = old_logprobs[mb]
-                token_adv = reweight_advantages(advantages[mb], old.exp(), mask, a.alpha)
-                passes = lopti_passes(token_adv, old.exp(), mask, a.lopti_eta, a.lopti_order)
-                _, pass_adv, pass_mask = passes[pass_index]
-                loss, _ = policy_loss(logprobs, old, pass_adv, mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                                      dual_clip=a.dual_clip, kl_mask=pass_mask, loss_agg=a.loss_agg,
-                                      norm_constant=a.max_new_tokens)
-                (loss * share[mb].sum()).backward()
-                loss.item()  # train.py's metrics: loss, entropy, Lopti low-token share (sync points on GPU)
-                if pass_index == 0:
-                    (entropy * mask).sum().item(), isolation_masks(old.exp(), mask, a.lopti_eta)[0].sum().item()
-        with clock("update"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip).item()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)  # train.py zeroes before each pass: the same work
-    return dict(seconds), int(completion_mask.sum().item()), len(rows) / len(advantages)
+    rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, a, clock=clock)
+    with clock("update+forward"):
+        train.update_policy(model, optimizer, rollouts, advantages, a, clock=clock)
+    seconds["update"] = seconds.pop("update+forward") - seconds["log-prob forward"]
+    completion_mask = rollouts.completion_mask
+    rows = ((advantages != 0) & (completion_mask.sum(1) > 0)).float().mean().item()  # the rows update_policy forwards
+    return dict(seconds), int(completion_mask.sum().item()), rows
 
 
 def make_our_side(name, model, tokenizer, train_args, *, alpha, eta):
-    model = copy.deepcopy(model)
+    model = copy.deepcopy(model).train()  # as train.py main() before its loop
     side_args = copy.copy(train_args)
     side_args.alpha, side_args.lopti_eta = alpha, eta
     optimizer = torch.optim.AdamW(model.parameters(), lr=side_args.lr, weight_decay=side_args.weight_decay)

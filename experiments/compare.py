@@ -41,6 +41,7 @@ import statistics
 import time
 
 import train
+from model import WARM_START_SETTINGS, warm_start_dir
 
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
@@ -51,8 +52,7 @@ PRESETS = {
                         "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}),
 }
 CPU_DEFAULTS = []  # train.py's own defaults are CPU-sized for the tiny model
-WARM_START_FIELDS = ("model", "task", "task_options", "seed", "tiny_hidden", "tiny_layers", "warm_start_steps",
-                     "warm_start_target", "max_new_tokens", "eval_size")
+WARM_START_FIELDS = ("model",) + WARM_START_SETTINGS
 
 
 def run_argv(preset, config, seed, output_dir, extra):
@@ -66,7 +66,7 @@ def run_argv(preset, config, seed, output_dir, extra):
 def link_warm_start(argv, cache_root):
     """Point the run's warm-start folder at a cache shared by every run with the same warm-start settings.
 
-    train.py warm-starts the tiny model into <output-dir>/warm_start-<task>-h<H>-l<L> and loads it when that folder
+    train.py warm-starts the tiny model into model.warm_start_dir(args) and loads it when that folder
     holds warm_start.json; we make that path a symlink to <cache_root>/<task>-seed<s>-<hash of the settings>.
     """
     args = train.parse_args(argv)
@@ -76,7 +76,7 @@ def link_warm_start(argv, cache_root):
     shared = os.path.abspath(os.path.join(
         cache_root, f"{args.task}-seed{args.seed}-{hashlib.sha1(settings.encode()).hexdigest()[:8]}"))
     os.makedirs(shared, exist_ok=True)
-    link = os.path.join(args.output_dir, f"warm_start-{args.task}-h{args.tiny_hidden}-l{args.tiny_layers}")
+    link = warm_start_dir(args)
     os.makedirs(args.output_dir, exist_ok=True)
     if not os.path.lexists(link):
         os.symlink(shared, link)

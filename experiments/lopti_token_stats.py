@@ -14,9 +14,9 @@ each quartile's part of the unclipped objective, (1/N) sum_{tokens in q} A_t log
 
 Fig. 3, which way probabilities move. From the SAME rollouts and the SAME starting weights (a deep copy each), one
 update each for: GRPO; AR (alpha 0.3); Lopti (eta 0.5, low-probability pass first, two optimizer steps); AR+Lopti.
-The update is train.py's step 4 with --ppo-epochs 1 and no KL: fresh AdamW (lr, weight decay 0.01), per pass a
-token-mean clipped loss from ppo.policy_loss over lopti.lopti_passes(reweight_advantages(...)), grad-norm clip
-1.0, optimizer.step(). Then the tokens' log-probs are recomputed; per quartile we report the share of
+The update is train.py's own, train.update_policy, with --ppo-epochs 1 and no KL: fresh AdamW (lr, weight decay
+0.01), per pass a token-mean clipped loss from ppo.policy_loss over lopti.lopti_passes(reweight_advantages(...)),
+grad-norm clip 1.0, optimizer.step(). Then the tokens' log-probs are recomputed; per quartile we report the share of
 positive-advantage tokens whose probability rose, and of negative-advantage tokens whose probability fell.
 Note: a fresh AdamW's first step is close to lr * sign(gradient) per parameter, as at the start of a run;
 --optimizer sgd takes a plain gradient step instead (the raw gradient magnitudes Prop. 4.2 is about; use a
@@ -33,12 +33,12 @@ import copy
 import csv
 import math
 import os
+from types import SimpleNamespace
 
 import torch
 
+import train
 from experiments.table3_allocation import load_checkpoint, make_task, sample_groups, train_defaults
-from lopti import lopti_passes, reweight_advantages
-from ppo import policy_loss
 from rollout import token_logprobs
 from softmax_grpo import METHODS, group_advantages
 
@@ -118,31 +118,22 @@ def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperat
 # ---------------------------------------------------------------------------------------------------------------
 def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
                clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
-    """train.py step 4 (one PPO epoch, no KL) on `model` in place: AR, then 1 pass (eta = 0) or Lopti's 2 passes.
+    """train.py's update (train.update_policy: one PPO epoch, no KL, fp32) on `model` in place: AR, then 1 pass
+    (eta = 0) or Lopti's 2 passes, with pi_old = old_logprobs.
 
     batch = (input_ids [B, P+T], attention_mask, completion_mask [B, T]); advantages [B]; old_logprobs [B, T].
-    Rows with A = 0 are skipped; each micro-batch's loss is weighted by its share of the batch's tokens.
     optimizer "adamw" (train.py's) or "sgd" (plain gradient step: the update follows the gradient's magnitudes).
     """
     input_ids, attention_mask, completion_mask = batch
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
-    rows = torch.nonzero((advantages != 0) & (completion_mask.sum(1) > 0)).squeeze(1)
-    micro_batches = [rows[i:i + micro_batch] for i in range(0, len(rows), micro_batch)]
-    token_share = completion_mask.sum(1) / completion_mask.sum().clamp_min(1)
+    args = train.parse_args(["--dtype", "fp32"])  # train.py's defaults (ppo_epochs 1, kl 0, token-mean), then ours
+    args.alpha, args.lopti_eta, args.temperature, args.clip_low, args.clip_high = alpha, eta, temperature, clip_low, \
+        clip_high
+    args.grad_clip, args.micro_batch = grad_clip, micro_batch
+    rollouts = SimpleNamespace(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask)
     model.train()
-    for pass_index in range(2 if eta > 0 else 1):
-        optimizer.zero_grad(set_to_none=True)
-        for mb in micro_batches:
-            mask, old = completion_mask[mb], old_logprobs[mb]
-            logprobs = token_logprobs(model, input_ids[mb], attention_mask[mb], mask, temperature=temperature)
-            token_adv = reweight_advantages(advantages[mb], old.exp(), mask, alpha)
-            _, pass_adv, pass_mask = lopti_passes(token_adv, old.exp(), mask, eta)[pass_index]
-            loss, _ = policy_loss(logprobs, old, pass_adv, mask, clip_low=clip_low, clip_high=clip_high,
-                                  kl_mask=pass_mask)
-            (loss * token_share[mb].sum()).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
+    train.update_policy(model, optimizer, rollouts, advantages, args, old_logprobs=old_logprobs)
     return model
 
 

@@ -3,6 +3,7 @@
 Most runs use a stub task whose reward is graded (share of digit characters), so every group has reward variance
 and every step really updates the policy. Runs are in-process (train.main) for speed.
 """
+import glob
 import json
 import os
 import random
@@ -83,7 +84,7 @@ def test_three_step_run_updates_and_logs(tmp_path, flags):
                 "clip_frac_high", "entropy", "grad_norm", "lopti_low_share", "rollout_s", "update_s", "tokens_per_s"):
         assert all(torch.isfinite(torch.tensor(float(r[key]))) for r in steps), key
     assert all(r["grad_norm"] > 0 for r in steps)  # graded rewards: every step has a real gradient
-    before = weights(os.path.join(out, "warm_start-digits-h32-l1"))  # the initial policy (no warm start here)
+    before = weights(glob.glob(os.path.join(out, "warm_start-digits-h32-l1-*"))[0])  # the initial policy (no warm start here)
     after = weights(os.path.join(out, "latest"))
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert result["metrics_path"] == os.path.join(out, "metrics.jsonl")
@@ -98,7 +99,7 @@ def test_three_step_run_updates_and_logs(tmp_path, flags):
 def test_countdown_with_cached_warm_start(tmp_path, capsys):
     flags = ["--steps", "2", "--warm-start-steps", "3", "--task-option", "format_score=0.1"]
     first, steps, _, out = run(tmp_path, *flags, task="countdown")
-    assert len(steps) == 2 and os.path.exists(os.path.join(out, "warm_start-countdown-h32-l1", "warm_start.json"))
+    assert len(steps) == 2 and glob.glob(os.path.join(out, "warm_start-countdown-h32-l1-*", "warm_start.json"))
     assert "warm start step 3" in capsys.readouterr().out
     second, _, _, _ = run(tmp_path, *flags, task="countdown")  # same output dir: the warm start is loaded
     assert "warm start: loaded" in capsys.readouterr().out
@@ -204,3 +205,20 @@ def test_bad_input_from_the_command_line(tmp_path):
                            str(tmp_path / "missing.gguf")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"train.py: error: model path does not exist: {tmp_path / 'missing.gguf'}"
+
+
+def test_the_embedded_default_learns(tmp_path):
+    # `python train.py` end to end (warm start + 100 SoftmaxGRPO steps, ~2-3 CPU minutes): the issue's target is
+    # >= +20 points of held-out greedy pass@1 from RL. Measured: 0.110 -> 0.570 on the reference machine.
+    result = train.main(["--output-dir", str(tmp_path / "default")])
+    gain = result["after"]["pass@1"] - result["before"]["pass@1"]
+    assert gain >= 0.20, result
+
+
+def test_a_changed_task_option_gets_a_fresh_warm_start():
+    # The warm-start cache is keyed by every setting it depends on: 3-number Countdown must not load a 2-number model.
+    from model import warm_start_dir
+    two = train.parse_args(["--task", "countdown"])
+    three = train.parse_args(["--task", "countdown", "--task-option", "num_count=3"])
+    assert warm_start_dir(two) != warm_start_dir(three)
+    assert warm_start_dir(two) == warm_start_dir(train.parse_args(["--task", "countdown"]))

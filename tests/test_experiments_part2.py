@@ -8,8 +8,6 @@ import csv
 import glob
 import math
 import os
-import random
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -20,38 +18,9 @@ from experiments import compare, lopti_token_stats, table3_allocation
 from model import build_char_tokenizer, build_tiny_model
 from rollout import token_logprobs
 from softmax_grpo import group_advantages
+from tests.stubs import SMALL_TRAIN, DigitsTask
 
-SMALL_TRAIN = ["--tiny-hidden", "32", "--tiny-layers", "1", "--warm-start-steps", "0", "--prompts-per-step", "2",
-               "--num-generations", "4", "--max-new-tokens", "6", "--eval-size", "4", "--eval-every", "2"]
-
-
-@dataclass
-class DigitsTask:
-    """Stub task: reward = share of digits in the completion; it passes at 0.5."""
-    name: str = "digits"
-    pass_threshold: float = 0.5
-
-    def examples(self, split, n, seed):
-        rng = random.Random(f"{split}-{seed}")
-        return [{"x": rng.randint(0, 99)} for _ in range(n)]
-
-    def prompt(self, example, style="chat"):
-        return f"{example['x']}>" if style == "compact" else [{"role": "user", "content": f"{example['x']}>"}]
-
-    def reward(self, completion, example, style="chat"):
-        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
-
-    def solution(self, example, style="compact"):
-        return "777"
-
-
-@pytest.fixture(autouse=True)
-def setup(monkeypatch):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is as fast and robust when the CPU is shared
-    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: DigitsTask())
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("digits_task")
 
 
 @pytest.fixture(scope="module")

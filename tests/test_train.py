@@ -6,11 +6,9 @@ and every step really updates the policy. Runs are in-process (train.main) for s
 import glob
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,42 +16,10 @@ from transformers import AutoModelForCausalLM
 
 import tasks
 import train
+from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["--tiny-hidden", "32", "--tiny-layers", "1", "--warm-start-steps", "0", "--prompts-per-step", "2",
-         "--num-generations", "4", "--max-new-tokens", "6", "--eval-size", "4", "--eval-every", "2"]
-
-
-@dataclass
-class DigitsTask:
-    """Stub task: reward = share of digits in the completion (graded, so groups almost never tie)."""
-    name: str = "digits"
-    pass_threshold: float = 0.5
-    on_reward: object = None  # test hook, called on every reward
-
-    def examples(self, split, n, seed):
-        rng = random.Random(f"{split}-{seed}")
-        return [{"x": rng.randint(0, 99)} for _ in range(n)]
-
-    def prompt(self, example, style="chat"):
-        return f"{example['x']}>" if style == "compact" else [{"role": "user", "content": f"{example['x']}>"}]
-
-    def reward(self, completion, example, style="chat"):
-        if self.on_reward:
-            self.on_reward()
-        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
-
-    def solution(self, example, style="compact"):
-        return "777"
-
-
-@pytest.fixture(autouse=True)
-def setup(monkeypatch):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and robust when the CPU is shared
-    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: DigitsTask())
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("digits_task")
 
 
 def run(tmp_path, *extra, name="run", task="digits"):

@@ -1,0 +1,30 @@
+"""Test stubs shared by several files: a text task with graded rewards, and the flags of a very small tiny-model run."""
+import random
+from dataclasses import dataclass
+
+# train.py flags for a run that takes seconds: a 1-layer, 32-wide tiny Llama, no warm start, 2 prompts x 4 samples
+SMALL_TRAIN = ["--tiny-hidden", "32", "--tiny-layers", "1", "--warm-start-steps", "0", "--prompts-per-step", "2",
+               "--num-generations", "4", "--max-new-tokens", "6", "--eval-size", "4", "--eval-every", "2"]
+
+
+@dataclass
+class DigitsTask:
+    """Stub task: reward = share of digits in the completion (graded, so groups almost never tie); passes at 0.5."""
+    name: str = "digits"
+    pass_threshold: float = 0.5
+    on_reward: object = None  # test hook, called on every reward
+
+    def examples(self, split, n, seed):
+        rng = random.Random(f"{split}-{seed}")
+        return [{"x": rng.randint(0, 99)} for _ in range(n)]
+
+    def prompt(self, example, style="chat"):
+        return f"{example['x']}>" if style == "compact" else [{"role": "user", "content": f"{example['x']}>"}]
+
+    def reward(self, completion, example, style="chat"):
+        if self.on_reward:
+            self.on_reward()
+        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+    def solution(self, example, style="compact"):
+        return "777"

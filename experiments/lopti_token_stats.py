@@ -38,7 +38,7 @@ from types import SimpleNamespace
 import torch
 
 import train
-from experiments.table3_allocation import load_checkpoint, make_task, sample_groups, train_defaults
+from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
 from rollout import token_logprobs
 from softmax_grpo import METHODS, group_advantages
 
@@ -207,10 +207,7 @@ def plot(output_dir, fig1d, fig3):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Lopti Fig. 1(d) (gradient norm by p_old) and Fig. 3 (which "
                                                  "probabilities rose after one update).")
-    parser.add_argument("--checkpoint", default="runs/default/latest", help="save_pretrained folder or HF id")
-    parser.add_argument("--task", default="countdown")
-    parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE", help="as in train.py")
-    parser.add_argument("--data", default=None, help="data file for gsm8k / text_match")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("-M", "--num-generations", dest="M", type=int, default=8)
     parser.add_argument("--method", default="grpo", choices=METHODS, help="group advantages (Lopti paper: grpo)")
@@ -228,12 +225,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default="runs/lopti_stats")
     args = parser.parse_args(argv)
-    try:
-        model, tokenizer, style = load_checkpoint(args.checkpoint, args.device)
-        defaults = train_defaults(style, args.task, args.task_option, args.data)
-        task = make_task(defaults)
-    except ValueError as error:
-        parser.error(str(error))
+    model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
     max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
     lr = args.lr if args.lr is not None else defaults.lr
     clip_high = args.clip_high if args.clip_high is not None else defaults.clip_high

@@ -42,6 +42,27 @@ BIN_NAMES = ("[0,.1)", "[.1,.5)", "[.5,.9)", "[.9,1]")
 # ---------------------------------------------------------------------------------------------------------------
 # Shared with experiments/lopti_token_stats.py: checkpoint, task, rollouts
 # ---------------------------------------------------------------------------------------------------------------
+def add_checkpoint_arguments(parser):
+    """The checkpoint and task flags shared by the diagnostics scripts (read by load_for_experiment)."""
+    parser.add_argument("--checkpoint", default="runs/default/latest", help="save_pretrained folder or HF id")
+    parser.add_argument("--task", default="countdown")
+    parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE", help="as in train.py")
+    parser.add_argument("--data", default=None, help="data file for gsm8k / text_match")
+
+
+def load_for_experiment(args, parser):
+    """Check -M / --num-prompts / --tau, then -> (model, tokenizer, style, task, train.py defaults); bad input is
+    a one-line parser error."""
+    if args.M < 2 or args.num_prompts < 1 or not args.tau > 0:
+        parser.error("need -M >= 2, --num-prompts >= 1 and --tau > 0")
+    try:
+        model, tokenizer, style = load_checkpoint(args.checkpoint, args.device)
+        defaults = train_defaults(style, args.task, args.task_option, args.data)
+        return model, tokenizer, style, make_task(defaults), defaults
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def load_checkpoint(checkpoint, device):
     """-> (model, tokenizer, style). style: "compact" for the tiny character vocabulary, else "chat" (as train.py)."""
     dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
@@ -160,10 +181,7 @@ def print_table(rows, tau):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Table 3: gradient budget by pass-rate bin, GRPO vs SoftmaxGRPO.")
-    parser.add_argument("--checkpoint", default="runs/default/latest", help="save_pretrained folder or HF id")
-    parser.add_argument("--task", default="countdown")
-    parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE", help="as in train.py")
-    parser.add_argument("--data", default=None, help="data file for gsm8k / text_match")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("-M", "--num-generations", dest="M", type=int, default=8)
     parser.add_argument("--tau", type=float, default=0.1)
@@ -175,14 +193,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default="runs/table3")
     args = parser.parse_args(argv)
-    if args.M < 2 or args.num_prompts < 1 or not args.tau > 0:
-        parser.error("need -M >= 2, --num-prompts >= 1 and --tau > 0")
-    try:
-        model, tokenizer, style = load_checkpoint(args.checkpoint, args.device)
-        defaults = train_defaults(style, args.task, args.task_option, args.data)
-        task = make_task(defaults)
-    except ValueError as error:
-        parser.error(str(error))
+    model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
     max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
 
     torch.manual_seed(args.seed)

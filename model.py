@@ -9,13 +9,17 @@ import importlib.util
 import json
 import os
 import random
+import shutil
+import socket
 import zlib
+from urllib.parse import urlparse
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rollout import evaluate
+from tasks import COMPACT_ALPHABET
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
@@ -23,7 +27,7 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 # ---------------------------------------------------------------------------------------------------------------
 # The tiny default: character tokenizer + small Llama
 # ---------------------------------------------------------------------------------------------------------------
-def build_char_tokenizer(alphabet):
+def build_char_tokenizer(alphabet=COMPACT_ALPHABET):
     """One token per character of `alphabet` plus <pad> <bos> <eos> <unk>; encoding prepends <bos>."""
     chars = sorted(set(alphabet))
     vocab = {token: i for i, token in enumerate(list(SPECIAL_TOKENS) + chars)}
@@ -33,6 +37,14 @@ def build_char_tokenizer(alphabet):
     tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>",
                                    eos_token="<eos>", unk_token="<unk>", padding_side="left")
+
+
+def prompt_style(tokenizer):
+    """"compact" for the tiny character vocabulary (one-line task prompts), "chat" for every other tokenizer.
+
+    Decided from the tokenizer itself, so a saved tiny checkpoint (runs/default/latest) gets compact prompts too.
+    """
+    return "compact" if set(tokenizer.get_vocab()) <= set(SPECIAL_TOKENS) | set(COMPACT_ALPHABET) else "chat"
 
 
 def build_tiny_model(tokenizer, *, hidden_size=192, num_layers=4, num_heads=4, max_positions=128, seed=0):
@@ -52,19 +64,19 @@ def build_tiny_model(tokenizer, *, hidden_size=192, num_layers=4, num_heads=4, m
 # ---------------------------------------------------------------------------------------------------------------
 # Loading: "tiny" | local folder | .gguf file | Hugging Face hub id
 # ---------------------------------------------------------------------------------------------------------------
-def load_policy(model_arg, *, dtype=torch.float32, device="cpu", alphabet=None, tiny_hidden=192, tiny_layers=4,
-                seed=0):
+def load_policy(model_arg, *, dtype=torch.float32, device="cpu", tiny_hidden=192, tiny_layers=4, seed=0):
     """-> (model, tokenizer). `model_arg`: "tiny", a save_pretrained folder, a .gguf file, or a hub id.
 
     Errors are one-line ValueErrors (a path that does not exist, a .gguf without the `gguf` package, a hub id
-    that cannot be fetched). The tokenizer always has a pad token (EOS when the model defines none).
+    that is neither cached nor reachable). The tokenizer always has a pad token (EOS when the model defines none)
+    and pads on the left. A .gguf is dequantized to an ordinary model that save_pretrained can write.
     """
     if model_arg == "tiny":
-        tokenizer = build_char_tokenizer(alphabet)
+        tokenizer = build_char_tokenizer()
         model = build_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, seed=seed)
         return model.to(device=device, dtype=dtype), tokenizer
     path = os.path.expanduser(model_arg)
-    looks_like_path = path.startswith((".", "/", "~")) or path.endswith(".gguf")
+    looks_like_path = path.startswith((".", "/", "~")) or path.endswith(".gguf") or os.path.exists(path)
     if looks_like_path and not os.path.exists(path):
         raise ValueError(f"model path does not exist: {model_arg}")
     kwargs = {}
@@ -73,16 +85,35 @@ def load_policy(model_arg, *, dtype=torch.float32, device="cpu", alphabet=None, 
         if missing:
             raise ValueError(f"loading a .gguf file needs: pip install {' '.join(missing)}")
         path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    elif not looks_like_path:
+        kwargs["local_files_only"] = not _hub_reachable(model_arg)  # offline: the cache only, no minute of retries
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
-    except (OSError, ValueError) as error:
+    except Exception as error:  # OSError, ValueError, a corrupt safetensors file, ...: one line, not a traceback
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"could not load model {model_arg!r}: {first_line}") from None
+        hint = " (offline and not in the Hugging Face cache: pass a local folder or .gguf file)" \
+            if kwargs.get("local_files_only") else ""
+        raise ValueError(f"could not load model {model_arg!r}{hint}: {first_line}") from None
+    if "gguf_file" in kwargs:  # the weights are plain fp32 tensors now; drop the GGUF marker that blocks saving
+        model.hf_quantizer, model.is_quantized = None, False
+        model.config.__dict__.pop("quantization_config", None)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model.to(device), tokenizer
+
+
+def _hub_reachable(repo_id, timeout=3.0):
+    """Whether the Hugging Face hub answers within `timeout` seconds (False at once with HF_HUB_OFFLINE=1)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -103,16 +134,33 @@ def sft_batch(tokenizer, task, examples):
     return input_ids, attention_mask, label_ids
 
 
-# train.py arguments a warm start depends on: a change to any of them must not reuse an old cache folder
-WARM_START_SETTINGS = ("task", "data", "task_options", "seed", "tiny_hidden", "tiny_layers", "warm_start_steps",
-                       "warm_start_target", "max_new_tokens", "eval_size")
+def warm_start_dir(cache_root, settings):
+    """<cache_root>/warm_start-<task>-h<H>-l<L>-<crc32 of settings>: the warm start's cache folder.
+
+    settings: a JSON-able dict of everything the warm start depends on (task, its options and data, seed, model
+    size, SFT steps and target, eval size, max new tokens); train.warm_start_settings builds it. Any change gives
+    a new folder, so a 3-number Countdown run never loads a 2-number warm start.
+    """
+    tag = f"{zlib.crc32(json.dumps(settings, sort_keys=True, default=str).encode()):08x}"
+    name = f"warm_start-{settings['task']}-h{settings['tiny_hidden']}-l{settings['tiny_layers']}-{tag}"
+    return os.path.join(cache_root, name)
 
 
-def warm_start_dir(args):
-    """<output-dir>/warm_start-<task>-h<H>-l<L>-<crc32 of WARM_START_SETTINGS>: the warm start's cache folder."""
-    settings = json.dumps({name: getattr(args, name) for name in WARM_START_SETTINGS}, sort_keys=True, default=str)
-    tag = f"{zlib.crc32(settings.encode()):08x}"
-    return os.path.join(args.output_dir, f"warm_start-{args.task}-h{args.tiny_hidden}-l{args.tiny_layers}-{tag}")
+def save_policy_atomically(model, tokenizer, folder, info=None):
+    """save_pretrained into <folder>.tmp, then rename: a kill or a full disk never leaves a half-written folder."""
+    tmp = folder + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if info is not None:
+            with open(os.path.join(tmp, "warm_start.json"), "w") as f:
+                json.dump(info, f)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(error.errno, f"could not write {folder}: {error.strerror or error}") from None
 
 
 def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=1500, batch_size=64, lr=3e-3,
@@ -124,7 +172,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     (a save_pretrained folder + warm_start.json); when that folder exists, it is loaded instead of trained.
     """
     info_path = os.path.join(cache_dir, "warm_start.json")
-    if os.path.exists(info_path):
+    if os.path.exists(info_path):  # complete by construction: the folder is renamed into place when done
         with open(info_path) as f:
             info = json.load(f)
         log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps)")
@@ -151,8 +199,5 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
             if metrics["pass@1"] >= target_pass:
                 break
     info = {"steps": step, "pass@1": metrics["pass@1"], "reward": metrics["reward"], "loss": loss.item()}
-    model.save_pretrained(cache_dir)
-    tokenizer.save_pretrained(cache_dir)
-    with open(info_path, "w") as f:
-        json.dump(info, f)
+    save_policy_atomically(model, tokenizer, cache_dir, info)
     return model, info

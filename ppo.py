@@ -53,23 +53,37 @@ def aggregate(token_values, completion_mask, loss_agg="token-mean", norm_constan
     raise ValueError(f"unknown loss_agg {loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
 
 
+def clipped_token_loss(logprobs, old_logprobs, advantages, *, clip_low=0.2, clip_high=0.28, dual_clip=None):
+    """The clipped surrogate per token (DESIGN.md section 4): [B, T] in, [B, T] out, no masking, no reduction.
+
+    ratio = exp(logprobs - old_logprobs);  l = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))
+    and, with dual_clip = c > 1, l = min(l, -A * c) where A < 0 (caps the loss of a negative-advantage token
+    whose ratio exploded). logprobs carries the gradient; old_logprobs is detached; advantages [B, T] or [B, 1].
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    token_loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high))
+    if dual_clip is not None:
+        token_loss = torch.where(advantages < 0, torch.minimum(token_loss, -advantages * dual_clip), token_loss)
+    return token_loss
+
+
 def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low=0.2, clip_high=0.28,
                 dual_clip=None, ref_logprobs=None, kl_coef=0.0, kl_mask=None, loss_agg="token-mean",
                 norm_constant=None):
-    """Clipped surrogate loss of DESIGN.md section 4 -> (loss scalar, stats dict of python floats).
+    """clipped_token_loss + kl_coef * k3, aggregated -> (loss scalar, stats dict of detached 0-dim tensors).
 
     logprobs      [B, T] log-probs of the sampled tokens under the current policy (carries the gradient)
     old_logprobs  [B, T] the same under the policy that sampled them (detached)
-    advantages    [B] (one per completion, broadcast over tokens) or [B, T] (token-level, e.g. after lopti's
-                  reweighting)
+    advantages    [B] (one per completion, broadcast over tokens) or [B, T] (token-level, e.g. after AR)
     completion_mask [B, T] bool/0-1: valid completion tokens; it alone sets the loss denominator
     dual_clip     c > 1: for A < 0 the per-token loss is capped at -A * c (None = off)
     ref_logprobs  [B, T] reference-policy log-probs; adds kl_coef * k3 on the tokens of kl_mask
-    kl_mask       [B, T] tokens that carry the KL term (default completion_mask; lopti passes its pass mask)
+    kl_mask       [B, T] tokens that carry the KL term (default completion_mask; Lopti passes its pass mask)
     loss_agg      one of LOSS_AGGS; norm_constant for seq-mean-token-sum-norm (default T)
-    stats: clip_frac_low (A < 0 and ratio < 1 - clip_low), clip_frac_high (A > 0 and ratio > 1 + clip_high),
-    dual_clip_frac, ratio_mean, ratio_max, pg_loss, and kl (mean k3 over kl_mask) when a reference is given.
-    A loss near 0 is normal on the first minibatch; the gradient is not 0 (see the module docstring).
+    stats (tensors, so a trainer can sum them on the device and read them once per step): clip_frac_low
+    (A < 0 and ratio < 1 - clip_low), clip_frac_high (A > 0 and ratio > 1 + clip_high), ratio_mean, ratio_max,
+    pg_loss; dual_clip_frac only with dual_clip, kl (mean k3 over kl_mask) only with a reference. Fractions and
+    means are over the valid tokens. A loss near 0 is normal on the first minibatch (see the module docstring).
     """
     if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape or completion_mask.shape != logprobs.shape:
         raise ValueError(f"logprobs, old_logprobs, completion_mask must share shape [B, T]; got "
@@ -85,15 +99,9 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     mask = completion_mask.bool()
     advantages = advantages.to(logprobs.dtype)
 
-    ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    token_loss = torch.maximum(unclipped, clipped)
-    if dual_clip is not None:
-        dual_capped = (advantages < 0) & (token_loss > -advantages * dual_clip)
-        token_loss = torch.where(advantages < 0, torch.minimum(token_loss, -advantages * dual_clip), token_loss)
+    token_loss = clipped_token_loss(logprobs, old_logprobs, advantages, clip_low=clip_low, clip_high=clip_high,
+                                    dual_clip=dual_clip)
     token_loss = torch.where(mask, token_loss, 0.0)  # where, not *, so garbage at padding cannot leak NaN
-
     pg_loss = aggregate(token_loss, mask, loss_agg, norm_constant)
     loss = pg_loss
     stats = {}
@@ -101,16 +109,18 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
         kl_mask = mask if kl_mask is None else kl_mask.bool()
         k3 = torch.where(kl_mask, kl_k3(logprobs, ref_logprobs), 0.0)
         loss = loss + kl_coef * aggregate(k3, mask, loss_agg, norm_constant)  # denominator: full completion_mask
-        stats["kl"] = (k3.sum() / kl_mask.sum().clamp_min(1)).item()
+        stats["kl"] = (k3.sum() / kl_mask.sum().clamp_min(1)).detach()
 
     with torch.no_grad():
+        ratio = torch.exp(logprobs - old_logprobs)
         n_valid = mask.sum().clamp_min(1)
-        low = mask & (advantages < 0) & (ratio < 1.0 - clip_low)
-        high = mask & (advantages > 0) & (ratio > 1.0 + clip_high)
-        stats["clip_frac_low"] = (low.sum() / n_valid).item()
-        stats["clip_frac_high"] = (high.sum() / n_valid).item()
-        stats["dual_clip_frac"] = ((mask & dual_capped).sum() / n_valid).item() if dual_clip is not None else 0.0
-        stats["ratio_mean"] = (torch.where(mask, ratio, 0.0).sum() / n_valid).item()
-        stats["ratio_max"] = torch.where(mask, ratio, 0.0).max().item() if mask.any() else 1.0
-        stats["pg_loss"] = pg_loss.item()
+        stats["clip_frac_low"] = (mask & (advantages < 0) & (ratio < 1.0 - clip_low)).sum() / n_valid
+        stats["clip_frac_high"] = (mask & (advantages > 0) & (ratio > 1.0 + clip_high)).sum() / n_valid
+        if dual_clip is not None:  # tokens whose loss the dual clip capped
+            uncapped = clipped_token_loss(logprobs, old_logprobs, advantages, clip_low=clip_low, clip_high=clip_high)
+            capped = mask & (advantages < 0) & (uncapped > -advantages * dual_clip)
+            stats["dual_clip_frac"] = capped.sum() / n_valid
+        stats["ratio_mean"] = torch.where(mask, ratio, 0.0).sum() / n_valid
+        stats["ratio_max"] = torch.where(mask, ratio, 0.0).max()
+        stats["pg_loss"] = pg_loss.detach()
     return loss, stats

@@ -55,16 +55,25 @@ def _all_equal(rewards):
 def softmax_advantages(rewards, tau):
     """SoftmaxGRPO advantages A_i = M * softmax(R / tau)_i - 1, per group (the paper's Eq. (2)).
 
-    rewards: [G, M] float tensor (any float dtype). Returns [G, M] float32, summing to 0 over each group.
-    Computed as softmax((R - max R) / tau) so tau = 1e-6 with rewards ~1e3 never overflows. tau -> 0 gives
-    MaxRL (binary: M/K - 1 for the K successes, -1 for failures); tau -> inf gives (R - mean) / tau.
+    rewards: [G, M] float tensor (any float dtype), M >= 2, finite. Returns [G, M] float32, summing to 0 over each
+    group; a group whose rewards are all equal gets exactly 0. Self-contained: copy this function alone.
+    Computed in float64 as softmax((R - max R) / tau): tau = 1e-6 with rewards ~1e3 never overflows, and
+    tau = 1e8 still gives A ~ (R - mean) / tau instead of float32's exact 1.0 weights (A = 0, no update).
+    Limits: tau -> 0 is MaxRL (binary: M/K - 1 for the K successes, -1 for failures); tau -> inf, (R - mean) / tau.
     """
-    rewards = _check_rewards(rewards)
-    tau = _check_tau(tau)
+    rewards = torch.as_tensor(rewards)
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must have shape [G, M] with M >= 2, got {tuple(rewards.shape)}")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf")
+    if not (math.isfinite(float(tau)) and float(tau) > 0):
+        raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
+    rewards = rewards.double()
     M = rewards.shape[1]
     shifted = (rewards - rewards.amax(dim=1, keepdim=True)) / tau  # <= 0, so exp() <= 1: no overflow
-    weights = torch.softmax(shifted, dim=1)
-    return torch.where(_all_equal(rewards), 0.0, M * weights - 1.0)
+    advantages = M * torch.softmax(shifted, dim=1) - 1.0
+    all_equal = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)  # no signal: exactly 0
+    return torch.where(all_equal, 0.0, advantages).float()
 
 
 def group_advantages(rewards, method, *, tau=0.1, eps=1e-6):

@@ -2,38 +2,32 @@
 
     python train.py                      # offline default: tiny Llama, warm start, SoftmaxGRPO on Countdown (CPU)
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --task countdown --lr 1e-6 ...   # see README
+    python train.py --resume runs/default                                             # continue that run
 
-One step: sample prompts -> M rollouts each -> task rewards -> group advantages -> optional AR reweighting ->
-one clipped-surrogate update (or Lopti's two passes) -> metrics. Formulas: DESIGN.md; code: softmax_grpo.py,
-ppo.py, lopti.py, rollout.py, model.py.
+One step (the papers' Algorithm 1): sample prompts -> M rollouts each -> task rewards -> group advantages ->
+pi_old of the sampled tokens -> AR reweighting -> for each Lopti pass (low-probability tokens, then high; one pass
+without Lopti): clipped-surrogate updates, one optimizer step per mini-batch -> metrics. Formulas: DESIGN.md.
 """
 import argparse
-import contextlib
-import copy
 import json
+import math
 import os
-import random
-import signal
 import sys
-import time
-
-import numpy as np
-import torch
-import transformers
-from tqdm import tqdm
 
 import tasks
-from lopti import PASS_ORDERS, isolation_masks, lopti_passes, reweight_advantages
-from model import load_policy, warm_start, warm_start_dir
-from ppo import LOSS_AGGS, policy_loss
-from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
-from softmax_grpo import METHODS, group_advantages
 
-TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
+# The choices of three flags, spelled here so that `--help` needs no torch import (tests check them against
+# softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
+METHODS = ("softmax", "grpo", "dr_grpo", "rloo", "maxrl", "reinforce", "reinforce_pp")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOPTI_ORDERS = ("low-first", "high-first")
+# Flags a resumed run may change (hardware, length, logging); any other flag must match the saved run.
+RESUME_MAY_CHANGE = {"steps", "eval_every", "save_every", "keep_checkpoints", "device", "dtype", "threads",
+                     "micro_batch", "rollout_batch", "resume"}
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Arguments (defaults: the papers' settings unless marked "tiny default"; DESIGN.md section 1)
+# Arguments (defaults: the papers' settings unless marked "tiny"; DESIGN.md section 1)
 # --------------------------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -42,77 +36,103 @@ def parse_args(argv=None):
     p.add_argument("--task", default="countdown", choices=sorted(tasks.TASKS))
     p.add_argument("--data", default=None, help="data file for gsm8k / text_match")
     p.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="task factory option, e.g. num_count=3 (--model tiny on countdown: num_count=2 unless given)")
+                   help="task factory option, e.g. num_count=3 (tiny model on countdown: num_count=2 unless given)")
     p.add_argument("--method", default="softmax", choices=METHODS, help="group advantage estimator")
     p.add_argument("--tau", type=float, default=0.1, help="SoftmaxGRPO temperature (paper: 0.1 Countdown/GSM8K)")
     p.add_argument("--num-generations", "-M", type=int, default=8, help="completions per prompt (paper: 8)")
     p.add_argument("--prompts-per-step", type=int, default=64, help="prompts per step (paper: 64)")
     p.add_argument("--alpha", type=float, default=0.0, help="AR: A*(alpha*p_old+1-alpha); 0 = off (paper 0.1-0.3)")
     p.add_argument("--lopti-eta", type=float, default=0.0, help="Lopti split p_old < eta; 0 = off (paper: 0.5)")
-    p.add_argument("--lopti-order", default="low-first", choices=PASS_ORDERS)
+    p.add_argument("--lopti-order", default="low-first", choices=LOPTI_ORDERS)
     p.add_argument("--clip-low", type=float, default=0.2)
     p.add_argument("--clip-high", type=float, default=0.28, help="SoftmaxGRPO 0.28; Lopti paper 0.24")
     p.add_argument("--dual-clip", type=float, default=None, help="cap for A < 0 (Lopti paper: 10)")
     p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the initial policy; 0 = no reference model "
                    "(papers: 1e-3)")
     p.add_argument("--loss-agg", default="token-mean", choices=LOSS_AGGS)
-    p.add_argument("--lr", type=float, default=None, help="AdamW lr; default 1e-6 (papers), 3e-4 for --model tiny")
+    p.add_argument("--lr", type=float, default=None, help="AdamW lr; default 1e-6 (papers), 3e-4 for the tiny model")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear lr warm-up, then constant")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--ppo-epochs", type=int, default=1, help="updates per batch; 1 = on-policy (no old-logprob pass)")
+    p.add_argument("--ppo-epochs", type=int, default=1, help="passes over each batch (papers: 1)")
+    p.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per pass over the batch; pi_old is "
+                   "fixed before the first (SoftmaxGRPO: 1; AR/Lopti runs: 2)")
     p.add_argument("--micro-batch", type=int, default=64, help="rows per forward/backward (memory knob only)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default 1024, 12 for --model tiny")
+    p.add_argument("--rollout-batch", type=int, default=None, help="rows per generate call (memory knob; whole groups)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 1024, 12 for the tiny model")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature (SoftmaxGRPO 1.0, Lopti 0.7)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--mask-truncated", action="store_true", help="drop completions without EOS from the loss")
-    p.add_argument("--steps", type=int, default=100, help="RL steps (tiny default: ~3 CPU minutes)")
+    p.add_argument("--steps", type=int, default=100, help="RL steps (tiny default: ~2-3 CPU minutes)")
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--eval-size", type=int, default=200, help="held-out prompts for greedy pass@1")
     p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="newest checkpoints kept (0 = all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads; default 1 for --model tiny (small "
+    p.add_argument("--device", default="auto", help="auto = cuda if available, else cpu")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads; default 1 for the tiny model (small "
                    "matrices gain little from more, and OpenMP threads stall on a busy CPU), else torch's default")
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"), help="compute dtype (autocast; "
                    "weights and optimizer stay fp32); auto = bf16 on CUDA, fp32 on CPU")
     p.add_argument("--output-dir", default="runs/default")
-    p.add_argument("--resume", default=None, metavar="DIR", help="checkpoint folder (e.g. runs/default/latest)")
+    p.add_argument("--resume", default=None, metavar="DIR", help="a checkpoint folder or a run folder: continues "
+                   "that run with its saved settings")
     tiny = p.add_argument_group("tiny model and its supervised warm start")
     tiny.add_argument("--tiny-hidden", type=int, default=192)
     tiny.add_argument("--tiny-layers", type=int, default=4)
     tiny.add_argument("--warm-start-steps", type=int, default=1500, help="max SFT steps (0 = none)")
     tiny.add_argument("--warm-start-target", type=float, default=0.1, help="stop SFT at this held-out pass@1")
+    tiny.add_argument("--warm-start-cache", default=None, help="folder of cached warm starts (default: --output-dir)")
 
     def fail(message):  # one line on stderr and exit code 2; no usage dump, no traceback
         print(f"train.py: error: {message}", file=sys.stderr)
         sys.exit(2)
     p.error = fail
     args = p.parse_args(argv)
-    tiny_model = args.model == "tiny"
-    args.lr = args.lr if args.lr is not None else 3e-4 if tiny_model else 1e-6  # tiny: from scratch-ish, 2M params
-    args.max_new_tokens = args.max_new_tokens or (12 if tiny_model else 1024)
-    args.style = "compact" if tiny_model else "chat"
-    args.dtype = args.dtype if args.dtype != "auto" else "bf16" if args.device.startswith("cuda") else "fp32"
-    for ok, message in [(args.tau > 0, "--tau must be > 0"),
-                        (args.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
-                        (args.prompts_per_step >= 1, "--prompts-per-step must be >= 1"),
-                        (args.steps >= 0, "--steps must be >= 0"),
-                        (0 <= args.alpha <= 1, "--alpha must lie in [0, 1]"),
-                        (args.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
-                        (args.micro_batch >= 1, "--micro-batch must be >= 1"),
-                        (args.temperature > 0, "--temperature must be > 0"),
-                        (args.eval_every >= 1 and args.save_every >= 1, "--eval-every and --save-every must be >= 1"),
-                        (args.tiny_hidden > 0 and args.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4")]:
+    unset = type("Unset", (list,), {})()  # which flags were given: argparse only fills in attributes not already
+    # set (a list subclass, so --task-option can append to a copy of it)
+    given = p.parse_args(argv, argparse.Namespace(**{key: unset for key in vars(args)}))
+    args.explicit = sorted(key for key, value in vars(given).items() if value is not unset)
+    finite = lambda x: x is None or math.isfinite(x)
+    for ok, message in [
+            (all(map(finite, (args.tau, args.alpha, args.lopti_eta, args.clip_low, args.clip_high, args.dual_clip,
+                              args.kl_coef, args.lr, args.weight_decay, args.grad_clip, args.temperature,
+                              args.top_p, args.warm_start_target))), "float flags must be finite numbers"),
+            (args.tau > 0, "--tau must be > 0"),
+            (args.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
+            (args.prompts_per_step >= 1, "--prompts-per-step must be >= 1"),
+            (args.steps >= 0, "--steps must be >= 0"),
+            (0 <= args.alpha <= 1, "--alpha must lie in [0, 1]"),
+            (args.lopti_eta >= 0, "--lopti-eta must be >= 0"),
+            (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must lie in [0, 1), --clip-high >= 0"),
+            (args.dual_clip is None or args.dual_clip > 1, "--dual-clip must be > 1"),
+            (args.kl_coef >= 0, "--kl-coef must be >= 0"),
+            (args.lr is None or args.lr > 0, "--lr must be > 0"),
+            (args.warmup_steps >= 0, "--warmup-steps must be >= 0"),
+            (args.weight_decay >= 0, "--weight-decay must be >= 0"),
+            (args.grad_clip > 0, "--grad-clip must be > 0"),
+            (args.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
+            (1 <= args.mini_batches <= args.prompts_per_step * args.num_generations,
+             "--mini-batches must lie in [1, prompts-per-step * num-generations]"),
+            (args.micro_batch >= 1, "--micro-batch must be >= 1"),
+            (args.rollout_batch is None or args.rollout_batch >= args.num_generations,
+             "--rollout-batch must be >= --num-generations (one whole group)"),
+            (args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
+            (args.temperature > 0, "--temperature must be > 0"),
+            (0 < args.top_p <= 1, "--top-p must lie in (0, 1]"),
+            (args.eval_every >= 1 and args.save_every >= 1, "--eval-every and --save-every must be >= 1"),
+            (args.eval_size >= 1, "--eval-size must be >= 1"),
+            (args.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0"),
+            (args.threads is None or args.threads >= 1, "--threads must be >= 1"),
+            (args.tiny_hidden > 0 and args.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4"),
+            (args.tiny_layers >= 1 and args.warm_start_steps >= 0, "--tiny-layers >= 1, --warm-start-steps >= 0"),
+            (args.resume is None or os.path.exists(args.resume), f"--resume {args.resume}: no such folder")]:
         if not ok:
             p.error(message)
     try:
-        options = dict(_parse_option(text) for text in args.task_option)
+        args.task_options = dict(_parse_option(text) for text in args.task_option)
     except ValueError as error:
         p.error(str(error))
-    if tiny_model and args.task == "countdown":
-        options.setdefault("num_count", 2)  # tiny default: 2 numbers (paper: 3-4; see README for 3 with tiny)
-    args.task_options = options
     return args
 
 
@@ -126,144 +146,173 @@ def _parse_option(text):
         return key, value
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Checkpoints: a save_pretrained folder + trainer_state.pt (optimizer, RNG states, step)
-# --------------------------------------------------------------------------------------------------------------
-def save_checkpoint(output_dir, step, model, tokenizer, optimizer, state):
-    path = os.path.join(output_dir, f"checkpoint-{step}")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    torch.save({**state, "step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
-               os.path.join(path, "trainer_state.pt"))
-    latest = os.path.join(output_dir, "latest")
-    if os.path.islink(latest) or os.path.exists(latest):
-        os.remove(latest)
-    os.symlink(os.path.basename(path), latest)  # latest -> checkpoint-<step>
-    return path
+if __name__ == "__main__":
+    parse_args()  # `--help` and argument errors answer here, before the imports below (torch, transformers: seconds)
 
+import contextlib  # noqa: E402
+import copy  # noqa: E402
+import dataclasses  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
 
-def restore_rng(state):
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    np.random.set_state(state["numpy_rng"])
-    random.setstate(state["python_rng"])
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
+from checkpoint import (RunError, append_metrics, load_run_settings, load_trainer_state, read_metrics,  # noqa: E402
+                        resolve_checkpoint, rewrite_metrics, save_checkpoint)
+from lopti import isolation_masks, lopti_passes, reweight_advantages  # noqa: E402
+from model import load_policy, prompt_style, save_policy_atomically, warm_start, warm_start_dir  # noqa: E402
+from ppo import policy_loss  # noqa: E402
+from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
+from softmax_grpo import group_advantages  # noqa: E402
 
-def write_metrics(path, row):
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 
 
 # --------------------------------------------------------------------------------------------------------------
-# One RL step: rollouts -> rewards -> group advantages, then the update (AR; one pass or Lopti's two) -> stats
+# One RL step: collect_rollouts (rollouts -> rewards -> group advantages), then update_policy
 # --------------------------------------------------------------------------------------------------------------
-def precision(args):
-    """The --dtype compute context: bf16 autocast over fp32 weights, or nothing (fp32)."""
-    bf16 = args.dtype == "bf16"
-    return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def precision(device, dtype):
+    """The --dtype compute context: bf16 autocast over fp32 weights ("bf16"), or nothing ("fp32")."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bf16" \
+        else contextlib.nullcontext()
 
 
 def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks/step_time.py passes a real one
     return contextlib.nullcontext()
 
 
-def collect_rollouts(model, tokenizer, task, examples, args, *, clock=no_clock):
+@dataclasses.dataclass
+class RolloutConfig:
+    """How collect_rollouts samples and scores (train.py flags of the same names)."""
+    style: str = "chat"              # prompt style: "chat" or "compact" (model.prompt_style)
+    num_generations: int = 8         # M
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    mask_truncated: bool = False
+    rollout_batch: int | None = None
+    method: str = "softmax"          # group advantage estimator
+    tau: float = 0.1
+    dtype: str = "fp32"
+
+
+@dataclasses.dataclass
+class UpdateConfig:
+    """How update_policy trains on one batch (train.py flags of the same names)."""
+    alpha: float = 0.0               # AR; 0 = off
+    lopti_eta: float = 0.0           # Lopti; 0 = one pass over all tokens
+    lopti_order: str = "low-first"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    loss_agg: str = "token-mean"
+    max_new_tokens: int | None = None  # seq-mean-token-sum-norm's constant
+    temperature: float = 1.0         # the sampling temperature: p_old = softmax(logits / temperature)
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    micro_batch: int = 64
+    dtype: str = "fp32"
+
+
+def config_from(args, cls):
+    """RolloutConfig / UpdateConfig from train.py's parsed arguments (same field names)."""
+    return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+
+
+def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock):
     """M sampled completions per example, their task rewards and group advantages (DESIGN.md sections 2, 5).
 
     -> (rollouts: rollout.Rollouts of B = len(examples) * M rows, rewards [B] float, advantages [B] float)."""
-    with clock("rollout"), precision(args):
-        rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, args.style),
-                                     args.num_generations, max_new_tokens=args.max_new_tokens,
-                                     temperature=args.temperature, top_p=args.top_p, mask_truncated=args.mask_truncated)
+    device = next(model.parameters()).device
+    with clock("rollout"), precision(device, config.dtype):
+        rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
+                                     config.num_generations, max_new_tokens=config.max_new_tokens,
+                                     temperature=config.temperature, top_p=config.top_p,
+                                     mask_truncated=config.mask_truncated)
     with clock("reward+advantage"):
-        rewards = torch.tensor([task.reward(text, examples[i], style=args.style)
+        rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
                                 for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
-        group_rewards = rewards.view(len(examples), args.num_generations)  # a data-file task may give fewer than G
-        advantages = group_advantages(group_rewards, args.method, tau=args.tau).view(-1)  # [B]
+        if not torch.isfinite(rewards).all():
+            raise ValueError(f"task {task.name!r} returned a non-finite reward for the completion "
+                             f"{rollouts.completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r}")
+        group_rewards = rewards.view(len(examples), config.num_generations)  # [G, M]
+        advantages = group_advantages(group_rewards, config.method, tau=config.tau).view(-1)  # [B]
     return rollouts, rewards, advantages
 
 
-def update_policy(model, optimizer, rollouts, advantages, args, *, ref_model=None, old_logprobs=None,
-                  clock=no_clock):
-    """ppo_epochs x (one pass, or Lopti's low then high pass) on one batch, one optimizer step per pass.
-
-    rollouts: input_ids / attention_mask [B, P+T], completion_mask [B, T]; advantages [B]. old_logprobs [B, T]:
-    pi_old of the sampled tokens; None = computed here (on-policy: the first training forward's, detached).
-    -> stats (python floats): loss, policy_loss's stats, entropy, lopti_low_share, grad_norm."""
+def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages, config, *,
+                  ref_model=None, old_logprobs=None, clock=no_clock):
+    """Train on one batch: pi_old, AR, then each Lopti pass (one without Lopti) as ppo_epochs x mini_batches
+    optimizer steps, micro-batched. input_ids, attention_mask [B, P+T]; completion_mask [B, T]; advantages [B];
+    old_logprobs [B, T] (None: computed here). -> stats (python floats; a metric not measured is absent)."""
     device = next(model.parameters()).device
-    input_ids, attention_mask = rollouts.input_ids.to(device), rollouts.attention_mask.to(device)
-    completion_mask, advantages = rollouts.completion_mask.to(device), advantages.to(device)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    completion_mask, advantages = completion_mask.to(device).float(), advantages.to(device)
 
-    # which rows to forward, and each row's share of the global loss denominator
-    # With kl_coef = 0 a row whose advantage is 0 has exactly zero gradient, so it is skipped (still counted).
-    active = (advantages != 0) | (ref_model is not None)
-    rows = torch.nonzero(active & (completion_mask.sum(1) > 0)).squeeze(1)
-    micro_batches = [rows[i:i + args.micro_batch] for i in range(0, len(rows), args.micro_batch)]
-    token_share = completion_mask.sum(1) / completion_mask.sum().clamp_min(1)  # [B]; token-mean
-    row_share = torch.full_like(token_share, 1.0 / len(token_share))             # seq-mean-* modes
-    share = token_share if args.loss_agg == "token-mean" else row_share
-
-    # old (sampling-policy) and reference log-probs
-    on_policy = old_logprobs is None and args.ppo_epochs == 1
-    with torch.no_grad(), precision(args):
-        ref_logprobs = None if ref_model is None else token_logprobs(
-            ref_model, input_ids, attention_mask, completion_mask, temperature=args.temperature,
-            micro_batch=args.micro_batch)
-        # on-policy (1 epoch): the first training forward's detached log-probs ARE pi_old (filled below);
-        # with more epochs pi_old must be fixed before the first update: one no-grad pass
-        if old_logprobs is None:
-            old_logprobs = torch.zeros_like(completion_mask)
-            if args.ppo_epochs > 1 and len(rows):
-                old_logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], completion_mask[rows],
-                                                    temperature=args.temperature, micro_batch=args.micro_batch)
-
-    # the passes: one optimizer step each
-    num_passes = 2 if args.lopti_eta > 0 else 1
-    stat_keys = ["clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max"] + ["kl"] * (ref_model is not None)
-    sums = dict.fromkeys(stat_keys, 0.0)  # policy_loss stats summed over micro-batches, weighted by share
-    loss_sum, entropy_sum, low_tokens, grad_norms = 0.0, 0.0, 0.0, []
-    for epoch in range(args.ppo_epochs):
-        for pass_index in range(num_passes):
+    def logprobs_of(policy, rows, **kwargs):  # [rows, T] log-probs of the sampled tokens under logits / temperature
+        with clock("log-prob forward"), precision(device, config.dtype):
+            return token_logprobs(policy, input_ids[rows], attention_mask[rows], completion_mask[rows],
+                                  temperature=config.temperature, **kwargs)
+    # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. When nothing reads p_old before the loss
+    #    (no AR, no Lopti, one optimizer step), pi_old = pi_theta: the loss uses each forward's own detached log-probs
+    #    (ratio 1, the same gradient) and this extra forward is skipped, as verl does.
+    with torch.no_grad():
+        if old_logprobs is None and (config.alpha > 0 or config.lopti_eta > 0
+                                     or config.ppo_epochs * config.mini_batches > 1):
+            old_logprobs = logprobs_of(model, slice(None), micro_batch=config.micro_batch)
+        ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None), micro_batch=config.micro_batch)
+    old_probs = None if old_logprobs is None else old_logprobs.exp()  # p_old of each sampled token
+    # 2. AR once per batch, then the passes (Lopti: low-probability tokens first, then high)
+    token_adv = advantages[:, None] * completion_mask if config.alpha == 0 else \
+        reweight_advantages(advantages, old_probs, completion_mask, config.alpha)             # [B, T]
+    sums, grad_norms = {}, []
+    for name, pass_adv, pass_mask in lopti_passes(token_adv, old_probs, completion_mask, config.lopti_eta,
+                                                  config.lopti_order):
+        has_grad = (pass_adv != 0).any(1)  # rows without a gradient are skipped (still counted in the mean)
+        if ref_model is not None:
+            has_grad |= pass_mask.any(1)   # the KL term's tokens
+        for mini_batch in [mb for _ in range(config.ppo_epochs)
+                           for mb in torch.arange(len(advantages), device=device).tensor_split(config.mini_batches)]:
+            share = torch.zeros_like(advantages)  # each row's weight in the mini-batch's loss
+            tokens = completion_mask[mini_batch].sum(1)
+            share[mini_batch] = tokens / tokens.sum().clamp_min(1) if config.loss_agg == "token-mean" \
+                else 1.0 / len(mini_batch)
+            rows = mini_batch[has_grad[mini_batch]]
+            if len(rows) == 0:  # nothing to learn from: no optimizer step (AdamW would still move the weights)
+                continue
             optimizer.zero_grad(set_to_none=True)
-            for mb in micro_batches:
-                first_forward = epoch == 0 and pass_index == 0
-                mask = completion_mask[mb]
-                with clock("log-prob forward"), precision(args):
-                    out = token_logprobs(model, input_ids[mb], attention_mask[mb], mask,
-                                         temperature=args.temperature, with_entropy=first_forward)
-                logprobs, entropy = out if first_forward else (out, None)
-                if first_forward and on_policy:
-                    old_logprobs[mb] = logprobs.detach()
-                old = old_logprobs[mb]
-                old_probs = old.exp()  # p_old of each sampled token
-                token_adv = reweight_advantages(advantages[mb], old_probs, mask, args.alpha)  # AR; alpha=0: same
-                _, pass_adv, pass_mask = lopti_passes(token_adv, old_probs, mask, args.lopti_eta,
-                                                      args.lopti_order)[pass_index]
-                loss, stats = policy_loss(logprobs, old, pass_adv, mask, clip_low=args.clip_low,
-                                          clip_high=args.clip_high, dual_clip=args.dual_clip,
-                                          ref_logprobs=None if ref_logprobs is None else ref_logprobs[mb],
-                                          kl_coef=args.kl_coef, kl_mask=pass_mask, loss_agg=args.loss_agg,
-                                          norm_constant=args.max_new_tokens)
-                weight = share[mb].sum()
-                (loss * weight).backward()  # sum over micro-batches = the loss of the whole batch
-                loss_sum += loss.item() * weight.item()
-                for key, value in stats.items():
-                    sums[key] = sums.get(key, 0.0) + value * weight.item()
-                if first_forward:
-                    entropy_sum += (entropy * mask).sum().item()
-                    low_tokens += isolation_masks(old_probs, mask, max(args.lopti_eta, 0.0))[0].sum().item()
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
+            for micro in rows.split(config.micro_batch):
+                logprobs, entropy = logprobs_of(model, micro, with_entropy=True)
+                loss, stats = policy_loss(
+                    logprobs, logprobs.detach() if old_logprobs is None else old_logprobs[micro], pass_adv[micro],
+                    completion_mask[micro], clip_low=config.clip_low, clip_high=config.clip_high,
+                    dual_clip=config.dual_clip, ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
+                    kl_coef=config.kl_coef, kl_mask=pass_mask[micro], loss_agg=config.loss_agg,
+                    norm_constant=config.max_new_tokens)
+                weight = share[micro].sum()
+                (loss * weight).backward()  # summed over micro-batches: the mini-batch's loss
+                mask = completion_mask[micro]
+                stats.update(loss=loss.detach(), entropy=(entropy * mask).sum() / mask.sum().clamp_min(1),
+                             weight=torch.ones(()))
+                for key, value in stats.items():  # summed on the device, read once at the end: no sync per micro-batch
+                    sums[key] = torch.maximum(sums.get(key, value), value) if key == "ratio_max" \
+                        else sums.get(key, 0.0) + value * weight
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
             optimizer.step()
-
-    updates = args.ppo_epochs * num_passes
-    forwarded_tokens = max(completion_mask[rows].sum().item(), 1.0)
-    forwarded_share = max(share[rows].sum().item(), 1e-12)  # stats are means over the forwarded tokens
-    return {"loss": loss_sum / updates, **{key: value / updates / forwarded_share for key, value in sums.items()},
-            "entropy": entropy_sum / forwarded_tokens, "lopti_low_share": low_tokens / forwarded_tokens,
-            "grad_norm": sum(grad_norms) / len(grad_norms)}
+    total = sums.pop("weight", 1.0)
+    out = {key: (value if key == "ratio_max" else value / total).item() for key, value in sums.items()}
+    if grad_norms:
+        out["grad_norm"] = torch.stack(grad_norms).mean().item()
+    if config.lopti_eta > 0:
+        low, _ = isolation_masks(old_probs, completion_mask, config.lopti_eta)
+        out["lopti_low_share"] = (low.sum() / completion_mask.sum().clamp_min(1)).item()
+    return {**out, "optimizer_steps": len(grad_norms)}
 
 
 def rollout_stats(task, rollouts, rewards, advantages, num_generations):
@@ -277,121 +326,227 @@ def rollout_stats(task, rollouts, rewards, advantages, num_generations):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Main
+# The policy and what it decides: prompt style, the tiny model's CPU-sized defaults, its warm start
 # --------------------------------------------------------------------------------------------------------------
+def model_defaults(style, task_name):
+    """Defaults that depend on the policy, in one place. The tiny character model (style "compact") gets lr 3e-4
+    (a 2M-parameter model trained almost from scratch), 12 new tokens, one CPU thread and 2-number Countdown (see
+    README: with 3 numbers it cannot learn the arithmetic); every real model gets the papers' lr 1e-6, 1024 tokens."""
+    if style == "compact":
+        return dict(lr=3e-4, max_new_tokens=12, threads=1, task_options={"num_count": 2} if task_name == "countdown"
+                    else {})
+    return dict(lr=1e-6, max_new_tokens=1024, threads=None, task_options={})
+
+
+def warm_start_settings(args):
+    """Everything the tiny model's warm start depends on: its cache key (model.warm_start_dir)."""
+    return {key: getattr(args, key) for key in ("task", "task_options", "data", "seed", "tiny_hidden", "tiny_layers",
+                                                "warm_start_steps", "warm_start_target", "max_new_tokens", "eval_size")}
+
+
+def build_policy(args, device):
+    """Load the policy, resolve the defaults it decides (fresh runs only) and build the task; warm-start the tiny
+    model. -> (model, tokenizer, task, initial_policy: where the initial weights live, for the reference model)."""
+    model, tokenizer = load_policy(args.resume or args.model, device=device, tiny_hidden=args.tiny_hidden,
+                                   tiny_layers=args.tiny_layers, seed=args.seed)
+    if not args.resume:
+        args.style = prompt_style(tokenizer)
+        defaults = model_defaults(args.style, args.task)
+        args.lr = args.lr if args.lr is not None else defaults["lr"]
+        args.max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
+        args.threads = args.threads or defaults["threads"]
+        args.task_options = {**defaults["task_options"], **args.task_options}
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    task = tasks.get_task(args.task, data=args.data, **args.task_options)
+    initial_policy = args.model
+    if args.model == "tiny":  # cached: a second run with the same settings loads it
+        initial_policy = warm_start_dir(args.warm_start_cache or args.output_dir, warm_start_settings(args))
+        if args.resume is None and args.warm_start_steps > 0:
+            model, _ = warm_start(model, tokenizer, task, cache_dir=initial_policy, max_steps=args.warm_start_steps,
+                                  target_pass=args.warm_start_target, max_new_tokens=args.max_new_tokens,
+                                  eval_examples=task.examples("test", args.eval_size, seed=args.seed + 1),
+                                  seed=args.seed, log=tqdm.write)
+        elif args.resume is None:  # no warm start: the initial (reference) policy is the random init
+            save_policy_atomically(model, tokenizer, initial_policy)
+    elif args.style == "chat" and not getattr(tokenizer, "chat_template", None):
+        tqdm.write(f"warning: {args.model} has no chat template; the prompts are the messages' plain text")
+    return model, tokenizer, task, os.path.abspath(initial_policy) if os.path.exists(initial_policy) else initial_policy
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The run: settings (fresh or resumed), policy, loop, before/after
+# --------------------------------------------------------------------------------------------------------------
+def restore_settings(args):
+    """--resume: the saved run's settings, with the flags a resumed run may change; a conflicting flag is an error."""
+    checkpoint_dir = resolve_checkpoint(args.resume)
+    saved = load_run_settings(checkpoint_dir)
+    run_dir = os.path.dirname(checkpoint_dir)
+    normal = lambda value: json.loads(json.dumps(value))  # noqa: E731  (tuples -> lists, as saved)
+    for key in args.explicit:
+        if key == "output_dir" and os.path.realpath(args.output_dir) != run_dir:
+            raise RunError(f"--output-dir {args.output_dir} conflicts with the run being resumed, which lives in "
+                           f"{run_dir}; drop the flag")
+        if key not in RESUME_MAY_CHANGE | {"output_dir", "task_option"} and normal(getattr(args, key)) != saved[key]:
+            raise RunError(f"--{key.replace('_', '-')} {getattr(args, key)} conflicts with the run being resumed "
+                           f"({saved[key]!r}); drop the flag, or start a new run with another --output-dir")
+    if "task_option" in args.explicit and normal({**saved["task_options"], **args.task_options}) != saved["task_options"]:
+        raise RunError(f"--task-option {args.task_option} conflicts with the run being resumed ({saved['task_options']})")
+    changed = {key: getattr(args, key) for key in args.explicit if key in RESUME_MAY_CHANGE}
+    return argparse.Namespace(**{**saved, **changed, "resume": checkpoint_dir, "output_dir": run_dir,
+                                 "explicit": args.explicit})
+
+
+def run_settings(args):
+    """What run.json saves: every resolved setting, not the per-invocation ones."""
+    return {key: value for key, value in vars(args).items() if key not in ("resume", "explicit")}
+
+
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        return run(args)
+    except (RunError, ValueError, OSError) as error:  # bad input (2) or the run's files (1): one line, no traceback
+        print(f"train.py: error: {error}", file=sys.stderr)
+        sys.exit(2 if isinstance(error, ValueError) else 1)
+
+
+def run(args):
+    if args.resume:
+        args = restore_settings(args)
     transformers.utils.logging.disable_progress_bar()  # our tqdm bar is the only one
+    resolve_device(args)
     os.makedirs(args.output_dir, exist_ok=True)
     metrics_path = os.path.join(args.output_dir, "metrics.jsonl")
-    if args.threads or args.model == "tiny":
-        torch.set_num_threads(args.threads or 1)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     np.random.seed(args.seed)
     device = torch.device(args.device)
 
-    # --- task, policy, warm start (tiny only), reference policy (only when kl_coef > 0) ---------------------
-    try:
-        task = tasks.get_task(args.task, data=args.data, **args.task_options)
-        model, tokenizer = load_policy(args.resume or args.model, device=device, alphabet=tasks.COMPACT_ALPHABET,
-                                       tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, seed=args.seed)
-    except ValueError as error:
-        print(f"train.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    # --- the policy, its task and warm start; the reference policy (only when kl_coef > 0) ----------------------
+    model, tokenizer, task, args.initial_policy = build_policy(args, device)
+    tqdm.write(f"task {task.name} (rules: {getattr(task, 'rules', 'default')}), prompts: {args.style}, "
+               f"method {args.method}, lr {args.lr:g}, max new tokens {args.max_new_tokens}")
     eval_examples = task.examples("test", args.eval_size, seed=args.seed)
-    initial_dir = args.model
-    if args.model == "tiny":
-        initial_dir = warm_start_dir(args)  # cached: a second run with the same settings skips it
-        if args.resume is None and args.warm_start_steps > 0:
-            model, _ = warm_start(model, tokenizer, task, cache_dir=initial_dir, max_steps=args.warm_start_steps,
-                                  target_pass=args.warm_start_target, max_new_tokens=args.max_new_tokens,
-                                  eval_examples=task.examples("test", args.eval_size, seed=args.seed + 1),
-                                  seed=args.seed, log=tqdm.write)
-        elif args.resume is None:
-            model.save_pretrained(initial_dir)  # no warm start: the initial (reference) policy is the random init
-            tokenizer.save_pretrained(initial_dir)
-    if args.model != "tiny" and args.style == "chat" and not getattr(tokenizer, "chat_template", None):
-        tqdm.write(f"warning: {args.model} has no chat template; the prompts are the messages' plain text")
     ref_model = None
     if args.kl_coef > 0:
-        ref_model = copy.deepcopy(model) if args.resume is None else load_policy(initial_dir, device=device)[0]
+        try:
+            ref_model = copy.deepcopy(model) if args.resume is None else load_policy(args.initial_policy,
+                                                                                     device=device)[0]
+        except ValueError as error:
+            raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
         ref_model.eval().requires_grad_(False)
+    rollout_config, update_config = config_from(args, RolloutConfig), config_from(args, UpdateConfig)
 
-    # --- optimizer and trainer state (fresh or resumed) ------------------------------------------------
+    def evaluate_now():
+        with precision(device, args.dtype):
+            return evaluate(model, tokenizer, task, eval_examples, style=args.style, max_new_tokens=args.max_new_tokens)
+
+    # --- optimizer and trainer state (fresh or resumed) ------------------------------------------------------
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     torch.manual_seed(args.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
-    start_step, state = 0, {}
     if args.resume:
-        state = torch.load(os.path.join(args.resume, "trainer_state.pt"), weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        restore_rng(state)
-        start_step = state["step"]
-        kept = [line for line in open(metrics_path)] if os.path.exists(metrics_path) else []
-        with open(metrics_path, "w") as f:  # drop rows written after this checkpoint
-            f.writelines(line for line in kept if json.loads(line)["step"] <= start_step)
+        state = load_trainer_state(args.resume)
+        optimizer.load_state_dict(state.pop("optimizer"))
+        restore_rng(state.pop("rng"))
+        rewrite_metrics(metrics_path, [row for row in read_metrics(metrics_path, tqdm.write)
+                                       if row["step"] <= state["step"]])  # drop rows written after the checkpoint
     else:
-        open(metrics_path, "w").close()
-        with precision(args):
-            state["initial_eval"] = evaluate(model, tokenizer, task, eval_examples, style=args.style,
-                                             max_new_tokens=args.max_new_tokens)
-        write_metrics(metrics_path, {"step": 0, "eval": True, **state["initial_eval"]})
-    final_eval = state.get("initial_eval")
+        rewrite_metrics(metrics_path, [])
+        state = {"step": 0, "initial_eval": evaluate_now()}
+        append_metrics(metrics_path, {"step": 0, "eval": True, **state["initial_eval"]})
+    final_eval = (state["step"], state.get("last_eval", state["initial_eval"]))
 
-    stop_requested = []
-    def request_stop(signum, frame):  # Ctrl-C: finish the step, save a checkpoint, exit; twice: abort now
-        if stop_requested:
-            raise KeyboardInterrupt
-        stop_requested.append(True)
-        tqdm.write("Ctrl-C: saving a checkpoint after this step (press again to abort)")
-    previous_handler = signal.signal(signal.SIGINT, request_stop)
+    def save(step):
+        trainer_state = {**state, "step": step, "last_eval": final_eval[1] if final_eval[0] == step else None,
+                         "optimizer": optimizer.state_dict(), "rng": rng_state()}
+        save_checkpoint(args.output_dir, step, model, tokenizer, trainer_state, run_settings(args),
+                        keep=args.keep_checkpoints)
 
-    step = start_step
-    bar = tqdm(range(start_step + 1, args.steps + 1), initial=start_step, total=args.steps, desc="RL")
-    for step in bar:
-        # --- 1. rollouts, rewards, group advantages ---------------------------------------------------------
-        t0 = time.time()
-        for group in optimizer.param_groups:  # linear warm-up, then constant (no dependence on --steps)
-            group["lr"] = args.lr * min(1.0, step / (args.warmup_steps + 1))
-        examples = task.examples("train", args.prompts_per_step, seed=args.seed * 1_000_003 + step)  # (seed, step)
-        rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples, args)
-        t1 = time.time()
+    step = state["step"]
+    with stop_on_ctrl_c() as stop_requested:
+        bar = tqdm(range(step + 1, args.steps + 1), initial=step, total=args.steps, desc="RL")
+        for step in bar:
+            # --- 1. rollouts, rewards, group advantages --------------------------------------------------------------
+            t0 = time.time()
+            for group in optimizer.param_groups:  # linear warm-up, then constant (no dependence on --steps)
+                group["lr"] = args.lr * min(1.0, step / (args.warmup_steps + 1))
+            examples = task.examples("train", args.prompts_per_step, seed=args.seed * 1_000_003 + step)  # (seed, step)
+            rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples, rollout_config)
+            t1 = time.time()
 
-        # --- 2. the update: AR, then one clipped-surrogate pass or Lopti's two, ppo_epochs times --------------
-        stats = update_policy(model, optimizer, rollouts, advantages, args, ref_model=ref_model)
-        t2 = time.time()
+            # --- 2. the update: pi_old, AR, then one clipped-surrogate pass or Lopti's two ----------------------------
+            stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
+                                  advantages, update_config, ref_model=ref_model)
+            t2 = time.time()
 
-        # --- 3. metrics, evaluation, checkpoint ----------------------------------------------------------------
-        n_tokens = rollouts.completion_mask.sum().item()
-        row = {"step": step, **rollout_stats(task, rollouts, rewards, advantages, args.num_generations), **stats,
-               "lr": optimizer.param_groups[0]["lr"], "rollout_s": t1 - t0, "update_s": t2 - t1,
-               "tokens_per_s": n_tokens / max(t2 - t0, 1e-9)}
-        write_metrics(metrics_path, row)
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate=f"{row['pass_rate']:.3f}")
-        if step % args.eval_every == 0 or step == args.steps:
-            with precision(args):
-                final_eval = evaluate(model, tokenizer, task, eval_examples, style=args.style,
-                                      max_new_tokens=args.max_new_tokens)
-            write_metrics(metrics_path, {"step": step, "eval": True, **final_eval})
-            tqdm.write(f"step {step}: held-out pass@1 {final_eval['pass@1']:.3f}  reward {final_eval['reward']:.3f}")
-        if step % args.save_every == 0 or step == args.steps or stop_requested:
-            save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, state)
-        if stop_requested:
-            tqdm.write(f"stopped at step {step}; continue with --resume {os.path.join(args.output_dir, 'latest')}")
-            break
-    bar.close()
-    signal.signal(signal.SIGINT, previous_handler)
+            # --- 3. metrics, evaluation, checkpoint --------------------------------------------------------------------
+            row = {"step": step, **rollout_stats(task, rollouts, rewards, advantages, args.num_generations), **stats,
+                   "lr": optimizer.param_groups[0]["lr"], "rollout_s": t1 - t0, "update_s": t2 - t1,
+                   "tokens_per_s": rollouts.completion_mask.sum().item() / max(t2 - t0, 1e-9)}
+            append_metrics(metrics_path, row)
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate=f"{row['pass_rate']:.3f}")
+            if step % args.eval_every == 0 or step == args.steps:
+                final_eval = (step, evaluate_now())
+                append_metrics(metrics_path, {"step": step, "eval": True, **final_eval[1]})
+                tqdm.write(f"step {step}: held-out pass@1 {final_eval[1]['pass@1']:.3f}  reward {final_eval[1]['reward']:.3f}")
+            if step % args.save_every == 0 or step == args.steps or stop_requested:
+                save(step)
+            if stop_requested:
+                tqdm.write(f"stopped at step {step}; continue with --resume {args.output_dir}")
+                break
+        bar.close()
 
-    # --- 4. before / after ----------------------------------------------------------------------------------
+    # --- 4. before / after: a real evaluation of the final weights ---------------------------------------------------
+    if final_eval[0] != step or final_eval[1] is None:
+        final_eval = (step, evaluate_now())
     before = state["initial_eval"]
     rows = [("before RL" + (" (after warm start)" if args.model == "tiny" else ""), before),
-            (f"after RL (step {step})", final_eval)]
+            (f"after RL (step {final_eval[0]})", final_eval[1])]
     print(f"\n{f'held-out, greedy, {len(eval_examples)} prompts':<32}{'pass@1':>8}{'reward':>8}")
     for label, result in rows:
         print(f"{label:<32}{result['pass@1']:>8.3f}{result['reward']:>8.3f}")
     print(f"metrics: {metrics_path}")
-    return {"before": before, "after": final_eval, "metrics_path": metrics_path}
+    if stop_requested:
+        sys.exit(130)  # the shell's code for Ctrl-C, after the checkpoint is safe
+    return {"before": before, "after": final_eval[1], "metrics_path": metrics_path}
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """Ctrl-C appends to the yielded list (the loop finishes the step, saves, exits 130); a second one aborts."""
+    requested = []
+
+    def handler(signum, frame):
+        if requested:
+            raise KeyboardInterrupt
+        requested.append(True)
+        tqdm.write("Ctrl-C: saving a checkpoint after this step (press again to abort)")
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def resolve_device(args):
+    """--device auto -> cuda if available, else cpu; --dtype auto -> bf16 on CUDA, fp32 elsewhere."""
+    args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    args.dtype = args.dtype if args.dtype != "auto" else "bf16" if args.device.startswith("cuda") else "fp32"
+
+
+def rng_state():
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def restore_rng(rng):
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Seconds per RL step: our trainer against TRL's GRPOTrainer on the identical workload (issue 6).
+"""Seconds per RL step: our trainer against TRL's GRPOTrainer on the identical workload.
 
     python benchmarks/step_time.py                    # --preset tiny-cpu: train.py's tiny Llama on a CPU
     python benchmarks/step_time.py --preset gpu       # Qwen2.5-0.5B-Instruct, bf16, 16 prompts x M=8, 256 tokens
@@ -14,7 +14,8 @@ The tiny model is warm-started as `python train.py` does it (cached): at random 
 advantages 0 our update has nothing to do. What the clock covers, per step:
   ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the training forward (its
         detached log-probs are pi_old: on-policy), clipped loss, backward; clip; AdamW. Rows with advantage 0 are
-        skipped, as train.py does (zero gradient at beta 0). Lopti re-runs forward/backward/step, not the rollout.
+        skipped, as train.py does (zero gradient at beta 0). AR + Lopti first fixes pi_old with one no-grad forward
+        (AR reads p_old before the loss), then runs forward/backward/step once per pass, not the rollout.
   TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per
         micro-batch forward (with entropy) + backward, clip, AdamW, scheduler, zero_grad.
 Timings alternate in one process (TRL step k, our step k, our Lopti step k, ...), medians after warm-up; peak memory
@@ -23,6 +24,7 @@ is measured for each side in a fresh subprocess (--only ours / --only trl): a pr
 import argparse
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -40,7 +42,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
 import train  # noqa: E402
-from model import load_policy, warm_start, warm_start_dir  # noqa: E402
 
 PRESETS = {  # the issue's two workloads: train.py flags + benchmark length
     "tiny-cpu": dict(train=["--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--prompts-per-step", "16",
@@ -73,6 +74,7 @@ def parse_args(argv=None):
     args.train = train.parse_args(preset["train"] + train_argv)  # later flags win: the user's over the preset's
     if args.train.kl_coef > 0 or args.train.ppo_epochs != 1 or args.train.loss_agg != "token-mean":
         p.error("the comparison is defined for kl_coef 0, ppo_epochs 1, loss_agg token-mean (TRL: beta 0, dapo)")
+    train.resolve_device(args.train)
     if args.train.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA device is visible (use --preset tiny-cpu)")
     if args.threads > 0:
@@ -111,21 +113,13 @@ def memory_mib(device):
 def build_workload(args):
     """-> (task, examples, model, tokenizer); one example list, sliced per step by every side."""
     t = args.train
-    task = tasks.get_task(t.task, data=t.data, **t.task_options)
-    examples = task.examples("train", t.prompts_per_step * (args.warmup + args.steps), seed=t.seed)
-    model, tokenizer = load_policy(t.model, device=args.device, alphabet=tasks.COMPACT_ALPHABET,
-                                   tiny_hidden=t.tiny_hidden, tiny_layers=t.tiny_layers, seed=t.seed)
-    if t.model == "tiny":  # as train.py main(): the warm start (cached in the folder train.py uses), eager attention
-        if not args.no_warm_start:
-            cache_dir = warm_start_dir(t)
-            name = os.path.basename(cache_dir)  # train.py's own cache, when `python train.py` made it
-            if not os.path.exists(os.path.join(cache_dir, "warm_start.json")):
-                cache_dir = os.path.join("runs", "bench", name)  # else ours, computed once (minutes on a CPU)
-            model, _ = warm_start(model, tokenizer, task, cache_dir=cache_dir, max_steps=t.warm_start_steps,
-                                  target_pass=t.warm_start_target, max_new_tokens=t.max_new_tokens,
-                                  eval_examples=task.examples("test", t.eval_size, seed=t.seed + 1), seed=t.seed,
-                                  log=print)
+    if args.no_warm_start:
+        t.warm_start_steps = 0
+    t.warm_start_cache = t.warm_start_cache or os.path.join("runs", "bench")  # computed once (minutes on a CPU)
+    model, tokenizer, task, _ = train.build_policy(t, args.device)  # as train.py: defaults, task, warm start
+    if t.model == "tiny":
         model.config._attn_implementation = "eager"
+    examples = task.examples("train", t.prompts_per_step * (args.warmup + args.steps), seed=t.seed)
     return task, examples, model, tokenizer
 
 
@@ -135,12 +129,14 @@ def our_step(side, task, examples, device):
 
     train.collect_rollouts + train.update_policy, as train.py main() calls them; their clock hook times the
     phases rollout, reward+advantage and log-prob forward; update = the rest of update_policy."""
-    model, tokenizer, optimizer, a = side["model"], side["tokenizer"], side["optimizer"], side["args"]
+    model, tokenizer, optimizer = side["model"], side["tokenizer"], side["optimizer"]
     seconds = defaultdict(float)
     clock = functools.partial(timed, seconds, device)
-    rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, a, clock=clock)
+    rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, side["rollout_config"],
+                                                     clock=clock)
     with clock("update+forward"):
-        train.update_policy(model, optimizer, rollouts, advantages, a, clock=clock)
+        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
+                            advantages, side["update_config"], clock=clock)
     seconds["update"] = seconds.pop("update+forward") - seconds["log-prob forward"]
     completion_mask = rollouts.completion_mask
     rows = ((advantages != 0) & (completion_mask.sum(1) > 0)).float().mean().item()  # the rows update_policy forwards
@@ -149,15 +145,15 @@ def our_step(side, task, examples, device):
 
 def make_our_side(name, model, tokenizer, train_args, *, alpha, eta):
     model = copy.deepcopy(model).train()  # as train.py main() before its loop
-    side_args = copy.copy(train_args)
-    side_args.alpha, side_args.lopti_eta = alpha, eta
-    optimizer = torch.optim.AdamW(model.parameters(), lr=side_args.lr, weight_decay=side_args.weight_decay)
-    return dict(name=name, model=model, tokenizer=tokenizer, optimizer=optimizer, args=side_args,
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr, weight_decay=train_args.weight_decay)
+    update_config = dataclasses.replace(train.config_from(train_args, train.UpdateConfig), alpha=alpha, lopti_eta=eta)
+    return dict(name=name, model=model, tokenizer=tokenizer, optimizer=optimizer, G=train_args.prompts_per_step,
+                rollout_config=train.config_from(train_args, train.RolloutConfig), update_config=update_config,
                 seconds=[], phases=[], tokens=[], rows=[])
 
 
 def run_our_side(side, task, examples, device, step):
-    G = side["args"].prompts_per_step
+    G = side["G"]
     phases, tokens, rows = our_step(side, task, examples[step * G:(step + 1) * G], device)
     for key, value in (("seconds", sum(phases.values())), ("phases", phases), ("tokens", tokens), ("rows", rows)):
         side[key].append(value)

@@ -17,7 +17,7 @@ Presets (method flags; everything else is train.py's default unless listed):
              (the paper's values for each variant alone and combined, DESIGN.md section 1)
 CPU default (tiny model): train.py's own defaults (100 steps x 64 prompts x M=8; Countdown with 2 numbers), so
 `python -m experiments.compare` (3 seeds x 2 configs) took 15 minutes on 2 shared cores (OMP_NUM_THREADS=1).
-The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/ and
+The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/ (train.py's --warm-start-cache) and
 linked into every run of that seed, so each seed trains it once; it is deterministic in the seed, so reusing it
 changes nothing but the time.
 K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
@@ -34,14 +34,12 @@ Writes <output-dir>/<preset>_runs.csv (one row per run) and <output-dir>/<preset
 """
 import argparse
 import csv
-import hashlib
 import json
 import os
 import statistics
 import time
 
 import train
-from model import WARM_START_SETTINGS, warm_start_dir
 
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
@@ -52,7 +50,6 @@ PRESETS = {
                         "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}),
 }
 CPU_DEFAULTS = []  # train.py's own defaults are CPU-sized for the tiny model
-WARM_START_FIELDS = ("model",) + WARM_START_SETTINGS
 
 
 def run_argv(preset, config, seed, output_dir, extra):
@@ -60,27 +57,7 @@ def run_argv(preset, config, seed, output_dir, extra):
     spec = PRESETS[preset]
     run_dir = os.path.join(output_dir, preset, f"{config}-seed{seed}")
     return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, *CPU_DEFAULTS, *spec["shared"],
-            *spec["configs"][config], *extra]
-
-
-def link_warm_start(argv, cache_root):
-    """Point the run's warm-start folder at a cache shared by every run with the same warm-start settings.
-
-    train.py warm-starts the tiny model into model.warm_start_dir(args) and loads it when that folder
-    holds warm_start.json; we make that path a symlink to <cache_root>/<task>-seed<s>-<hash of the settings>.
-    """
-    args = train.parse_args(argv)
-    if args.model != "tiny" or args.warm_start_steps <= 0:
-        return None
-    settings = json.dumps({name: getattr(args, name) for name in WARM_START_FIELDS}, sort_keys=True)
-    shared = os.path.abspath(os.path.join(
-        cache_root, f"{args.task}-seed{args.seed}-{hashlib.sha1(settings.encode()).hexdigest()[:8]}"))
-    os.makedirs(shared, exist_ok=True)
-    link = warm_start_dir(args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    if not os.path.lexists(link):
-        os.symlink(shared, link)
-    return shared
+            "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config], *extra]
 
 
 def last_train_pass_rate(metrics_path, last=10):
@@ -153,7 +130,6 @@ def main(argv=None):
     for seed in seeds:
         for config in configs:
             argv_run = run_argv(args.preset, config, seed, args.output_dir, extra)
-            link_warm_start(argv_run, os.path.join(args.output_dir, "warm_start"))
             print(f"\n=== {args.preset} {config} seed {seed}: python train.py {' '.join(argv_run)}", flush=True)
             start = time.time()
             result = train.main(argv_run)

@@ -33,7 +33,6 @@ import copy
 import csv
 import math
 import os
-from types import SimpleNamespace
 
 import torch
 
@@ -124,16 +123,12 @@ def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temper
     batch = (input_ids [B, P+T], attention_mask, completion_mask [B, T]); advantages [B]; old_logprobs [B, T].
     optimizer "adamw" (train.py's) or "sgd" (plain gradient step: the update follows the gradient's magnitudes).
     """
-    input_ids, attention_mask, completion_mask = batch
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
-    args = train.parse_args(["--dtype", "fp32"])  # train.py's defaults (ppo_epochs 1, kl 0, token-mean), then ours
-    args.alpha, args.lopti_eta, args.temperature, args.clip_low, args.clip_high = alpha, eta, temperature, clip_low, \
-        clip_high
-    args.grad_clip, args.micro_batch = grad_clip, micro_batch
-    rollouts = SimpleNamespace(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask)
+    config = train.UpdateConfig(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low,
+                                clip_high=clip_high, grad_clip=grad_clip, micro_batch=micro_batch)
     model.train()
-    train.update_policy(model, optimizer, rollouts, advantages, args, old_logprobs=old_logprobs)
+    train.update_policy(model, optimizer, *batch, advantages, config, old_logprobs=old_logprobs)
     return model
 
 
@@ -226,9 +221,9 @@ def main(argv=None):
     parser.add_argument("--output-dir", default="runs/lopti_stats")
     args = parser.parse_args(argv)
     model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
-    max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
-    lr = args.lr if args.lr is not None else defaults.lr
-    clip_high = args.clip_high if args.clip_high is not None else defaults.clip_high
+    max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
+    lr = args.lr if args.lr is not None else defaults["lr"]
+    clip_high = args.clip_high if args.clip_high is not None else train.UpdateConfig.clip_high
     device = next(model.parameters()).device
 
     torch.manual_seed(args.seed)

@@ -31,7 +31,7 @@ import torch
 
 import tasks
 import train
-from model import SPECIAL_TOKENS, load_policy
+from model import load_policy, prompt_style
 from rollout import generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
@@ -51,38 +51,20 @@ def add_checkpoint_arguments(parser):
 
 
 def load_for_experiment(args, parser):
-    """Check -M / --num-prompts / --tau, then -> (model, tokenizer, style, task, train.py defaults); bad input is
-    a one-line parser error."""
+    """Check -M / --num-prompts / --tau, then -> (model, tokenizer, style, task, defaults); bad input is a one-line
+    parser error. defaults: lr and max_new_tokens as train.py would choose them for this policy (train.model_defaults)."""
     if args.M < 2 or args.num_prompts < 1 or not args.tau > 0:
         parser.error("need -M >= 2, --num-prompts >= 1 and --tau > 0")
     try:
-        model, tokenizer, style = load_checkpoint(args.checkpoint, args.device)
-        defaults = train_defaults(style, args.task, args.task_option, args.data)
-        return model, tokenizer, style, make_task(defaults), defaults
+        dtype = torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32
+        model, tokenizer = load_policy(args.checkpoint, dtype=dtype, device=args.device)
+        style = prompt_style(tokenizer)  # as train.py: compact prompts for the tiny character vocabulary
+        defaults = train.model_defaults(style, args.task)
+        options = dict(train._parse_option(text) for text in args.task_option)
+        task = tasks.get_task(args.task, data=args.data, **{**defaults["task_options"], **options})
+        return model, tokenizer, style, task, defaults
     except ValueError as error:
         parser.error(str(error))
-
-
-def load_checkpoint(checkpoint, device):
-    """-> (model, tokenizer, style). style: "compact" for the tiny character vocabulary, else "chat" (as train.py)."""
-    dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    model, tokenizer = load_policy(checkpoint, dtype=dtype, device=device)
-    tiny_vocab = set(SPECIAL_TOKENS) | set(tasks.COMPACT_ALPHABET)
-    style = "compact" if set(tokenizer.get_vocab()) <= tiny_vocab else "chat"
-    return model, tokenizer, style
-
-
-def train_defaults(style, task_name, task_options=(), data=None):
-    """train.py's parsed arguments for this prompt style and task: its max_new_tokens, lr, clip_high and task options
-    (the tiny model's Countdown is smaller) come from there, so these scripts stay in step with training."""
-    argv = ["--model", "tiny" if style == "compact" else "hf-model", "--task", task_name]
-    argv += [arg for option in task_options for arg in ("--task-option", option)]
-    return train.parse_args(argv + (["--data", data] if data else []))
-
-
-def make_task(defaults):
-    """The task exactly as train.py builds it from the same arguments."""
-    return tasks.get_task(defaults.task, data=defaults.data, **defaults.task_options)
 
 
 def sample_groups(model, tokenizer, task, examples, M, *, style, max_new_tokens, temperature=1.0, batch_prompts=64):
@@ -194,7 +176,7 @@ def main(argv=None):
     parser.add_argument("--output-dir", default="runs/table3")
     args = parser.parse_args(argv)
     model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
-    max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
+    max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
 
     torch.manual_seed(args.seed)
     examples = task.examples("test", args.num_prompts, seed=args.seed)

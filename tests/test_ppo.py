@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from ppo import LOSS_AGGS, kl_k3, policy_loss
+from ppo import clipped_token_loss, LOSS_AGGS, kl_k3, policy_loss
 
 # A ragged batch: sequence 0 has 3 valid tokens, sequence 1 has 1 (T = 4, N = 4 valid tokens in all).
 MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
@@ -20,7 +20,7 @@ def one_token(ratio, advantage, **kwargs):
     loss, stats = policy_loss(logprobs, torch.zeros(1, 1, dtype=torch.float64),
                               torch.tensor([advantage], dtype=torch.float64), torch.ones(1, 1), **kwargs)
     loss.backward()
-    return loss.item(), logprobs.grad.item(), stats
+    return loss.item(), logprobs.grad.item(), {key: value.item() for key, value in stats.items()}
 
 
 def test_ratio_one_gradient_is_policy_gradient():
@@ -147,17 +147,20 @@ def test_sequence_advantages_broadcast_like_token_advantages():
     advantages = torch.tensor([1.5, -0.5])
     loss_seq, stats_seq = policy_loss(logprobs, old, advantages, MASK)
     loss_tok, stats_tok = policy_loss(logprobs, old, advantages[:, None].expand(2, 4), MASK)
-    assert loss_seq.item() == loss_tok.item() and stats_seq == stats_tok
+    assert loss_seq.item() == loss_tok.item()
+    assert {k: v.item() for k, v in stats_seq.items()} == {k: v.item() for k, v in stats_tok.items()}
 
 
-def test_stats_are_python_floats_and_hand_counted():
+def test_stats_are_detached_scalars_and_hand_counted():
     # Tokens: (A>0, ratio 1.5) clipped high; (A<0, ratio 0.5) clipped low; two ordinary tokens; one pad.
     old = torch.zeros(1, 5)
     logprobs = torch.log(torch.tensor([[1.5, 0.5, 1.0, 1.1, 9.0]]))
     advantages = torch.tensor([[1.0, -1.0, 1.0, -1.0, 1.0]])
     mask = torch.tensor([[1, 1, 1, 1, 0]])
     _, stats = policy_loss(logprobs, old, advantages, mask, ref_logprobs=old)
-    assert all(isinstance(value, float) for value in stats.values())
+    assert all(value.dim() == 0 and not value.requires_grad for value in stats.values())  # read once per step
+    assert "dual_clip_frac" not in stats  # not measured without a dual clip: absent, not 0
+    stats = {key: value.item() for key, value in stats.items()}
     assert stats["clip_frac_high"] == 0.25 and stats["clip_frac_low"] == 0.25
     assert stats["ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.0 + 1.1) / 4)
     assert stats["ratio_max"] == pytest.approx(1.5)
@@ -172,3 +175,14 @@ def test_bad_input_raises():
         policy_loss(x, x, torch.zeros(3), MASK)
     with pytest.raises(ValueError, match="shape"):
         policy_loss(x, torch.zeros(2, 3), torch.zeros(2), MASK)
+
+
+def test_clipped_token_loss_is_the_per_token_surrogate():
+    # The copyable core: [B, T] in, [B, T] out, equal to the hand formula on every token (no mask, no mean).
+    old = torch.zeros(2, 3)
+    logprobs = torch.log(torch.tensor([[1.5, 0.5, 1.0], [0.7, 20.0, 1.1]]))
+    advantages = torch.tensor([[1.0, -1.0, 2.0], [-1.0, -1.0, 1.0]])
+    expected = torch.tensor([[-1.28, 0.8, -2.0], [0.8, 10.0, -1.1]])  # clip high, clip low, ratio 1; dual cap 10
+    got = clipped_token_loss(logprobs, old, advantages, clip_low=0.2, clip_high=0.28, dual_clip=10.0)
+    torch.testing.assert_close(got, expected)
+    assert got.shape == logprobs.shape

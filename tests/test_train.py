@@ -47,7 +47,7 @@ def test_three_step_run_updates_and_logs(tmp_path, flags):
     result, steps, evals, out = run(tmp_path, "--steps", "3", "--lr", "1e-3", *flags)
     assert [r["step"] for r in steps] == [1, 2, 3] and [r["step"] for r in evals] == [0, 2, 3]
     for key in ("reward_mean", "pass_rate", "zero_var_share", "adv_abs_mean", "response_length", "clip_frac_low",
-                "clip_frac_high", "entropy", "grad_norm", "lopti_low_share", "rollout_s", "update_s", "tokens_per_s"):
+                "clip_frac_high", "entropy", "grad_norm", "rollout_s", "update_s", "tokens_per_s"):
         assert all(torch.isfinite(torch.tensor(float(r[key]))) for r in steps), key
     assert all(r["grad_norm"] > 0 for r in steps)  # graded rewards: every step has a real gradient
     before = weights(glob.glob(os.path.join(out, "warm_start-digits-h32-l1-*"))[0])  # the initial policy (no warm start here)
@@ -55,9 +55,12 @@ def test_three_step_run_updates_and_logs(tmp_path, flags):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert result["metrics_path"] == os.path.join(out, "metrics.jsonl")
     if "--lopti-eta" in flags:
-        assert all(0 < r["lopti_low_share"] < 1 for r in steps)
+        assert all(0 < r["lopti_low_share"] < 1 and r["optimizer_steps"] == 2 for r in steps)
     if "--kl-coef" in flags:
         assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6) and steps[-1]["kl"] > 0  # policy drifts from ref
+    # a metric that was not measured is absent, never a placeholder 0
+    assert ("kl" in steps[0]) == ("--kl-coef" in flags) and ("lopti_low_share" in steps[0]) == ("--lopti-eta" in flags)
+    assert ("dual_clip_frac" in steps[0]) == ("--dual-clip" in flags)
     if "--ppo-epochs" in flags or "--lopti-eta" in flags:
         assert any(r["ratio_max"] != 1.0 for r in steps)  # the later updates see pi != pi_old
 
@@ -91,10 +94,12 @@ def test_micro_batching_does_not_change_the_update(tmp_path):
     assert steps_1[0]["loss"] == pytest.approx(steps_8[0]["loss"], abs=1e-6)
 
 
-@pytest.mark.parametrize("flags,expected_no_grad", [([], 0), (["--ppo-epochs", "2"], 1), (["--kl-coef", "0.1"], 1)])
+@pytest.mark.parametrize("flags,expected_no_grad", [([], 0), (["--ppo-epochs", "2"], 1), (["--mini-batches", "2"], 1),
+                                                    (["--alpha", "0.3"], 1), (["--kl-coef", "0.1"], 1)])
 def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
-    # On-policy (1 epoch) there is no separate no-grad pass: the first training forward gives pi_old.
-    # A second epoch needs pi_old fixed first (one no-grad pass); kl_coef > 0 adds the reference model's pass.
+    # On-policy with one optimizer step and no AR/Lopti there is no separate no-grad pass: pi_old = pi_theta.
+    # A second epoch or mini-batch, or AR (p_old before the loss), needs pi_old fixed first (one no-grad pass);
+    # kl_coef > 0 adds the reference model's pass.
     calls = []
     original = train.token_logprobs
 
@@ -111,19 +116,19 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
 @pytest.mark.parametrize("flags", [[], ["--kl-coef", "0.05", "--lopti-eta", "0.02", "--alpha", "0.3"]],
                          ids=["softmax", "kl-lopti"])
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, flags):
-    _, steps, evals, out = run(tmp_path, "--steps", "4", "--save-every", "2", *flags)
+    _, steps, evals, out = run(tmp_path, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0", *flags)
     full = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     final = weights(os.path.join(out, "checkpoint-4"))
-    # continue from step 2 in the same folder: rows after step 2 are dropped, then rewritten identically
-    train.main(["--task", "digits", "--output-dir", out, *SMALL, "--steps", "4", "--save-every", "2", *flags,
-                "--resume", os.path.join(out, "checkpoint-2")])
+    # continue from step 2 with --resume alone: the run's settings come from the checkpoint, rows after step 2
+    # are dropped, then rewritten identically
+    train.main(["--resume", os.path.join(out, "checkpoint-2"), "--keep-checkpoints", "0"])
     resumed = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     strip = lambda rows: [{k: v for k, v in r.items() if k not in train.TIMING_KEYS} for r in rows]
     assert strip(resumed) == strip(full)
     assert all(torch.equal(final[k], v) for k, v in weights(os.path.join(out, "latest")).items())
 
 
-def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch):
+def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch, capsys):
     rewards_seen = []
 
     def interrupt_in_step_2():  # rewards 1-4: step-0 eval; 5-12: step 1; 13-20: step 2 -> Ctrl-C during step 2
@@ -131,8 +136,14 @@ def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch)
         if len(rewards_seen) == 15:
             os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: DigitsTask(on_reward=interrupt_in_step_2))
-    _, steps, _, out = run(tmp_path, "--steps", "5")
-    assert [r["step"] for r in steps] == [1, 2]
+    with pytest.raises(SystemExit) as exit_info:
+        run(tmp_path, "--steps", "5", "--eval-every", "5")
+    assert exit_info.value.code == 130  # the shell's code for Ctrl-C, after the checkpoint was saved
+    out = str(tmp_path / "run")
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows if not r.get("eval")] == [1, 2]
+    # the final table is a real evaluation of the step-2 weights, not the step-0 eval relabelled
+    assert "after RL (step 2)" in capsys.readouterr().out
     assert os.path.realpath(os.path.join(out, "latest")) == os.path.realpath(os.path.join(out, "checkpoint-2"))
     state = torch.load(os.path.join(out, "latest", "trainer_state.pt"), weights_only=False)
     assert state["step"] == 2 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -147,6 +158,15 @@ def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch)
     (["--num-generations", "1"], "--num-generations must be >= 2"),
     (["--model", "./no/such/model"], "model path does not exist: ./no/such/model"),
     (["--task-option", "nonsense"], "KEY=VALUE"),
+    (["--tau", "inf"], "finite"),
+    (["--lopti-eta", "nan"], "finite"),
+    (["--grad-clip", "0"], "--grad-clip must be > 0"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be >= 0"),
+    (["--eval-size", "0"], "--eval-size must be >= 1"),
+    (["--dual-clip", "1"], "--dual-clip must be > 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--mini-batches", "0"], "--mini-batches must lie in"),
+    (["--resume", "no/such/run"], "--resume no/such/run: no such folder"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -181,10 +201,19 @@ def test_the_embedded_default_learns(tmp_path):
     assert gain >= 0.20, result
 
 
-def test_a_changed_task_option_gets_a_fresh_warm_start():
+def test_a_changed_task_option_gets_a_fresh_warm_start(tmp_path):
     # The warm-start cache is keyed by every setting it depends on: 3-number Countdown must not load a 2-number model.
     from model import warm_start_dir
-    two = train.parse_args(["--task", "countdown"])
-    three = train.parse_args(["--task", "countdown", "--task-option", "num_count=3"])
-    assert warm_start_dir(two) != warm_start_dir(three)
-    assert warm_start_dir(two) == warm_start_dir(train.parse_args(["--task", "countdown"]))
+    settings = lambda argv: train.warm_start_settings(train.parse_args(argv))  # noqa: E731
+    two, three = settings(["--task", "countdown"]), settings(["--task", "countdown", "--task-option", "num_count=3"])
+    assert warm_start_dir(tmp_path, two) != warm_start_dir(tmp_path, three)
+    assert warm_start_dir(tmp_path, two) == warm_start_dir(tmp_path, settings(["--task", "countdown"]))
+
+
+def test_cli_choices_match_the_modules():
+    # train.py spells three choice lists out so that --help needs no torch; they must equal the modules' own.
+    import lopti
+    import ppo
+    import softmax_grpo
+    assert train.METHODS == softmax_grpo.METHODS and train.LOSS_AGGS == ppo.LOSS_AGGS
+    assert train.LOPTI_ORDERS == lopti.PASS_ORDERS

@@ -17,14 +17,15 @@ import torch
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
-def kl_k3(logprobs, ref_logprobs):
+def kl_k3(logprobs, ref_logprobs, log_ratio_clamp=20.0):
     """k3 estimator of KL(pi || pi_ref) per token: exp(d) - d - 1 with d = ref - logp, [B, T] -> [B, T].
 
-    Unbiased for the KL under samples from pi and always >= 0 (0 exactly where logp == ref). As in the Lopti
-    settings (DESIGN.md section 1), d is clamped to [-5, 5] and the value to [-10, 10] so a single token whose
-    probability collapsed cannot dominate the loss (the clamps also stop that token's gradient).
+    Unbiased for the KL under samples from pi and always >= 0 (0 exactly where logp == ref). d is clamped to
+    [-log_ratio_clamp, log_ratio_clamp] (verl and the SoftmaxGRPO runs: 20; the AR-Lopti code: 5) and the value
+    to [-10, 10], so a single token whose probability collapsed cannot dominate the loss (the clamps also stop
+    that token's gradient). DESIGN.md section 4.
     """
-    log_ratio = (ref_logprobs - logprobs).clamp(-5.0, 5.0)
+    log_ratio = (ref_logprobs - logprobs).clamp(-log_ratio_clamp, log_ratio_clamp)
     return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
@@ -68,7 +69,7 @@ def clipped_token_loss(logprobs, old_logprobs, advantages, *, clip_low=0.2, clip
 
 
 def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low=0.2, clip_high=0.28,
-                dual_clip=None, ref_logprobs=None, kl_coef=0.0, kl_mask=None, loss_agg="token-mean",
+                dual_clip=None, ref_logprobs=None, kl_coef=0.0, kl_clamp=20.0, kl_mask=None, loss_agg="token-mean",
                 norm_constant=None):
     """clipped_token_loss + kl_coef * k3, aggregated -> (loss scalar, stats dict of detached 0-dim tensors).
 
@@ -77,7 +78,8 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     advantages    [B] (one per completion, broadcast over tokens) or [B, T] (token-level, e.g. after AR)
     completion_mask [B, T] bool/0-1: valid completion tokens; it alone sets the loss denominator
     dual_clip     c > 1: for A < 0 the per-token loss is capped at -A * c (None = off)
-    ref_logprobs  [B, T] reference-policy log-probs; adds kl_coef * k3 on the tokens of kl_mask
+    ref_logprobs  [B, T] reference-policy log-probs; adds kl_coef * k3 on the tokens of kl_mask (kl_clamp: k3's
+                  log-ratio clamp, see kl_k3)
     kl_mask       [B, T] tokens that carry the KL term (default completion_mask; Lopti passes its pass mask)
     loss_agg      one of LOSS_AGGS; norm_constant for seq-mean-token-sum-norm (default T)
     stats (tensors, so a trainer can sum them on the device and read them once per step): clip_frac_low
@@ -90,8 +92,10 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
                          f"{tuple(logprobs.shape)}, {tuple(old_logprobs.shape)}, {tuple(completion_mask.shape)}")
     if advantages.dim() == 1:
         advantages = advantages[:, None]
-    if advantages.dim() != 2 or advantages.shape[0] != logprobs.shape[0] or advantages.shape[1] not in (1, logprobs.shape[1]):
-        raise ValueError(f"advantages must have shape [B] or [B, T] = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}")
+    if advantages.dim() != 2 or advantages.shape[0] != logprobs.shape[0] or \
+            advantages.shape[1] not in (1, logprobs.shape[1]):
+        raise ValueError(f"advantages must have shape [B] or [B, T] = {tuple(logprobs.shape)}, "
+                         f"got {tuple(advantages.shape)}")
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"unknown loss_agg {loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
     if dual_clip is not None and not dual_clip > 1.0:
@@ -107,7 +111,7 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     stats = {}
     if ref_logprobs is not None:
         kl_mask = mask if kl_mask is None else kl_mask.bool()
-        k3 = torch.where(kl_mask, kl_k3(logprobs, ref_logprobs), 0.0)
+        k3 = torch.where(kl_mask, kl_k3(logprobs, ref_logprobs, kl_clamp), 0.0)
         loss = loss + kl_coef * aggregate(k3, mask, loss_agg, norm_constant)  # denominator: full completion_mask
         stats["kl"] = (k3.sum() / kl_mask.sum().clamp_min(1)).detach()
 

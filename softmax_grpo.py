@@ -76,7 +76,7 @@ def softmax_advantages(rewards, tau):
     return torch.where(all_equal, 0.0, advantages).float()
 
 
-def group_advantages(rewards, method, *, tau=0.1, eps=1e-6):
+def group_advantages(rewards, method, *, tau=0.1, eps=1e-6, lengths=None):
     """Advantages for G groups of M completions: rewards [G, M] -> [G, M] float32 (DESIGN.md section 2).
 
     method:
@@ -86,8 +86,11 @@ def group_advantages(rewards, method, *, tau=0.1, eps=1e-6):
       rloo          R_i - mean of the other M-1 rewards            leave-one-out
       maxrl         R / mean - 1  (needs R >= 0; 0 if all fail)    MaxRL
       reinforce     R - mean over the whole batch [G, M]           plain baseline
-      reinforce_pp  (R - batch mean) / (batch std + eps)           REINFORCE++ global normalisation
-    Group methods give exactly 0 for a group whose rewards are all equal.
+      reinforce_pp  (R - m) / sqrt(v + 1e-8), m and unbiased v over  REINFORCE++ as verl computes it: each
+                    all completion tokens of the batch                completion's reward on each of its tokens,
+                                                                      whitened over the batch's valid tokens
+    Group methods give exactly 0 for a group whose rewards are all equal. lengths [G, M]: completion token counts,
+    read by reinforce_pp only (None: one token each, i.e. a z-score over completions).
     """
     if method not in METHODS:
         raise ValueError(f"unknown advantage method {method!r}; choose from {', '.join(METHODS)}")
@@ -111,8 +114,13 @@ def group_advantages(rewards, method, *, tau=0.1, eps=1e-6):
     elif method == "reinforce":
         advantages = rewards - rewards.mean()
         return torch.where(rewards.amax() == rewards.amin(), 0.0, advantages)
-    else:  # reinforce_pp
-        advantages = (rewards - rewards.mean()) / (rewards.std(unbiased=True) + eps)
+    else:  # reinforce_pp: verl's masked_whiten of the token-level returns, with returns = R on every valid token
+        tokens = torch.ones_like(rewards) if lengths is None else torch.as_tensor(lengths, dtype=torch.float32)
+        if tokens.shape != rewards.shape or (tokens < 0).any() or tokens.sum() < 2:
+            raise ValueError(f"lengths must be [G, M] = {tuple(rewards.shape)} non-negative counts, >= 2 in all")
+        mean = (tokens * rewards).sum() / tokens.sum()
+        variance = (tokens * (rewards - mean) ** 2).sum() / (tokens.sum() - 1)  # unbiased, as verl's masked_var
+        advantages = (rewards - mean) / torch.sqrt(variance + 1e-8)
         return torch.where(rewards.amax() == rewards.amin(), 0.0, advantages)
     return torch.where(_all_equal(rewards), 0.0, advantages)
 

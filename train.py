@@ -23,7 +23,7 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 LOPTI_ORDERS = ("low-first", "high-first")
 # Flags a resumed run may change (hardware, length, logging); any other flag must match the saved run.
 RESUME_MAY_CHANGE = {"steps", "eval_every", "save_every", "keep_checkpoints", "device", "dtype", "threads",
-                     "micro_batch", "rollout_batch", "resume"}
+                     "micro_batch", "rollout_batch", "resume", "dry_run"}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -49,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--dual-clip", type=float, default=None, help="cap for A < 0 (Lopti paper: 10)")
     p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the initial policy; 0 = no reference model "
                    "(papers: 1e-3)")
+    p.add_argument("--kl-clamp", type=float, default=20.0, help="k3's log-ratio clamp (verl/SoftmaxGRPO: 20; "
+                   "AR-Lopti code: 5); the value is clamped to [-10, 10]")
     p.add_argument("--loss-agg", default="token-mean", choices=LOSS_AGGS)
     p.add_argument("--lr", type=float, default=None, help="AdamW lr; default 1e-6 (papers), 3e-4 for the tiny model")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear lr warm-up, then constant")
@@ -77,6 +79,8 @@ def parse_args(argv=None):
     p.add_argument("--output-dir", default="runs/default")
     p.add_argument("--resume", default=None, metavar="DIR", help="a checkpoint folder or a run folder: continues "
                    "that run with its saved settings")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved settings as JSON and exit (the model "
+                   "is not loaded: a non-tiny --model is taken to be a chat model)")
     tiny = p.add_argument_group("tiny model and its supervised warm start")
     tiny.add_argument("--tiny-hidden", type=int, default=192)
     tiny.add_argument("--tiny-layers", type=int, default=4)
@@ -96,7 +100,7 @@ def parse_args(argv=None):
     finite = lambda x: x is None or math.isfinite(x)
     for ok, message in [
             (all(map(finite, (args.tau, args.alpha, args.lopti_eta, args.clip_low, args.clip_high, args.dual_clip,
-                              args.kl_coef, args.lr, args.weight_decay, args.grad_clip, args.temperature,
+                              args.kl_coef, args.kl_clamp, args.lr, args.weight_decay, args.grad_clip, args.temperature,
                               args.top_p, args.warm_start_target))), "float flags must be finite numbers"),
             (args.tau > 0, "--tau must be > 0"),
             (args.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
@@ -106,7 +110,7 @@ def parse_args(argv=None):
             (args.lopti_eta >= 0, "--lopti-eta must be >= 0"),
             (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must lie in [0, 1), --clip-high >= 0"),
             (args.dual_clip is None or args.dual_clip > 1, "--dual-clip must be > 1"),
-            (args.kl_coef >= 0, "--kl-coef must be >= 0"),
+            (args.kl_coef >= 0 and args.kl_clamp > 0, "--kl-coef must be >= 0 and --kl-clamp > 0"),
             (args.lr is None or args.lr > 0, "--lr must be > 0"),
             (args.warmup_steps >= 0, "--warmup-steps must be >= 0"),
             (args.weight_decay >= 0, "--weight-decay must be >= 0"),
@@ -149,25 +153,25 @@ def _parse_option(text):
 if __name__ == "__main__":
     parse_args()  # `--help` and argument errors answer here, before the imports below (torch, transformers: seconds)
 
-import contextlib  # noqa: E402
-import copy  # noqa: E402
-import dataclasses  # noqa: E402
-import random  # noqa: E402
-import signal  # noqa: E402
-import time  # noqa: E402
+import contextlib
+import copy
+import dataclasses
+import random
+import time
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+import torch
+import transformers
+from tqdm import tqdm
 
-from checkpoint import (RunError, append_metrics, load_run_settings, load_trainer_state, read_metrics,  # noqa: E402
-                        resolve_checkpoint, rewrite_metrics, save_checkpoint)
-from lopti import isolation_masks, lopti_passes, reweight_advantages  # noqa: E402
-from model import load_policy, prompt_style, save_policy_atomically, warm_start, warm_start_dir  # noqa: E402
-from ppo import policy_loss  # noqa: E402
-from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
-from softmax_grpo import group_advantages  # noqa: E402
+from checkpoint import (RunError, append_metrics, load_trainer_state, read_metrics, restore_rng,
+                        resume_settings, rewrite_metrics, rng_state, run_settings, save_checkpoint, stop_on_ctrl_c)
+from lopti import isolation_masks, lopti_passes, reweight_advantages
+from model import (load_policy, policy_defaults, prompt_style, save_policy_atomically, warm_start,
+                   warm_start_dir)
+from ppo import policy_loss
+from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
+from softmax_grpo import group_advantages
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 
@@ -210,6 +214,7 @@ class UpdateConfig:
     clip_high: float = 0.28
     dual_clip: float | None = None
     kl_coef: float = 0.0
+    kl_clamp: float = 20.0           # k3's log-ratio clamp
     loss_agg: str = "token-mean"
     max_new_tokens: int | None = None  # seq-mean-token-sum-norm's constant
     temperature: float = 1.0         # the sampling temperature: p_old = softmax(logits / temperature)
@@ -242,7 +247,8 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             raise ValueError(f"task {task.name!r} returned a non-finite reward for the completion "
                              f"{rollouts.completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r}")
         group_rewards = rewards.view(len(examples), config.num_generations)  # [G, M]
-        advantages = group_advantages(group_rewards, config.method, tau=config.tau).view(-1)  # [B]
+        lengths = rollouts.completion_mask.sum(1).view_as(group_rewards)      # reinforce_pp whitens over tokens
+        advantages = group_advantages(group_rewards, config.method, tau=config.tau, lengths=lengths).view(-1)  # [B]
     return rollouts, rewards, advantages
 
 
@@ -266,7 +272,8 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
         if old_logprobs is None and (config.alpha > 0 or config.lopti_eta > 0
                                      or config.ppo_epochs * config.mini_batches > 1):
             old_logprobs = logprobs_of(model, slice(None), micro_batch=config.micro_batch)
-        ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None), micro_batch=config.micro_batch)
+        ref_logprobs = None if ref_model is None else \
+            logprobs_of(ref_model, slice(None), micro_batch=config.micro_batch)
     old_probs = None if old_logprobs is None else old_logprobs.exp()  # p_old of each sampled token
     # 2. AR once per batch, then the passes (Lopti: low-probability tokens first, then high)
     token_adv = advantages[:, None] * completion_mask if config.alpha == 0 else \
@@ -293,8 +300,8 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                     logprobs, logprobs.detach() if old_logprobs is None else old_logprobs[micro], pass_adv[micro],
                     completion_mask[micro], clip_low=config.clip_low, clip_high=config.clip_high,
                     dual_clip=config.dual_clip, ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
-                    kl_coef=config.kl_coef, kl_mask=pass_mask[micro], loss_agg=config.loss_agg,
-                    norm_constant=config.max_new_tokens)
+                    kl_coef=config.kl_coef, kl_clamp=config.kl_clamp, kl_mask=pass_mask[micro],
+                    loss_agg=config.loss_agg, norm_constant=config.max_new_tokens)
                 weight = share[micro].sum()
                 (loss * weight).backward()  # summed over micro-batches: the mini-batch's loss
                 mask = completion_mask[micro]
@@ -328,20 +335,19 @@ def rollout_stats(task, rollouts, rewards, advantages, num_generations):
 # --------------------------------------------------------------------------------------------------------------
 # The policy and what it decides: prompt style, the tiny model's CPU-sized defaults, its warm start
 # --------------------------------------------------------------------------------------------------------------
-def model_defaults(style, task_name):
-    """Defaults that depend on the policy, in one place. The tiny character model (style "compact") gets lr 3e-4
-    (a 2M-parameter model trained almost from scratch), 12 new tokens, one CPU thread and 2-number Countdown (see
-    README: with 3 numbers it cannot learn the arithmetic); every real model gets the papers' lr 1e-6, 1024 tokens."""
-    if style == "compact":
-        return dict(lr=3e-4, max_new_tokens=12, threads=1, task_options={"num_count": 2} if task_name == "countdown"
-                    else {})
-    return dict(lr=1e-6, max_new_tokens=1024, threads=None, task_options={})
-
-
 def warm_start_settings(args):
     """Everything the tiny model's warm start depends on: its cache key (model.warm_start_dir)."""
     return {key: getattr(args, key) for key in ("task", "task_options", "data", "seed", "tiny_hidden", "tiny_layers",
                                                 "warm_start_steps", "warm_start_target", "max_new_tokens", "eval_size")}
+
+
+def apply_policy_defaults(args, style):
+    """Fill in what the policy decides (model.policy_defaults) where the command line left it open."""
+    defaults = policy_defaults(style, args.task)
+    args.style, args.lr = style, args.lr if args.lr is not None else defaults["lr"]
+    args.max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
+    args.threads = args.threads or defaults["threads"]
+    args.task_options = {**defaults["task_options"], **args.task_options}
 
 
 def build_policy(args, device):
@@ -350,12 +356,7 @@ def build_policy(args, device):
     model, tokenizer = load_policy(args.resume or args.model, device=device, tiny_hidden=args.tiny_hidden,
                                    tiny_layers=args.tiny_layers, seed=args.seed)
     if not args.resume:
-        args.style = prompt_style(tokenizer)
-        defaults = model_defaults(args.style, args.task)
-        args.lr = args.lr if args.lr is not None else defaults["lr"]
-        args.max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
-        args.threads = args.threads or defaults["threads"]
-        args.task_options = {**defaults["task_options"], **args.task_options}
+        apply_policy_defaults(args, prompt_style(tokenizer))
     if args.threads:
         torch.set_num_threads(args.threads)
     task = tasks.get_task(args.task, data=args.data, **args.task_options)
@@ -377,31 +378,6 @@ def build_policy(args, device):
 # --------------------------------------------------------------------------------------------------------------
 # The run: settings (fresh or resumed), policy, loop, before/after
 # --------------------------------------------------------------------------------------------------------------
-def restore_settings(args):
-    """--resume: the saved run's settings, with the flags a resumed run may change; a conflicting flag is an error."""
-    checkpoint_dir = resolve_checkpoint(args.resume)
-    saved = load_run_settings(checkpoint_dir)
-    run_dir = os.path.dirname(checkpoint_dir)
-    normal = lambda value: json.loads(json.dumps(value))  # noqa: E731  (tuples -> lists, as saved)
-    for key in args.explicit:
-        if key == "output_dir" and os.path.realpath(args.output_dir) != run_dir:
-            raise RunError(f"--output-dir {args.output_dir} conflicts with the run being resumed, which lives in "
-                           f"{run_dir}; drop the flag")
-        if key not in RESUME_MAY_CHANGE | {"output_dir", "task_option"} and normal(getattr(args, key)) != saved[key]:
-            raise RunError(f"--{key.replace('_', '-')} {getattr(args, key)} conflicts with the run being resumed "
-                           f"({saved[key]!r}); drop the flag, or start a new run with another --output-dir")
-    if "task_option" in args.explicit and normal({**saved["task_options"], **args.task_options}) != saved["task_options"]:
-        raise RunError(f"--task-option {args.task_option} conflicts with the run being resumed ({saved['task_options']})")
-    changed = {key: getattr(args, key) for key in args.explicit if key in RESUME_MAY_CHANGE}
-    return argparse.Namespace(**{**saved, **changed, "resume": checkpoint_dir, "output_dir": run_dir,
-                                 "explicit": args.explicit})
-
-
-def run_settings(args):
-    """What run.json saves: every resolved setting, not the per-invocation ones."""
-    return {key: value for key, value in vars(args).items() if key not in ("resume", "explicit")}
-
-
 def main(argv=None):
     args = parse_args(argv)
     try:
@@ -413,9 +389,14 @@ def main(argv=None):
 
 def run(args):
     if args.resume:
-        args = restore_settings(args)
+        args = resume_settings(args, RESUME_MAY_CHANGE)
     transformers.utils.logging.disable_progress_bar()  # our tqdm bar is the only one
     resolve_device(args)
+    if args.dry_run:
+        if not args.resume:
+            apply_policy_defaults(args, "compact" if args.model == "tiny" else "chat")
+        print(json.dumps(run_settings(args), indent=1, sort_keys=True))
+        return run_settings(args)
     os.makedirs(args.output_dir, exist_ok=True)
     metrics_path = os.path.join(args.output_dir, "metrics.jsonl")
     torch.manual_seed(args.seed)
@@ -468,7 +449,7 @@ def run(args):
     with stop_on_ctrl_c() as stop_requested:
         bar = tqdm(range(step + 1, args.steps + 1), initial=step, total=args.steps, desc="RL")
         for step in bar:
-            # --- 1. rollouts, rewards, group advantages --------------------------------------------------------------
+            # --- 1. rollouts, rewards, group advantages -----------------------------------------------------------
             t0 = time.time()
             for group in optimizer.param_groups:  # linear warm-up, then constant (no dependence on --steps)
                 group["lr"] = args.lr * min(1.0, step / (args.warmup_steps + 1))
@@ -476,12 +457,12 @@ def run(args):
             rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples, rollout_config)
             t1 = time.time()
 
-            # --- 2. the update: pi_old, AR, then one clipped-surrogate pass or Lopti's two ----------------------------
-            stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
-                                  advantages, update_config, ref_model=ref_model)
+            # --- 2. the update: pi_old, AR, then one clipped-surrogate pass or Lopti's two ------------------------
+            stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                  rollouts.completion_mask, advantages, update_config, ref_model=ref_model)
             t2 = time.time()
 
-            # --- 3. metrics, evaluation, checkpoint --------------------------------------------------------------------
+            # --- 3. metrics, evaluation, checkpoint ----------------------------------------------------------------
             row = {"step": step, **rollout_stats(task, rollouts, rewards, advantages, args.num_generations), **stats,
                    "lr": optimizer.param_groups[0]["lr"], "rollout_s": t1 - t0, "update_s": t2 - t1,
                    "tokens_per_s": rollouts.completion_mask.sum().item() / max(t2 - t0, 1e-9)}
@@ -490,7 +471,8 @@ def run(args):
             if step % args.eval_every == 0 or step == args.steps:
                 final_eval = (step, evaluate_now())
                 append_metrics(metrics_path, {"step": step, "eval": True, **final_eval[1]})
-                tqdm.write(f"step {step}: held-out pass@1 {final_eval[1]['pass@1']:.3f}  reward {final_eval[1]['reward']:.3f}")
+                tqdm.write(f"step {step}: held-out pass@1 {final_eval[1]['pass@1']:.3f}  "
+                           f"reward {final_eval[1]['reward']:.3f}")
             if step % args.save_every == 0 or step == args.steps or stop_requested:
                 save(step)
             if stop_requested:
@@ -513,40 +495,11 @@ def run(args):
     return {"before": before, "after": final_eval[1], "metrics_path": metrics_path}
 
 
-@contextlib.contextmanager
-def stop_on_ctrl_c():
-    """Ctrl-C appends to the yielded list (the loop finishes the step, saves, exits 130); a second one aborts."""
-    requested = []
-
-    def handler(signum, frame):
-        if requested:
-            raise KeyboardInterrupt
-        requested.append(True)
-        tqdm.write("Ctrl-C: saving a checkpoint after this step (press again to abort)")
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield requested
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def resolve_device(args):
     """--device auto -> cuda if available, else cpu; --dtype auto -> bf16 on CUDA, fp32 elsewhere."""
     args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype = args.dtype if args.dtype != "auto" else "bf16" if args.device.startswith("cuda") else "fp32"
 
-
-def rng_state():
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def restore_rng(rng):
-    torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch
 
 import tasks
 import train
-from model import load_policy, prompt_style
+from model import load_policy, policy_defaults, prompt_style
 from rollout import generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
@@ -52,14 +52,14 @@ def add_checkpoint_arguments(parser):
 
 def load_for_experiment(args, parser):
     """Check -M / --num-prompts / --tau, then -> (model, tokenizer, style, task, defaults); bad input is a one-line
-    parser error. defaults: lr and max_new_tokens as train.py would choose them for this policy (train.model_defaults)."""
+    parser error. defaults: lr and max_new_tokens as train.py would choose them for this policy (model.policy_defaults)."""
     if args.M < 2 or args.num_prompts < 1 or not args.tau > 0:
         parser.error("need -M >= 2, --num-prompts >= 1 and --tau > 0")
     try:
         dtype = torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32
         model, tokenizer = load_policy(args.checkpoint, dtype=dtype, device=args.device)
         style = prompt_style(tokenizer)  # as train.py: compact prompts for the tiny character vocabulary
-        defaults = train.model_defaults(style, args.task)
+        defaults = policy_defaults(style, args.task)
         options = dict(train._parse_option(text) for text in args.task_option)
         task = tasks.get_task(args.task, data=args.data, **{**defaults["task_options"], **options})
         return model, tokenizer, style, task, defaults

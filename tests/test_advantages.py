@@ -114,9 +114,24 @@ def test_batch_level_estimators_worked_example():
     # Over all 8 rewards: mean 28/8 = 3.5; squared deviations 6.25+12.25+2.25+12.25+4*2.25 = 42 -> std sqrt(42/7).
     expected = R_WORKED - 3.5
     torch.testing.assert_close(group_advantages(R_WORKED, "reinforce"), expected)
-    torch.testing.assert_close(group_advantages(R_WORKED, "reinforce_pp"), expected / (math.sqrt(6.0) + 1e-6))
+    torch.testing.assert_close(group_advantages(R_WORKED, "reinforce_pp"), expected / math.sqrt(6.0 + 1e-8))
     assert torch.equal(group_advantages(torch.full((2, 3), 0.7), "reinforce"), torch.zeros(2, 3))
     assert torch.equal(group_advantages(torch.full((2, 3), 0.7), "reinforce_pp"), torch.zeros(2, 3))
+
+
+def test_reinforce_pp_whitens_over_tokens_on_a_ragged_batch():
+    # REINFORCE++ (verl): every valid token carries its completion's reward; whiten over all tokens of the batch.
+    # Rewards [[1, 0], [1, 1]] with lengths [[1, 3], [2, 2]]: tokens 1 x5, 0 x3 -> mean 5/8, squared deviations
+    # 5 * 0.375^2 + 3 * 0.625^2 = 1.875, unbiased variance 1.875 / 7.
+    rewards, lengths = torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1, 3], [2, 2]])
+    scale = math.sqrt(1.875 / 7 + 1e-8)
+    expected = torch.tensor([[0.375 / scale, -0.625 / scale], [0.375 / scale, 0.375 / scale]])
+    torch.testing.assert_close(group_advantages(rewards, "reinforce_pp", lengths=lengths), expected)
+    tokens = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1])  # the same, token by token, as verl's masked_whiten
+    whitened = (tokens - tokens.mean()) / torch.sqrt(tokens.var(unbiased=True) + 1e-8)
+    assert group_advantages(rewards, "reinforce_pp", lengths=lengths)[0, 1] == pytest.approx(whitened[1].item())
+    # the group of all-1 rewards is NOT zero: the baseline is the batch's, not the group's
+    assert (group_advantages(rewards, "reinforce_pp", lengths=lengths)[1] > 0).all()
 
 
 def test_rloo_is_rescaled_dr_grpo():
@@ -230,3 +245,10 @@ def test_adaptive_tau_boundaries():
         adaptive_tau(9, 8, 4.0)
     with pytest.raises(ValueError):
         adaptive_tau(3, 8, float("nan"))
+
+
+def test_softmax_with_a_huge_tau_still_moves():
+    # float32 weights would be exactly uniform at tau = 1e8 (A = 0, no update); float64 keeps A ~ (R - mean) / tau.
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    expected = (rewards - rewards.mean()) / 1e8
+    torch.testing.assert_close(group_advantages(rewards, "softmax", tau=1e8), expected, rtol=1e-6, atol=0.0)

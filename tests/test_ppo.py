@@ -83,9 +83,12 @@ def test_k3_values_and_clamps():
     assert torch.equal(kl_k3(logprobs, logprobs), torch.zeros(64, 16))
     d = torch.tensor([[0.5, -0.5, 1.0]])
     torch.testing.assert_close(kl_k3(torch.zeros(1, 3), d), torch.exp(d) - d - 1)
-    # ref - logp = 8 is clamped to 5, then e^5 - 6 = 142.4 is clamped to 10; -8 -> -5 -> e^-5 + 4.
-    torch.testing.assert_close(kl_k3(torch.zeros(1, 2), torch.tensor([[8.0, -8.0]])),
+    # AR-Lopti's clamp: ref - logp = 8 is clamped to 5, then e^5 - 6 = 142.4 is clamped to 10; -8 -> -5 -> e^-5 + 4.
+    torch.testing.assert_close(kl_k3(torch.zeros(1, 2), torch.tensor([[8.0, -8.0]]), log_ratio_clamp=5.0),
                                torch.tensor([[10.0, math.exp(-5) + 4]]))
+    # verl's default clamp 20: -8 stays -8 (e^-8 + 7); -30 -> -20 (e^-20 + 19, then the value clamp: 10)
+    torch.testing.assert_close(kl_k3(torch.zeros(1, 2), torch.tensor([[-8.0, -30.0]])),
+                               torch.tensor([[math.exp(-8) + 7, 10.0]]))
 
 
 def test_kl_term_uses_kl_mask_but_full_denominator():

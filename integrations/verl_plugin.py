@@ -234,8 +234,9 @@ def prepare_config(config):
         config.trainer.use_v1 = False  # Lopti subclasses RayPPOTrainer, verl's v0 trainer
         if config.actor_rollout_ref.actor.policy_loss.loss_mode == "ar":
             config.actor_rollout_ref.actor.policy_loss._target_ = f"{__name__}.ARPolicyLossConfig"
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env_vars = {"VERL_USE_EXTERNAL_MODULES": __name__,  # registers softmaxgrpo / maxrl / ar in every worker
-                "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
+                "PYTHONPATH": os.pathsep.join(paths if REPO_ROOT in paths else [REPO_ROOT, *paths])}
     for name, value in env_vars.items():
         OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
     return config

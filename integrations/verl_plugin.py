@@ -31,7 +31,7 @@ if __name__ == "__main__":
     # `python -m integrations.verl_plugin ...`: run main() of the importable module instead of this __main__ copy, so
     # verl's registries and hydra's `_target_` lookup see one copy of the functions below.
     import importlib
-    sys.exit(importlib.import_module("integrations.verl_plugin").main())
+    sys.exit(importlib.import_module(__spec__.name if __spec__ else os.path.basename(__file__)[:-3]).main())
 
 import ray
 import torch

@@ -75,8 +75,12 @@ def run_trl(tmp_path, advantage_method, tau, ar_alpha):
 
 @pytest.mark.parametrize("advantage_method, tau, ar_alpha", [("softmax", 0.3, 0.0), ("maxrl", 0.1, 0.3)])
 def test_trl_trains_on_group_advantages_of_the_logged_rewards(tmp_path, advantage_method, tau, ar_alpha):
-    torch.set_num_threads(1)
-    trainer, tokenizer = run_trl(tmp_path, advantage_method, tau, ar_alpha)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest and robust on a shared CPU
+    try:
+        trainer, tokenizer = run_trl(tmp_path, advantage_method, tau, ar_alpha)
+    finally:
+        torch.set_num_threads(threads)
     steps_per_generation = trainer.args.steps_per_generation
     assert len(trainer.logged) == 2 and len(trainer.trained) == 2 * steps_per_generation
 

@@ -1,0 +1,118 @@
+"""Seconds per RL step of train.py's step on a randomly initialised model with a real model's shape (no download).
+
+    python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda            # 64 prompts x M=8 x 256
+    python benchmarks/random_model_step.py --shape test --device cpu --steps 1           # seconds, a smoke test
+
+What a GPU user should expect from the papers' settings without downloading weights: the step's cost depends on the
+shape (layers, width, vocabulary) and the token counts, not on what the weights know. Random weights rarely emit EOS,
+so every completion runs to --max-new-tokens: the worst case for rollout time and memory. Rewards are a graded
+function of the completion text (so groups differ and every row is trained on, as with a real reward). The step is
+train.collect_rollouts + train.update_policy, exactly as train.py calls them; prints s/step (median), completion
+tokens/s and peak GPU memory (peak RSS on a CPU).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import train  # noqa: E402
+
+SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "test" is for CPU smoke tests
+    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "test": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
+}
+
+
+def build(shape, seed=0):
+    """A random Qwen2 model of `shape` and a word-level tokenizer with exactly its vocabulary size."""
+    vocab = {"<pad>": 0, "<eos>": 1, " ": 2, **{f"w{i}": i + 3 for i in range(SHAPES[shape]["vocab_size"] - 3)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
+                                        padding_side="left")
+    torch.manual_seed(seed)
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, pad_token_id=0, eos_token_id=1,
+                         bos_token_id=1)
+    return Qwen2ForCausalLM(config), tokenizer
+
+
+class GradedTask:
+    """Prompts of 32 random words; reward = the share of completion words with an even index (graded, in [0, 1])."""
+    name, pass_threshold = "graded", 0.5
+
+    def examples(self, split, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return [{"words": torch.randint(3, 500, (32,), generator=g).tolist()} for _ in range(n)]
+
+    def prompt(self, example, style="compact"):
+        return " ".join(f"w{i}" for i in example["words"])
+
+    def reward(self, completion, example, style="compact"):
+        words = [w for w in completion.replace("w", " w").split() if w[1:].isdigit()]
+        return sum(int(w[1:]) % 2 == 0 for w in words) / max(len(words), 1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"), help="default bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("-M", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--steps", type=int, default=3, help="measured steps, after one warm-up step")
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--rollout-batch", type=int, default=None)
+    p.add_argument("--lopti", action="store_true", help="AR (alpha 0.3) + Lopti (eta 0.5) instead of one pass")
+    args = p.parse_args(argv)
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    model, tokenizer = build(args.shape)
+    model.to(args.device).train()
+    task = GradedTask()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    rollout_config = train.RolloutConfig(style="compact", num_generations=args.M, max_new_tokens=args.max_new_tokens,
+                                         rollout_batch=args.rollout_batch, method="softmax", tau=0.1, dtype=dtype)
+    update_config = train.UpdateConfig(micro_batch=args.micro_batch, max_new_tokens=args.max_new_tokens, dtype=dtype,
+                                       alpha=0.3 if args.lopti else 0.0, lopti_eta=0.5 if args.lopti else 0.0)
+    seconds, tokens = [], []
+    for step in range(args.steps + 1):
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task,
+                                                               task.examples("train", args.prompts, step),
+                                                               rollout_config)
+        stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                    rollouts.completion_mask, advantages, update_config)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if step > 0:  # the first step warms up kernels and the allocator
+            seconds.append(time.perf_counter() - start)
+            tokens.append(rollouts.completion_mask.sum().item())
+        print(f"step {step}: {time.perf_counter() - start:.2f} s, reward {rewards.mean():.3f}, "
+              f"optimizer steps {stats['optimizer_steps']}", flush=True)
+    if args.device.startswith("cuda"):
+        peak = f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB ({torch.cuda.get_device_name()})"
+    else:
+        with open("/proc/self/status") as f:
+            peak = "peak RSS " + next(f"{int(line.split()[1]) / 2**20:.2f} GiB" for line in f if line.startswith("VmHWM"))
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} prompts x M={args.M}"
+          f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'} | "
+          f"{statistics.median(seconds):.2f} s/step | {statistics.median(tokens) / statistics.median(seconds):.0f} "
+          f"completion tokens/s | {peak}")
+
+
+if __name__ == "__main__":
+    main()

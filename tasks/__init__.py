@@ -6,7 +6,7 @@ Text tasks (one file each; interface in notes/interfaces.md):
   gsm8k           grade-school math, needs data=PATH (or the `datasets` package)   options: format_score=0.0
   text_match      {prompt, reference} JSONL, F1 + ROUGE-L reward, needs data=PATH
                   options: format_weight=0.0, pass_threshold=0.5
-The ImageNet toy (tasks/imagenet_toy.py) is not a text task, so it has no entry here.
+The ImageNet checks (tasks/imagenet_toy.py, tasks/imagenet_real.py) are not text tasks, so they have no entry here.
 
 Every task object has: name, pass_threshold, examples(split, n, seed), prompt(example, style),
 reward(completion, example, style), solution(example, style), reward_fn(completions, **columns).

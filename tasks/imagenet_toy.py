@@ -6,42 +6,37 @@ the project's own `softmax_grpo.group_advantages`, and descend
 
     loss_RL = -(1 / (B*M)) * sum_{b,i} A_{b,i} * log pi(y_{b,i} | x_b)          (one-step policy gradient)
 
-Cross-entropy (exact maximum likelihood, -log pi(y*|x)) is the reference. Every run uses the same network,
-the same initialisation, the same data order and the same optimizer (Adam, one lr for all methods), so the
-only difference is the gradient estimator. Adam is scale-free, which keeps the comparison about the
-*direction* and the per-example weighting of the update rather than the advantage scale (GRPO's z-scores are
-~sqrt(M) times larger than REINFORCE's). `--optimizer sgd` is there to see the scale effect too.
+Cross-entropy (exact maximum likelihood, -log pi(y*|x)) is the reference. Every run has the same network,
+initialisation, data order, optimizer and lr, so only the gradient estimator differs. Defaults are the
+paper's: SGD lr 0.1, momentum 0.9, weight decay 1e-4, linear warm-up over 10% of the updates then cosine,
+tau = 0.2, M up to 1024. The policy starts exactly uniform (zero last layer), so p = pi(y*|x) = 1/1000 and
+almost every group of M samples is all-fail. The expected update is omega(p) * p * grad log p (DESIGN.md §3);
+at p = 1e-3, M = 1024, omega(p) * p is 0.001 for REINFORCE, 0.025 GRPO, 0.115 SoftmaxGRPO (tau 0.2), 0.64 MaxRL,
+against 1 for cross-entropy. SGD keeps that scale; `--optimizer adam` (lr 3e-4) normalises most of it away and
+REINFORCE then learns too (README).
 
-A freshly initialised classifier over 1000 classes succeeds with probability 1/1000 (the last layer starts at
-zero, so the policy is exactly uniform): almost every group of M samples is all-fail. Theory (DESIGN.md §3):
-the expected update is omega(p) * grad p with p = pi(y*|x). REINFORCE has omega = 1, i.e. p * grad log p,
-tiny at p ~ 1e-3; MaxRL/SoftmaxGRPO have omega ~ M-1 at small p and approach grad log p (cross-entropy) as
-M grows. Under Adam the overall scale is normalised away, so what separates the methods is how the update
-is spread over examples, and one detail: group methods give all-fail groups exactly zero advantage, while
-the batch-mean REINFORCE baseline gives their sampled wrong labels a small negative one ("not this label").
-
-Observed with the defaults (seed 0; README has the table): cross-entropy ~0.91 held-out accuracy. RL
-improves steeply with M: at M = 4 the group methods stay near chance (too few successes) and REINFORCE
-crawls ahead thanks to those negative pushes (RLOO, also omega = 1 but zero on all-fail groups, stays at
-chance); at M = 16 and 64 SoftmaxGRPO ~ MaxRL > GRPO > REINFORCE;
-at M = 256 SoftmaxGRPO reaches ~0.86. With `--optimizer sgd --lr 0.5` REINFORCE barely moves (~0.1).
+Observed with the defaults (2026-11-30, seed 0; README has the table): cross-entropy 0.901 top-1 / 0.843
+pass@1. REINFORCE's pass@1 stays at 0.0010 for every M (its top-1 still rises to 0.29 at M = 1024: a tiny,
+consistent logit shift makes y* the argmax of a near-uniform policy); GRPO reaches pass@1 0.010 at M = 1024;
+MaxRL and SoftmaxGRPO improve steeply with M, to 0.892 and 0.807 top-1 at M = 1024.
 
 Offline default: a synthetic 1000-class problem (Gaussian clusters around random class prototypes in a 32-d
 feature space, classified by a one-hidden-layer MLP). `--features FILE` takes real precomputed features:
 a `.pt` file holding a dict {"features": [N, D] float, "labels": [N] int} or a (features, labels) tuple, or
-an `.npz` with arrays `features` and `labels`; a deterministic `--test-fraction` is held out.
+an `.npz` with arrays `features` and `labels`; a deterministic `--test-fraction` is held out. Real images and
+a torchvision ResNet: tasks/imagenet_real.py, which uses this file's loss, optimizer, schedule and metrics.
 
-Run:  python -m tasks.imagenet_toy                      (~2 CPU-minutes, one thread)
-      python -m tasks.imagenet_toy --methods ce,softmax,reinforce --group-sizes 256
-      python -m tasks.imagenet_toy --features feats.npz --steps 5000
-Writes <output-dir>/curves.csv (step, method, M, tau, accuracy = greedy top-1, success_rate = E[pi(y*|x)],
-entropy in nats, train_reward = mean sampled reward since the last eval; M and tau are blank where they do
-not apply), <output-dir>/final.csv (the last row of each run plus wall_s) and <output-dir>/curves.png
-when matplotlib is installed.
+Run:  python -m tasks.imagenet_toy                      (~4 CPU-minutes, one thread)
+      python -m tasks.imagenet_toy --optimizer adam --methods ce,softmax,reinforce --group-sizes 1024
+Writes <output-dir>/curves.csv (step, method, M, tau, lr of the last update, top1 = greedy accuracy,
+pass@1 = E[pi(y*|x)], pass@128 = E[1 - (1 - pi(y*|x))^128], entropy in nats, train_reward = mean sampled
+reward since the last eval; M, tau blank where they do not apply), final.csv (the last row of each run plus
+wall_s and cpu_s) and curves.png (top-1 and pass@1 per M) when matplotlib is installed.
 """
 
 import argparse
 import csv
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -63,25 +58,32 @@ class ToyData:
     description: str
 
 
+DEFAULT_LR = {"sgd": 0.1, "adam": 3e-4}  # one lr per optimizer, shared by every method
+PASS_K = 128  # the paper reports pass@128 next to pass@1
+
+
 @dataclass
 class ToyConfig:
     methods: tuple = ("ce", "reinforce", "grpo", "maxrl", "softmax")
-    group_sizes: tuple = (4, 16, 64)
+    group_sizes: tuple = (16, 64, 256, 1024)  # the paper samples 1024 labels per image
     tau: float = 0.2  # the paper's ImageNet setting
     steps: int = 2000
     batch_size: int = 128
-    lr: float = 3e-4
-    optimizer: str = "adam"
+    optimizer: str = "sgd"  # the official one: momentum 0.9, weight decay 1e-4 (make_optimizer)
+    lr: float = None  # None = DEFAULT_LR[optimizer]
+    schedule: str = "cosine"  # linear warm-up over warmup_fraction of the steps, then cosine to 0; or "constant"
+    warmup_fraction: float = 0.1  # official: 2 of 20 epochs
     hidden: int = 256  # 0 = linear head
     eval_every: int = 100
     seed: int = 0
 
+    def __post_init__(self):
+        if self.lr is None:
+            self.lr = DEFAULT_LR[self.optimizer]
+
 
 def make_synthetic(num_classes=1000, dim=32, train_per_class=50, test_per_class=10, noise=1.0, seed=0):
-    """Gaussian clusters x = mu_y + noise * eps with mu_c, eps ~ N(0, I_D); returns a ToyData.
-
-    With the defaults the classes overlap: cross-entropy reaches ~0.9 held-out accuracy, not 1.0.
-    """
+    """Gaussian clusters x = mu_y + noise * eps, mu_c, eps ~ N(0, I_D) (they overlap: cross-entropy ~0.9, not 1)."""
     gen = torch.Generator().manual_seed(seed)
     prototypes = torch.randn(num_classes, dim, generator=gen)
 
@@ -160,36 +162,69 @@ def one_step_rl_loss(logits, labels, method, num_samples, tau, generator):
     return loss, rewards.mean().item()
 
 
+def make_optimizer(parameters, name, lr):
+    """The paper's SGD (momentum 0.9, weight decay 1e-4, on every parameter) or plain Adam (no weight decay)."""
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr, momentum=0.9, weight_decay=1e-4)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=lr)
+    raise ValueError(f"--optimizer: unknown optimizer '{name}'; choose sgd or adam")
+
+
+def lr_factor(step, warmup_steps, total_steps):
+    """Multiplier of the base lr for update `step` (0-based): step / warmup, then 0.5 * (1 + cos(pi * t)).
+
+    t = (step - warmup) / (total - warmup) runs from 0 to 1 over the remaining updates, as in the official script
+    (whose first update therefore has lr 0). 0 from total_steps on.
+    """
+    if step < warmup_steps:
+        return step / warmup_steps
+    if step >= total_steps:
+        return 0.0
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup_steps) / (total_steps - warmup_steps)))
+
+
+def pass_at_k(p, k):
+    """Exact pass@k = 1 - (1 - p)^k: chance that k independent samples from pi(.|x) include y*; p [N] -> [N] float64.
+
+    Written as -expm1(k * log1p(-p)) so that p ~ 1e-3 keeps its digits.
+    """
+    return -torch.expm1(k * torch.log1p(-p.double()))
+
+
+def metric_sums(logprobs, labels):
+    """Batch sums of top-1 (greedy), pass@1 = pi(y*|x), pass@PASS_K and entropy (nats); logprobs [N, C], labels [N]."""
+    p = logprobs.gather(1, labels[:, None]).squeeze(1).exp()  # [N]
+    return {"top1": (logprobs.argmax(-1) == labels).sum().item(), "pass@1": p.double().sum().item(),
+            f"pass@{PASS_K}": pass_at_k(p, PASS_K).sum().item(),
+            "entropy": -(logprobs.exp() * logprobs).sum().item()}
+
+
 @torch.no_grad()
 def evaluate(policy, x, y, chunk=4096):
-    """Held-out greedy top-1 accuracy, success rate E[pi(y*|x)] (the RL pass probability), mean entropy (nats)."""
-    correct, success, entropy = 0.0, 0.0, 0.0
+    """Held-out means of metric_sums: {"top1", "pass@1", "pass@128", "entropy"}."""
+    totals = {}
     for start in range(0, len(y), chunk):
-        logprobs = F.log_softmax(policy(x[start:start + chunk]), -1)
-        correct += (logprobs.argmax(-1) == y[start:start + chunk]).sum().item()
-        success += logprobs.gather(1, y[start:start + chunk, None]).exp().sum().item()
-        entropy += -(logprobs.exp() * logprobs).sum().item()
-    return correct / len(y), success / len(y), entropy / len(y)
+        sums = metric_sums(F.log_softmax(policy(x[start:start + chunk]), -1), y[start:start + chunk])
+        totals = {key: totals.get(key, 0.0) + value for key, value in sums.items()}
+    return {key: value / len(y) for key, value in totals.items()}
 
 
 def train_one(data, method, num_samples, cfg):
     """Train one policy; returns the learning curve as a list of dict rows."""
     policy = build_policy(data.train_x.shape[1], data.num_classes, cfg.hidden, cfg.seed)  # same init for all
-    if cfg.optimizer == "adam":
-        optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    else:
-        optimizer = torch.optim.SGD(policy.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(policy.parameters(), cfg.optimizer, cfg.lr)
+    warmup_steps = round(cfg.warmup_fraction * cfg.steps) if cfg.schedule == "cosine" else 0
     data_gen = torch.Generator().manual_seed(cfg.seed)  # same data order for all methods
     sample_gen = torch.Generator().manual_seed(cfg.seed + 1)
     n_train, order, position = len(data.train_y), None, len(data.train_y)
-    rows, recent_rewards = [], []
+    rows, recent_rewards, lr = [], [], 0.0
     for step in range(cfg.steps + 1):
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            accuracy, success, entropy = evaluate(policy, data.test_x, data.test_y)
             train_reward = sum(recent_rewards) / len(recent_rewards) if recent_rewards else ""
             rows.append(dict(step=step, method=method, M=num_samples if method != "ce" else "", tau=cfg.tau
-                             if method == "softmax" else "", accuracy=accuracy, success_rate=success,
-                             entropy=entropy, train_reward=train_reward))
+                             if method == "softmax" else "", lr=lr, **evaluate(policy, data.test_x, data.test_y),
+                             train_reward=train_reward))
             recent_rewards = []
         if step == cfg.steps:
             break
@@ -197,6 +232,9 @@ def train_one(data, method, num_samples, cfg):
             order, position = torch.randperm(n_train, generator=data_gen), 0
         batch = order[position:position + cfg.batch_size]
         position += cfg.batch_size
+        lr = cfg.lr * (lr_factor(step, warmup_steps, cfg.steps) if cfg.schedule == "cosine" else 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         logits = policy(data.train_x[batch])
         if method == "ce":
             loss = F.cross_entropy(logits, data.train_y[batch])
@@ -215,13 +253,14 @@ def run(data, cfg, output_dir, log=print):
     curves, finals = [], []
     for method in cfg.methods:
         for num_samples in ([None] if method == "ce" else cfg.group_sizes):
-            start = time.time()
+            start, start_cpu = time.time(), time.process_time()
             rows = train_one(data, method, num_samples, cfg)
-            wall = time.time() - start
+            wall, cpu = time.time() - start, time.process_time() - start_cpu  # CPU time: robust on a shared machine
             curves += rows
-            finals.append(dict(rows[-1], wall_s=round(wall, 2)))
-            log(f"  {method:>9s} M={num_samples or '-':>3}: held-out accuracy {rows[-1]['accuracy']:.3f} "
-                f"success {rows[-1]['success_rate']:.3f} ({wall:.1f}s)")
+            finals.append(dict(rows[-1], wall_s=round(wall, 2), cpu_s=round(cpu, 2)))
+            log(f"  {method:>9s} M={num_samples or '-':>4}: top-1 {rows[-1]['top1']:.3f} pass@1 "
+                f"{rows[-1]['pass@1']:.3f} pass@{PASS_K} {rows[-1][f'pass@{PASS_K}']:.3f} ({wall:.1f}s, "
+                f"CPU {cpu:.1f}s)")
     write_csv(os.path.join(output_dir, "curves.csv"), curves)
     write_csv(os.path.join(output_dir, "final.csv"), finals)
     plot_curves(curves, cfg, os.path.join(output_dir, "curves.png"), log)
@@ -236,14 +275,16 @@ def write_csv(path, rows):
 
 
 def format_table(finals, cfg):
-    """Markdown table: one row per method, one column per M (cross-entropy does not sample: same value)."""
+    """Markdown table, one row per method and one column per M (cross-entropy does not sample: same value in
+    each); a cell is "top-1 / pass@1 / pass@128"."""
     header = "| method | " + " | ".join(f"M={m}" for m in cfg.group_sizes) + " |"
     lines = [header, "|---" * (len(cfg.group_sizes) + 1) + "|"]
     for method in cfg.methods:
         cells = []
         for m in cfg.group_sizes:
             match = [r for r in finals if r["method"] == method and r["M"] in ("", m)]
-            cells.append(f"{match[0]['accuracy']:.3f}" if match else "")
+            cells.append(" / ".join(f"{match[0][key]:.3f}" for key in ("top1", "pass@1", f"pass@{PASS_K}"))
+                         if match else "")
         name = f"softmax (tau={cfg.tau})" if method == "softmax" else method
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -257,17 +298,19 @@ def plot_curves(curves, cfg, path, log=print):
     except ImportError:
         log("matplotlib is not installed: skipped curves.png (pip install matplotlib); curves.csv has the data")
         return
-    fig, axes = plt.subplots(1, len(cfg.group_sizes), figsize=(5 * len(cfg.group_sizes), 4), squeeze=False)
-    for ax, m in zip(axes[0], cfg.group_sizes):
-        for method in cfg.methods:
-            rows = [r for r in curves if r["method"] == method and r["M"] in ("", m)]
-            style = dict(color="black", linestyle="--") if method == "ce" else {}
-            label = "cross-entropy" if method == "ce" else method + (f" (tau={cfg.tau})" if method == "softmax" else "")
-            ax.plot([r["step"] for r in rows], [r["accuracy"] for r in rows], label=label, **style)
-        ax.set_title(f"M = {m} sampled labels per image")
-        ax.set_xlabel("step")
-        ax.set_ylabel("held-out top-1 accuracy")
-        ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(2, len(cfg.group_sizes), figsize=(5 * len(cfg.group_sizes), 7), squeeze=False)
+    for column, m in enumerate(cfg.group_sizes):
+        for row, (key, name) in enumerate((("top1", "held-out top-1"), ("pass@1", "held-out pass@1 = E[pi(y*|x)]"))):
+            ax = axes[row][column]
+            for method in cfg.methods:
+                rows = [r for r in curves if r["method"] == method and r["M"] in ("", m)]
+                style = dict(color="black", linestyle="--") if method == "ce" else {}
+                label = "cross-entropy" if method == "ce" else method + (f" (tau={cfg.tau})" * (method == "softmax"))
+                ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label, **style)
+            ax.set_title(f"M = {m} sampled labels per image")
+            ax.set_xlabel("step")
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -283,8 +326,13 @@ def parse_args(argv=None):
     p.add_argument("--tau", type=float, default=d.tau, help="SoftmaxGRPO temperature (paper: 0.2 on ImageNet)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lr", type=float, default=d.lr, help="one learning rate for every method")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default=d.optimizer)
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default=d.optimizer,
+                   help="sgd: momentum 0.9, weight decay 1e-4 (the paper's); adam: plain Adam")
+    p.add_argument("--lr", type=float, default=None,
+                   help="one learning rate for every method (default: 0.1 for sgd, 3e-4 for adam)")
+    p.add_argument("--schedule", choices=("cosine", "constant"), default=d.schedule,
+                   help="cosine: linear warm-up over --warmup-fraction of the steps, then cosine decay to 0")
+    p.add_argument("--warmup-fraction", type=float, default=d.warmup_fraction)
     p.add_argument("--hidden", type=int, default=d.hidden, help="MLP hidden width; 0 = linear head")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -308,15 +356,17 @@ def parse_args(argv=None):
         p.error(f"--group-sizes: expected comma-separated integers, got '{args.group_sizes}'")
     if not group_sizes or min(group_sizes) < 2:
         p.error("--group-sizes: every M must be >= 2")
-    if not args.tau > 0:
-        p.error("--tau must be > 0")
+    if not args.tau > 0 or (args.lr is not None and not args.lr > 0):
+        p.error("--tau and --lr must be > 0")
+    if not 0 <= args.warmup_fraction < 1:
+        p.error("--warmup-fraction must lie in [0, 1)")
     if not 0 < args.test_fraction < 1:
         p.error("--test-fraction must lie in (0, 1)")
     for name in ("steps", "batch_size", "eval_every", "classes", "dim", "train_per_class", "test_per_class"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    cfg = ToyConfig(methods, group_sizes, args.tau, args.steps, args.batch_size, args.lr, args.optimizer,
-                    args.hidden, args.eval_every, args.seed)
+    cfg = ToyConfig(methods, group_sizes, args.tau, args.steps, args.batch_size, args.optimizer, args.lr,
+                    args.schedule, args.warmup_fraction, args.hidden, args.eval_every, args.seed)
     return args, cfg
 
 
@@ -325,27 +375,27 @@ def main(argv=None):
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        return run_toy_check(args, cfg)
+        if args.features:
+            try:
+                data = load_features(args.features, args.test_fraction, args.seed)
+            except ValueError as error:
+                raise SystemExit(f"imagenet_toy.py: error: {error}") from None
+        else:
+            data = make_synthetic(args.classes, args.dim, args.train_per_class, args.test_per_class, args.noise,
+                                  args.seed)
+        print(f"data: {data.description}; initial success rate 1/{data.num_classes} = {1 / data.num_classes:.4f}")
+        schedule = f"{cfg.warmup_fraction:g} warm-up then cosine" if cfg.schedule == "cosine" else "constant"
+        print(f"{cfg.steps} steps x {cfg.batch_size} images, {cfg.optimizer} lr={cfg.lr:g} ({schedule}), "
+              f"seed={cfg.seed}")
+        start, start_cpu = time.time(), time.process_time()
+        finals = run(data, cfg, args.output_dir)
+        print(f"\nHeld-out top-1 / pass@1 / pass@{PASS_K} after {cfg.steps} steps ({time.time() - start:.0f}s "
+              f"wall, {time.process_time() - start_cpu:.0f}s CPU in all):")
+        print(format_table(finals, cfg))
+        print(f"learning curves: {os.path.join(args.output_dir, 'curves.csv')}")
+        return finals
     finally:
         torch.set_num_threads(previous_threads)  # main() is also called from tests: leave the process as it was
-
-
-def run_toy_check(args, cfg):
-    if args.features:
-        try:
-            data = load_features(args.features, args.test_fraction, args.seed)
-        except ValueError as error:
-            raise SystemExit(f"imagenet_toy.py: error: {error}") from None
-    else:
-        data = make_synthetic(args.classes, args.dim, args.train_per_class, args.test_per_class, args.noise, args.seed)
-    print(f"data: {data.description}; initial success rate 1/{data.num_classes} = {1 / data.num_classes:.4f}")
-    print(f"{cfg.steps} steps x {cfg.batch_size} images, {cfg.optimizer} lr={cfg.lr}, seed={cfg.seed}")
-    start = time.time()
-    finals = run(data, cfg, args.output_dir)
-    print(f"\nFinal held-out top-1 accuracy after {cfg.steps} steps ({time.time() - start:.0f}s total):")
-    print(format_table(finals, cfg))
-    print(f"learning curves: {os.path.join(args.output_dir, 'curves.csv')}")
-    return finals
 
 
 if __name__ == "__main__":

@@ -22,10 +22,9 @@ try:  # matplotlib is optional: the scripts write their PNGs only when it is ins
 except ImportError:
     HAS_MATPLOTLIB = False
 
-# the toy check's smallest configuration: 100 classes (initial success 1%), 150 steps
+# the toy check's smallest configuration: 100 classes (initial success 1%), 150 steps, default optimizer
 SMALL_TOY = ["--classes", "100", "--dim", "16", "--noise", "1.0", "--train-per-class", "20", "--test-per-class", "10",
-             "--hidden", "64", "--steps", "150", "--batch-size", "32", "--lr", "3e-3", "--eval-every", "50",
-             "--seed", "0"]
+             "--hidden", "64", "--steps", "150", "--batch-size", "32", "--eval-every", "50", "--seed", "0"]
 
 
 @pytest.fixture
@@ -49,23 +48,28 @@ def test_toy_outputs_files_and_columns(tmp_path, capsys):
     finals = imagenet_toy.main(SMALL_TOY + ["--group-sizes", "2,4", "--steps", "40", "--eval-every", "15",
                                             "--output-dir", str(tmp_path)])
     curves = read_csv(tmp_path / "curves.csv")
-    assert list(curves[0]) == ["step", "method", "M", "tau", "accuracy", "success_rate", "entropy", "train_reward"]
+    assert list(curves[0]) == ["step", "method", "M", "tau", "lr", "top1", "pass@1", "pass@128", "entropy",
+                               "train_reward"]
     # one run of cross-entropy (it does not sample) + 4 RL methods x 2 group sizes, 4 evaluations each (0,15,30,40)
     assert len(finals) == 1 + 4 * 2
     assert len(curves) == 4 * len(finals)
     assert {(r["method"], r["M"]) for r in curves} == {("ce", "")} | {
         (m, g) for m in ("reinforce", "grpo", "maxrl", "softmax") for g in ("2", "4")}
-    assert all(0.0 <= float(r["accuracy"]) <= 1.0 and 0.0 <= float(r["success_rate"]) <= 1.0 for r in curves)
-    # every run starts from the same uniform policy: success rate 1/C and entropy log C at step 0
+    assert all(0.0 <= float(r["top1"]) <= 1.0 and 0.0 <= float(r["pass@1"]) <= float(r["pass@128"]) <= 1.0
+               for r in curves)
+    # every run starts from the same uniform policy: pass@1 = 1/C, pass@128 = 1 - (1 - 1/C)^128, entropy log C
     for row in curves:
         if row["step"] == "0":
-            assert float(row["success_rate"]) == pytest.approx(1 / 100, rel=1e-5)
+            assert float(row["pass@1"]) == pytest.approx(1 / 100, rel=1e-5)
+            assert float(row["pass@128"]) == pytest.approx(1 - 0.99 ** 128, rel=1e-5)
             assert float(row["entropy"]) == pytest.approx(math.log(100), rel=1e-5)
+    # the lr logged at step 15 is the one of update 14: 4 warm-up updates (10% of 40) are over, cosine at 10/36
+    assert float(curves[1]["lr"]) == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 10 / 36)))
     assert {r["tau"] for r in curves if r["method"] == "softmax"} == {"0.2"}
     final_rows = read_csv(tmp_path / "final.csv")
     assert len(final_rows) == len(finals) and "wall_s" in final_rows[0]
     out = capsys.readouterr().out
-    assert "| method | M=2 | M=4 |" in out and "| softmax (tau=0.2) |" in out
+    assert "| method | M=2 | M=4 |" in out and "| softmax (tau=0.2) |" in out and "top-1 / pass@1 / pass@128" in out
     assert (tmp_path / "curves.png").exists() == HAS_MATPLOTLIB
 
 
@@ -74,7 +78,7 @@ def test_toy_cross_entropy_beats_reinforce(tmp_path):
     likelihood learns (far above chance) while REINFORCE, which sees the label only when it samples it, lags."""
     finals = imagenet_toy.main(SMALL_TOY + ["--methods", "ce,reinforce", "--group-sizes", "4",
                                             "--output-dir", str(tmp_path)])
-    accuracy = {row["method"]: row["accuracy"] for row in finals}
+    accuracy = {row["method"]: row["top1"] for row in finals}
     assert accuracy["ce"] > 0.4  # chance is 0.01
     assert accuracy["ce"] > accuracy["reinforce"] + 0.2
 
@@ -115,6 +119,41 @@ def test_toy_rl_loss_is_the_policy_gradient_of_eq4(method, tau, one_thread):
     assert torch.allclose(logits.grad, -omega * grad_p, atol=6e-3), (logits.grad, -omega * grad_p)
 
 
+def test_pass_at_k_exact_formula():
+    """pass@k = 1 - (1 - p)^k: by hand, its limits, and the chance that k sampled labels include the true one."""
+    p = torch.tensor([0.0, 0.5, 1.0, 1e-3], dtype=torch.float64)
+    assert imagenet_toy.pass_at_k(p, 2).tolist() == pytest.approx([0.0, 0.75, 1.0, 1 - 0.999 ** 2], rel=1e-12)
+    assert imagenet_toy.pass_at_k(p, 1).tolist() == pytest.approx(p.double().tolist(), rel=1e-7)
+    # p = 1/1000 (the uniform policy over ImageNet's classes): 1 - 0.999^128 = 1 - exp(128 ln 0.999) = 0.1202030
+    assert imagenet_toy.pass_at_k(torch.tensor([1e-3]), 128).item() == pytest.approx(0.1202030, abs=1e-6)
+    # Monte Carlo: 20 000 draws of 128 labels from pi = softmax(z); the share containing y* has std error ~3.5e-3
+    pi = torch.softmax(torch.tensor([0.5, 0.0, -0.5, 1.0] + [0.0] * 96), -1)
+    draws = torch.multinomial(pi.expand(20_000, -1), 128, replacement=True, generator=torch.Generator().manual_seed(0))
+    observed = (draws == 2).any(1).double().mean().item()
+    assert observed == pytest.approx(imagenet_toy.pass_at_k(pi[2:3], 128).item(), abs=0.015)
+
+
+def test_lr_schedule_warmup_then_cosine():
+    """10 updates, 2 of warm-up: lr factors 0, 1/2, then 0.5 (1 + cos(pi (s - 2) / 8)) for s = 2..9."""
+    factors = [imagenet_toy.lr_factor(s, 2, 10) for s in range(11)]
+    by_hand = [0.0, 0.5, 1.0, 0.5 * (1 + math.cos(math.pi / 8)), 0.5 * (1 + math.sqrt(0.5)), None, 0.5, None,
+               0.5 * (1 - math.sqrt(0.5)), None, 0.0]
+    assert all(f == pytest.approx(h) for f, h in zip(factors, by_hand) if h is not None)
+    assert all(a > b for a, b in zip(factors[2:], factors[3:]))  # strictly decreasing after the warm-up
+    assert [imagenet_toy.lr_factor(s, 0, 4) for s in (0, 2, 4)] == pytest.approx([1.0, 0.5, 0.0])  # no warm-up
+
+
+def test_toy_optimizers_are_the_papers_sgd_or_plain_adam():
+    sgd_cfg, adam_cfg = imagenet_toy.ToyConfig(), imagenet_toy.ToyConfig(optimizer="adam")
+    assert (sgd_cfg.optimizer, sgd_cfg.lr, adam_cfg.lr) == ("sgd", 0.1, 3e-4)  # one lr per optimizer
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    group = imagenet_toy.make_optimizer(params, "sgd", 0.1).param_groups[0]
+    assert (group["lr"], group["momentum"], group["weight_decay"], group["nesterov"]) == (0.1, 0.9, 1e-4, False)
+    assert isinstance(imagenet_toy.make_optimizer(params, "adam", 3e-4), torch.optim.Adam)
+    _, cfg = imagenet_toy.parse_args(["--optimizer", "adam", "--schedule", "constant"])
+    assert (cfg.lr, cfg.schedule) == (3e-4, "constant")
+
+
 def test_toy_loads_real_features(tmp_path):
     gen = torch.Generator().manual_seed(0)
     labels = torch.arange(6).repeat(10)
@@ -126,7 +165,7 @@ def test_toy_loads_real_features(tmp_path):
         assert data.num_classes == 6 and len(data.test_y) == 15 and len(data.train_y) == 45
     finals = imagenet_toy.main(["--features", str(tmp_path / "feats.npz"), "--methods", "ce,softmax",
                                 "--group-sizes", "2", "--steps", "20", "--batch-size", "8", "--eval-every", "10",
-                                "--optimizer", "sgd", "--lr", "0.1", "--output-dir", str(tmp_path / "out")])
+                                "--optimizer", "adam", "--lr", "1e-2", "--output-dir", str(tmp_path / "out")])
     assert len(finals) == 2
 
 
@@ -140,6 +179,8 @@ def test_toy_bad_input(tmp_path):
         imagenet_toy.parse_args(["--methods", "ce,nonsense"])
     with pytest.raises(SystemExit):
         imagenet_toy.parse_args(["--group-sizes", "1"])
+    with pytest.raises(SystemExit):
+        imagenet_toy.parse_args(["--warmup-fraction", "1"])
     with pytest.raises(SystemExit, match="file not found"):
         imagenet_toy.main(["--features", str(tmp_path / "missing.pt"), "--output-dir", str(tmp_path)])
 

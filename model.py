@@ -110,7 +110,7 @@ def load_policy(model_arg, *, dtype=torch.float32, device="cpu", tiny_hidden=192
         model.config.__dict__.pop("quantization_config", None)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"  # init_kwargs: kept by save_pretrained
     return model.to(device), tokenizer
 
 

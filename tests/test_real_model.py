@@ -33,13 +33,22 @@ def smollm2_gguf():
 
 
 @pytest.fixture(scope="module")
-def policy():
-    torch.manual_seed(0)
-    return load_policy(smollm2_gguf())
+def gguf_run(tmp_path_factory):
+    """train.py on the GGUF file for 2 steps of 2 prompts x 4 samples with KL, AR and Lopti; checkpoints 1 and 2."""
+    out = str(tmp_path_factory.mktemp("smollm2") / "run")
+    train.main(["--model", smollm2_gguf(), "--output-dir", out, "--task", "text_match", "--data", DATA, "--steps", "2",
+                "--prompts-per-step", "2", "-M", "4", "--max-new-tokens", "16", "--kl-coef", "1e-3", "--alpha", "0.3",
+                "--lopti-eta", "0.5", "--lr", "1e-5", "--eval-size", "2", "--eval-every", "2", "--save-every", "1",
+                "--keep-checkpoints", "0", "--seed", "1"])
+    return out
 
 
-def test_the_chat_prompt_and_the_completion_mask_on_the_real_tokenizer(policy):
-    model, tokenizer = policy
+def metrics(out):
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+
+def test_the_chat_prompt_and_the_completion_mask_on_the_real_tokenizer(gguf_run):
+    model, tokenizer = load_policy(os.path.join(gguf_run, "checkpoint-1"))  # the saved tokenizer, template and all
     task = tasks.get_task("text_match", data=DATA)
     examples = task.examples("train", 2, seed=0)
     prompt_ids = render_prompts(tokenizer, task, examples, "chat")
@@ -59,25 +68,17 @@ def test_the_chat_prompt_and_the_completion_mask_on_the_real_tokenizer(policy):
     assert not rollouts.truncated.all()
 
 
-def test_two_steps_checkpoint_reload_and_resume(policy, tmp_path):
-    out = str(tmp_path / "run")
-    flags = ["--task", "text_match", "--data", DATA, "--steps", "2", "--prompts-per-step", "2", "-M", "4",
-             "--max-new-tokens", "24", "--kl-coef", "1e-3", "--alpha", "0.3", "--lopti-eta", "0.5", "--lr", "1e-5",
-             "--eval-size", "2", "--eval-every", "2", "--save-every", "1", "--keep-checkpoints", "0", "--seed", "1"]
-    train.main(["--model", smollm2_gguf(), "--output-dir", out, *flags])
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+def test_a_gguf_run_updates_saves_reloads_and_resumes(gguf_run):
+    rows = metrics(gguf_run)
     steps = [r for r in rows if not r.get("eval")]
-    assert steps[0]["adv_abs_mean"] > 0 and steps[0]["grad_norm"] > 0 and steps[0]["optimizer_steps"] >= 1
-
+    assert all(r["adv_abs_mean"] > 0 and r["grad_norm"] > 0 and r["optimizer_steps"] >= 1 for r in steps)
     # the GGUF run saved ordinary checkpoints, which the plain Auto classes reload (chat template kept)
-    reloaded = AutoModelForCausalLM.from_pretrained(os.path.join(out, "checkpoint-1"))
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(out, "checkpoint-1"))
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(gguf_run, "checkpoint-2"))
     assert tokenizer.chat_template and tokenizer.padding_side == "left"
-    initial = policy[0].state_dict()
-    assert any(not torch.equal(initial[k], v) for k, v in reloaded.state_dict().items())  # non-zero update
-
+    one, two = (AutoModelForCausalLM.from_pretrained(os.path.join(gguf_run, f"checkpoint-{k}")).state_dict()
+                for k in (1, 2))
+    assert any(not torch.equal(one[k], two[k]) for k in one)  # step 2's non-zero advantages moved the weights
     # --resume from step 1 continues with the same numbers
-    train.main(["--resume", os.path.join(out, "checkpoint-1")])
-    resumed = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    train.main(["--resume", os.path.join(gguf_run, "checkpoint-1")])
     strip = lambda rows: [{k: v for k, v in r.items() if k not in train.TIMING_KEYS} for r in rows]  # noqa: E731
-    assert strip(resumed) == strip(rows)
+    assert strip(metrics(gguf_run)) == strip(rows)

@@ -1,12 +1,10 @@
 """Countdown: combine 3 or 4 given integers with + - * / into an expression that equals a target.
 
 Generator (DESIGN.md §6): integers in [1, 99], target in [10, 100], both redrawn until a depth-first search
-finds an expression that uses every number exactly once (division only when exact). Verifier: a whitelisted
+finds an expression that uses every number exactly once (division only when exact). Our verifier: a whitelisted
 tokenizer and a recursive-descent parser (integers, + - * /, parentheses, optional "= target"), bounded in
-length and depth, evaluated in exact Fractions; the multiset of numbers used must equal the given one.
-Model output is never evaluated as Python.
-
-Two rule sets for the chat style (the `rules` option):
+length and depth, in exact Fractions; the multiset of numbers used must equal the given one. Model output is
+never evaluated as Python. Two rule sets for the chat style (the `rules` option):
   softmaxgrpo (default) the official SoftmaxGRPO reward, see official_is_correct: the final text (after the last
                         </think>; its last <answer> block, else all of it), \\boxed{} unwrapped, read as Python
                         arithmetic on int literals 0..10^6 with + - * / only; binary.
@@ -16,6 +14,7 @@ is parsed by our parser; format_score for a parseable wrong one.
 """
 
 import ast
+import operator
 import random
 import re
 import zlib
@@ -35,8 +34,7 @@ TARGET_RANGE = (10, 100)
 MAX_REPEATS = 2_000  # consecutive duplicate draws before examples() gives up
 TEST_EVERY = 10  # a problem belongs to the test split when crc32(problem) % TEST_EVERY == 0
 RULES = ("softmaxgrpo", "lenient")  # chat-style rule sets, default first
-OFFICIAL_MAX_CHARS = 256  # official rules: longer answers score 0
-OFFICIAL_MAX_INT = 10**6  # official rules: integer literals must lie in 0..10^6
+OFFICIAL_MAX_CHARS, OFFICIAL_MAX_INT = 256, 10**6  # official rules: answer length, integer literals in 0..10^6
 
 # ---------------------------------------------------------------------------------------------------------
 # Solver (generator side). values[mask] = every integer reachable from the numbers in bitmask `mask` (exact
@@ -243,6 +241,7 @@ def is_correct(answer, numbers, target):
 _ACCEPTABLE_CODE = frozenset("0123456789abcdefABCDEFxXoObB_+-*/() \t\n\r\f\\")  # all an accepted answer can hold
 _FLAT_BOXED_END = re.compile(r"[{}]")
 _EXPONENT = re.compile(r"[eE]([-+]?\d+(?:_\d+)*)\s*\Z")
+_OPERATIONS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
 def official_answer(text):
@@ -262,9 +261,8 @@ def official_answer(text):
 
 
 def python_fraction(text):
-    """Fraction(text) as Python reads a string ("19", " 19.0 ", "19/1", "1.9e1"), or None when it is not a
-    number. Exponents beyond +-1000 are judged without computing 10**exponent: with at most 256 characters of
-    mantissa the value is then 0 or no integer of 0..10^6 (returned as None)."""
+    """Fraction(text) as Python reads a string ("19", " 19.0 ", "19/1", "1.9e1"), or None if not a number. Beyond
+    an exponent of +-1000 a mantissa of <= 256 characters gives 0 or no integer in 0..10^6 (None): 10**e is skipped."""
     match = _EXPONENT.search(text)
     try:
         if match and abs(int(match.group(1))) > 1000:
@@ -292,14 +290,9 @@ def python_arithmetic(text):
         if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= OFFICIAL_MAX_INT:
             used.append(node.value)
             return Fraction(node.value)
-        if not (isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        if not (isinstance(node, ast.BinOp) and type(node.op) in _OPERATIONS):
             raise ValueError("not allowed")
-        left, right = value(node.left), value(node.right)
-        if isinstance(node.op, ast.Add):
-            return left + right
-        if isinstance(node.op, ast.Sub):
-            return left - right
-        return left * right if isinstance(node.op, ast.Mult) else left / right
+        return _OPERATIONS[type(node.op)](value(node.left), value(node.right))
 
     try:
         return value(tree), used
@@ -308,10 +301,9 @@ def python_arithmetic(text):
 
 
 def official_is_correct(text, numbers, target):
-    """The official SoftmaxGRPO Countdown check on a chat completion: official_answer() has at most 256
-    characters and at most one "="; the part after it, if any, is a number equal to the target (python_fraction:
-    "19.0" and "19/1" count); the part before is Python arithmetic (python_arithmetic) whose exact value is the
-    target and whose integers are the given multiset."""
+    """The official SoftmaxGRPO Countdown check: official_answer() has <= 256 characters and <= 1 "="; the part
+    after it, if any, is a python_fraction equal to the target ("19.0", "19/1" count); the part before is
+    python_arithmetic whose exact value is the target and whose integers are the given multiset."""
     answer = official_answer(text)
     if len(answer) > OFFICIAL_MAX_CHARS or answer.count("=") > 1:
         return False

@@ -90,7 +90,7 @@ def test_countdown_official_exact_fractions_and_bounds(official):
 
 
 def test_python_fraction_reads_as_fraction_does_without_huge_powers():
-    assert python_fraction("19") == python_fraction(" 19.0 ") == python_fraction("19/1") == python_fraction("1.9e1") == 19
+    assert [python_fraction(text) for text in ("19", " 19.0 ", "19/1", "1.9e1", "190e-1")] == [19] * 5
     assert python_fraction("1_9") == 19 and python_fraction("+19") == 19
     assert python_fraction("1/0") is None and python_fraction("x") is None and python_fraction("") is None
     # 10**999999999 would take minutes: with a short mantissa such a number is 0 or no integer in 0..10^6
@@ -250,8 +250,8 @@ def test_parser_rejects_huge_literals():
 
 
 HOSTILE = ["__import__('os').system('echo pwned')", "9**9**9**9", "(" * 10_000 + "1" + ")" * 10_000,
-           "1+" * 50_000 + "1", "x" * 100_000, "١٢*٥-٣", "3*5+7\x00", "eval('3*5+7')", "(" * 150 + "3*5+7" + ")" * 150,
-           "\\boxed{" + "7" * 1_000_000, "<answer>" * 100_000, "3*5+7 = 22e" + "9" * 200]
+           "1+" * 50_000 + "1", "x" * 100_000, "١٢*٥-٣", "3*5+7\x00", "eval('3*5+7')",
+           "(" * 150 + "3*5+7" + ")" * 150, "\\boxed{" + "7" * 1_000_000, "<answer>" * 100_000, "3*5+7 = 22e" + "9" * 200]
 
 
 @pytest.mark.parametrize("hostile", HOSTILE, ids=range(len(HOSTILE)))

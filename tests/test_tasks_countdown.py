@@ -251,7 +251,8 @@ def test_parser_rejects_huge_literals():
 
 HOSTILE = ["__import__('os').system('echo pwned')", "9**9**9**9", "(" * 10_000 + "1" + ")" * 10_000,
            "1+" * 50_000 + "1", "x" * 100_000, "١٢*٥-٣", "3*5+7\x00", "eval('3*5+7')",
-           "(" * 150 + "3*5+7" + ")" * 150, "\\boxed{" + "7" * 1_000_000, "<answer>" * 100_000, "3*5+7 = 22e" + "9" * 200]
+           "(" * 150 + "3*5+7" + ")" * 150, "\\boxed{" + "7" * 1_000_000, "<answer>" * 100_000,
+           "3*5+7 = 22e" + "9" * 200]
 
 
 @pytest.mark.parametrize("hostile", HOSTILE, ids=range(len(HOSTILE)))

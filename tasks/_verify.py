@@ -114,19 +114,19 @@ def answer_region(text):
 
 
 _ASCII_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+MAX_NUMBER_SCAN = 20_000  # the last number is looked for in the last 20 000 characters only (~1 ms)
 
 
 def last_number(text):
-    """The last ASCII number in `text` (commas kept; the caller normalises), or None. Linear-time regex,
-    tried on the last 1000 characters first (a match touching that window's edge may be cut: rescan all)."""
-    for tail in (text[-1000:], text):
+    """The last ASCII number in the last MAX_NUMBER_SCAN characters of `text` (commas kept; the caller
+    normalises), or None. Linear-time regex, tried on the last 1000 characters first (a match touching that
+    window's edge may be cut: rescan the longer window)."""
+    for tail in (text[-1000:], text[-MAX_NUMBER_SCAN:]):
         last = None
         for last in _ASCII_NUMBER.finditer(tail):
             pass
-        if last is not None and (last.start() > 0 or len(tail) == len(text)):
+        if last is not None and (last.start() > 0 or len(tail) >= min(len(text), MAX_NUMBER_SCAN)):
             return last.group(0)
-        if len(tail) == len(text):
-            return None
     return None
 
 

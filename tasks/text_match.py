@@ -5,8 +5,9 @@ files); a reference with no token left after normalisation is a data error. Rewa
 SoftmaxGRPO similarity, rules="softmaxgrpo") = 0.6 * token F1 + 0.4 * ROUGE-L F, both on SQuAD-normalised tokens
 (lower-case, punctuation and the articles a/an/the removed), written here in plain Python, of the chat
 completion's final text (the official one: after the last </think>, its last <answer> block, else all of it) or
-the whole compact completion. Bounds: the text is cut to its first MAX_COMPARED_CHARS characters and both token
-lists to their first MAX_COMPARED_TOKENS tokens before comparing (F1 and ROUGE-L are then those of the cut lists).
+the whole compact completion. Bounds: both texts are cut to their first MAX_COMPARED_CHARS characters and both
+token lists to their first MAX_COMPARED_TOKENS tokens before comparing (F1 and ROUGE-L are those of the cut
+lists: what a completion writes past 4 096 tokens is not seen; a longer reference is compared on its start).
 Optional format blend: reward = (1 - format_weight) * similarity + format_weight * [think/answer format met] (chat).
 """
 
@@ -21,8 +22,8 @@ from tasks._verify import chat_messages, check_rules, compact_text, completion_t
     has_think_answer_format, rewards_from_columns
 
 F1_WEIGHT, ROUGE_WEIGHT = 0.6, 0.4
-MAX_COMPARED_CHARS = 50_000  # a completion's text is cut here before normalising (~8 000 English words)
-MAX_COMPARED_TOKENS = 8_192  # both token lists are cut here: the LCS costs len(a) * len(b) / 64 word operations
+MAX_COMPARED_CHARS = 30_000  # a text is cut here before normalising (~5 000 English words)
+MAX_COMPARED_TOKENS = 4_096  # both token lists are cut here: the LCS costs about len(a) * len(b) / 30 digit steps
 RULES = ("softmaxgrpo",)
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -80,9 +81,9 @@ def lcs_length(a, b):
     v = full
     for token in b:
         u = v & match.get(token, 0)
-        if u:
-            v = ((v + u) | (v - u)) & full
-    return m - bin(v).count("1")
+        if u:  # carries out of the low m bits never flow back down: mask once, at the end
+            v = (v + u) | (v - u)
+    return m - bin(v & full).count("1")
 
 
 def rouge_l(prediction, reference):

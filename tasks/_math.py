@@ -132,5 +132,6 @@ def _serve():
 
 
 if __name__ == "__main__":
-    sys.path.pop(0)  # this folder: the task files' names must not shadow the modules math-verify imports
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)  # this folder: the task files' names must not shadow the modules math-verify imports
     _serve()

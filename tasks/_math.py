@@ -57,7 +57,7 @@ def math_answer_is_right(gold, final):
             reply = _read_line(process.stdout.fileno(), DEADLINE_S)
         except OSError:  # the helper died (killed, out of memory)
             reply = None
-        if reply is None:
+        if reply not in (b"0", b"1"):  # late, dead, or out of step: start afresh
             _stop_helper()
             return False
         return reply == b"1"
@@ -105,6 +105,9 @@ def _serve():
     import logging
     from functools import lru_cache
 
+    out = os.fdopen(os.dup(1), "wb", buffering=0)  # the answers' own channel ...
+    os.dup2(2, 1)  # ... so that anything a library prints goes to stderr, not into the answers
+    sys.stdout = sys.stderr
     logging.disable(logging.WARNING)  # math-verify warns that its timeouts are off: the parent's deadline rules
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -119,16 +122,13 @@ def _serve():
         return bool(expected and answer and verify(expected, answer, timeout_seconds=None))
 
     right("1", "1")  # warm up: the first parse loads the LaTeX grammar
-    out = sys.stdout.buffer
     out.write(b"ready\n")
-    out.flush()
     for line in sys.stdin.buffer:
         try:
             ok = right(*json.loads(line))
         except Exception:  # whatever sympy raises on odd input: not a right answer
             ok = False
         out.write(b"1\n" if ok else b"0\n")
-        out.flush()
 
 
 if __name__ == "__main__":

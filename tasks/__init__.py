@@ -1,30 +1,36 @@
 """Task registry: a plain dict from name to factory, and get_task(name, data=..., **options).
 
-Text tasks (one file each; interface in notes/interfaces.md):
+Text tasks (one file each):
   countdown       procedural arithmetic puzzles            options: num_count=(3, 4) | 3 | 4 | 2, format_score=0.0
   knights_knaves  procedural logic puzzles (Logic-RL)      options: people=(3, 4, 5), binary=False
-  gsm8k           grade-school math, needs data=PATH (or the `datasets` package)   options: format_score=0.0
-  text_match      {prompt, reference} JSONL, F1 + ROUGE-L reward, needs data=PATH
+  gsm8k           grade-school math, needs data=PATH or data="openai/gsm8k"   options: format_score=0.0
+  deepmath        DeepMath-103K, needs data=PATH or data="zwhe99/DeepMath-103K"
+  text_match      {prompt, reference} rows, F1 + ROUGE-L reward, needs data=PATH
                   options: format_weight=0.0, pass_threshold=0.5
+Every text task also takes rules=NAME, the rule set of its chat-style reward (RULES lists them, the official
+one first and default); the compact style of the tiny model always keeps the task's own compact rules.
 The ImageNet checks (tasks/imagenet_toy.py, tasks/imagenet_real.py) are not text tasks, so they have no entry here.
 
-Every task object has: name, pass_threshold, examples(split, n, seed), prompt(example, style),
+Every task object has: name, rules, pass_threshold, examples(split, n, seed), prompt(example, style),
 reward(completion, example, style), solution(example, style), reward_fn(completions, **columns).
 """
 
 import inspect
 
-from tasks import countdown, gsm8k, knights_knaves, text_match
+from tasks import countdown, deepmath, gsm8k, knights_knaves, text_match
 from tasks._verify import COMPACT_ALPHABET
 
 TASKS = {
     "countdown": countdown.make_task,
     "knights_knaves": knights_knaves.make_task,
     "gsm8k": gsm8k.make_task,
+    "deepmath": deepmath.make_task,
     "text_match": text_match.make_task,
 }
+RULES = {"countdown": countdown.RULES, "knights_knaves": knights_knaves.RULES, "gsm8k": gsm8k.RULES,
+         "deepmath": deepmath.RULES, "text_match": text_match.RULES}  # chat-style rule sets, default first
 
-__all__ = ["COMPACT_ALPHABET", "TASKS", "get_task"]
+__all__ = ["COMPACT_ALPHABET", "RULES", "TASKS", "get_task"]
 
 
 def get_task(name, *, data=None, **options):

@@ -1,5 +1,6 @@
-"""Helpers shared by the task files: the compact alphabet, tag extraction, the think/answer format check,
-the chat system prompt and the TRL-style batch wrapper.
+"""Helpers shared by the task files: the compact alphabet, tag extraction (ours and the official SoftmaxGRPO
+final_text), the think/answer format check, the rules-name check, the chat system prompt and the TRL-style batch
+wrapper.
 
 Everything here works on plain strings with str.find / str.rfind and linear regexes, so a hostile
 100 000-character completion costs a few milliseconds and nothing is ever evaluated as code.
@@ -68,6 +69,40 @@ def has_think_answer_format(text):
     return positions == sorted(positions)
 
 
+def tag_blocks_last(text, tag="answer"):
+    """Content of the last <tag>...</tag> pair as re.findall(r"<tag>(.*?)</tag>", text, re.DOTALL) pairs them
+    (each opening tag with the first closing tag after it, scanning left to right), or None. Linear time: the
+    regex itself is quadratic on many unclosed opening tags."""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    found, start = None, text.find(opening)
+    while start >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            break
+        found = text[start + len(opening):end]
+        start = text.find(opening, end + len(closing))
+    return found
+
+
+def final_text(text):
+    """The official SoftmaxGRPO answer text: chat end tokens removed, the text after the last </think>, then its
+    last <answer>...</answer> block if it has one, else all of it; whitespace stripped. An answer given only
+    inside <think> does not count."""
+    text = text.replace("<|im_end|>", "").replace("<|endoftext|>", "").strip()
+    end_think = text.rfind("</think>")
+    if end_think >= 0:
+        text = text[end_think + len("</think>"):].strip()
+    block = tag_blocks_last(text)
+    return (text if block is None else block).strip()
+
+
+def check_rules(task, rules, choices):
+    """One-line error for an unknown `rules` name of `task`; `choices` lists the known ones, default first."""
+    if rules not in choices:
+        raise ValueError(f"{task}: unknown rules {rules!r}; choose from {', '.join(repr(c) for c in choices)}")
+    return rules
+
+
 def answer_region(text):
     """Where a chat completion's answer lives: the last <answer> block, else the text after the last </think>,
     else the whole completion."""
@@ -79,19 +114,19 @@ def answer_region(text):
 
 
 _ASCII_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+MAX_NUMBER_SCAN = 20_000  # the last number is looked for in the last 20 000 characters only (~1 ms)
 
 
 def last_number(text):
-    """The last ASCII number in `text` (commas kept; the caller normalises), or None. Linear-time regex,
-    tried on the last 1000 characters first (a match touching that window's edge may be cut: rescan all)."""
-    for tail in (text[-1000:], text):
+    """The last ASCII number in the last MAX_NUMBER_SCAN characters of `text` (commas kept; the caller
+    normalises), or None. Linear-time regex, tried on the last 1000 characters first (a match touching that
+    window's edge may be cut: rescan the longer window)."""
+    for tail in (text[-1000:], text[-MAX_NUMBER_SCAN:]):
         last = None
         for last in _ASCII_NUMBER.finditer(tail):
             pass
-        if last is not None and (last.start() > 0 or len(tail) == len(text)):
+        if last is not None and (last.start() > 0 or len(tail) >= min(len(text), MAX_NUMBER_SCAN)):
             return last.group(0)
-        if len(tail) == len(text):
-            return None
     return None
 
 

@@ -1,22 +1,30 @@
 """Countdown: combine 3 or 4 given integers with + - * / into an expression that equals a target.
 
 Generator (DESIGN.md §6): integers in [1, 99], target in [10, 100], both redrawn until a depth-first search
-finds an expression that uses every number exactly once (division only when exact). Verifier: a whitelisted
+finds an expression that uses every number exactly once (division only when exact). Our verifier: a whitelisted
 tokenizer and a recursive-descent parser (integers, + - * /, parentheses, optional "= target"), bounded in
-length and depth, evaluated in exact Fractions; the multiset of numbers used must equal the given one.
-Model output is never evaluated as Python.
-
-Compact style (tiny char model):  prompt "12 5 3>51:"  solution "12*5-9" style, no spaces.
-Chat style: the TinyZero-like think/answer template; the last <answer>...</answer> is graded.
+length and depth, in exact Fractions; the multiset of numbers used must equal the given one. Model output is
+never evaluated as Python. Two rule sets for the chat style (the `rules` option):
+  softmaxgrpo (default) the official SoftmaxGRPO reward, see official_is_correct: the final text (after the last
+                        </think>; its last <answer> block, else all of it), \\boxed{} unwrapped, read as Python
+                        arithmetic on int literals 0..10^6 with + - * / only; binary.
+  lenient               ours: the last <answer> block anywhere, our parser above, optional format_score.
+Compact style (tiny char model), whatever the rules: prompt "12 5 3>51:", solution "12*5-9", the whole completion
+is parsed by our parser; format_score for a parseable wrong one.
 """
 
+import ast
+import operator
 import random
+import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from tasks._verify import chat_messages, completion_text, last_tag_block, rewards_from_columns
+from tasks._verify import chat_messages, check_rules, completion_text, final_text, last_tag_block, \
+    rewards_from_columns
 
 MAX_ANSWER_CHARS = 200  # longer answers are rejected before tokenizing
 MAX_PAREN_DEPTH = 16  # deeper nesting is rejected by the parser
@@ -25,6 +33,9 @@ NUMBER_RANGE = (1, 99)
 TARGET_RANGE = (10, 100)
 MAX_REPEATS = 2_000  # consecutive duplicate draws before examples() gives up
 TEST_EVERY = 10  # a problem belongs to the test split when crc32(problem) % TEST_EVERY == 0
+RULES = ("softmaxgrpo", "lenient")  # chat-style rule sets, default first
+OFFICIAL_MAX_CHARS, OFFICIAL_MAX_INT = 256, 10**6  # official rules: answer length, integer literals in 0..10^6
+OFFICIAL_MAX_SCAN = 50_000  # ours: a longer final text scores 0 unread (a 1 024-token response has ~4 000)
 
 # ---------------------------------------------------------------------------------------------------------
 # Solver (generator side). values[mask] = every integer reachable from the numbers in bitmask `mask` (exact
@@ -225,13 +236,93 @@ def is_correct(answer, numbers, target):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The official SoftmaxGRPO rules. The answer is read with Python's own grammar (so 0x10, 1_000 and a trailing
+# "# comment" behave as they do there), but only ast.parse is used: it builds a syntax tree and nothing is
+# compiled or run; the walk below accepts int constants and + - * / nodes, nothing else.
+_ACCEPTABLE_CODE = frozenset("0123456789abcdefABCDEFxXoObB_+-*/() \t\n\r\f\\")  # all an accepted answer can hold
+_FLAT_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_EXPONENT = re.compile(r"[eE]([-+]?\d+(?:_\d+)*)\s*\Z")
+_OPERATIONS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def official_answer(text):
+    """The string the official rules grade: final_text with × ÷ − mapped to * / -, the first \\boxed{...} without
+    inner braces unwrapped, surrounding backticks and $ and trailing dots stripped; "" for a final text over
+    OFFICIAL_MAX_SCAN characters (the official code would search it for a \\boxed{}: ~25 ms per MB)."""
+    answer = final_text(text)
+    if len(answer) > OFFICIAL_MAX_SCAN:
+        return ""
+    answer = answer.replace("×", "*").replace("÷", "/").replace("−", "-")
+    boxed = _FLAT_BOXED.search(answer)
+    return (boxed.group(1) if boxed else answer).strip().strip("`$").strip().rstrip(".")
+
+
+def python_fraction(text):
+    """Fraction(text) as Python reads a string ("19", " 19.0 ", "19/1", "1.9e1"), or None if not a number. Beyond
+    an exponent of +-1000 a mantissa of <= 256 characters gives 0 or no integer in 0..10^6 (None): 10**e is skipped."""
+    match = _EXPONENT.search(text)
+    try:
+        if match and abs(int(match.group(1))) > 1000:
+            mantissa = Fraction(text[:match.start(1)] + "0")
+            return Fraction(0) if mantissa == 0 else None
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def python_arithmetic(text):
+    """(value, integers used) of `text` read as a Python expression made of int literals in 0..10^6, binary
+    + - * / and parentheses; None for anything else and for a division by zero."""
+    text = text.strip()
+    code = "\n".join(line.split("#", 1)[0] for line in re.split(r"[\r\n]", text))  # a comment may hold anything
+    if not set(code) <= _ACCEPTABLE_CODE:
+        return None  # could not be accepted: skip the parser (and its SyntaxWarnings on odd strings)
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    used = []
+
+    def value(node):  # depth <= 128 nodes: at most 256 characters
+        if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= OFFICIAL_MAX_INT:
+            used.append(node.value)
+            return Fraction(node.value)
+        if not (isinstance(node, ast.BinOp) and type(node.op) in _OPERATIONS):
+            raise ValueError("not allowed")
+        return _OPERATIONS[type(node.op)](value(node.left), value(node.right))
+
+    try:
+        return value(tree), used
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def official_is_correct(text, numbers, target):
+    """The official SoftmaxGRPO Countdown check: official_answer() has <= 256 characters and <= 1 "="; the part
+    after it, if any, is a python_fraction equal to the target ("19.0", "19/1" count); the part before is
+    python_arithmetic whose exact value is the target and whose integers are the given multiset."""
+    answer = official_answer(text)
+    if len(answer) > OFFICIAL_MAX_CHARS or answer.count("=") > 1:
+        return False
+    left, _, right = answer.partition("=")
+    if "=" in answer and python_fraction(right.strip()) != int(target):
+        return False
+    parsed = python_arithmetic(left)
+    return (parsed is not None and parsed[0] == int(target)
+            and Counter(parsed[1]) == Counter(int(n) for n in numbers))
+
+
+# ---------------------------------------------------------------------------------------------------------
 @dataclass
 class CountdownTask:
-    """Countdown task object (interface in notes/interfaces.md). num_counts: how many numbers a problem may
-    have (each problem draws one); format_score: reward for a well-formed but wrong answer (TinyZero: 0.1)."""
+    """Countdown task object. num_counts: how many numbers a problem may
+    have (each problem draws one); rules: the chat-style rule set (RULES); format_score: reward for a well-formed
+    but wrong answer (TinyZero: 0.1) in the compact style and under rules="lenient" (the official rules are
+    binary)."""
 
     num_counts: tuple = (3, 4)
     format_score: float = 0.0
+    rules: str = RULES[0]
     name: str = "countdown"
     pass_threshold: float = 1.0
 
@@ -268,9 +359,12 @@ class CountdownTask:
             "<answer> (1 + 2) * 3 </answer>.")
 
     def reward(self, completion, example, style="chat"):
-        """1.0 for a correct equation; format_score for a well-formed wrong one (chat: any <answer> block,
-        as in TinyZero; compact: a parseable expression); 0.0 otherwise."""
+        """1.0 for a correct equation, else 0.0 (chat, rules="softmaxgrpo": official_is_correct). Otherwise
+        format_score for a well-formed wrong one (lenient chat: any <answer> block, as in TinyZero; compact: a
+        parseable expression)."""
         text = completion_text(completion)
+        if style == "chat" and self.rules == "softmaxgrpo":
+            return 1.0 if official_is_correct(text, example["numbers"], example["target"]) else 0.0
         answer = text.strip() if style == "compact" else last_tag_block(text)
         if answer is None:
             return 0.0
@@ -294,11 +388,12 @@ class CountdownTask:
         return rewards_from_columns(self.reward, completions, columns, ("numbers", "target"))
 
 
-def make_task(data=None, num_count=(3, 4), format_score=0.0):
-    """Factory for get_task("countdown", num_count=(3, 4) | 3 | 4 | 2, format_score=0.0)."""
+def make_task(data=None, num_count=(3, 4), format_score=0.0, rules=RULES[0]):
+    """Factory for get_task("countdown", num_count=(3, 4) | 3 | 4 | 2, format_score=0.0, rules="softmaxgrpo")."""
     if data is not None:
         raise ValueError("countdown generates its problems; it takes no data= file")
     counts = (num_count,) if isinstance(num_count, int) else tuple(num_count)
     if not counts or any(c not in (2, 3, 4) for c in counts):
         raise ValueError(f"num_count must be 2, 3, 4 or a tuple of those such as (3, 4), got {num_count!r}")
-    return CountdownTask(num_counts=counts, format_score=float(format_score))
+    return CountdownTask(num_counts=counts, format_score=float(format_score),
+                         rules=check_rules("countdown", rules, RULES))

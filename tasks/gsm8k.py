@@ -1,33 +1,46 @@
 """GSM8K: grade-school math word problems with a numeric final answer.
 
 Data: the official JSONL rows {"question", "answer"} where the answer ends in "#### 42", from data=PATH (a
-.jsonl file or a folder with train.jsonl and test.jsonl), or from the `datasets` package (openai/gsm8k) when
-it is installed and online. Verifier: the last \\boxed{...} in the answer region, else the last number there;
-compared as exact fractions after dropping commas and "$" (so "1,000", "$1000" and "1000.0" all equal 1000).
+.jsonl or .parquet file, or a folder with train and test files), or data="openai/gsm8k" to load it with the
+`datasets` package (never by default: nothing is downloaded unless asked for).
+Verifier, chat style, by `rules`:
+  math_verify (default) the official SoftmaxGRPO check: math-verify on the final text (tasks/_math.py); binary.
+  last_number           ours: the last \\boxed{...} in the answer region, else the last number there, compared as
+                        exact fractions after dropping commas and "$" ("1,000", "$1000", "1000.0" all equal 1000);
+                        format_score for a wrong answer in the think/answer format.
+Compact style, whatever the rules: the last number of the completion.
 """
 
+import os
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from tasks._data import load_splits, sample_rows
-from tasks._verify import answer_region, chat_messages, compact_text, completion_text, \
+from tasks._math import math_answer_is_right, require_math_verify
+from tasks._verify import answer_region, chat_messages, check_rules, compact_text, completion_text, final_text, \
     has_think_answer_format, last_number, rewards_from_columns
 
 MAX_NUMBER_CHARS = 40  # longer "numbers" are not compared
+MAX_BOXED_CHARS = 1000  # a \boxed{ not closed within this many characters counts as no \boxed{}
+RULES = ("math_verify", "last_number")  # chat-style rule sets, default first
+HUB_NAME = "openai/gsm8k"
 _CALCULATOR = re.compile(r"<<[^<>]{0,200}>>")  # GSM8K's calculator annotations, e.g. <<48/2=24>>
 
 
+_BRACE = re.compile(r"[{}]")
+
+
 def last_boxed(text):
-    """Content of the last \\boxed{...} (braces balanced), or None. Linear scan."""
+    """Content of the last \\boxed{...} (braces balanced, closed within MAX_BOXED_CHARS), or None."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
     depth, i = 1, start + len("\\boxed{")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
+    for brace in _BRACE.finditer(text, i, i + MAX_BOXED_CHARS):
+        depth += 1 if brace.group() == "{" else -1
         if depth == 0:
-            return text[i:j]
+            return text[i:brace.start()]
     return None
 
 
@@ -62,11 +75,12 @@ def parse_row(row):
 
 @dataclass
 class GSM8KTask:
-    """GSM8K task object (interface in notes/interfaces.md); format_score: reward for a wrong answer given in
-    the <think>/<answer> format (0.0 = plain binary accuracy)."""
+    """GSM8K task object; rules: the chat-style rule set (RULES);
+    format_score: rules="last_number" only, reward for a wrong answer given in the <think>/<answer> format."""
 
     splits: dict = field(repr=False)
     format_score: float = 0.0
+    rules: str = RULES[0]
     name: str = "gsm8k"
     pass_threshold: float = 1.0
 
@@ -84,9 +98,12 @@ class GSM8KTask:
                              "<answer> 42 </answer>.")
 
     def reward(self, completion, example, style="chat"):
-        """1.0 when the extracted number equals the answer; else format_score for a well-formatted chat
-        completion; else 0.0."""
+        """1.0 for a right answer (chat, rules="math_verify": math-verify on the final text; otherwise the
+        extracted number equals the answer); else format_score for a well-formatted chat completion
+        (rules="last_number"); else 0.0."""
         text = completion_text(completion)
+        if style == "chat" and self.rules == "math_verify":
+            return 1.0 if math_answer_is_right(example["answer"], final_text(text)) else 0.0
         predicted = extract_answer(text, style)
         target = to_number(example["answer"])
         if predicted is not None and target is not None and to_number(predicted) == target:
@@ -107,12 +124,12 @@ def _splits_from_datasets():
     try:
         import datasets  # optional: only for users who have it and are online
     except ImportError:
-        raise ValueError("gsm8k needs data=PATH (JSONL rows with 'question' and 'answer', or a folder with "
-                         "train.jsonl/test.jsonl), or the `datasets` package to fetch openai/gsm8k") from None
+        raise ValueError(f"gsm8k: data={HUB_NAME!r} needs the `datasets` package; or pass data=PATH") from None
     try:
-        loaded = datasets.load_dataset("openai/gsm8k", "main")
+        loaded = datasets.load_dataset(HUB_NAME, "main")
     except Exception as error:  # offline, hub down, ...: one clear line instead of a long traceback
-        raise ValueError(f"gsm8k: could not load openai/gsm8k with `datasets` ({error}); pass data=PATH") from None
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"gsm8k: could not load {HUB_NAME} with `datasets` ({first_line}); pass data=PATH") from None
     splits = {}
     for split in ("train", "test"):
         splits[split] = []
@@ -124,10 +141,19 @@ def _splits_from_datasets():
     return splits
 
 
-def make_task(data=None, format_score=0.0):
-    """Factory for get_task("gsm8k", data=PATH, format_score=0.0)."""
+def make_task(data=None, format_score=0.0, rules=RULES[0]):
+    """Factory for get_task("gsm8k", data=PATH | "openai/gsm8k", format_score=0.0, rules="math_verify")."""
+    check_rules("gsm8k", rules, RULES)
+    if rules == "math_verify":
+        require_math_verify("gsm8k")
+        if format_score:
+            raise ValueError("gsm8k: format_score belongs to rules='last_number'; the official 'math_verify' "
+                             "rules are binary")
     if data is None:
+        raise ValueError("gsm8k needs data=PATH (JSONL or parquet rows with 'question' and 'answer', or a folder "
+                         f"with train and test files), or data={HUB_NAME!r} to load it with the `datasets` package")
+    if data == HUB_NAME and not os.path.exists(data):
         splits = _splits_from_datasets()
     else:
         splits = load_splits(data, ("question", "answer"), key="question", parse=parse_row)
-    return GSM8KTask(splits=splits, format_score=float(format_score))
+    return GSM8KTask(splits=splits, format_score=float(format_score), rules=rules)

@@ -6,9 +6,13 @@ all 2^n knight/knave assignments, held as one Python integer with bit a set when
 assignment a (person i is a knight in assignment a iff bit i of a is set). A puzzle is kept only when
 exactly one assignment makes every "person i is a knight <=> statement i" hold, and no two statements repeat.
 
-Reward (Logic-RL): format +1 / -1 (one <think>...</think> then one <answer>...</answer>), answer +2 when every
-role is right, -1.5 when parsed but wrong, -2 when unparseable or when the format failed. Top score 3.
-The binary variant gives 1.0 for format + right answer, else 0.0.
+Reward: format +1 / -1 (exactly one each of <think>, </think>, <answer>, </answer>, in that order), answer +2
+when every role is right, -1.5 when read but wrong, -2 when unreadable or when the format failed; top score 3.
+How the answer is read depends on `rules` (chat style):
+  logic_rl (default) the Logic-RL / AR-Lopti scorer (logic_rl_roles): as many "knight"/"knave" substrings as
+                     people, and a literal "<Name> is a knight|knave" for each of them.
+  lenient            ours (parse_roles): any order, "not" flips, "Bob: knave" counts.
+The binary variant gives 1.0 for the top score, else 0.0.
 
 Compact style: people are letters a, b, c, ...; a leaf is "b1" (b is a knight) or "b0" (b is a knave); "-"
 is not, "*" and, "+" or, ">" implies, "=" iff. Prompt "a:b1*c0,b:-a1,c:a1>b0." -> solution "101".
@@ -19,7 +23,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from tasks._verify import chat_messages, completion_text, has_think_answer_format, last_tag_block, \
+from tasks._verify import chat_messages, check_rules, completion_text, has_think_answer_format, last_tag_block, \
     rewards_from_columns
 
 NAMES = ("alice", "bob", "charlie", "david", "emma", "frank", "grace", "henry", "isabella", "jack", "kate",
@@ -29,7 +33,8 @@ NAMES = ("alice", "bob", "charlie", "david", "emma", "frank", "grace", "henry", 
 OPS = ("leaf", "not", "and", "or", "imp", "iff")  # drawn uniformly for the top of each statement
 COMPACT_OP = {"and": "*", "or": "+", "imp": ">", "iff": "="}
 LETTERS = "abcdefgh"
-MAX_ANSWER_CHARS = 2000  # longer answers are unparseable
+MAX_ANSWER_CHARS = 2000  # lenient rules: longer answers are unparseable
+RULES = ("logic_rl", "lenient")  # chat-style rule sets, default first
 TEST_EVERY = 10  # a puzzle is in the test split when hash(puzzle) % TEST_EVERY == 0
 
 
@@ -193,13 +198,31 @@ def parse_roles(answer, names):
     return roles if len(roles) == len(names) else None
 
 
+def logic_rl_roles(answer, names):
+    """{name: is_knight} read as the Logic-RL scorer reads an answer, or None: the answer must hold exactly
+    len(names) case-insensitive substrings "knight" or "knave" (so "knights" counts), and for every name the
+    first match of "<name> is a knight|knave" (whole words, any whitespace, any case) gives its role. Regexes
+    here are linear, so a long answer costs one pass per name."""
+    lowered = answer.lower()
+    if lowered.count("knight") + lowered.count("knave") != len(names):
+        return None
+    roles = {}
+    for name in names:
+        match = re.search(rf"\b{re.escape(name)}\b\s+is\s+a\s+\b(knight|knave)\b", answer, re.IGNORECASE)
+        if match is None:
+            return None
+        roles[name] = match.group(1).lower() == "knight"
+    return roles
+
+
 @dataclass
 class KnightsKnavesTask:
-    """Knights-and-Knaves task object (interface in notes/interfaces.md). people: puzzle sizes to draw from
-    (3..8); binary: 1/0 reward instead of Logic-RL's -3..3 scale."""
+    """Knights-and-Knaves task object. people: puzzle sizes to draw from
+    (3..8); binary: 1/0 reward instead of Logic-RL's -3..3 scale; rules: the chat-style rule set (RULES)."""
 
     people: tuple = (3, 4, 5)
     binary: bool = False
+    rules: str = RULES[0]
     name: str = "knights_knaves"
     pass_threshold: float = 3.0
 
@@ -242,11 +265,15 @@ class KnightsKnavesTask:
             return True, dict(zip(example["names"], (c == "1" for c in answer)))
         if not has_think_answer_format(text):
             return False, None
-        return True, parse_roles(last_tag_block(text), example["names"])
+        answer = last_tag_block(text)
+        if self.rules == "logic_rl":  # an empty answer is unreadable there
+            return True, logic_rl_roles(answer.strip(), example["names"]) if answer.strip() else None
+        return True, parse_roles(answer, example["names"])
 
     def reward(self, completion, example, style="chat"):
-        """Logic-RL: format (+1/-1) + answer (+2 right, -1.5 wrong, -2 unparseable or bad format); binary:
-        1.0 for a right answer in the right format, else 0.0. Compact style has no tags: format counts as met."""
+        """Logic-RL: format (+1/-1) + answer (+2 right, -1.5 wrong, -2 unreadable or bad format), the answer read
+        by the task's rules; binary: 1.0 for the top score, else 0.0. Compact style has no tags: format counts as
+        met, and the answer is one 0/1 digit per person."""
         format_ok, roles = self.score(completion, example, style)
         right = roles is not None and roles == dict(zip(example["names"], example["knights"]))
         if self.binary:
@@ -270,11 +297,11 @@ class KnightsKnavesTask:
         return rewards_from_columns(self.reward, completions, columns, ("names", "knights"))
 
 
-def make_task(data=None, people=(3, 4, 5), binary=False):
-    """Factory for get_task("knights_knaves", people=(3, 4, 5) | int in 3..8, binary=False)."""
+def make_task(data=None, people=(3, 4, 5), binary=False, rules=RULES[0]):
+    """Factory for get_task("knights_knaves", people=(3, 4, 5) | int in 3..8, binary=False, rules="logic_rl")."""
     if data is not None:
         raise ValueError("knights_knaves generates its puzzles; it takes no data= file")
     sizes = (people,) if isinstance(people, int) else tuple(people)
     if not sizes or any(not 3 <= p <= 8 for p in sizes):
         raise ValueError(f"people must be in 3..8 (an int or a tuple), got {people!r}")
-    return KnightsKnavesTask(people=sizes, binary=bool(binary))
+    return KnightsKnavesTask(people=sizes, binary=bool(binary), rules=check_rules("knights_knaves", rules, RULES))

@@ -15,22 +15,45 @@ TASKS_DIR = pathlib.Path(tasks.__file__).parent
 
 @pytest.fixture
 def all_tasks(tmp_path):
+    pytest.importorskip("math_verify")  # the math tasks' default rules (requirements-dev.txt installs it)
     gsm = tmp_path / "gsm8k.jsonl"
     gsm.write_text("".join(json.dumps({"question": f"What is {i} plus 1?", "answer": f"{i}+1\n#### {i + 1}"}) + "\n"
                            for i in range(30)))
+    deep = tmp_path / "deepmath.jsonl"
+    deep.write_text("".join(json.dumps({"question": f"What is {i}/7 in lowest terms?",
+                                        "final_answer": f"\\frac{{{i}}}{{7}}"}) + "\n" for i in range(1, 31)))
     text = tmp_path / "text.jsonl"
     text.write_text("".join(json.dumps({"prompt": f"Say {i}.", "reference": f"number {i} said"}) + "\n"
                             for i in range(30)))
     return [get_task("countdown"), get_task("knights_knaves"), get_task("gsm8k", data=gsm),
-            get_task("text_match", data=text)]
+            get_task("deepmath", data=deep), get_task("text_match", data=text)]
 
 
 def test_registry_names_and_errors():
-    assert set(TASKS) == {"countdown", "knights_knaves", "gsm8k", "text_match"}
-    with pytest.raises(ValueError, match=r"unknown task 'chess'; choose from countdown, gsm8k"):
+    assert set(TASKS) == {"countdown", "knights_knaves", "gsm8k", "deepmath", "text_match"}
+    with pytest.raises(ValueError, match=r"unknown task 'chess'; choose from countdown, deepmath, gsm8k"):
         get_task("chess")
     with pytest.raises(ValueError, match="no option"):
         get_task("countdown", temperature=1.0)
+
+
+def test_rules_names_defaults_and_errors():
+    # the official rule set is each task's default; the names below are the documented interface
+    assert tasks.RULES == {"countdown": ("softmaxgrpo", "lenient"), "knights_knaves": ("logic_rl", "lenient"),
+                           "gsm8k": ("math_verify", "last_number"), "deepmath": ("math_verify",),
+                           "text_match": ("softmaxgrpo",)}
+    assert get_task("countdown").rules == get_task("countdown", rules="softmaxgrpo").rules == "softmaxgrpo"
+    assert get_task("knights_knaves").rules == get_task("knights_knaves", rules="logic_rl").rules == "logic_rl"
+    assert get_task("countdown", rules="lenient").rules == "lenient"
+    assert get_task("knights_knaves", rules="lenient").rules == "lenient"
+    with pytest.raises(ValueError) as error:
+        get_task("countdown", rules="official")
+    assert str(error.value) == "countdown: unknown rules 'official'; choose from 'softmaxgrpo', 'lenient'"
+    with pytest.raises(ValueError, match=r"^knights_knaves: unknown rules 'softmaxgrpo'; choose from 'logic_rl'"):
+        get_task("knights_knaves", rules="softmaxgrpo")
+    for name in ("gsm8k", "deepmath", "text_match"):  # checked before the data is looked at
+        with pytest.raises(ValueError, match=f"^{name}: unknown rules 'x'"):
+            get_task(name, rules="x")
 
 
 def test_compact_alphabet_is_small_and_sorted():
@@ -41,7 +64,7 @@ def test_compact_alphabet_is_small_and_sorted():
 
 def test_every_task_offers_the_interface(all_tasks):
     for task in all_tasks:
-        assert task.name in TASKS and isinstance(task.pass_threshold, float)
+        assert task.name in TASKS and isinstance(task.pass_threshold, float) and task.rules in tasks.RULES[task.name]
         train, test = task.examples("train", 4, seed=0), task.examples("test", 2, seed=0)
         assert len(train) == 4 and len(test) == 2
         for example in train:

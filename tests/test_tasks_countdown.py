@@ -1,11 +1,17 @@
-"""Countdown: verifier truth table, the bounded parser, the solver and the generator (DESIGN.md §6)."""
+"""Countdown: truth tables of both rule sets, the bounded parser, the solver and the generator (DESIGN.md §6)."""
 
+import ast
+import re
+import warnings
+from collections import Counter
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tasks import COMPACT_ALPHABET, get_task
-from tasks.countdown import MAX_PAREN_DEPTH, ParseError, parse_equation, solve, tokenize
+from tasks.countdown import MAX_PAREN_DEPTH, ParseError, official_is_correct, parse_equation, python_fraction, \
+    solve, tokenize
 
 EXAMPLE = {"numbers": [3, 5, 7], "target": 22}  # 3*5+7 = 22
 
@@ -16,15 +22,143 @@ def chat(answer):
 
 @pytest.fixture(scope="module")
 def task():
-    return get_task("countdown")
+    return get_task("countdown", rules="lenient")
 
 
 @pytest.fixture(scope="module")
 def task_with_format():
-    return get_task("countdown", format_score=0.1)
+    return get_task("countdown", rules="lenient", format_score=0.1)
 
 
-# --- verifier truth table -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def official():
+    return get_task("countdown")  # rules="softmaxgrpo"
+
+
+# --- official SoftmaxGRPO rules (the default) -----------------------------------------------------------
+@pytest.mark.parametrize("completion, expected", [
+    (chat("3*5+7"), 1.0),
+    ("3*5+7", 1.0),                                     # bare text: no tags needed
+    ("<think> so </think> 3*5+7", 1.0),                 # the text after the last </think>
+    ("<answer> 3*5+7 </answer>", 1.0),
+    ("<think> <answer>3*5+7</answer> </think> done", 0.0),  # an answer only inside <think> does not count
+    ("<think> <answer>3*5+7</answer> </think>", 0.0),
+    ("<answer>1+1</answer> <answer>3*5+7</answer>", 1.0),   # the last <answer> block
+    ("<answer>3*5+7</answer> <answer>1+1</answer>", 0.0),
+    ("<answer>3*5+7</answer> and so on", 1.0),          # a block wins over the text around it
+    ("<answer> <answer>3*5+7</answer>", 0.0),           # blocks pair like re.findall: "<answer>3*5+7" is graded
+    (chat("3 × 5 + 7"), 1.0),                           # × ÷ − are mapped
+    (chat("(35 ÷ 5) + 3 × 5"), 0.0),                    # 22, but 35 is not given
+    (chat("7 − 5 + 5 × 3 + 5"), 0.0),                   # 5 used twice
+    (chat("\\boxed{3*5+7}"), 1.0),
+    (chat("$\\boxed{3*5+7}$."), 1.0),
+    (chat("\\boxed{\\text{3*5+7}}"), 0.0),          # only a \boxed{} without inner braces is unwrapped
+    (chat("`3*5+7`"), 1.0),
+    (chat("$3*5+7$"), 1.0),
+    (chat("3*5+7."), 1.0),
+    (chat("3*5+7 = 22"), 1.0),
+    (chat("3*5+7 = 22.0"), 1.0),                        # the right-hand side is read as Fraction reads it
+    (chat("3*5+7 = 44/2"), 1.0),
+    (chat("3*5+7 = 2.2e1"), 1.0),
+    (chat("3*5+7 = 23"), 0.0),
+    (chat("3*5+7 = 22 = 22"), 0.0),                     # at most one "="
+    (chat("3*5+7 == 22"), 0.0),
+    (chat("3*5+7 ="), 0.0),
+    (chat("3 * 5 + 7  # each number once"), 1.0),      # Python's grammar: a comment is ignored
+    (chat("0x3*5+7"), 1.0),                             # ... and 0x3 is the integer 3
+    (chat("3*5+7.0"), 0.0),                             # a float literal
+    (chat("-3+5*5"), 0.0),                              # unary minus
+    (chat("3*5+7*1"), 0.0),                             # 1 is not given
+    (chat("3*5"), 0.0),                                 # 7 not used
+    (chat("(3*5)+(7)"), 1.0),
+    (chat("3**1*5+7"), 0.0),                            # ** is not + - * /
+    (chat("The answer is 3*5+7"), 0.0),
+    (chat(""), 0.0),
+    (chat("3*5" + " " * 248 + "+7"), 1.0),              # 253 characters
+    (chat("3*5" + " " * 252 + "+7"), 0.0),              # 257 characters: over the 256 bound
+])
+def test_countdown_official_truth_table(official, completion, expected):
+    assert official.reward(completion, EXAMPLE) == expected
+
+
+def test_countdown_official_exact_fractions_and_bounds(official):
+    assert official.reward("6/(1-3/4)", {"numbers": [1, 3, 4, 6], "target": 24}) == 1.0
+    assert official.reward("5/(3-3)", {"numbers": [3, 3, 5], "target": 10}) == 0.0  # division by zero
+    # literals in 0..10^6 only: the same sum with 1 000 001 is refused
+    assert official.reward("1000000-999999+21", {"numbers": [1000000, 999999, 21], "target": 22}) == 1.0
+    assert official.reward("1000001-999999+20", {"numbers": [1000001, 999999, 20], "target": 22}) == 0.0
+
+
+def test_python_fraction_reads_as_fraction_does_without_huge_powers():
+    assert [python_fraction(text) for text in ("19", " 19.0 ", "19/1", "1.9e1", "190e-1")] == [19] * 5
+    assert python_fraction("1_9") == 19 and python_fraction("+19") == 19
+    assert python_fraction("1/0") is None and python_fraction("x") is None and python_fraction("") is None
+    # 10**999999999 would take minutes: with a short mantissa such a number is 0 or no integer in 0..10^6
+    assert python_fraction("0e999999999") == 0 and python_fraction("0.0e-999999999") == 0
+    assert python_fraction("22e999999999") is None and python_fraction("22e-999999999") is None
+    assert python_fraction("22e" + "9" * 250) is None
+
+
+def test_countdown_compact_style_keeps_its_own_rules(official, task_with_format):
+    official_with_format = get_task("countdown", format_score=0.1)
+    for rules_task in (official_with_format, task_with_format):
+        assert rules_task.reward("3*5+7", EXAMPLE, style="compact") == 1.0
+        assert rules_task.reward("3*5-7", EXAMPLE, style="compact") == pytest.approx(0.1)
+        assert rules_task.reward("3 × 5 + 7", EXAMPLE, style="compact") == 0.0
+    assert official_with_format.reward(chat("3*5-7"), EXAMPLE) == 0.0  # the official chat rules are binary
+
+
+def official_reference(text, numbers, target):
+    """The official rules transcribed the slow, obvious way (regex extraction, ast walk) for the fuzz test."""
+    text = text.replace("<|im_end|>", "").replace("<|endoftext|>", "").strip()
+    text = text.rsplit("</think>", 1)[1].strip() if "</think>" in text else text
+    blocks = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    answer = (blocks[-1] if blocks else text).strip()
+    answer = answer.replace("×", "*").replace("÷", "/").replace("−", "-")
+    boxed = re.search(r"\\boxed\{([^{}]*)\}", answer)
+    answer = (boxed.group(1) if boxed else answer).strip().strip("`$").strip().rstrip(".")
+    sides = answer.split("=")
+    if len(answer) > 256 or len(sides) > 2:
+        return False
+    try:
+        if len(sides) == 2 and Fraction(sides[1].strip()) != target:
+            return False
+        used = []
+
+        def value(node):
+            if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= 10**6:
+                used.append(node.value)
+                return Fraction(node.value)
+            ops = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__,
+                   ast.Div: Fraction.__truediv__}
+            if isinstance(node, ast.BinOp) and type(node.op) in ops:
+                return ops[type(node.op)](value(node.left), value(node.right))
+            raise ValueError(node)
+
+        with warnings.catch_warnings():  # Python warns about odd literals such as "1e1if"
+            warnings.simplefilter("ignore")
+            tree = ast.parse(sides[0].strip(), mode="eval")
+        result = value(tree.body)
+        return result == target and Counter(used) == Counter(numbers)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return False
+
+
+PIECES = ["3", "5", "7", "22", "0x16", "0b11", "1_0", "00", "07", "*", "+", "-", "/", "(", ")", " ", "\n", "\r",
+          "\t", "\\\n", "#", "# c", "=", "= 22", "=22.0", "=22/1", "=2.2e1", "×", "÷", "−", "`", "$", ".",
+          "\\boxed{", "}", "{", "<answer>", "</answer>", "<think>", "</think>", "**", "x", "e", "1e1", "3.0", "'",
+          "\\d", "if", "\u00a0", "\x85", "٣", "<|im_end|>", "3*5+7", "7+5*3", "(3*5)+7"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=12))
+def test_countdown_official_rules_match_a_plain_transcription(pieces):
+    # differences would come from the linear-time extraction, the character pre-check or the Fraction guard
+    text = "".join(pieces)
+    assert official_is_correct(text, [3, 5, 7], 22) == official_reference(text, [3, 5, 7], 22)
+
+
+# --- lenient rules: our parser on the last <answer> block -----------------------------------------------
 @pytest.mark.parametrize("answer, expected", [
     ("3*5+7", 1.0),            # correct
     ("7+5*3", 1.0),            # correct, other order (precedence: 5*3 first)
@@ -116,14 +250,17 @@ def test_parser_rejects_huge_literals():
 
 
 HOSTILE = ["__import__('os').system('echo pwned')", "9**9**9**9", "(" * 10_000 + "1" + ")" * 10_000,
-           "1+" * 50_000 + "1", "x" * 100_000, "١٢*٥-٣", "3*5+7\x00", "eval('3*5+7')"]
+           "1+" * 50_000 + "1", "x" * 100_000, "١٢*٥-٣", "3*5+7\x00", "eval('3*5+7')",
+           "(" * 150 + "3*5+7" + ")" * 150, "\\boxed{" + "7" * 1_000_000, "<answer>" * 100_000,
+           "3*5+7 = 22e" + "9" * 200]
 
 
 @pytest.mark.parametrize("hostile", HOSTILE, ids=range(len(HOSTILE)))
-def test_countdown_hostile_inputs_score_zero_or_format(task_with_format, hostile):
+def test_countdown_hostile_inputs_score_zero_or_format(task_with_format, official, hostile):
     assert task_with_format.reward(hostile, EXAMPLE, style="compact") == 0.0
     assert task_with_format.reward(chat(hostile), EXAMPLE) == pytest.approx(0.1)
     assert task_with_format.reward(hostile, EXAMPLE, style="chat") == 0.0
+    assert official.reward(chat(hostile), EXAMPLE) == official.reward(hostile, EXAMPLE) == 0.0
 
 
 # --- solver and generator -------------------------------------------------------------------------------

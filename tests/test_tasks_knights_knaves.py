@@ -1,11 +1,13 @@
 """Knights and Knaves: truth tables, uniqueness by brute force, the answer parser and Logic-RL scoring."""
 
 import itertools
+import re
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tasks import COMPACT_ALPHABET, get_task
-from tasks.knights_knaves import decode_compact, knight_tables, parse_roles, solutions, truth_table
+from tasks.knights_knaves import decode_compact, knight_tables, logic_rl_roles, parse_roles, solutions, truth_table
 
 # Hand-solved puzzle: Alice says "Bob is a knave"; Bob says "Alice and I are knights".
 # Alice knight -> Bob knave -> Bob's claim is false, as a knave's must be: consistent.
@@ -122,6 +124,99 @@ def test_logic_rl_scores(task):
     assert task.reward(f"case analysis </think> <answer> {right} </answer>", HAND) == 3.0
 
 
+# The issue's examples: Zoey is a knight, Oliver a knave. Scores are format (+1 / -1) + answer (+2 right,
+# -1.5 read but wrong, -2 unreadable), computed by hand for the Logic-RL reader and for ours.
+ZOEY = {"names": ["zoey", "oliver"], "knights": [True, False]}
+
+
+@pytest.mark.parametrize("answer, logic_rl, lenient", [
+    ("(1) Zoey is a knight\n(2) Oliver is a knave", 3.0, 3.0),
+    ("Oliver is a knave, Zoey is a knight", 3.0, 3.0),          # any order
+    ("ZOEY IS A KNIGHT; oliver   is\na knave", 3.0, 3.0),        # any case, any whitespace
+    ("Zoey: knight, Oliver: knave", -1.0, 3.0),                  # no "is a": unreadable officially
+    ("Zoey is not a knave, Oliver is a knave", -1.0, 3.0),       # "is not a" is not "is a"
+    ("Zoey is an knight, Oliver is a knave", -1.0, 3.0),
+    ("Zoey is a knights, Oliver is a knave", -1.0, 3.0),         # "knights" counts as a role word, not as a role
+    ("(1) Zoey is a knave\n(2) Oliver is a knave", -0.5, -0.5),  # read, wrong
+    ("Zoey is a knight, Oliver is a knave, and knights never lie", -1.0, -1.0),  # 3 role words for 2 people
+    ("Zoey is a knight", -1.0, -1.0),                            # 1 role word for 2 people
+    ("Zoey is a knight, Zoe is a knave", -1.0, -1.0),            # Oliver never named
+    ("", -1.0, -1.0),
+])
+def test_logic_rl_and_lenient_truth_table(answer, logic_rl, lenient):
+    completion = chat(answer)
+    assert get_task("knights_knaves").reward(completion, ZOEY) == logic_rl
+    assert get_task("knights_knaves", rules="logic_rl").reward(completion, ZOEY) == logic_rl
+    assert get_task("knights_knaves", rules="lenient").reward(completion, ZOEY) == lenient
+
+
+@pytest.mark.parametrize("completion", [
+    "<answer> (1) Zoey is a knight\n(2) Oliver is a knave </answer>",                    # no think block
+    "<think> a </think> <think> b </think> <answer> Zoey is a knight, Oliver is a knave </answer>",
+    "<answer> Zoey is a knight, Oliver is a knave </answer> <think> a </think>",          # wrong order
+    "<think> a </think> <answer> Zoey is a knight </answer> <answer> Oliver is a knave </answer>",
+    "<think> a <answer> Zoey is a knight, Oliver is a knave </answer> </think>",          # answer inside think
+])
+def test_logic_rl_format_failures_score_minus_three(completion):
+    for rules in ("logic_rl", "lenient"):
+        assert get_task("knights_knaves", rules=rules).reward(completion, ZOEY) == -3.0
+
+
+def test_logic_rl_reader_details():
+    # whole words: "bella" is not found inside "Isabella", and the first "<name> is a ..." decides
+    names = ["isabella", "bella"]
+    assert logic_rl_roles("Isabella is a knight, Bella is a knave", names) == {"isabella": True, "bella": False}
+    assert logic_rl_roles("Isabella is a knight, Isabella is a knave", names) is None
+    assert logic_rl_roles("Bella is a knave. Isabella is a knight", names) == {"isabella": True, "bella": False}
+    assert logic_rl_roles("Bella is a knave or Bella is a knight", ["bella", "tara"]) is None  # Tara missing
+    # a completion that starts inside a pre-filled <think> has the format, as with the official prompt
+    prefilled = "case analysis </think> <answer> Zoey is a knight, Oliver is a knave </answer>"
+    assert get_task("knights_knaves").reward(prefilled, ZOEY) == 3.0
+    assert get_task("knights_knaves", binary=True).reward(chat("Zoey: knight, Oliver: knave"), ZOEY) == 0.0
+    assert get_task("knights_knaves", binary=True).reward(chat("Zoey is a knight, Oliver is a knave"), ZOEY) == 1.0
+
+
+def logic_rl_reference(text, names, knights):
+    """The Logic-RL / AR-Lopti scorer transcribed plainly (regexes, str.find), on a response whose prompt
+    pre-filled "<think>" when the response has none, for the fuzz test below."""
+    if "<think>" not in text and text.count("</think>") == 1:
+        text = "<think>" + text
+    tags = ["<think>", "</think>", "<answer>", "</answer>"]
+    positions = [text.find(tag) for tag in tags]
+    if any(text.count(tag) != 1 for tag in tags) or positions != sorted(positions):
+        return -3.0
+    answer = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)[-1].strip()
+    if not answer or answer.lower().count("knight") + answer.lower().count("knave") != len(names):
+        return -1.0
+    roles = {}
+    for name in names:
+        found = re.search(rf"\b{name}\b\s+is\s+a\s+\b(knight|knave)\b", answer, re.IGNORECASE)
+        if not found:
+            return -1.0
+        roles[name] = found.group(1).lower()
+    return 3.0 if roles == {n: "knight" if k else "knave" for n, k in zip(names, knights)} else -0.5
+
+
+KK_TAGS = ["<think>", "</think>", "<answer>", "</answer>"] + [" x "] * 16
+KK_PIECES = ["Zoey: knight", "Zoey is an knight", "Zoey is not a knave", "Olivers is a knave", "Oliver is a knaves",
+             "knights lie", "x"] + ["Zoey is a knight", "zoey  is\na knave", "Oliver is a knave",
+                                    "OLIVER is\ta knight"] * 3
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(KK_TAGS), max_size=2), st.lists(st.sampled_from(KK_PIECES), min_size=1, max_size=3),
+       st.lists(st.sampled_from(KK_TAGS), max_size=2))
+def test_logic_rl_rules_match_a_plain_transcription(before, answer, after):
+    text = "".join(before) + "<think> x </think> <answer>" + ", ".join(answer) + "</answer>" + "".join(after)
+    assert get_task("knights_knaves").reward(text, ZOEY) == logic_rl_reference(text, ZOEY["names"], ZOEY["knights"])
+
+
+def test_compact_style_ignores_the_rules():
+    for rules in ("logic_rl", "lenient"):
+        task = get_task("knights_knaves", rules=rules)
+        assert [task.reward(c, HAND, style="compact") for c in ("10", "01", "1", "1x")] == [3.0, -0.5, -1.0, -1.0]
+
+
 def test_binary_variant_and_accuracy():
     binary = get_task("knights_knaves", binary=True)
     assert binary.pass_threshold == 1.0
@@ -141,11 +236,18 @@ def test_compact_answers(task):
 
 
 @pytest.mark.parametrize("hostile", ["__import__('os').system('echo pwned')", "knight " * 20_000,
-                                     "(" * 10_000, "x" * 100_000, "١٠"])
+                                     "(" * 10_000, "x" * 100_000, "١٠", "alice " * 200_000 + "knight knave"])
 def test_hostile_answers_are_unparseable(task, hostile):
-    assert task.reward(chat(hostile), HAND) == -1.0
-    assert task.reward(hostile, HAND) == -3.0
-    assert task.reward(hostile, HAND, style="compact") == -1.0
+    for rules_task in (task, get_task("knights_knaves", rules="lenient")):
+        assert rules_task.reward(chat(hostile), HAND) == -1.0
+        assert rules_task.reward(hostile, HAND) == -3.0
+        assert rules_task.reward(hostile, HAND, style="compact") == -1.0
+
+
+def test_a_megabyte_answer_is_read_in_one_pass():
+    spaced = chat("Alice is a knight" + " " * 1_000_000 + "Bob is a knave")
+    assert get_task("knights_knaves").reward(spaced, HAND) == 3.0  # Logic-RL reads any length
+    assert get_task("knights_knaves", rules="lenient").reward(spaced, HAND) == -1.0  # ours: over 2000 characters
 
 
 def test_examples_deterministic_and_splits_disjoint(task, puzzles):

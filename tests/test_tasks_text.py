@@ -1,4 +1,5 @@
-"""GSM8K extraction and loading; token F1, ROUGE-L and the text_match reward on hand-computed examples."""
+"""GSM8K's lenient rules (last number) and loading; token F1, ROUGE-L and the text_match reward on hand-computed
+examples, its bounds and its data checks. The math-verify rules are in test_tasks_math.py."""
 
 import json
 import sys
@@ -8,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from tasks import COMPACT_ALPHABET, get_task
 from tasks.gsm8k import extract_answer, to_number
-from tasks.text_match import lcs_length, normalize_tokens, rouge_l, similarity, token_f1
+from tasks.text_match import MAX_COMPARED_CHARS, MAX_COMPARED_TOKENS, compared_tokens, lcs_length, \
+    normalize_tokens, rouge_l, similarity, token_f1
 
 
 def write_jsonl(path, rows):
@@ -23,7 +25,7 @@ def gsm_rows(count):
 
 @pytest.fixture
 def gsm8k(tmp_path):
-    return get_task("gsm8k", data=write_jsonl(tmp_path / "gsm8k.jsonl", gsm_rows(60)))
+    return get_task("gsm8k", data=write_jsonl(tmp_path / "gsm8k.jsonl", gsm_rows(60)), rules="last_number")
 
 
 # --- GSM8K ----------------------------------------------------------------------------------------------
@@ -60,7 +62,7 @@ def test_gsm8k_reward_and_format_score(gsm8k, tmp_path):
     assert gsm8k.reward("<think> x </think> <answer> $1000.00 </answer>", example) == 1.0
     assert gsm8k.reward("<think> x </think> <answer> 999 </answer>", example) == 0.0
     assert gsm8k.reward("1000", example, style="compact") == 1.0
-    with_format = get_task("gsm8k", data=tmp_path / "gsm8k.jsonl", format_score=0.1)
+    with_format = get_task("gsm8k", data=tmp_path / "gsm8k.jsonl", format_score=0.1, rules="last_number")
     assert with_format.reward("<think> x </think> <answer> 999 </answer>", example) == pytest.approx(0.1)
     assert with_format.reward("999", example) == 0.0
 
@@ -81,7 +83,7 @@ def test_gsm8k_folder_with_official_split(tmp_path):
     rows = gsm_rows(10)
     write_jsonl(tmp_path / "train.jsonl", rows[:8])
     write_jsonl(tmp_path / "test.jsonl", rows[6:])  # rows 6 and 7 overlap: dropped from train
-    task = get_task("gsm8k", data=tmp_path)
+    task = get_task("gsm8k", data=tmp_path, rules="last_number")
     assert len(task.examples("train", None, 0)) == 6 and len(task.examples("test", None, 0)) == 4
 
 
@@ -96,16 +98,25 @@ def test_gsm8k_malformed_file_names_file_and_line(tmp_path, bad_line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(gsm_rows(1)[0]) + "\n\n" + bad_line + "\n")
     with pytest.raises(ValueError, match=message) as error:
-        get_task("gsm8k", data=path)
+        get_task("gsm8k", data=path, rules="last_number")
     assert f"{path}:3:" in str(error.value)
 
 
 def test_gsm8k_without_data_or_datasets_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
     with pytest.raises(ValueError, match="data=PATH"):
-        get_task("gsm8k")
+        get_task("gsm8k", rules="last_number")  # nothing is downloaded unless asked for
+    with pytest.raises(ValueError, match=r"^gsm8k: data='openai/gsm8k' needs the `datasets` package"):
+        get_task("gsm8k", data="openai/gsm8k", rules="last_number")
     with pytest.raises(ValueError, match="cannot open"):
-        get_task("gsm8k", data=tmp_path / "missing.jsonl")
+        get_task("gsm8k", data=tmp_path / "missing.jsonl", rules="last_number")
+
+
+def test_gsm8k_boxed_scan_is_bounded():
+    assert extract_answer("\\boxed{" + "{" * 1_000_000) is None  # unclosed within 1000 characters
+    assert extract_answer("7 \\boxed{" + "x" * 10_000) == "7"  # falls back to the last number ...
+    assert extract_answer("7 \\boxed{" + "x" * 1_000_000) is None  # ... in the last 20 000 characters
+    assert extract_answer("\\boxed{" + "x " * 400 + "12}") == "12"
 
 
 # --- token F1 and ROUGE-L -------------------------------------------------------------------------------
@@ -148,6 +159,13 @@ def test_bit_parallel_lcs_matches_dynamic_programme(a, b):
     assert lcs_length(a, b) == lcs_table(a, b) == lcs_length(b, a)
 
 
+def test_lcs_of_long_lists_is_exact_and_cheap():
+    a = ["x", "y"] * 4000 + ["z"]
+    b = ["y", "x"] * 2500
+    assert lcs_length(a, b) == 5000 and lcs_length(b, a) == 5000  # every token of b in order in a
+    assert lcs_length(["q"] * 9000, b) == 0
+
+
 # --- text_match task ------------------------------------------------------------------------------------
 @pytest.fixture
 def text_task(tmp_path):
@@ -182,3 +200,33 @@ def test_text_match_needs_data_and_reports_bad_lines(tmp_path):
     path.write_text('{"prompt": "p", "reference": "r"}\n{"prompt": "p2", "reference": 3}\n')
     with pytest.raises(ValueError, match=f"{path}:2: field 'reference'"):
         get_task("text_match", data=path)
+
+
+def test_text_match_reference_without_tokens_is_a_data_error(tmp_path, text_task):
+    # before: the empty reference tied every empty answer at 0.6 (two empty bags have F1 = 1)
+    rows = [{"prompt": "p", "reference": "r"}, {"prompt": "q", "reference": "The, a!"}]
+    path = write_jsonl(tmp_path / "empty.jsonl", rows)
+    with pytest.raises(ValueError, match=f"^{path}:2: field 'reference' has no token after normalisation"):
+        get_task("text_match", data=path)
+    with pytest.raises(ValueError, match="no token after normalisation"):
+        text_task.reward("<answer> </answer>", {"prompt": "p", "reference": "an ..."})
+
+
+def test_text_match_grades_the_official_final_text(text_task):
+    example = {"prompt": "p", "reference": "cat sat on mat"}
+    assert text_task.reward("<think> cat sat on mat </think> dog", example) == 0.0   # only after </think>
+    assert text_task.reward("<think> x </think> cat sat on mat", example) == pytest.approx(1.0)  # no tags needed
+    assert text_task.reward("<answer> cat sat on mat </answer> dog", example) == pytest.approx(1.0)
+
+
+def test_text_match_bounds_what_it_compares(text_task):
+    reference = " ".join(f"w{i}" for i in range(2000))  # 2 000 distinct tokens
+    example = {"prompt": "p", "reference": reference}
+    # a 1 MB completion: the reference then filler, cut to the first 4 096 tokens: 2 000 of them shared, in order,
+    # so F1 = ROUGE-L F = 2 * 2000 / (4096 + 2000)
+    huge = reference + " filler" * 150_000
+    assert text_task.reward(huge, example) == pytest.approx(2 * 2000 / (MAX_COMPARED_TOKENS + 2000))
+    long_reference = " ".join(f"w{i}" for i in range(5000))  # compared on its first 4 096 tokens
+    assert text_task.reward(long_reference, {"prompt": "p", "reference": long_reference}) == pytest.approx(1.0)
+    assert len(compared_tokens("x " * 60_000)) == MAX_COMPARED_TOKENS
+    assert len(compared_tokens("abcdefghij " * 10_000)) == MAX_COMPARED_CHARS // 11 + 1  # the cut splits a word

@@ -1,0 +1,137 @@
+"""Math answers checked by Hugging Face's math-verify, as the official SoftmaxGRPO reward checks GSM8K and DeepMath.
+
+The gold answer is wrapped in \\boxed{} and parsed with LaTeX extraction; the completion's final text
+(_verify.final_text) is parsed with LaTeX and plain-expression extraction; the answer is right when
+math_verify.verify says the two parses are equal. math-verify is optional (pip install math-verify): a task whose
+rules need it checks for it when it is created (require_math_verify), not in the middle of a run.
+
+math-verify hands the text to sympy, which is slow on long text and can hang on a short one (9**9**9**9 makes
+sympy build the number). Its own timeouts use signal.alarm, which works only in the main thread and cannot stop
+a long C-level integer operation, so they are switched off and the bounds here take their place:
+  - only the last MAX_MATH_CHARS characters of the final text are parsed (a \\boxed{} that starts earlier is lost;
+    the parse then costs at most a few hundred ms even on text made of failing LaTeX snippets);
+  - a numeric power tower (9**9**9, 2^{2^{99}}) scores 0 without being parsed;
+  - the check runs in one helper process (this file run as a script, started on first use), with DEADLINE_S
+    seconds per answer; past that the process is killed, the answer scores 0 and the next call starts a new one.
+Works from any thread (calls are serialised by a lock) and after a fork (the child starts its own helper).
+"""
+
+import atexit
+import importlib.util
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+
+MAX_MATH_CHARS = 1000  # only the end of the final text is parsed
+DEADLINE_S = 5.0  # wall-clock seconds per answer (the official code's parse and verify timeouts are 5 s each)
+STARTUP_S = 120.0  # seconds for the helper to import math-verify and warm up
+_TOWER = re.compile(r"(?:\^|\*\*)[\s{(]*(?:[-+]\s*)?\d+\s*(?:\^|\*\*)")  # a power whose exponent starts a power
+_lock = threading.Lock()
+_helper = {}  # {"process": Popen, "pid": the process that started it}
+
+
+def require_math_verify(task):
+    """One-line error at task creation when math-verify is not installed."""
+    if importlib.util.find_spec("math_verify") is None:
+        raise ValueError(f"{task}: rules='math_verify' needs the math-verify package (pip install math-verify, or "
+                         f"pip install -r requirements-dev.txt)")
+
+
+def math_answer_is_right(gold, final):
+    """True when math-verify finds the answer in `final` (a completion's final text) equal to `gold` (a plain or
+    LaTeX answer such as "42" or "\\frac{\\pi}{2}"), within the bounds above."""
+    final = final[-MAX_MATH_CHARS:]
+    if _TOWER.search(final):
+        return False
+    request = json.dumps([gold, final]).encode("ascii") + b"\n"  # ensure_ascii: one line, whatever the text
+    with _lock:
+        process = _running_helper()
+        try:
+            process.stdin.write(request)
+            process.stdin.flush()
+            reply = _read_line(process.stdout.fileno(), DEADLINE_S)
+        except OSError:  # the helper died (killed, out of memory)
+            reply = None
+        if reply not in (b"0", b"1"):  # late, dead, or out of step: start afresh
+            _stop_helper()
+            return False
+        return reply == b"1"
+
+
+def _running_helper():
+    if _helper.get("pid") == os.getpid() and _helper["process"].poll() is None:
+        return _helper["process"]
+    _stop_helper()  # ours if it died; a forked parent's is left alone
+    process = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, bufsize=0)
+    if _read_line(process.stdout.fileno(), STARTUP_S) != b"ready":
+        process.kill()
+        process.wait()
+        raise RuntimeError("the math-verify helper process did not start (its error is printed above)")
+    _helper.update(process=process, pid=os.getpid())
+    return process
+
+
+def _read_line(fd, seconds):
+    """One line (without its newline) from file descriptor `fd` within `seconds`, or None (timeout, end of file)."""
+    data = b""
+    deadline = time.monotonic() + seconds
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+    return data[:-1]
+
+
+@atexit.register
+def _stop_helper():
+    process, pid = _helper.pop("process", None), _helper.pop("pid", None)
+    if process is not None and pid == os.getpid():
+        process.kill()
+        process.wait()
+
+
+def _serve():
+    """The helper: read [gold, final] JSON lines from stdin, answer "1" or "0" lines on stdout."""
+    import logging
+    from functools import lru_cache
+
+    out = os.fdopen(os.dup(1), "wb", buffering=0)  # the answers' own channel ...
+    os.dup2(2, 1)  # ... so that anything a library prints goes to stderr, not into the answers
+    sys.stdout = sys.stderr
+    logging.disable(logging.WARNING)  # math-verify warns that its timeouts are off: the parent's deadline rules
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    @lru_cache(maxsize=4096)
+    def gold_parse(gold):  # the M completions of a prompt share one gold answer
+        return parse("\\boxed{" + gold + "}", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
+
+    def right(gold, final):
+        expected = gold_parse(gold)
+        answer = parse(final, extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
+                       parsing_timeout=None)
+        return bool(expected and answer and verify(expected, answer, timeout_seconds=None))
+
+    right("1", "1")  # warm up: the first parse loads the LaTeX grammar
+    out.write(b"ready\n")
+    for line in sys.stdin.buffer:
+        try:
+            ok = right(*json.loads(line))
+        except Exception:  # whatever sympy raises on odd input: not a right answer
+            ok = False
+        out.write(b"1\n" if ok else b"0\n")
+
+
+if __name__ == "__main__":
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)  # this folder: the task files' names must not shadow the modules math-verify imports
+    _serve()

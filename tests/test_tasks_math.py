@@ -1,0 +1,145 @@
+"""GSM8K and DeepMath under the official rules: math-verify on the final text (tasks/_math.py), its bounds and
+its helper process, and DeepMath loading. math-verify comes from requirements-dev.txt."""
+
+import json
+import sys
+import threading
+
+import pytest
+
+from tasks import _math, get_task
+from tasks.deepmath import HUB_NAME
+
+pytest.importorskip("math_verify")
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gsm8k(tmp_path_factory):
+    rows = [{"question": f"Ann has {i} pens and buys 2 more. How many?", "answer": f"{i}+2={i + 2}\n#### {i + 2}"}
+            for i in range(40)]
+    return get_task("gsm8k", data=write_jsonl(tmp_path_factory.mktemp("gsm") / "gsm8k.jsonl", rows))
+
+
+@pytest.fixture(scope="module")
+def deepmath(tmp_path_factory):
+    rows = [{"question": f"Compute {i}/2.", "final_answer": f"\\frac{{{i}}}{{2}}", "difficulty": 1.0}
+            for i in range(1, 41)]
+    return get_task("deepmath", data=write_jsonl(tmp_path_factory.mktemp("deep") / "deepmath.jsonl", rows))
+
+
+def q(answer):
+    return {"question": "q", "answer": answer, "rationale": "r"}
+
+
+@pytest.mark.parametrize("completion, gold, expected", [
+    ("<think> 6*7 </think> <answer> 42 </answer>", "42", 1.0),
+    ("<answer> \\boxed{\\frac{84}{2}} </answer>", "42", 1.0),
+    ("<answer> \\boxed{\\frac{84}{2}} </answer>", "2", 0.0),    # last-number matching gave 2 here
+    ("<answer> 1,2,3 </answer>", "123", 0.0),                   # ... and 123 here
+    ("<answer> 1e3 </answer>", "3", 0.0),                       # ... and 3 here
+    ("<answer> 1,000 </answer>", "1000", 1.0),
+    ("<answer> 42.0 </answer>", "42", 1.0),
+    ("So the total is $18$.", "18", 1.0),                       # bare text: the final text is all of it
+    ("<think> it is 42 </think> I am not sure", "42", 0.0),     # an answer only inside <think> does not count
+    ("<answer> 41 </answer>", "42", 0.0),
+    ("", "42", 0.0),
+])
+def test_gsm8k_math_verify_truth_table(gsm8k, completion, gold, expected):
+    assert gsm8k.rules == "math_verify"
+    assert gsm8k.reward(completion, q(gold)) == expected
+
+
+def test_gsm8k_compact_style_keeps_last_number(gsm8k):
+    assert gsm8k.reward("the answer is 1,2,3", q("123"), style="compact") == 1.0  # the tiny model's own rules
+    assert gsm8k.reward("42", q("42"), style="compact") == 1.0
+
+
+def test_gsm8k_rules_options(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "#### 1"}])
+    with pytest.raises(ValueError, match="^gsm8k: format_score belongs to rules='last_number'"):
+        get_task("gsm8k", data=path, format_score=0.1)
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # as if it were not installed
+    with pytest.raises(ValueError, match=r"^gsm8k: rules='math_verify' needs the math-verify package"):
+        get_task("gsm8k", data=path)
+    with pytest.raises(ValueError, match=r"^deepmath: rules='math_verify' needs the math-verify package"):
+        get_task("deepmath", data=path)
+    assert get_task("gsm8k", data=path, rules="last_number").rules == "last_number"  # runs without it
+
+
+HOSTILE = ["\\boxed{" + "7" * 1_000_000, "7" * 1_000_000, "{" * 100_000 + "42" + "}" * 100_000,
+           "\\boxed{" * 100_000, "<answer>" * 100_000, "9**9**9**9", "$10^{10^{10}}$", "\\boxed{2^{2^{2^{99}}}}",
+           "x" * 1_000_000 + " 41"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=range(len(HOSTILE)))
+def test_math_hostile_inputs_are_handled(gsm8k, deepmath, hostile):
+    # timing lives in benchmarks/task_generation.py; here: each returns 0 (and does not hang the suite)
+    for completion in (hostile, f"<think> x </think> <answer> {hostile} </answer>"):
+        assert gsm8k.reward(completion, q("42")) == 0.0
+        assert deepmath.reward(completion, {"question": "q", "final_answer": "42"}) == 0.0
+
+
+def test_only_the_end_of_a_long_final_text_is_parsed(gsm8k):
+    assert gsm8k.reward("filler " * 10_000 + "so \\boxed{42}", q("42")) == 1.0
+    assert gsm8k.reward("\\boxed{42} " + "filler " * 200, q("42")) == 0.0  # the box is beyond MAX_MATH_CHARS
+
+
+def test_helper_works_off_the_main_thread_and_survives_a_deadline(gsm8k, monkeypatch):
+    results = []
+    worker = threading.Thread(target=lambda: results.append(gsm8k.reward("<answer> 42 </answer>", q("42"))))
+    worker.start()
+    worker.join()
+    assert results == [1.0]
+    before = _math._helper["process"]
+    monkeypatch.setattr(_math, "DEADLINE_S", 0.0)  # every answer is late: the helper is killed, the answer scores 0
+    assert gsm8k.reward("<answer> 42 </answer>", q("42")) == 0.0
+    assert before.poll() is not None and "process" not in _math._helper
+    monkeypatch.setattr(_math, "DEADLINE_S", 5.0)
+    assert gsm8k.reward("<answer> 42 </answer>", q("42")) == 1.0  # a new helper
+
+
+def test_deepmath_rows_solutions_and_rewards(deepmath):
+    train, test = deepmath.examples("train", None, 0), deepmath.examples("test", None, 0)
+    assert len(train) + len(test) == 40 and test and set(train[0]) == {"question", "final_answer"}
+    for example in train[:5]:
+        assert deepmath.reward(deepmath.solution(example, "chat"), example) == 1.0
+        assert deepmath.reward(deepmath.solution(example, "compact"), example, style="compact") == 1.0
+    example = {"question": "q", "final_answer": "\\frac{3}{2}"}
+    assert deepmath.reward("<answer> 1.5 </answer>", example) == 1.0
+    assert deepmath.reward("<answer> $\\frac{6}{4}$ </answer>", example) == 1.0
+    assert deepmath.reward("<answer> 3/2 </answer>", example) == 1.0
+    assert deepmath.reward("<answer> 2/3 </answer>", example) == 0.0
+    assert deepmath.reward("frac 3 2", example, style="compact") == 1.0
+    assert deepmath.reward("", {"question": "q", "final_answer": "∞"}, style="compact") == 0.0  # compacts to ""
+
+
+def test_deepmath_data_errors(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ValueError, match=r"^deepmath needs data=PATH"):
+        get_task("deepmath")  # nothing is downloaded unless asked for
+    with pytest.raises(ValueError, match=f"^deepmath: data='{HUB_NAME}' needs the `datasets` package"):
+        get_task("deepmath", data=HUB_NAME)
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "final_answer": "1"}, {"question": "q2"}])
+    with pytest.raises(ValueError, match=f"^{path}:2: field 'final_answer' missing or not a string$"):
+        get_task("deepmath", data=path)
+    path = write_jsonl(tmp_path / "e.jsonl", [{"question": "q", "final_answer": "  "}])
+    with pytest.raises(ValueError, match=f"^{path}:1: field 'question' or 'final_answer' is empty$"):
+        get_task("deepmath", data=path)
+
+
+def test_deepmath_reads_parquet_shards(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    shards = tmp_path / "DeepMath-103K" / "data"
+    shards.mkdir(parents=True)
+    for shard in range(2):  # the hub snapshot's layout: data/train-0000k-of-00002.parquet
+        rows = [{"question": f"Compute {shard}{i}/2.", "final_answer": f"{shard}{i}/2", "topic": "x"}
+                for i in range(20)]
+        pandas.DataFrame(rows).to_parquet(shards / f"train-0000{shard}-of-00002.parquet")
+    task = get_task("deepmath", data=tmp_path / "DeepMath-103K")
+    assert len(task.examples("train", None, 0)) + len(task.examples("test", None, 0)) == 40

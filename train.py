@@ -406,8 +406,9 @@ def run(args):
 
     # --- the policy, its task and warm start; the reference policy (only when kl_coef > 0) ----------------------
     model, tokenizer, task, args.initial_policy = build_policy(args, device)
-    tqdm.write(f"task {task.name} (rules: {getattr(task, 'rules', 'default')}), prompts: {args.style}, "
-               f"method {args.method}, lr {args.lr:g}, max new tokens {args.max_new_tokens}")
+    args.rules = getattr(task, "rules", None) if args.style == "chat" else "compact"  # saved in run.json
+    tqdm.write(f"task {task.name} (reward rules: {args.rules}), prompts: {args.style}, method {args.method}, "
+               f"lr {args.lr:g}, max new tokens {args.max_new_tokens}")
     eval_examples = task.examples("test", args.eval_size, seed=args.seed)
     ref_model = None
     if args.kl_coef > 0:

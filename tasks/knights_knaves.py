@@ -287,11 +287,6 @@ class KnightsKnavesTask:
         return (f"<think> Checking every statement against each assignment. </think> "
                 f"<answer> {example['answer']} </answer>")
 
-    def accuracy(self, rewards):
-        """Share of rewards at the top score (the papers' accuracy)."""
-        rewards = list(rewards)
-        return sum(r >= self.pass_threshold for r in rewards) / max(len(rewards), 1)
-
     def reward_fn(self, completions, **columns):
         """TRL GRPOTrainer reward function: columns `names` and `knights`, one row per completion."""
         return rewards_from_columns(self.reward, completions, columns, ("names", "knights"))

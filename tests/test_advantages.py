@@ -1,6 +1,6 @@
 """Group advantages (softmax_grpo.group_advantages) on hand-worked examples, limits and properties.
 
-Covers issue 2, items 1-3 and 11: the binary closed form of SoftmaxGRPO, every other estimator on a worked
+Covers the binary closed form of SoftmaxGRPO, every other estimator on a worked
 example, property tests (zero-sum, shift invariance, monotonicity) and the ESS-adaptive temperature.
 """
 import math

@@ -1,4 +1,4 @@
-"""Advantage Reweighting and Lopti (lopti.py), and Prop. 4.2 of Yang et al. 2505.12929 (issue 2, items 9-10)."""
+"""Advantage Reweighting and Lopti (lopti.py), and Prop. 4.2 of Yang et al. 2505.12929."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""The clipped surrogate (ppo.policy_loss) and the k3 KL, on hand-computed batches (issue 2, item 8)."""
+"""The clipped surrogate (ppo.policy_loss) and the k3 KL, on hand-computed batches."""
 import math
 
 import pytest

@@ -217,15 +217,13 @@ def test_compact_style_ignores_the_rules():
         assert [task.reward(c, HAND, style="compact") for c in ("10", "01", "1", "1x")] == [3.0, -0.5, -1.0, -1.0]
 
 
-def test_binary_variant_and_accuracy():
+def test_binary_variant_and_pass_threshold():
     binary = get_task("knights_knaves", binary=True)
     assert binary.pass_threshold == 1.0
     assert binary.reward(chat("(1) Alice is a knight\n(2) Bob is a knave"), HAND) == 1.0
     assert binary.reward(chat("(1) Alice is a knave\n(2) Bob is a knave"), HAND) == 0.0
     assert binary.reward("(1) Alice is a knight\n(2) Bob is a knave", HAND) == 0.0  # no tags
-    task = get_task("knights_knaves")
-    assert task.accuracy([3.0, -0.5, 3.0, -3.0]) == 0.5
-    assert binary.accuracy([1.0, 0.0, 0.0, 0.0]) == 0.25
+    assert get_task("knights_knaves").pass_threshold == 3.0  # accuracy (train.py's pass@1) = share at the top score
 
 
 def test_compact_answers(task):

@@ -1,6 +1,6 @@
 """The exact binary-reward theory of SoftmaxGRPO (DESIGN.md section 3), proven rather than restated.
 
-Items 4-7 of issue 2: the prompt weight omega_{M,tau}(p) against an independent Bernstein sum and its limits;
+The prompt weight omega_{M,tau}(p) against an independent Bernstein sum and its limits;
 Eq. (4) by Monte Carlo with autograd; the large-group limit grad log E[exp(R/tau)]; and the non-conservative
 update field for three reward levels (exact enumeration of group outcomes).
 """

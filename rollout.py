@@ -7,6 +7,9 @@ log-prob tensors [B, T] line up with it column for column.
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from transformers import DynamicCache
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -71,78 +74,195 @@ class Rollouts:
     prompt_index: torch.Tensor     # [B] long, row -> index into the prompt list (rows of a group are adjacent)
     completions: list              # [B] decoded completion text (special tokens dropped)
 
-    @property
-    def completion_ids(self):
-        return self.input_ids[:, -self.completion_mask.shape[1]:]
+
+def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
+    """KV cache of every prompt but its last token, computed once per prompt and repeated M times -> DynamicCache.
+
+    input_ids, attention_mask [N, P] left-padded (one row per prompt). The M completions of a prompt share its
+    prefix, so the prompt runs through the model N times instead of N * M; generate then feeds only the last
+    prompt token (every row's last column is real with left padding) and samples as usual. Positions are the ones
+    generate itself would use: (number of real tokens before) for real tokens, 0 for padding.
+    Returns None when sharing does not apply (a model whose cache is not a plain KV cache).
+    """
+    cache = DynamicCache(config=model.config)
+    if any(cache.is_linear):  # recurrent (Mamba-style) state: generate would not skip the cached prefix
+        return None
+    position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
+    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
+          cache=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(num_generations)
+    return cache
+
+
+def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens, share_prefill,
+                       drop_finished_every, generate_kwargs):
+    """HF generate for all rows of `prompt_ids` -> (prompt ids [N*M, P], prompt mask, completion ids [N*M, T]).
+
+    drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS (and their KV
+    cache) out of the batch before going on; a single generate call keeps decoding finished rows until the
+    last row stops. None: one generate call for all max_new_tokens.
+    """
+    device = next(model.parameters()).device
+    prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
+    cache = None
+    if share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
+        cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, num_generations)
+    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
+    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    completion_ids = torch.full((len(prompt_input_ids), max_new_tokens), pad_id, device=device)
+    running = torch.arange(len(prompt_input_ids), device=device)  # rows still decoding
+    input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
+    while True:
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
+                                max_new_tokens=min(drop_finished_every or max_new_tokens, max_new_tokens - width),
+                                pad_token_id=pad_id, eos_token_id=eos_id, return_dict_in_generate=True,
+                                **generate_kwargs)
+        new_ids = output.sequences[:, input_ids.shape[1]:]
+        completion_ids[running, width:width + new_ids.shape[1]] = new_ids
+        width += new_ids.shape[1]
+        going = ~torch.isin(new_ids, torch.tensor(eos_id, device=device)).any(dim=1)
+        if width == max_new_tokens or not going.any():
+            return prompt_input_ids, prompt_mask, completion_ids[:, :width]
+        # the unfinished rows go on from their sequences so far; the cache holds all but their last token
+        running, input_ids = running[going], output.sequences[going]
+        attention_mask = torch.cat([attention_mask, torch.ones_like(new_ids)], dim=1)[going]
+        cache = output.cache
+        cache.batch_select_indices(going.nonzero().squeeze(1))
 
 
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens, temperature=1.0,
-                      top_p=1.0, greedy=False, mask_truncated=False):
+                      top_p=1.0, greedy=False, mask_truncated=False, share_prefill=True, rollout_batch=None,
+                      drop_finished_every=None):
     """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
 
     prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling at
     `temperature` (top_k off, no repetition penalty), so p_old = softmax(logits / temperature) up to top_p.
     Randomness comes from torch's global RNG: seed with torch.manual_seed for reproducible rollouts.
     mask_truncated: zero the completion mask of rows that hit max_new_tokens without an EOS.
+    share_prefill: run each prompt through the model once and copy its KV cache to its M rows (same samples,
+    less compute; see prefill_prompt_cache). rollout_batch: at most this many rows per generate call (whole
+    groups, at least one group per call) to bound generate's memory; None = all rows in one call. The calls'
+    results are joined with the usual layout: prompts left-padded to the widest, completions right-padded.
+    drop_finished_every: stop decoding rows that reached EOS every that many tokens (see sample_completions);
+    the same distribution, but other random draws than one call (fewer rows per sampling step).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id if eos_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
-    prompt_input_ids, prompt_mask = left_pad(prompt_ids, pad_id)
-    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0).to(device)
-    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if not greedy else \
         dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    generate_kwargs = dict(repetition_penalty=1.0, **sampling)
+    prompts_per_call = len(prompt_ids) if rollout_batch is None else max(1, rollout_batch // num_generations)
     was_training = model.training
     model.eval()
-    output = model.generate(input_ids=prompt_input_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
-                            pad_token_id=pad_id, eos_token_id=eos_id, repetition_penalty=1.0, **sampling)
+    parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call], num_generations, pad_id=pad_id,
+                                eos_id=eos_id, max_new_tokens=max_new_tokens, share_prefill=share_prefill,
+                                drop_finished_every=drop_finished_every, generate_kwargs=generate_kwargs)
+             for start in range(0, len(prompt_ids), prompts_per_call)]
     model.train(was_training)
-    completion_ids = output[:, prompt_input_ids.shape[1]:]
+    prompt_width = max(p.shape[1] for p, _, _ in parts)
+    completion_width = max(c.shape[1] for _, _, c in parts)
+    # Join the calls. Right-padding a completion with pad_id is what generate does to rows that finished early;
+    # only a call that ran all max_new_tokens can hold rows without EOS, and it is already the widest.
+    prompt_input_ids = torch.cat([F.pad(p, (prompt_width - p.shape[1], 0), value=pad_id) for p, _, _ in parts])
+    prompt_mask = torch.cat([F.pad(m, (prompt_width - m.shape[1], 0), value=0) for _, m, _ in parts])
+    completion_ids = torch.cat([F.pad(c, (0, completion_width - c.shape[1]), value=pad_id) for _, _, c in parts])
     completion_mask, truncated = completion_mask_from_ids(completion_ids, eos_id)
     completions = tokenizer.batch_decode(completion_ids.masked_fill(completion_mask == 0, pad_id),
                                          skip_special_tokens=True)
     if mask_truncated:  # still rewarded (they shape the group baseline), but never trained on
         completion_mask = completion_mask * (~truncated)[:, None].float()
-    return Rollouts(input_ids=output, attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+    return Rollouts(input_ids=torch.cat([prompt_input_ids, completion_ids], dim=1),
+                    attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
                     completion_mask=completion_mask, truncated=truncated,
                     prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(num_generations),
                     completions=completions)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Log-probabilities of the sampled tokens (selective: only completion positions, micro-batched)
+# Log-probabilities of the sampled tokens (selective: only completion positions, micro-batched, chunked)
 # ---------------------------------------------------------------------------------------------------------------
+LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # Gemma 2, Cohere, Granite
+
+
+def has_plain_lm_head(model):
+    """True when the model's logits are exactly lm_head(last hidden state): Llama, Qwen, Mistral, SmolLM, ...
+
+    Models that rescale or soft-cap their logits after the head (config fields in LOGIT_RESCALING) are scored
+    through their own forward instead (token_logprobs' fallback), so that nothing here re-implements them."""
+    config = model.config.get_text_config()
+    return not any(getattr(config, name, None) is not None for name in LOGIT_RESCALING)
+
+
+def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
+    """features [n, H or V] -> (log p of targets [n], entropy [n] or None), through float32 logits [n, V]."""
+    logits = to_logits(features) / temperature
+    log_normalizer = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_normalizer
+    if not with_entropy:
+        return logprobs, None
+    with torch.no_grad():
+        entropy = log_normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return logprobs, entropy
+
+
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=None,
-                   with_entropy=False):
+                   with_entropy=False, logit_chunk=1024, fp32_head=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here: the completion
-    is the last T columns). The LM head runs on the last T+1 positions only (`logits_to_keep`); per micro-batch
-    of rows, log p = logit[token] - logsumexp(logits), so no full-vocabulary log-softmax of the whole batch is
-    ever held. Gradients flow unless called under torch.no_grad(). with_entropy=True also returns the
-    per-token entropy [B, T] of softmax(logits / temperature), detached (a metric).
+    is the last T columns). Gradients flow unless called under torch.no_grad(). with_entropy=True also returns
+    the per-token entropy [B, T] of softmax(logits / temperature), detached (a metric).
+    Memory: rows go through the model `micro_batch` at a time; then the LM head and the log-softmax run on at
+    most `logit_chunk` completion tokens at a time, so the float32 logits held at once are [logit_chunk, V]
+    (about logit_chunk * V * 4 bytes, times ~3 for the log-softmax and entropy temporaries), whatever B and T.
+    With gradients and several chunks, each chunk is checkpointed: its logits are recomputed in backward
+    instead of being kept (one more LM-head matmul). Exact: log p = logit[token] - logsumexp(logits), per token.
+    fp32_head: the LM head and log-softmax in float32 even under bf16 autocast (the body stays bf16). bf16
+    logits are rounded to ~0.4% of their size (0.06 at a logit of 16), which shows up directly in the PPO ratio;
+    DESIGN.md section 5 and benchmarks/logprob_fidelity.py have the numbers.
     Positions follow HF generate with left padding: position_id = (number of real tokens before) clipped at 0.
     """
     width = completion_mask.shape[1]
     micro_batch = micro_batch or input_ids.shape[0]
+    plain_head = has_plain_lm_head(model)
+    if plain_head:  # the body runs on its own, the head per chunk below
+        head = model.get_output_embeddings()
+        weight, bias = head.weight, head.bias
+        if fp32_head:
+            weight, bias = weight.float(), None if bias is None else bias.float()
+
+    def to_logits(features):  # [n, H] hidden states (or [n, V] logits of the fallback) -> [n, V] float32 logits
+        if not plain_head:
+            return features.float()
+        if not fp32_head:
+            return head(features).float()
+        with torch.autocast(features.device.type, enabled=False):
+            return F.linear(features.float(), weight, bias)
+
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, input_ids.shape[0], micro_batch):
         ids = input_ids[start:start + micro_batch]
         mask = attention_mask[start:start + micro_batch]
         position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
-                       logits_to_keep=width + 1).logits[:, -width - 1:-1, :]  # position t predicts token t+1
-        logits = logits.float() / temperature                       # [b, T, V]
-        targets = ids[:, -width:]
-        log_normalizer = torch.logsumexp(logits, dim=-1)            # [b, T]
-        logprob_chunks.append(logits.gather(-1, targets[..., None]).squeeze(-1) - log_normalizer)
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        if plain_head:
+            features = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]  # [b, T, H]
+        else:  # the model's own (rescaled) logits, [b, T, V] in the model's dtype
+            features = model(**inputs, logits_to_keep=width + 1).logits[:, -width - 1:-1]
+        # position t predicts token t+1: features[:, t] scores ids[:, -T + t]
+        flat_features, flat_targets = features.reshape(-1, features.shape[-1]), ids[:, -width:].reshape(-1)
+        checkpointed = torch.is_grad_enabled() and flat_features.shape[0] > logit_chunk
+        pieces = []
+        for first in range(0, flat_features.shape[0], logit_chunk):
+            args = (flat_features[first:first + logit_chunk], flat_targets[first:first + logit_chunk], to_logits,
+                    temperature, with_entropy)
+            pieces.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, *args, use_reentrant=False)
+                          if checkpointed else chunk_logprobs(*args))
+        logprob_chunks.append(torch.cat([lp for lp, _ in pieces]).view(ids.shape[0], width))
         if with_entropy:
-            with torch.no_grad():
-                probs = torch.softmax(logits, dim=-1)
-                entropy_chunks.append(log_normalizer - (probs * logits).sum(dim=-1))
+            entropy_chunks.append(torch.cat([ent for _, ent in pieces]).view(ids.shape[0], width))
     logprobs = torch.cat(logprob_chunks)
     return (logprobs, torch.cat(entropy_chunks).detach()) if with_entropy else logprobs
 

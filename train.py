@@ -239,7 +239,7 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
         rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
                                      config.num_generations, max_new_tokens=config.max_new_tokens,
                                      temperature=config.temperature, top_p=config.top_p,
-                                     mask_truncated=config.mask_truncated)
+                                     mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch)
     with clock("reward+advantage"):
         rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
                                 for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
@@ -371,7 +371,7 @@ def build_policy(args, device):
         elif args.resume is None:  # no warm start: the initial (reference) policy is the random init
             save_policy_atomically(model, tokenizer, initial_policy)
     elif args.style == "chat" and not getattr(tokenizer, "chat_template", None):
-        tqdm.write(f"warning: {args.model} has no chat template; the prompts are the messages' plain text")
+        tqdm.write(f"note: {args.model} has no chat template; prompts are a plain-text User/Assistant conversation")
     return model, tokenizer, task, os.path.abspath(initial_policy) if os.path.exists(initial_policy) else initial_policy
 
 

@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
 import train  # noqa: E402
+from rollout import plain_text_conversation  # noqa: E402
 
 SMOLLM2_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
                             "text_match_small")
@@ -200,7 +201,7 @@ def make_trl_trainer(model, tokenizer, task, examples, args, after_step):
         messages = task.prompt(example, "chat")
         if getattr(tokenizer, "chat_template", None):
             return messages
-        return "\n".join(m["content"] for m in messages) + "\n"  # rollout.render_prompts' no-template fallback
+        return plain_text_conversation(messages)  # rollout.render_prompts' no-template fallback
 
     def reward(completions, example_index, **_):  # the same task.reward our side calls
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]

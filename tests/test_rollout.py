@@ -4,8 +4,8 @@ import torch
 
 import tasks
 from model import build_char_tokenizer, build_tiny_model
-from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, prefill_prompt_cache, render_prompts,
-                     token_logprobs)
+from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
+                     prefill_prompt_cache, render_prompts, token_logprobs)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -304,13 +304,23 @@ def test_render_prompts_compact_chat_and_plain_fallback(tiny):
     examples = [{"text": "1 2>3:"}]
     compact = render_prompts(tokenizer, EchoTask(), examples, "compact")
     assert compact == [[BOS] + tokenizer.convert_tokens_to_ids(list("1 2>3:"))]  # one token per character
-    plain = render_prompts(tokenizer, EchoTask(), examples, "chat")  # no template: the plain text
-    assert tokenizer.decode(plain[0], skip_special_tokens=True) == "1 2>3:\n"
+    plain = render_prompts(tokenizer, EchoTask(), examples, "chat")  # no template: a plain-text conversation
+    assert plain == [tokenizer(plain_text_conversation(EchoTask().prompt(examples[0], "chat")))["input_ids"]]
     templated = build_char_tokenizer(tasks.COMPACT_ALPHABET)
     templated.chat_template = "{% for m in messages %}<bos>u:{{ m['content'] }}\n{% endfor %}a:"
     ids = render_prompts(templated, EchoTask(), examples, "chat")
     assert ids[0].count(BOS) == 1  # the template's BOS only: the tokenizer must not add a second one
     assert templated.decode(ids[0], skip_special_tokens=True) == "u:1 2>3:\na:"
+
+
+def test_plain_text_conversation_for_a_base_model():
+    messages = [{"role": "system", "content": "Think in <think> </think>, answer in <answer> </answer>."},
+                {"role": "user", "content": "Using [3, 5], make 8."}]
+    assert plain_text_conversation(messages) == ("A conversation between User and Assistant. Think in <think> "
+                                                 "</think>, answer in <answer> </answer>.\nUser: Using [3, 5], make 8."
+                                                 "\nAssistant:")
+    assert plain_text_conversation(messages[1:]) == "A conversation between User and Assistant.\nUser: Using [3, 5], " \
+        "make 8.\nAssistant:"
 
 
 def test_evaluate_is_greedy_and_counts_passes(tiny):

@@ -268,10 +268,15 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. When nothing reads p_old before the loss
     #    (no AR, no Lopti, one optimizer step), pi_old = pi_theta: the loss uses each forward's own detached log-probs
     #    (ratio 1, the same gradient) and this extra forward is skipped, as verl does.
+    #    Only rows that can get a gradient are forwarded: a non-zero advantage, or any token under a KL term.
+    active = completion_mask.any(1) & ((advantages != 0) | (ref_model is not None))
     with torch.no_grad():
         if old_logprobs is None and (config.alpha > 0 or config.lopti_eta > 0
                                      or config.ppo_epochs * config.mini_batches > 1):
-            old_logprobs = logprobs_of(model, slice(None), micro_batch=config.micro_batch)
+            old_logprobs = torch.zeros_like(completion_mask)  # inactive rows: p_old = 1, A = 0, never trained on
+            rows = active.nonzero().squeeze(1)
+            if len(rows):
+                old_logprobs[rows] = logprobs_of(model, rows, micro_batch=config.micro_batch)
         ref_logprobs = None if ref_model is None else \
             logprobs_of(ref_model, slice(None), micro_batch=config.micro_batch)
     old_probs = None if old_logprobs is None else old_logprobs.exp()  # p_old of each sampled token
@@ -317,8 +322,8 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     if grad_norms:
         out["grad_norm"] = torch.stack(grad_norms).mean().item()
     if config.lopti_eta > 0:
-        low, _ = isolation_masks(old_probs, completion_mask, config.lopti_eta)
-        out["lopti_low_share"] = (low.sum() / completion_mask.sum().clamp_min(1)).item()
+        low, _ = isolation_masks(old_probs, completion_mask, config.lopti_eta)  # over the tokens trained on
+        out["lopti_low_share"] = (low[active].sum() / completion_mask[active].sum().clamp_min(1)).item()
     return {**out, "optimizer_steps": len(grad_norms)}
 
 

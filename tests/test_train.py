@@ -136,6 +136,7 @@ def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch,
         if len(rewards_seen) == 15:
             os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: DigitsTask(on_reward=interrupt_in_step_2))
+    handler_before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN in a background job
     with pytest.raises(SystemExit) as exit_info:
         run(tmp_path, "--steps", "5", "--eval-every", "5")
     assert exit_info.value.code == 130  # the shell's code for Ctrl-C, after the checkpoint was saved
@@ -146,7 +147,7 @@ def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch,
     assert "after RL (step 2)" in capsys.readouterr().out
     assert os.path.realpath(os.path.join(out, "latest")) == os.path.realpath(os.path.join(out, "checkpoint-2"))
     state = torch.load(os.path.join(out, "latest", "trainer_state.pt"), weights_only=False)
-    assert state["step"] == 2 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert state["step"] == 2 and signal.getsignal(signal.SIGINT) is handler_before
 
 
 # --- bad input: one line on stderr, exit code 2, no traceback ------------------------------------------------------

@@ -4,6 +4,8 @@ Layout used everywhere in this repo: a batch row is [left-padded prompt | comple
 last T columns. `completion_mask` [B, T] marks the generated tokens up to and including the first EOS; the
 log-prob tensors [B, T] line up with it column for column.
 """
+import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -208,7 +210,7 @@ def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
 
 
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=None,
-                   with_entropy=False, logit_chunk=1024, fp32_head=True):
+                   with_entropy=False, logit_chunk=1024, fp32_head=True, body_autocast=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here: the completion
@@ -219,9 +221,11 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     (about logit_chunk * V * 4 bytes, times ~3 for the log-softmax and entropy temporaries), whatever B and T.
     With gradients and several chunks, each chunk is checkpointed: its logits are recomputed in backward
     instead of being kept (one more LM-head matmul). Exact: log p = logit[token] - logsumexp(logits), per token.
-    fp32_head: the LM head and log-softmax in float32 even under bf16 autocast (the body stays bf16). bf16
-    logits are rounded to ~0.4% of their size (0.06 at a logit of 16), which shows up directly in the PPO ratio;
-    DESIGN.md section 5 and benchmarks/logprob_fidelity.py have the numbers.
+    Precision under bf16 autocast (numbers: benchmarks/logprob_fidelity.py): fp32_head runs the LM head and
+    log-softmax in float32 (bf16 rounds a logit of 16 by up to 0.06). body_autocast=False runs the whole forward
+    outside autocast, in the weights' dtype (float32 in train.py): under autocast each forward re-rounds the fp32
+    weights to bf16, so even a tiny update moves some of them by a whole bf16 step, and the ratio after an
+    update carries that noise.
     Positions follow HF generate with left padding: position_id = (number of real tokens before) clipped at 0.
     """
     width = completion_mask.shape[1]
@@ -241,16 +245,19 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
         with torch.autocast(features.device.type, enabled=False):
             return F.linear(features.float(), weight, bias)
 
+    body_precision = contextlib.nullcontext if body_autocast else \
+        functools.partial(torch.autocast, input_ids.device.type, enabled=False)
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, input_ids.shape[0], micro_batch):
         ids = input_ids[start:start + micro_batch]
         mask = attention_mask[start:start + micro_batch]
         position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         inputs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
-        if plain_head:
-            features = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]  # [b, T, H]
-        else:  # the model's own (rescaled) logits, [b, T, V] in the model's dtype
-            features = model(**inputs, logits_to_keep=width + 1).logits[:, -width - 1:-1]
+        with body_precision():
+            if plain_head:
+                features = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]  # [b, T, H]
+            else:  # the model's own (rescaled) logits, [b, T, V] in the model's dtype
+                features = model(**inputs, logits_to_keep=width + 1).logits[:, -width - 1:-1]
         # position t predicts token t+1: features[:, t] scores ids[:, -T + t]
         flat_features, flat_targets = features.reshape(-1, features.shape[-1]), ids[:, -width:].reshape(-1)
         checkpointed = torch.is_grad_enabled() and flat_features.shape[0] > logit_chunk

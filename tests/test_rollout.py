@@ -282,7 +282,8 @@ def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monk
 
 def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
     # Under bf16 autocast a logit of size L is rounded by up to L * 2^-9. Scaled logits (x8: |logit| ~ 10, the
-    # size of a real LM's) make that rounding dominate; with the head in float32 only the body's bf16 error is left.
+    # size of a real LM's) make that rounding dominate; with the head in float32 only the body's bf16 error is left,
+    # and with body_autocast=False none.
     model, tokenizer = tiny
     prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
     torch.manual_seed(1)
@@ -293,9 +294,11 @@ def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False)
             fp32_head = token_logprobs(model, *batch, temperature=1 / 8)
+            fp32_body = token_logprobs(model, *batch, temperature=1 / 8, body_autocast=False)
     error_bf16_head = (bf16_head - fp32)[real].abs().mean()
     error_fp32_head = (fp32_head - fp32)[real].abs().mean()
     assert fp32_head.dtype == torch.float32 and error_fp32_head < error_bf16_head / 2
+    torch.testing.assert_close(fp32_body, fp32, atol=1e-6, rtol=0)  # autocast off: the float32 result
 
 
 # --- prompts and evaluation ----------------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
 import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from transformers import DynamicCache
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -77,8 +77,13 @@ class Rollouts:
     completions: list              # [B] decoded completion text (special tokens dropped)
 
 
+def cache_name(model):
+    """The KV cache's argument / output field: `cache` in transformers 5.x, `past_key_values` before the rename."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
-    """KV cache of every prompt but its last token, computed once per prompt and repeated M times -> DynamicCache.
+    """KV cache of every prompt but its last token, computed once per prompt and repeated M times (a Cache).
 
     input_ids, attention_mask [N, P] left-padded (one row per prompt). The M completions of a prompt share its
     prefix, so the prompt runs through the model N times instead of N * M; generate then feeds only the last
@@ -86,12 +91,14 @@ def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
     generate itself would use: (number of real tokens before) for real tokens, 0 for padding.
     Returns None when sharing does not apply (a model whose cache is not a plain KV cache).
     """
-    cache = DynamicCache(config=model.config)
-    if any(cache.is_linear):  # recurrent (Mamba-style) state: generate would not skip the cached prefix
+    if not model._supports_default_dynamic_cache():  # Mamba-style models keep a recurrent state instead
         return None
     position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
-    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
-          cache=cache, use_cache=True, logits_to_keep=1)
+    output = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                   position_ids=position_ids[:, :-1], use_cache=True, logits_to_keep=1)
+    cache = getattr(output, cache_name(model))
+    if any(getattr(cache, "is_linear", ())):  # hybrid linear-attention layers: generate would not skip the prefix
+        return None
     cache.batch_repeat_interleave(num_generations)
     return cache
 
@@ -115,7 +122,7 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     running = torch.arange(len(prompt_input_ids), device=device)  # rows still decoding
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
-        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **{cache_name(model): cache},
                                 max_new_tokens=min(drop_finished_every or max_new_tokens, max_new_tokens - width),
                                 pad_token_id=pad_id, eos_token_id=eos_id, return_dict_in_generate=True,
                                 **generate_kwargs)
@@ -128,7 +135,7 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
         # the unfinished rows go on from their sequences so far; the cache holds all but their last token
         running, input_ids = running[going], output.sequences[going]
         attention_mask = torch.cat([attention_mask, torch.ones_like(new_ids)], dim=1)[going]
-        cache = output.cache
+        cache = getattr(output, cache_name(model))
         cache.batch_select_indices(going.nonzero().squeeze(1))
 
 

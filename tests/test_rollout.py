@@ -4,8 +4,8 @@ import torch
 
 import tasks
 from model import build_char_tokenizer, build_tiny_model
-from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, prefill_prompt_cache, render_prompts,
-                     token_logprobs)
+from rollout import (cache_name, completion_mask_from_ids, evaluate, generate_rollouts, left_pad, prefill_prompt_cache,
+                     render_prompts, token_logprobs)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -116,7 +116,7 @@ def test_shared_prefill_gives_generate_the_same_logits(tiny):
         cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
     assert cache.get_seq_length() == input_ids.shape[1] - 1  # all but the last prompt token, for M * 2 rows
     torch.manual_seed(0)
-    shared = model.generate(**settings, cache=cache)
+    shared = model.generate(**settings, **{cache_name(model): cache})
     assert torch.equal(shared.sequences, plain.sequences)  # same logits up to rounding, same RNG draws
     assert len(shared.logits) == len(plain.logits) >= 2
     for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):
@@ -355,7 +355,7 @@ def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smoll
     with torch.no_grad():
         cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
     torch.manual_seed(0)
-    shared = model.generate(**settings, cache=cache)
+    shared = model.generate(**settings, **{cache_name(model): cache})
     assert torch.equal(shared.sequences, plain.sequences)
     for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):  # logits of size ~20: float32 matmul rounding
         torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-4, msg=f"new token {step}")

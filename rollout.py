@@ -122,15 +122,16 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     running = torch.arange(len(prompt_input_ids), device=device)  # rows still decoding
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
+        segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
         output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **{cache_name(model): cache},
-                                max_new_tokens=min(drop_finished_every or max_new_tokens, max_new_tokens - width),
-                                pad_token_id=pad_id, eos_token_id=eos_id, return_dict_in_generate=True,
-                                **generate_kwargs)
+                                max_new_tokens=segment, pad_token_id=pad_id, eos_token_id=eos_id,
+                                return_dict_in_generate=True, **generate_kwargs)
         new_ids = output.sequences[:, input_ids.shape[1]:]
         completion_ids[running, width:width + new_ids.shape[1]] = new_ids
         width += new_ids.shape[1]
         going = ~torch.isin(new_ids, torch.tensor(eos_id, device=device)).any(dim=1)
-        if width == max_new_tokens or not going.any():
+        # done: all max_new_tokens, or every row stopped (the only reason generate returns short of `segment`)
+        if width == max_new_tokens or new_ids.shape[1] < segment or not going.any():
             return prompt_input_ids, prompt_mask, completion_ids[:, :width]
         # the unfinished rows go on from their sequences so far; the cache holds all but their last token
         running, input_ids = running[going], output.sequences[going]

@@ -4,12 +4,14 @@ Layout used everywhere in this repo: a batch row is [left-padded prompt | comple
 last T columns. `completion_mask` [B, T] marks the generated tokens up to and including the first EOS; the
 log-prob tensors [B, T] line up with it column for column.
 """
+import contextlib
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from transformers import DynamicCache
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -84,8 +86,13 @@ class Rollouts:
     completions: list              # [B] decoded completion text (special tokens dropped)
 
 
+def cache_name(model):
+    """The KV cache's argument / output field: `cache` in transformers 5.x, `past_key_values` before the rename."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
-    """KV cache of every prompt but its last token, computed once per prompt and repeated M times -> DynamicCache.
+    """KV cache of every prompt but its last token, computed once per prompt and repeated M times (a Cache).
 
     input_ids, attention_mask [N, P] left-padded (one row per prompt). The M completions of a prompt share its
     prefix, so the prompt runs through the model N times instead of N * M; generate then feeds only the last
@@ -93,12 +100,14 @@ def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
     generate itself would use: (number of real tokens before) for real tokens, 0 for padding.
     Returns None when sharing does not apply (a model whose cache is not a plain KV cache).
     """
-    cache = DynamicCache(config=model.config)
-    if any(cache.is_linear):  # recurrent (Mamba-style) state: generate would not skip the cached prefix
+    if not model._supports_default_dynamic_cache():  # Mamba-style models keep a recurrent state instead
         return None
     position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
-    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
-          cache=cache, use_cache=True, logits_to_keep=1)
+    output = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                   position_ids=position_ids[:, :-1], use_cache=True, logits_to_keep=1)
+    cache = getattr(output, cache_name(model))
+    if any(getattr(cache, "is_linear", ())):  # hybrid linear-attention layers: generate would not skip the prefix
+        return None
     cache.batch_repeat_interleave(num_generations)
     return cache
 
@@ -122,20 +131,21 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     running = torch.arange(len(prompt_input_ids), device=device)  # rows still decoding
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
-        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
-                                max_new_tokens=min(drop_finished_every or max_new_tokens, max_new_tokens - width),
-                                pad_token_id=pad_id, eos_token_id=eos_id, return_dict_in_generate=True,
-                                **generate_kwargs)
+        segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **{cache_name(model): cache},
+                                max_new_tokens=segment, pad_token_id=pad_id, eos_token_id=eos_id,
+                                return_dict_in_generate=True, **generate_kwargs)
         new_ids = output.sequences[:, input_ids.shape[1]:]
         completion_ids[running, width:width + new_ids.shape[1]] = new_ids
         width += new_ids.shape[1]
         going = ~torch.isin(new_ids, torch.tensor(eos_id, device=device)).any(dim=1)
-        if width == max_new_tokens or not going.any():
+        # done: all max_new_tokens, or every row stopped (the only reason generate returns short of `segment`)
+        if width == max_new_tokens or new_ids.shape[1] < segment or not going.any():
             return prompt_input_ids, prompt_mask, completion_ids[:, :width]
         # the unfinished rows go on from their sequences so far; the cache holds all but their last token
         running, input_ids = running[going], output.sequences[going]
         attention_mask = torch.cat([attention_mask, torch.ones_like(new_ids)], dim=1)[going]
-        cache = output.cache
+        cache = getattr(output, cache_name(model))
         cache.batch_select_indices(going.nonzero().squeeze(1))
 
 
@@ -217,7 +227,7 @@ def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
 
 
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=None,
-                   with_entropy=False, logit_chunk=1024, fp32_head=True):
+                   with_entropy=False, logit_chunk=1024, fp32_head=True, body_autocast=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here: the completion
@@ -228,9 +238,11 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     (about logit_chunk * V * 4 bytes, times ~3 for the log-softmax and entropy temporaries), whatever B and T.
     With gradients and several chunks, each chunk is checkpointed: its logits are recomputed in backward
     instead of being kept (one more LM-head matmul). Exact: log p = logit[token] - logsumexp(logits), per token.
-    fp32_head: the LM head and log-softmax in float32 even under bf16 autocast (the body stays bf16). bf16
-    logits are rounded to ~0.4% of their size (0.06 at a logit of 16), which shows up directly in the PPO ratio;
-    DESIGN.md section 5 and benchmarks/logprob_fidelity.py have the numbers.
+    Precision under bf16 autocast (numbers: benchmarks/logprob_fidelity.py): fp32_head runs the LM head and
+    log-softmax in float32 (bf16 rounds a logit of 16 by up to 0.06). body_autocast=False runs the whole forward
+    outside autocast, in the weights' dtype (float32 in train.py): under autocast each forward re-rounds the fp32
+    weights to bf16, so even a tiny update moves some of them by a whole bf16 step, and the ratio after an
+    update carries that noise.
     Positions follow HF generate with left padding: position_id = (number of real tokens before) clipped at 0.
     """
     width = completion_mask.shape[1]
@@ -250,16 +262,19 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
         with torch.autocast(features.device.type, enabled=False):
             return F.linear(features.float(), weight, bias)
 
+    body_precision = contextlib.nullcontext if body_autocast else \
+        functools.partial(torch.autocast, input_ids.device.type, enabled=False)
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, input_ids.shape[0], micro_batch):
         ids = input_ids[start:start + micro_batch]
         mask = attention_mask[start:start + micro_batch]
         position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         inputs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
-        if plain_head:
-            features = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]  # [b, T, H]
-        else:  # the model's own (rescaled) logits, [b, T, V] in the model's dtype
-            features = model(**inputs, logits_to_keep=width + 1).logits[:, -width - 1:-1]
+        with body_precision():
+            if plain_head:
+                features = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]  # [b, T, H]
+            else:  # the model's own (rescaled) logits, [b, T, V] in the model's dtype
+                features = model(**inputs, logits_to_keep=width + 1).logits[:, -width - 1:-1]
         # position t predicts token t+1: features[:, t] scores ids[:, -T + t]
         flat_features, flat_targets = features.reshape(-1, features.shape[-1]), ids[:, -width:].reshape(-1)
         checkpointed = torch.is_grad_enabled() and flat_features.shape[0] > logit_chunk

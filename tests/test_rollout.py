@@ -4,7 +4,7 @@ import torch
 
 import tasks
 from model import build_char_tokenizer, build_tiny_model
-from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
+from rollout import (cache_name, completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
                      prefill_prompt_cache, render_prompts, token_logprobs)
 
 PAD, BOS, EOS = 0, 1, 2
@@ -116,7 +116,7 @@ def test_shared_prefill_gives_generate_the_same_logits(tiny):
         cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
     assert cache.get_seq_length() == input_ids.shape[1] - 1  # all but the last prompt token, for M * 2 rows
     torch.manual_seed(0)
-    shared = model.generate(**settings, cache=cache)
+    shared = model.generate(**settings, **{cache_name(model): cache})
     assert torch.equal(shared.sequences, plain.sequences)  # same logits up to rounding, same RNG draws
     assert len(shared.logits) == len(plain.logits) >= 2
     for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):
@@ -282,7 +282,8 @@ def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monk
 
 def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
     # Under bf16 autocast a logit of size L is rounded by up to L * 2^-9. Scaled logits (x8: |logit| ~ 10, the
-    # size of a real LM's) make that rounding dominate; with the head in float32 only the body's bf16 error is left.
+    # size of a real LM's) make that rounding dominate; with the head in float32 only the body's bf16 error is left,
+    # and with body_autocast=False none.
     model, tokenizer = tiny
     prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
     torch.manual_seed(1)
@@ -293,9 +294,11 @@ def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False)
             fp32_head = token_logprobs(model, *batch, temperature=1 / 8)
+            fp32_body = token_logprobs(model, *batch, temperature=1 / 8, body_autocast=False)
     error_bf16_head = (bf16_head - fp32)[real].abs().mean()
     error_fp32_head = (fp32_head - fp32)[real].abs().mean()
     assert fp32_head.dtype == torch.float32 and error_fp32_head < error_bf16_head / 2
+    torch.testing.assert_close(fp32_body, fp32, atol=1e-6, rtol=0)  # autocast off: the float32 result
 
 
 # --- prompts and evaluation ----------------------------------------------------------------------------------------
@@ -362,7 +365,7 @@ def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smoll
     with torch.no_grad():
         cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
     torch.manual_seed(0)
-    shared = model.generate(**settings, cache=cache)
+    shared = model.generate(**settings, **{cache_name(model): cache})
     assert torch.equal(shared.sequences, plain.sequences)
     for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):  # logits of size ~20: float32 matmul rounding
         torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-4, msg=f"new token {step}")

@@ -23,7 +23,7 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 LOPTI_ORDERS = ("low-first", "high-first")
 # Flags a resumed run may change (hardware, length, logging); any other flag must match the saved run.
 RESUME_MAY_CHANGE = {"steps", "eval_every", "save_every", "keep_checkpoints", "device", "dtype", "threads",
-                     "micro_batch", "rollout_batch", "resume", "dry_run"}
+                     "micro_batch", "rollout_batch", "logit_chunk", "resume", "dry_run"}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -61,6 +61,11 @@ def parse_args(argv=None):
                    "fixed before the first (SoftmaxGRPO: 1; AR/Lopti runs: 2)")
     p.add_argument("--micro-batch", type=int, default=64, help="rows per forward/backward (memory knob only)")
     p.add_argument("--rollout-batch", type=int, default=None, help="rows per generate call (memory knob; whole groups)")
+    p.add_argument("--drop-finished-every", type=int, default=None, help="take rows that reached EOS out of generate "
+                   "every K tokens (faster when lengths vary; same distribution, other random draws)")
+    p.add_argument("--logit-chunk", type=int, default=1024, help="tokens whose float32 logits exist at once (memory)")
+    p.add_argument("--logprob-fp32", action="store_true", help="score log-probs with a float32 forward under bf16 "
+                   "(the ratio's bf16 noise, ~1e-1 on SmolLM2, drops to 0; see README)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 1024, 12 for the tiny model")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature (SoftmaxGRPO 1.0, Lopti 0.7)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -118,7 +123,8 @@ def parse_args(argv=None):
             (args.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
             (1 <= args.mini_batches <= args.prompts_per_step * args.num_generations,
              "--mini-batches must lie in [1, prompts-per-step * num-generations]"),
-            (args.micro_batch >= 1, "--micro-batch must be >= 1"),
+            (args.micro_batch >= 1 and args.logit_chunk >= 1, "--micro-batch and --logit-chunk must be >= 1"),
+            (args.drop_finished_every is None or args.drop_finished_every >= 1, "--drop-finished-every must be >= 1"),
             (args.rollout_batch is None or args.rollout_batch >= args.num_generations,
              "--rollout-batch must be >= --num-generations (one whole group)"),
             (args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
@@ -199,6 +205,7 @@ class RolloutConfig:
     top_p: float = 1.0
     mask_truncated: bool = False
     rollout_batch: int | None = None
+    drop_finished_every: int | None = None
     method: str = "softmax"          # group advantage estimator
     tau: float = 0.1
     dtype: str = "fp32"
@@ -222,6 +229,8 @@ class UpdateConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1
     micro_batch: int = 64
+    logit_chunk: int = 1024          # float32 logits of at most this many tokens at once
+    logprob_fp32: bool = False       # a float32 forward for the log-probs under bf16 (no ratio noise)
     dtype: str = "fp32"
 
 
@@ -239,7 +248,8 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
         rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
                                      config.num_generations, max_new_tokens=config.max_new_tokens,
                                      temperature=config.temperature, top_p=config.top_p,
-                                     mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch)
+                                     mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
+                                     drop_finished_every=config.drop_finished_every)
     with clock("reward+advantage"):
         rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
                                 for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
@@ -264,7 +274,8 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     def logprobs_of(policy, rows, **kwargs):  # [rows, T] log-probs of the sampled tokens under logits / temperature
         with clock("log-prob forward"), precision(device, config.dtype):
             return token_logprobs(policy, input_ids[rows], attention_mask[rows], completion_mask[rows],
-                                  temperature=config.temperature, **kwargs)
+                                  temperature=config.temperature, logit_chunk=config.logit_chunk,
+                                  body_autocast=not config.logprob_fp32, **kwargs)
     # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. When nothing reads p_old before the loss
     #    (no AR, no Lopti, one optimizer step), pi_old = pi_theta: the loss uses each forward's own detached log-probs
     #    (ratio 1, the same gradient) and this extra forward is skipped, as verl does.

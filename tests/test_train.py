@@ -42,7 +42,8 @@ def weights(path):
     ["--kl-coef", "0.01"],                                      # reference model and k3 term
     ["--ppo-epochs", "2", "--loss-agg", "seq-mean-token-mean"],  # off-policy epochs, other aggregation
     ["--dtype", "bf16", "--lopti-eta", "0.02"],                 # the CUDA default's autocast path, on CPU
-], ids=["softmax", "grpo", "ar", "ar-lopti", "kl", "epochs2", "bf16-autocast"])
+    ["--dtype", "bf16", "--logprob-fp32", "--drop-finished-every", "2", "--mini-batches", "2", "--logit-chunk", "3"],
+], ids=["softmax", "grpo", "ar", "ar-lopti", "kl", "epochs2", "bf16-autocast", "fp32-logprobs-drop-minibatches"])
 def test_three_step_run_updates_and_logs(tmp_path, flags):
     result, steps, evals, out = run(tmp_path, "--steps", "3", "--lr", "1e-3", *flags)
     assert [r["step"] for r in steps] == [1, 2, 3] and [r["step"] for r in evals] == [0, 2, 3]

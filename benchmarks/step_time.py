@@ -56,7 +56,7 @@ PRESETS = {  # train.py flags + benchmark length + the targets the ratio lines p
     # text_match (graded rewards, so almost every row has a non-zero advantage: no free skipping)
     "smollm2-cpu": dict(train=["--model", "smollm2", "--device", "cpu", "--dtype", "fp32", "--task", "text_match",
                                "--data", SMOLLM2_DATA, "--prompts-per-step", "4", "--num-generations", "4",
-                               "--max-new-tokens", "64", "--micro-batch", "16"], steps=3, warmup=1, threads=0,
+                               "--max-new-tokens", "64", "--micro-batch", "16"], steps=2, warmup=1, threads=0,
                         targets=dict(trl=0.6, lopti=1.25, memory=1.0)),
     "gpu": dict(train=["--model", "Qwen/Qwen2.5-0.5B-Instruct", "--device", "cuda", "--dtype", "bf16",
                        "--prompts-per-step", "16", "--num-generations", "8", "--max-new-tokens", "256"],

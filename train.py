@@ -294,7 +294,7 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     # 2. AR once per batch, then the passes (Lopti: low-probability tokens first, then high)
     token_adv = advantages[:, None] * completion_mask if config.alpha == 0 else \
         reweight_advantages(advantages, old_probs, completion_mask, config.alpha)             # [B, T]
-    sums, grad_norms = {}, []
+    sums, total_weight, grad_norms = {}, 0.0, []
     for name, pass_adv, pass_mask in lopti_passes(token_adv, old_probs, completion_mask, config.lopti_eta,
                                                   config.lopti_order):
         has_grad = (pass_adv != 0).any(1)  # rows without a gradient are skipped (still counted in the mean)
@@ -321,15 +321,14 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                 weight = share[micro].sum()
                 (loss * weight).backward()  # summed over micro-batches: the mini-batch's loss
                 mask = completion_mask[micro]
-                stats.update(loss=loss.detach(), entropy=(entropy * mask).sum() / mask.sum().clamp_min(1),
-                             weight=torch.ones(()))
+                stats.update(loss=loss.detach(), entropy=(entropy * mask).sum() / mask.sum().clamp_min(1))
                 for key, value in stats.items():  # summed on the device, read once at the end: no sync per micro-batch
                     sums[key] = torch.maximum(sums.get(key, value), value) if key == "ratio_max" \
                         else sums.get(key, 0.0) + value * weight
+                total_weight = total_weight + weight
             grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
             optimizer.step()
-    total = sums.pop("weight", 1.0)
-    out = {key: (value if key == "ratio_max" else value / total).item() for key, value in sums.items()}
+    out = {key: (value if key == "ratio_max" else value / total_weight).item() for key, value in sums.items()}
     if grad_norms:
         out["grad_norm"] = torch.stack(grad_norms).mean().item()
     if config.lopti_eta > 0:

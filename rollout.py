@@ -91,14 +91,15 @@ def cache_name(model):
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
-    """KV cache of every prompt but its last token, computed once per prompt and repeated M times (a Cache).
+def prefill_prompt_cache(model, input_ids, attention_mask, row_prompt):
+    """KV cache of prompts but their last token, computed once per distinct prompt and indexed out to the rows.
 
-    input_ids, attention_mask [N, P] left-padded (one row per prompt). The M completions of a prompt share its
-    prefix, so the prompt runs through the model N times instead of N * M; generate then feeds only the last
-    prompt token (every row's last column is real with left padding) and samples as usual. Positions are the ones
-    generate itself would use: (number of real tokens before) for real tokens, 0 for padding.
-    Returns None when sharing does not apply (a model whose cache is not a plain KV cache).
+    input_ids, attention_mask [N, P]: N distinct prompts, left-padded; row_prompt [B] (long): the prompt of each row
+    (generate: the M completions of prompt i are rows i*M .. i*M+M-1). The prompt runs through the model N times
+    instead of B times; the caller then feeds each row from the last prompt token on. Positions are the ones
+    generate itself uses: (number of real tokens before) for real tokens, 0 for padding. Under autograd the cache
+    carries gradients back to the one prompt forward (token_logprobs' shared prompts).
+    Returns a Cache of batch B, or None when sharing does not apply (a cache that is not a plain KV cache).
     """
     if not model._supports_default_dynamic_cache():  # Mamba-style models keep a recurrent state instead
         return None
@@ -106,9 +107,9 @@ def prefill_prompt_cache(model, input_ids, attention_mask, num_generations):
     output = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
                    position_ids=position_ids[:, :-1], use_cache=True, logits_to_keep=1)
     cache = getattr(output, cache_name(model))
-    if any(getattr(cache, "is_linear", ())):  # hybrid linear-attention layers: generate would not skip the prefix
+    if any(getattr(cache, "is_linear", ())):  # hybrid linear-attention layers: their state is not per position
         return None
-    cache.batch_repeat_interleave(num_generations)
+    cache.batch_select_indices(row_prompt)  # plain indexing: a prompt's keys and values, repeated for its rows
     return cache
 
 
@@ -124,7 +125,8 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
     cache = None
     if share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
-        cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, num_generations)
+        row_prompt = torch.arange(len(prompt_input_ids), device=device).repeat_interleave(num_generations)
+        cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, row_prompt)
     prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
     prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
     completion_ids = torch.full((len(prompt_input_ids), max_new_tokens), pad_id, device=device)
@@ -226,8 +228,40 @@ def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
     return logprobs, entropy
 
 
+def completion_features(model, input_ids, attention_mask, width, plain_head, share_prompts):
+    """What scores each row's last `width` tokens: [b, T, H] last hidden states (plain head) or [b, T, V] logits.
+
+    input_ids, attention_mask [b, P+T]. The token at column P+t is predicted from position P+t-1, so the features
+    are those of positions P-1 .. P+T-2. share_prompts: rows that repeat a prompt (the M completions of a group)
+    compute that prompt's KV cache once, with gradients, and each row then runs only its T positions on top of it
+    (prefill_prompt_cache; the "shared-prefix forward" of Prefix Grouper, Liu et al. 2025). Attention sees the same
+    keys and values, so the values match the full forward up to float rounding, while the prompt's part of the
+    forward and backward shrinks M-fold.
+    """
+    prompt_width = input_ids.shape[1] - width
+    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    body = model.get_decoder() if plain_head else model  # the plain head runs later, in float32 chunks
+    cache = None
+    if share_prompts and prompt_width > 1:
+        prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
+        distinct, row_prompt = torch.unique(prompts, dim=0, return_inverse=True)
+        if len(distinct) < len(prompts):  # some rows share a prompt (else nothing to save)
+            first_row = torch.full((len(distinct),), len(prompts), device=row_prompt.device).scatter_reduce(
+                0, row_prompt, torch.arange(len(prompts), device=row_prompt.device), "amin")
+            cache = prefill_prompt_cache(model, input_ids[first_row, :prompt_width],
+                                         attention_mask[first_row, :prompt_width], row_prompt)
+    if cache is None:  # the plain forward over all P+T columns
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    else:              # columns P-1 .. P+T-2 on top of the prompts' cache (which holds columns 0 .. P-2)
+        inputs = dict(input_ids=input_ids[:, prompt_width - 1:-1], attention_mask=attention_mask[:, :-1],
+                      position_ids=position_ids[:, prompt_width - 1:-1], **{cache_name(body): cache})
+    output = body(**inputs, use_cache=cache is not None, **({} if plain_head else dict(logits_to_keep=width + 1)))
+    features = output.last_hidden_state if plain_head else output.logits  # logits: the model's own (rescaled)
+    return features[:, -width - 1:-1] if cache is None else features  # with the cache: exactly the T positions
+
+
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=None,
-                   with_entropy=False, logit_chunk=1024, fp32_head=True, body_autocast=True):
+                   with_entropy=False, logit_chunk=1024, fp32_head=True, body_autocast=True, share_prompts=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here: the completion
@@ -243,6 +277,8 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     outside autocast, in the weights' dtype (float32 in train.py): under autocast each forward re-rounds the fp32
     weights to bf16, so even a tiny update moves some of them by a whole bf16 step, and the ratio after an
     update carries that noise.
+    share_prompts: rows of a micro-batch with the same prompt (a group's M completions) run that prompt through
+    the model once (see completion_features); same values up to float rounding, less compute.
     Positions follow HF generate with left padding: position_id = (number of real tokens before) clipped at 0.
     """
     width = completion_mask.shape[1]
@@ -268,13 +304,8 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     for start in range(0, input_ids.shape[0], micro_batch):
         ids = input_ids[start:start + micro_batch]
         mask = attention_mask[start:start + micro_batch]
-        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
         with body_precision():
-            if plain_head:
-                features = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]  # [b, T, H]
-            else:  # the model's own (rescaled) logits, [b, T, V] in the model's dtype
-                features = model(**inputs, logits_to_keep=width + 1).logits[:, -width - 1:-1]
+            features = completion_features(model, ids, mask, width, plain_head, share_prompts)  # [b, T, H or V]
         # position t predicts token t+1: features[:, t] scores ids[:, -T + t]
         flat_features, flat_targets = features.reshape(-1, features.shape[-1]), ids[:, -width:].reshape(-1)
         checkpointed = torch.is_grad_enabled() and flat_features.shape[0] > logit_chunk

@@ -264,9 +264,10 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
 
 def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages, config, *,
                   ref_model=None, old_logprobs=None, clock=no_clock):
-    """Train on one batch: pi_old, AR, then each Lopti pass (one without Lopti) as ppo_epochs x mini_batches
-    optimizer steps, micro-batched. input_ids, attention_mask [B, P+T]; completion_mask [B, T]; advantages [B];
-    old_logprobs [B, T] (None: computed here). -> stats (python floats; a metric not measured is absent)."""
+    """Train on one batch: pi_old, then each Lopti pass (one without Lopti) as ppo_epochs x mini_batches optimizer
+    steps, micro-batched, on AR-reweighted advantages. input_ids, attention_mask [B, P+T]; completion_mask [B, T];
+    advantages [B]; old_logprobs [B, T] (None: measured here). -> stats (python floats; a metric not measured is
+    absent)."""
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     completion_mask, advantages = completion_mask.to(device).float(), advantages.to(device)
@@ -276,63 +277,81 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
             return token_logprobs(policy, input_ids[rows], attention_mask[rows], completion_mask[rows],
                                   temperature=config.temperature, logit_chunk=config.logit_chunk,
                                   body_autocast=not config.logprob_fp32, **kwargs)
-    # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. When nothing reads p_old before the loss
-    #    (no AR, no Lopti, one optimizer step), pi_old = pi_theta: the loss uses each forward's own detached log-probs
-    #    (ratio 1, the same gradient) and this extra forward is skipped, as verl does.
-    #    Only rows that can get a gradient are forwarded: a non-zero advantage, or any token under a KL term.
+    # 1. pi_ref and pi_old of the sampled tokens, fixed before any update. Only rows that can get a gradient count:
+    #    a non-zero advantage, or any token under a KL term. With one mini-batch the first optimizer step forwards
+    #    all of them before it updates anything, so its own detached log-probs are pi_old (no extra forward, as verl
+    #    for an on-policy step); with several mini-batches a no-grad forward fixes pi_old first.
     active = completion_mask.any(1) & ((advantages != 0) | (ref_model is not None))
+    old_known = old_logprobs is not None
+    old_logprobs = old_logprobs.to(device) if old_known else torch.zeros_like(completion_mask)  # inactive: p_old 1
     with torch.no_grad():
-        if old_logprobs is None and (config.alpha > 0 or config.lopti_eta > 0
-                                     or config.ppo_epochs * config.mini_batches > 1):
-            old_logprobs = torch.zeros_like(completion_mask)  # inactive rows: p_old = 1, A = 0, never trained on
+        if not old_known and config.mini_batches > 1:
             rows = active.nonzero().squeeze(1)
             if len(rows):
                 old_logprobs[rows] = logprobs_of(model, rows, micro_batch=config.micro_batch)
+            old_known = True
         ref_logprobs = None if ref_model is None else \
             logprobs_of(ref_model, slice(None), micro_batch=config.micro_batch)
-    old_probs = None if old_logprobs is None else old_logprobs.exp()  # p_old of each sampled token
-    # 2. AR once per batch, then the passes (Lopti: low-probability tokens first, then high)
-    token_adv = advantages[:, None] * completion_mask if config.alpha == 0 else \
-        reweight_advantages(advantages, old_probs, completion_mask, config.alpha)             # [B, T]
+
+    def pass_inputs(rows, which):  # (advantages, mask) [rows, T] of pass `which` for these rows: AR, then Lopti
+        old_probs, mask = old_logprobs[rows].exp(), completion_mask[rows]  # p_old of each sampled token
+        token_adv = advantages[rows, None] * mask if config.alpha == 0 else \
+            reweight_advantages(advantages[rows], old_probs, mask, config.alpha)
+        _, pass_adv, pass_mask = lopti_passes(token_adv, old_probs, mask, config.lopti_eta, config.lopti_order)[which]
+        has_grad = (pass_adv != 0).any(1) | (ref_model is not None and pass_mask.any(1))  # KL: the pass's tokens
+        return pass_adv, pass_mask, has_grad
+    # 2. the passes (Lopti: low-probability tokens first, then high), each ppo_epochs x mini_batches steps
     sums, total_weight, grad_norms = {}, 0.0, []
-    for name, pass_adv, pass_mask in lopti_passes(token_adv, old_probs, completion_mask, config.lopti_eta,
-                                                  config.lopti_order):
-        has_grad = (pass_adv != 0).any(1)  # rows without a gradient are skipped (still counted in the mean)
-        if ref_model is not None:
-            has_grad |= pass_mask.any(1)   # the KL term's tokens
+    for which in range(1 if config.lopti_eta <= 0 else 2):
         for mini_batch in [mb for _ in range(config.ppo_epochs)
                            for mb in torch.arange(len(advantages), device=device).tensor_split(config.mini_batches)]:
             share = torch.zeros_like(advantages)  # each row's weight in the mini-batch's loss
             tokens = completion_mask[mini_batch].sum(1)
             share[mini_batch] = tokens / tokens.sum().clamp_min(1) if config.loss_agg == "token-mean" \
                 else 1.0 / len(mini_batch)
-            rows = mini_batch[has_grad[mini_batch]]
-            if len(rows) == 0:  # nothing to learn from: no optimizer step (AdamW would still move the weights)
+            if old_known:  # rows without a gradient in this pass are skipped (still counted in the mean)
+                rows = mini_batch[pass_inputs(mini_batch, which)[2]]
+            else:          # this step's forwards measure pi_old: every active row
+                rows = mini_batch[active[mini_batch]]
+            if len(rows) == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
+            stepped = False
             for micro in rows.split(config.micro_batch):
                 logprobs, entropy = logprobs_of(model, micro, with_entropy=True)
+                if not old_known:
+                    old_logprobs[micro] = logprobs.detach()
+                pass_adv, pass_mask, has_grad = pass_inputs(micro, which)
+                if not old_known and not has_grad.all():  # forwarded for pi_old only
+                    micro, logprobs, entropy = micro[has_grad], logprobs[has_grad], entropy[has_grad]
+                    pass_adv, pass_mask = pass_adv[has_grad], pass_mask[has_grad]
+                if len(micro) == 0:
+                    continue
                 loss, stats = policy_loss(
-                    logprobs, logprobs.detach() if old_logprobs is None else old_logprobs[micro], pass_adv[micro],
-                    completion_mask[micro], clip_low=config.clip_low, clip_high=config.clip_high,
-                    dual_clip=config.dual_clip, ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
-                    kl_coef=config.kl_coef, kl_clamp=config.kl_clamp, kl_mask=pass_mask[micro],
-                    loss_agg=config.loss_agg, norm_constant=config.max_new_tokens)
+                    logprobs, old_logprobs[micro], pass_adv, completion_mask[micro], clip_low=config.clip_low,
+                    clip_high=config.clip_high, dual_clip=config.dual_clip,
+                    ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro], kl_coef=config.kl_coef,
+                    kl_clamp=config.kl_clamp, kl_mask=pass_mask, loss_agg=config.loss_agg,
+                    norm_constant=config.max_new_tokens)
                 weight = share[micro].sum()
                 (loss * weight).backward()  # summed over micro-batches: the mini-batch's loss
+                stepped = True
                 mask = completion_mask[micro]
                 stats.update(loss=loss.detach(), entropy=(entropy * mask).sum() / mask.sum().clamp_min(1))
                 for key, value in stats.items():  # summed on the device, read once at the end: no sync per micro-batch
                     sums[key] = torch.maximum(sums.get(key, value), value) if key == "ratio_max" \
                         else sums.get(key, 0.0) + value * weight
                 total_weight = total_weight + weight
+            old_known = True
+            if not stepped:  # nothing to learn from: no optimizer step (AdamW would still move the weights)
+                continue
             grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
             optimizer.step()
     out = {key: (value if key == "ratio_max" else value / total_weight).item() for key, value in sums.items()}
     if grad_norms:
         out["grad_norm"] = torch.stack(grad_norms).mean().item()
     if config.lopti_eta > 0:
-        low, _ = isolation_masks(old_probs, completion_mask, config.lopti_eta)  # over the tokens trained on
+        low, _ = isolation_masks(old_logprobs.exp(), completion_mask, config.lopti_eta)  # over the tokens trained on
         out["lopti_low_share"] = (low[active].sum() / completion_mask[active].sum().clamp_min(1)).item()
     return {**out, "optimizer_steps": len(grad_norms)}
 

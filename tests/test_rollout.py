@@ -113,7 +113,8 @@ def test_shared_prefill_gives_generate_the_same_logits(tiny):
     torch.manual_seed(0)
     plain = model.generate(**settings)
     with torch.no_grad():
-        cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
+        row_prompt = torch.arange(len(input_ids)).repeat_interleave(M)  # prompt i -> rows i*M .. i*M+M-1
+        cache = prefill_prompt_cache(model, input_ids, attention_mask, row_prompt)
     assert cache.get_seq_length() == input_ids.shape[1] - 1  # all but the last prompt token, for M * 2 rows
     torch.manual_seed(0)
     shared = model.generate(**settings, **{cache_name(model): cache})
@@ -266,6 +267,35 @@ def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_shared_prompts_give_the_plain_forward_values_and_gradients_with_fewer_positions(tiny):
+    # Rows that repeat a prompt run it once (its KV cache, with gradients, indexed out to the rows), then only their
+    # completion positions: the same keys and values, so the same log-probs and gradients up to float rounding.
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8 1 1>9:")["input_ids"]]
+    torch.manual_seed(3)
+    r = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(0))  # a group's rows need not be adjacent
+    batch = (r.input_ids[order], r.attention_mask[order], r.completion_mask[order])
+    positions = []  # tokens through the embedding, per forward
+    embedding = model.get_input_embeddings()
+    hook = embedding.register_forward_hook(lambda module, args, out: positions.append(args[0].numel()))
+    results = {}
+    for share in (False, True):
+        positions.clear()
+        logprobs = token_logprobs(model, *batch, micro_batch=6, share_prompts=share)
+        gradients = torch.autograd.grad((logprobs * batch[2]).sum(), list(model.parameters()))
+        results[share] = logprobs.detach(), gradients, sum(positions)
+    hook.remove()
+    (lp_plain, grad_plain, n_plain), (lp_shared, grad_shared, n_shared) = results[False], results[True]
+    torch.testing.assert_close(lp_shared, lp_plain, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grad_shared, grad_plain):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    P, T = r.input_ids.shape[1] - r.completion_mask.shape[1], r.completion_mask.shape[1]
+    distinct_per_micro_batch = sum(len(set(r.prompt_index[order][k:k + 6].tolist())) for k in (0, 6))
+    assert n_plain == 12 * (P + T)
+    assert n_shared == distinct_per_micro_batch * (P - 1) + 12 * T < n_plain
+
+
 def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
     # A config with a logit rescaling field is scored through the model's own forward; for the tiny Llama
     # (whose forward ignores the field) both routes must agree.
@@ -363,7 +393,8 @@ def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smoll
     torch.manual_seed(0)
     plain = model.generate(**settings)
     with torch.no_grad():
-        cache = prefill_prompt_cache(model, input_ids, attention_mask, M)
+        row_prompt = torch.arange(len(input_ids)).repeat_interleave(M)  # prompt i -> rows i*M .. i*M+M-1
+        cache = prefill_prompt_cache(model, input_ids, attention_mask, row_prompt)
     torch.manual_seed(0)
     shared = model.generate(**settings, **{cache_name(model): cache})
     assert torch.equal(shared.sequences, plain.sequences)

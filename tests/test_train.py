@@ -95,12 +95,13 @@ def test_micro_batching_does_not_change_the_update(tmp_path):
     assert steps_1[0]["loss"] == pytest.approx(steps_8[0]["loss"], abs=1e-6)
 
 
-@pytest.mark.parametrize("flags,expected_no_grad", [([], 0), (["--ppo-epochs", "2"], 1), (["--mini-batches", "2"], 1),
-                                                    (["--alpha", "0.3"], 1), (["--kl-coef", "0.1"], 1)])
+@pytest.mark.parametrize("flags,expected_no_grad", [([], 0), (["--ppo-epochs", "2"], 0), (["--mini-batches", "2"], 1),
+                                                    (["--alpha", "0.3", "--lopti-eta", "0.5"], 0),
+                                                    (["--kl-coef", "0.1"], 1)])
 def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
-    # On-policy with one optimizer step and no AR/Lopti there is no separate no-grad pass: pi_old = pi_theta.
-    # A second epoch or mini-batch, or AR (p_old before the loss), needs pi_old fixed first (one no-grad pass);
-    # kl_coef > 0 adds the reference model's pass.
+    # With one mini-batch the first optimizer step forwards every trained row before any update: its detached
+    # log-probs are pi_old, for AR, Lopti and later epochs alike. Several mini-batches need pi_old fixed before the
+    # first of them (one no-grad pass); kl_coef > 0 adds the reference model's pass.
     calls = []
     original = train.token_logprobs
 
@@ -111,6 +112,42 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     run(tmp_path, "--steps", "1", *flags)
     assert sum(not grad for _, grad in calls) == expected_no_grad
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
+
+
+def test_pi_old_read_from_the_first_step_equals_a_separate_forward():
+    # AR + Lopti with one mini-batch: pi_old from the first step's own forwards (old_logprobs=None) must give the
+    # update that a separate no-grad forward before it gives. Micro-batches of 3 rows; rows with advantage 0, and
+    # rows whose tokens are all high-probability, are forwarded for pi_old but not trained on in the low pass.
+    from model import build_char_tokenizer, build_tiny_model
+    from rollout import generate_rollouts, token_logprobs
+    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    torch.manual_seed(0)
+    r = generate_rollouts(model, tokenizer, [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]], 4,
+                          max_new_tokens=6)
+    advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
+    with torch.no_grad():
+        old = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask)
+    row_min_prob = old.exp().masked_fill(r.completion_mask == 0, 1.0).min(1).values
+    eta = row_min_prob[advantages != 0].median().item()  # about half the trained rows have no low-probability token
+    assert ((row_min_prob >= eta) & (advantages != 0)).any() and ((row_min_prob < eta) & (advantages != 0)).any()
+    config = train.UpdateConfig(alpha=0.3, lopti_eta=eta, micro_batch=3)
+    results = []
+    for separate in (True, False):
+        policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+        stats = train.update_policy(policy, optimizer, r.input_ids, r.attention_mask, r.completion_mask, advantages,
+                                    config, old_logprobs=old if separate else None)
+        results.append((stats, policy.state_dict()))
+    (stats_separate, weights_separate), (stats_first_step, weights_first_step) = results
+    assert stats_first_step["optimizer_steps"] == stats_separate["optimizer_steps"] == 2
+    assert stats_first_step["lopti_low_share"] == pytest.approx(stats_separate["lopti_low_share"])
+    assert 0 < stats_first_step["lopti_low_share"] < 1
+    for key in ("loss", "entropy", "clip_frac_low", "clip_frac_high", "ratio_max"):
+        assert stats_first_step[key] == pytest.approx(stats_separate[key], abs=1e-6), key
+    for key in weights_separate:
+        torch.testing.assert_close(weights_first_step[key], weights_separate[key], atol=1e-6, rtol=1e-5)
+    assert any(not torch.equal(weights_first_step[k], model.state_dict()[k]) for k in weights_separate)  # it trained
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------

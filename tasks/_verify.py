@@ -25,6 +25,16 @@ def chat_messages(user_text):
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text}]
 
 
+def text_prompt(text, instruction, style):
+    """The prompt of a data task (a question or request in `text`): compact "<text>:" for the tiny char model, or
+    chat_messages with `instruction` on the line after the text."""
+    if style == "compact":
+        return compact_text(text) + ":"
+    if style != "chat":
+        raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
+    return chat_messages(f"{text}\n{instruction}")
+
+
 def compact_text(text):
     """Lower-case `text` and map every character outside COMPACT_ALPHABET to a space (runs collapsed)."""
     mapped = "".join(c if c in _COMPACT_SET and c != "\n" else " " for c in text.lower())

@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 
 from tasks._data import hash_split, load_splits, sample_rows
 from tasks._math import math_answer_is_right, require_math_verify
-from tasks._verify import chat_messages, check_rules, compact_text, completion_text, final_text, \
-    rewards_from_columns
+from tasks._verify import check_rules, compact_text, completion_text, final_text, rewards_from_columns, \
+    text_prompt
 
 RULES = ("math_verify",)
 HUB_NAME = "zwhe99/DeepMath-103K"
 MAX_ANSWER_CHARS = 2000  # a longer final answer in the data is an error (math-verify reads at most 1000 characters)
+INSTRUCTION = ("Reason step by step inside <think> </think> tags, then give the final answer inside "
+               "<answer> </answer> tags as \\boxed{...}.")
 
 
 def parse_row(row):
@@ -46,12 +48,7 @@ class DeepMathTask:
         return [dict(row) for row in sample_rows(self.splits, split, n, seed, "deepmath")]
 
     def prompt(self, example, style="chat"):
-        if style == "compact":
-            return compact_text(example["question"]) + ":"
-        if style != "chat":
-            raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
-        return chat_messages(f"{example['question']}\nReason step by step inside <think> </think> tags, then "
-                             "give the final answer inside <answer> </answer> tags as \\boxed{...}.")
+        return text_prompt(example["question"], INSTRUCTION, style)
 
     def reward(self, completion, example, style="chat"):
         """1.0 for a right answer (chat: math-verify on the final text; compact: equal compacted text), else 0.0."""

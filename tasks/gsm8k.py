@@ -18,14 +18,16 @@ from fractions import Fraction
 
 from tasks._data import load_splits, sample_rows
 from tasks._math import math_answer_is_right, require_math_verify
-from tasks._verify import answer_region, chat_messages, check_rules, compact_text, completion_text, final_text, \
-    has_think_answer_format, last_number, rewards_from_columns
+from tasks._verify import answer_region, check_rules, completion_text, final_text, has_think_answer_format, \
+    last_number, rewards_from_columns, text_prompt
 
 MAX_NUMBER_CHARS = 40  # longer "numbers" are not compared
 MAX_BOXED_CHARS = 1000  # a \boxed{ not closed within this many characters counts as no \boxed{}
 RULES = ("math_verify", "last_number")  # chat-style rule sets, default first
 HUB_NAME = "openai/gsm8k"
 _CALCULATOR = re.compile(r"<<[^<>]{0,200}>>")  # GSM8K's calculator annotations, e.g. <<48/2=24>>
+INSTRUCTION = ("Reason step by step inside <think> </think> tags, then give only the final number inside "
+               "<answer> </answer> tags, for example <answer> 42 </answer>.")
 
 
 _BRACE = re.compile(r"[{}]")
@@ -89,13 +91,7 @@ class GSM8KTask:
         return [dict(row) for row in sample_rows(self.splits, split, n, seed, "gsm8k")]
 
     def prompt(self, example, style="chat"):
-        if style == "compact":
-            return compact_text(example["question"]) + ":"
-        if style != "chat":
-            raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
-        return chat_messages(f"{example['question']}\nReason step by step inside <think> </think> tags, then "
-                             "give only the final number inside <answer> </answer> tags, for example "
-                             "<answer> 42 </answer>.")
+        return text_prompt(example["question"], INSTRUCTION, style)
 
     def reward(self, completion, example, style="chat"):
         """1.0 for a right answer (chat, rules="math_verify": math-verify on the final text; otherwise the

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from tasks._data import load_splits, sample_rows
-from tasks._verify import chat_messages, check_rules, compact_text, completion_text, final_text, \
-    has_think_answer_format, rewards_from_columns
+from tasks._verify import check_rules, compact_text, completion_text, final_text, has_think_answer_format, \
+    rewards_from_columns, text_prompt
 
 F1_WEIGHT, ROUGE_WEIGHT = 0.6, 0.4
 MAX_COMPARED_CHARS = 30_000  # a text is cut here before normalising (~5 000 English words)
@@ -27,6 +27,8 @@ MAX_COMPARED_TOKENS = 4_096  # both token lists are cut here: the LCS costs abou
 RULES = ("softmaxgrpo",)
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+INSTRUCTION = ("Think inside <think> </think> tags, then write your final text inside <answer> </answer> "
+               "tags.")
 
 
 def normalize_tokens(text):
@@ -128,12 +130,7 @@ class TextMatchTask:
                 for r in sample_rows(self.splits, split, n, seed, "text_match")]
 
     def prompt(self, example, style="chat"):
-        if style == "compact":
-            return compact_text(example["prompt"]) + ":"
-        if style != "chat":
-            raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
-        return chat_messages(f"{example['prompt']}\nThink inside <think> </think> tags, then write your final "
-                             "text inside <answer> </answer> tags.")
+        return text_prompt(example["prompt"], INSTRUCTION, style)
 
     def reward(self, completion, example, style="chat"):
         """Similarity of the final text (chat) or the whole completion (compact) to the reference, blended

@@ -236,13 +236,17 @@ def completion_features(model, input_ids, attention_mask, width, plain_head, sha
     compute that prompt's KV cache once, with gradients, and each row then runs only its T positions on top of it
     (prefill_prompt_cache; the "shared-prefix forward" of Prefix Grouper, Liu et al. 2025). Attention sees the same
     keys and values, so the values match the full forward up to float rounding, while the prompt's part of the
-    forward and backward shrinks M-fold.
+    forward and backward shrinks M-fold. (With dropout > 0 a group's rows share one dropout draw over the prompt.)
+    Skipped under gradient checkpointing, which makes HF drop the cache.
     """
     prompt_width = input_ids.shape[1] - width
     position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     body = model.get_decoder() if plain_head else model  # the plain head runs later, in float32 chunks
     cache = None
-    if share_prompts and prompt_width > 1:
+    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"  # the name before transformers 5.x
+    checkpointing = torch.is_grad_enabled() and getattr(model, flag, False)
+    if share_prompts and prompt_width > 1 and not checkpointing:
         prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
         distinct, row_prompt = torch.unique(prompts, dim=0, return_inverse=True)
         if len(distinct) < len(prompts):  # some rows share a prompt (else nothing to save)

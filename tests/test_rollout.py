@@ -296,6 +296,27 @@ def test_shared_prompts_give_the_plain_forward_values_and_gradients_with_fewer_p
     assert n_shared == distinct_per_micro_batch * (P - 1) + 12 * T < n_plain
 
 
+def test_shared_prompts_step_aside_under_activation_checkpointing():
+    # HF drops the cache when activations are checkpointed in training, so the plain forward runs (once), same values.
+    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    torch.manual_seed(0)
+    r = generate_rollouts(model, tokenizer, [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]], 4,
+                          max_new_tokens=6)
+    batch = (r.input_ids, r.attention_mask, r.completion_mask)
+    shapes = []
+    model.get_input_embeddings().register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
+    shared = token_logprobs(model, *batch)
+    assert len(shapes) == 2  # the 2 prompts, then the 8 rows' completion positions
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    model.train()
+    shapes.clear()
+    checkpointed = token_logprobs(model, *batch)
+    assert shapes == [tuple(r.input_ids.shape)]
+    torch.testing.assert_close(checkpointed, shared, atol=1e-5, rtol=1e-5)
+
+
 def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
     # A config with a logit rescaling field is scored through the model's own forward; for the tiny Llama
     # (whose forward ignores the field) both routes must agree.

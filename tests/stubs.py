@@ -2,6 +2,12 @@
 import random
 from dataclasses import dataclass
 
+import torch
+
+import tasks
+from model import build_char_tokenizer, build_tiny_model
+from rollout import generate_rollouts
+
 # train.py flags for a run that takes seconds: a 1-layer, 32-wide tiny Llama, no warm start, 2 prompts x 4 samples
 SMALL_TRAIN = ["--tiny-hidden", "32", "--tiny-layers", "1", "--warm-start-steps", "0", "--prompts-per-step", "2",
                "--num-generations", "4", "--max-new-tokens", "6", "--eval-size", "4", "--eval-every", "2"]
@@ -28,3 +34,13 @@ class DigitsTask:
 
     def solution(self, example, style="compact"):
         return "777"
+
+
+def tiny_policy_and_rollouts(seed=0):
+    """-> (tokenizer, model, rollouts): a 1-layer, 32-wide tiny Llama at init and 8 of its rollouts (two prompts of
+    different lengths, so one is left-padded, x M = 4, 6 new tokens), sampled under torch.manual_seed(seed)."""
+    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    torch.manual_seed(seed)
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
+    return tokenizer, model, generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=6)

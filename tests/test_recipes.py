@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 

@@ -6,6 +6,7 @@ import tasks
 from model import build_char_tokenizer, build_tiny_model
 from rollout import (cache_name, completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
                      prefill_prompt_cache, render_prompts, token_logprobs)
+from tests.stubs import tiny_policy_and_rollouts
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -298,11 +299,7 @@ def test_shared_prompts_give_the_plain_forward_values_and_gradients_with_fewer_p
 
 def test_shared_prompts_step_aside_under_activation_checkpointing():
     # HF drops the cache when activations are checkpointed in training, so the plain forward runs (once), same values.
-    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    torch.manual_seed(0)
-    r = generate_rollouts(model, tokenizer, [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]], 4,
-                          max_new_tokens=6)
+    _, model, r = tiny_policy_and_rollouts()
     batch = (r.input_ids, r.attention_mask, r.completion_mask)
     shapes = []
     model.get_input_embeddings().register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import tasks
 import train
-from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask
+from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask, tiny_policy_and_rollouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("digits_task")
@@ -116,15 +116,12 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
 
 def test_pi_old_read_from_the_first_step_equals_a_separate_forward():
     # AR + Lopti with one mini-batch: pi_old from the first step's own forwards (old_logprobs=None) must give the
-    # update that a separate no-grad forward before it gives. Micro-batches of 3 rows; rows with advantage 0, and
-    # rows whose tokens are all high-probability, are forwarded for pi_old but not trained on in the low pass.
-    from model import build_char_tokenizer, build_tiny_model
-    from rollout import generate_rollouts, token_logprobs
-    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    torch.manual_seed(0)
-    r = generate_rollouts(model, tokenizer, [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]], 4,
-                          max_new_tokens=6)
+    # update that a separate no-grad forward before it gives. Micro-batches of 3 rows; rows with advantage 0 are
+    # never forwarded, rows whose tokens are all high-probability are forwarded for pi_old but not trained on in the
+    # low pass.
+    from model import build_tiny_model
+    from rollout import token_logprobs
+    tokenizer, model, r = tiny_policy_and_rollouts()
     advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
     with torch.no_grad():
         old = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask)

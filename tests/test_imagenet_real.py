@@ -39,14 +39,6 @@ def small_run(data_dir, output_dir, *extra):
             "--group-size", "8", "--workers", "0", "--device", "cpu", "--output-dir", str(output_dir), *extra]
 
 
-@pytest.fixture
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_two_steps_train_and_report_the_papers_metrics(tmp_path, one_thread):
     data_dir = write_image_folder(tmp_path / "data")
     rows = imagenet_real.main(small_run(data_dir, tmp_path / "out", "--epochs", "1", "--warmup-epochs", "0"))

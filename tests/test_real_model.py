@@ -14,19 +14,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tasks
 import train
-from model import load_policy, smollm2_gguf
+from model import load_policy
 from rollout import generate_rollouts, render_prompts
+from tests.stubs import smollm2_or_skip
 
 pytestmark = pytest.mark.slow  # ~5 CPU minutes on 2 cores: `python -m pytest -q -m slow`, which .ci/run also runs
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "text_match_small")
-
-
-def smollm2_or_skip():
-    try:
-        return smollm2_gguf()
-    except ValueError as error:  # the wheel, gguf or accelerate is missing: .ci/run installs them
-        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="module")

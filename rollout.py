@@ -247,13 +247,10 @@ def completion_features(model, input_ids, attention_mask, width, plain_head, sha
         else "is_gradient_checkpointing"  # the name before transformers 5.x
     checkpointing = torch.is_grad_enabled() and getattr(model, flag, False)
     if share_prompts and prompt_width > 1 and not checkpointing:
-        prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
-        distinct, row_prompt = torch.unique(prompts, dim=0, return_inverse=True)
+        prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width].to(input_ids.dtype)], 1)
+        distinct, row_prompt = torch.unique(prompts, dim=0, return_inverse=True)  # [N, 2P]: ids | mask
         if len(distinct) < len(prompts):  # some rows share a prompt (else nothing to save)
-            first_row = torch.full((len(distinct),), len(prompts), device=row_prompt.device).scatter_reduce(
-                0, row_prompt, torch.arange(len(prompts), device=row_prompt.device), "amin")
-            cache = prefill_prompt_cache(model, input_ids[first_row, :prompt_width],
-                                         attention_mask[first_row, :prompt_width], row_prompt)
+            cache = prefill_prompt_cache(model, distinct[:, :prompt_width], distinct[:, prompt_width:], row_prompt)
     if cache is None:  # the plain forward over all P+T columns
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     else:              # columns P-1 .. P+T-2 on top of the prompts' cache (which holds columns 0 .. P-2)

@@ -8,15 +8,12 @@ Every write goes to a temporary name first and is renamed into place (`os.replac
 and the last `keep` checkpoints are kept. Problems a user can act on raise RunError: one line that names the file
 and what to do.
 """
-import argparse
-import contextlib
 import json
 import os
 import random
 import pickle
 import re
 import shutil
-import signal
 
 import numpy as np
 import torch
@@ -144,38 +141,8 @@ def rewrite_metrics(path, rows):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Resuming: the saved settings, the RNG states; Ctrl-C
+# RNG states
 # ---------------------------------------------------------------------------------------------------------------
-def resume_settings(args, may_change):
-    """--resume: the saved run's settings, plus the flags in `may_change` given on the command line; any other flag
-    given (args.explicit) must equal the saved value, else a RunError. The run continues in the checkpoint's folder."""
-    checkpoint_dir = resolve_checkpoint(args.resume)
-    saved = load_run_settings(checkpoint_dir)
-    run_dir = os.path.dirname(checkpoint_dir)
-    normal = lambda value: json.loads(json.dumps(value))  # noqa: E731  (tuples -> lists, as saved)
-    for key in args.explicit:
-        if key == "output_dir" and os.path.realpath(args.output_dir) != run_dir:
-            raise RunError(f"--output-dir {args.output_dir} conflicts with the run being resumed, which lives in "
-                           f"{run_dir}; drop the flag")
-        if key not in may_change | {"output_dir", "task_option"} and normal(getattr(args, key)) != saved[key]:
-            raise RunError(f"--{key.replace('_', '-')} {getattr(args, key)} conflicts with the run being resumed "
-                           f"({saved[key]!r}); drop the flag, or start a new run with another --output-dir")
-    merged_options = normal({**saved["task_options"], **args.task_options})
-    if "task_option" in args.explicit and merged_options != saved["task_options"]:
-        raise RunError(f"--task-option {args.task_option} conflicts with the run being resumed "
-                       f"({saved['task_options']})")
-    changed = {key: getattr(args, key) for key in args.explicit if key in may_change}
-    return argparse.Namespace(**{**saved, **changed, "resume": checkpoint_dir, "output_dir": run_dir,
-                                 "dry_run": getattr(args, "dry_run", False),
-                                 "explicit": args.explicit})
-
-
-def run_settings(args):
-    """What run.json saves: every resolved setting, not the per-invocation ones."""
-    return {key: value for key, value in vars(args).items() if key not in ("resume", "explicit", "dry_run",
-                                                                          "task_option")}
-
-
 def rng_state():
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -187,20 +154,3 @@ def restore_rng(rng):
     random.setstate(rng["python"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-
-
-@contextlib.contextmanager
-def stop_on_ctrl_c():
-    """Ctrl-C appends to the yielded list (the loop finishes the step, saves, exits 130); a second one aborts."""
-    requested = []
-
-    def handler(signum, frame):
-        if requested:
-            raise KeyboardInterrupt
-        requested.append(True)
-        print("\nCtrl-C: saving a checkpoint after this step (press again to abort)", flush=True)
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield requested
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -18,39 +18,7 @@ METHODS = ("softmax", "grpo", "dr_grpo", "rloo", "maxrl", "reinforce", "reinforc
 
 
 # ----------------------------------------------------------------------------------------------------
-# advantages (torch, [G, M] -> [G, M] float32)
-
-def _check_rewards(rewards):
-    """Validate a [G, M] rewards tensor and return it as float32 (bf16/fp16/fp64 in, float32 out)."""
-    if not torch.is_tensor(rewards):
-        rewards = torch.as_tensor(rewards)
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must have shape [G, M] (G prompts x M completions), got {tuple(rewards.shape)}")
-    G, M = rewards.shape
-    if M < 2:
-        raise ValueError(f"group size M must be >= 2 (a single completion has no baseline), got M={M}")
-    if G < 1:
-        raise ValueError("rewards has no groups (G=0)")
-    rewards = rewards.float()
-    if not torch.isfinite(rewards).all():
-        raise ValueError("rewards contain NaN or inf")
-    return rewards
-
-
-def _check_tau(tau, allow_zero=False):
-    try:
-        tau = float(tau)
-    except (TypeError, ValueError):
-        raise ValueError(f"tau must be a number, got {tau!r}") from None
-    if not math.isfinite(tau) or tau < 0 or (tau == 0 and not allow_zero):
-        raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
-    return tau
-
-
-def _all_equal(rewards):
-    """[G, 1] bool: groups whose rewards are all equal carry no signal; their advantages are exactly 0."""
-    return (rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True))
-
+# estimators (torch): rewards [G, M] -> advantages [G, M] float32
 
 def softmax_advantages(rewards, tau):
     """SoftmaxGRPO advantages A_i = M * softmax(R / tau)_i - 1, per group (the paper's Eq. (2)).
@@ -125,48 +93,32 @@ def group_advantages(rewards, method, *, tau=0.1, eps=1e-6, lengths=None):
     return torch.where(_all_equal(rewards), 0.0, advantages)
 
 
+# validation helpers of the estimators
+
+def _check_rewards(rewards):
+    """Validate a [G, M] rewards tensor and return it as float32 (bf16/fp16/fp64 in, float32 out)."""
+    if not torch.is_tensor(rewards):
+        rewards = torch.as_tensor(rewards)
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must have shape [G, M] (G prompts x M completions), got {tuple(rewards.shape)}")
+    G, M = rewards.shape
+    if M < 2:
+        raise ValueError(f"group size M must be >= 2 (a single completion has no baseline), got M={M}")
+    if G < 1:
+        raise ValueError("rewards has no groups (G=0)")
+    rewards = rewards.float()
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf")
+    return rewards
+
+
+def _all_equal(rewards):
+    """[G, 1] bool: groups whose rewards are all equal carry no signal; their advantages are exactly 0."""
+    return (rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True))
+
+
 # ----------------------------------------------------------------------------------------------------
-# exact binary-reward theory (numpy, float64; p may be a float or an array)
-
-def _check_p_M(p, M):
-    if int(M) != M or M < 2:
-        raise ValueError(f"group size M must be an integer >= 2, got M={M}")
-    p_array = np.asarray(p, dtype=np.float64)
-    if not np.all((p_array >= 0) & (p_array <= 1)):
-        raise ValueError("pass probability p must lie in [0, 1]")
-    return p_array, int(M)
-
-
-def _binomial_pmf(p, n):
-    """[..., n+1] array of C(n, s) p^s (1-p)^(n-s), computed in log space (no overflow for large n)."""
-    s = np.arange(n + 1, dtype=np.float64)
-    p = p[..., None]
-    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in range(n + 1)])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_p = np.where(s == 0, 0.0, s * np.log(p))  # 0 * log 0 = 0
-        log_q = np.where(s == n, 0.0, (n - s) * np.log1p(-p))
-    return np.exp(log_choose + log_p + log_q)
-
-
-def _softmax_delta(M, tau):
-    """Delta_S = M (w_succ(S) - w_fail(S)) for S = 0..M-1 other successes, [M] array (DESIGN.md section 3).
-
-    Written with r = exp(-1/tau) = 1/c:  w_succ = 1 / ((S+1) + (M-1-S) r),  w_fail = r / (S + (M-S) r),
-    so r underflowing to 0 (tiny tau, or tau = 0) is harmless. S = 0: every completion failed -> w_fail = 1/M.
-    """
-    tau = _check_tau(tau, allow_zero=True)  # tau = 0 is the MaxRL limit
-    r = 0.0 if tau == 0 else math.exp(-1.0 / tau)
-    S = np.arange(M, dtype=np.float64)
-    w_succ = 1.0 / ((S + 1) + (M - 1 - S) * r)
-    w_fail = np.empty(M)
-    w_fail[0] = 1.0 / M
-    w_fail[1:] = r / (S[1:] + (M - S[1:]) * r)
-    return M * (w_succ - w_fail)
-
-
-def _as_output(value, p):
-    return float(value) if np.ndim(p) == 0 else value
-
+# exact binary-reward theory (numpy, float64; p may be a float or an array of any shape)
 
 def prompt_weight(p, M, tau):
     """omega_{M,tau}(p), Eq. (4): the expected SoftmaxGRPO update of a prompt with pass rate p is omega * grad p.
@@ -195,7 +147,7 @@ def prompt_objective(p, M, tau):
 def maxrl_weight(p, M):
     """MaxRL's prompt weight (1 - (1-p)^(M-1)) / p (= omega_{M,0}); its p -> 0 limit is M - 1.
 
-    p: float or array in [0, 1]; returns the same shape.
+    p: float or array in [0, 1]; M: int >= 2; returns p's shape.
     """
     p_array, M = _check_p_M(p, M)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -227,8 +179,8 @@ def adaptive_tau(successes, M, target_ess):
     ESS = (k c + M - k)^2 / (k c^2 + M - k) with c = exp(1/tau) falls from M (tau = inf) to k (tau -> 0).
     Setting ESS = m gives k(k-m) c^2 + 2k(M-k) c + (M-k)(M-k-m) = 0, whose root above 1 is
     c = 1 + (k (M-m) + sqrt(k (M-k) m (M-m))) / (k (m-k)),  tau = 1 / ln c  (DESIGN.md section 3; our derivation).
-    Returns None for k = 0 or k = M (weights uniform for every tau), 0.0 when m <= k (the MaxRL limit),
-    math.inf when m >= M (uniform weights).
+    successes, M: Python ints (one group, not a tensor); target_ess: float. Returns a float tau, None for k = 0 or
+    k = M (weights uniform for every tau), 0.0 when m <= k (the MaxRL limit), math.inf when m >= M (uniform weights).
     """
     if int(successes) != successes or int(M) != M or not 0 <= successes <= M or M < 2:
         raise ValueError(f"need integers 0 <= successes <= M and M >= 2, got successes={successes}, M={M}")
@@ -243,3 +195,58 @@ def adaptive_tau(successes, M, target_ess):
         return math.inf
     c_minus_1 = (k * (M - m) + math.sqrt(k * (M - k) * m * (M - m))) / (k * (m - k))
     return 1.0 / math.log1p(c_minus_1)
+
+
+# helpers of the theory
+
+def _check_p_M(p, M):
+    """(p as a float64 array of p's shape, M as int); ValueError unless p lies in [0, 1] and M is an integer >= 2."""
+    if int(M) != M or M < 2:
+        raise ValueError(f"group size M must be an integer >= 2, got M={M}")
+    p_array = np.asarray(p, dtype=np.float64)
+    if not np.all((p_array >= 0) & (p_array <= 1)):
+        raise ValueError("pass probability p must lie in [0, 1]")
+    return p_array, int(M)
+
+
+def _check_tau(tau, allow_zero=False):
+    """tau as a Python float; ValueError unless it is finite and > 0 (>= 0 with allow_zero, the MaxRL limit)."""
+    try:
+        tau = float(tau)
+    except (TypeError, ValueError):
+        raise ValueError(f"tau must be a number, got {tau!r}") from None
+    if not math.isfinite(tau) or tau < 0 or (tau == 0 and not allow_zero):
+        raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
+    return tau
+
+
+def _binomial_pmf(p, n):
+    """[..., n+1] array of C(n, s) p^s (1-p)^(n-s), computed in log space (no overflow for large n)."""
+    s = np.arange(n + 1, dtype=np.float64)
+    p = p[..., None]
+    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in range(n + 1)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p = np.where(s == 0, 0.0, s * np.log(p))  # 0 * log 0 = 0
+        log_q = np.where(s == n, 0.0, (n - s) * np.log1p(-p))
+    return np.exp(log_choose + log_p + log_q)
+
+
+def _softmax_delta(M, tau):
+    """Delta_S = M (w_succ(S) - w_fail(S)) for S = 0..M-1 other successes, [M] array (DESIGN.md section 3).
+
+    Written with r = exp(-1/tau) = 1/c:  w_succ = 1 / ((S+1) + (M-1-S) r),  w_fail = r / (S + (M-S) r),
+    so r underflowing to 0 (tiny tau, or tau = 0) is harmless. S = 0: every completion failed -> w_fail = 1/M.
+    """
+    tau = _check_tau(tau, allow_zero=True)  # tau = 0 is the MaxRL limit
+    r = 0.0 if tau == 0 else math.exp(-1.0 / tau)
+    S = np.arange(M, dtype=np.float64)
+    w_succ = 1.0 / ((S + 1) + (M - 1 - S) * r)
+    w_fail = np.empty(M)
+    w_fail[0] = 1.0 / M
+    w_fail[1:] = r / (S[1:] + (M - S[1:]) * r)
+    return M * (w_succ - w_fail)
+
+
+def _as_output(value, p):
+    """A Python float when the caller's p was a scalar, else the array (p's shape) as it is."""
+    return float(value) if np.ndim(p) == 0 else value

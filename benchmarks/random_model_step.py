@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import train  # noqa: E402
+from config import Config  # noqa: E402
 
 SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "test" is for CPU smoke tests
     "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -81,10 +82,9 @@ def main(argv=None):
     model.to(args.device).train()
     task = GradedTask()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
-    rollout_config = train.RolloutConfig(style="compact", num_generations=args.M, max_new_tokens=args.max_new_tokens,
-                                         rollout_batch=args.rollout_batch, method="softmax", tau=0.1, dtype=dtype)
-    update_config = train.UpdateConfig(micro_batch=args.micro_batch, max_new_tokens=args.max_new_tokens, dtype=dtype,
-                                       alpha=0.3 if args.lopti else 0.0, lopti_eta=0.5 if args.lopti else 0.0)
+    config = Config(style="compact", num_generations=args.M, max_new_tokens=args.max_new_tokens,
+                    rollout_batch=args.rollout_batch, method="softmax", tau=0.1, dtype=dtype,
+                    micro_batch=args.micro_batch, alpha=0.3 if args.lopti else 0.0, lopti_eta=0.5 if args.lopti else 0.0)
     seconds, tokens = [], []
     for step in range(args.steps + 1):
         if args.device.startswith("cuda"):
@@ -92,9 +92,9 @@ def main(argv=None):
         start = time.perf_counter()
         rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task,
                                                                task.examples("train", args.prompts, step),
-                                                               rollout_config)
+                                                               config)
         stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                    rollouts.completion_mask, advantages, update_config)
+                                    rollouts.completion_mask, advantages, config)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         if step > 0:  # the first step warms up kernels and the allocator

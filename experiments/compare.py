@@ -22,8 +22,8 @@ linked into every run of that seed, so each seed trains it once; it is determini
 changes nothing but the time.
 K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
 per person ("101"), with no room to reason. Supervised warm start of the 2M-parameter model stays near chance
-(people 3-5: held-out pass@1 0.07 after 1500 steps; people=3: 0.185 vs 1/8 by guessing), so the kk preset on a
-CPU is a smoke test of the pipeline, not evidence about AR/Lopti; `--task-option people=3` keeps it short.
+(numbers: docs/experiments.md), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about
+AR/Lopti; `--task-option people=3` keeps it short.
 
 GPU-size settings (one H100/H200; hours, not minutes), e.g.
   --preset countdown --seeds 0,1,2 --model Qwen/Qwen2.5-1.5B-Instruct --steps 200 --prompts-per-step 64
@@ -40,6 +40,7 @@ import statistics
 import time
 
 import train
+from config import parse_args
 
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
@@ -124,7 +125,7 @@ def main(argv=None):
         configs = [c for c in configs if c in args.configs.split(",")]
     if not seeds:
         parser.error("--seeds: need at least one seed")
-    train.parse_args(run_argv(args.preset, configs[0], seeds[0], args.output_dir, extra))  # bad flags: fail now
+    parse_args(run_argv(args.preset, configs[0], seeds[0], args.output_dir, extra))  # bad flags: fail now
 
     runs = []
     for seed in seeds:

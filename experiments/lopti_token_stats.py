@@ -37,6 +37,7 @@ import os
 import torch
 
 import train
+from config import Config
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
 from rollout import token_logprobs
 from softmax_grpo import METHODS, group_advantages
@@ -125,8 +126,8 @@ def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temper
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
-    config = train.UpdateConfig(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low,
-                                clip_high=clip_high, grad_clip=grad_clip, micro_batch=micro_batch)
+    config = Config(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
+                    grad_clip=grad_clip, micro_batch=micro_batch, dtype="fp32")
     model.train()
     train.update_policy(model, optimizer, *batch, advantages, config, old_logprobs=old_logprobs)
     return model
@@ -221,9 +222,9 @@ def main(argv=None):
     parser.add_argument("--output-dir", default="runs/lopti_stats")
     args = parser.parse_args(argv)
     model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
-    max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
-    lr = args.lr if args.lr is not None else defaults["lr"]
-    clip_high = args.clip_high if args.clip_high is not None else train.UpdateConfig.clip_high
+    max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
+    lr = args.lr if args.lr is not None else defaults.lr
+    clip_high = args.clip_high if args.clip_high is not None else Config.clip_high
     device = next(model.parameters()).device
 
     torch.manual_seed(args.seed)

@@ -30,8 +30,9 @@ import os
 import torch
 
 import tasks
-import train
-from model import load_policy, policy_defaults, prompt_style
+from config import Config, parse_task_option
+from model import load_policy
+from tiny import apply_cpu_defaults, prompt_style
 from rollout import generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
@@ -52,16 +53,19 @@ def add_checkpoint_arguments(parser):
 
 def load_for_experiment(args, parser):
     """Check -M / --num-prompts / --tau, then -> (model, tokenizer, style, task, defaults); bad input is a one-line
-    parser error. defaults: lr and max_new_tokens as train.py would choose them for this policy (model.policy_defaults)."""
+    parser error. defaults: a config.Config whose lr, max_new_tokens and task options are what train.py would choose
+    for this policy (the tiny character model's CPU defaults: tiny.apply_cpu_defaults)."""
     if args.M < 2 or args.num_prompts < 1 or not args.tau > 0:
         parser.error("need -M >= 2, --num-prompts >= 1 and --tau > 0")
     try:
         dtype = torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32
         model, tokenizer = load_policy(args.checkpoint, dtype=dtype, device=args.device)
         style = prompt_style(tokenizer)  # as train.py: compact prompts for the tiny character vocabulary
-        defaults = policy_defaults(style, args.task)
-        options = dict(train._parse_option(text) for text in args.task_option)
-        task = tasks.get_task(args.task, data=args.data, **{**defaults["task_options"], **options})
+        defaults = Config(task=args.task, data=args.data,
+                          task_options=dict(parse_task_option(text) for text in args.task_option))
+        if style == "compact":
+            apply_cpu_defaults(defaults)
+        task = tasks.get_task(defaults.task, data=defaults.data, **defaults.task_options)
         return model, tokenizer, style, task, defaults
     except ValueError as error:
         parser.error(str(error))
@@ -176,7 +180,7 @@ def main(argv=None):
     parser.add_argument("--output-dir", default="runs/table3")
     args = parser.parse_args(argv)
     model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
-    max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
+    max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
 
     torch.manual_seed(args.seed)
     examples = task.examples("test", args.num_prompts, seed=args.seed)

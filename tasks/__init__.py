@@ -9,7 +9,8 @@ Text tasks (one file each):
                   options: format_weight=0.0, pass_threshold=0.5
 Every text task also takes rules=NAME, the rule set of its chat-style reward (RULES lists them, the official
 one first and default); the compact style of the tiny model always keeps the task's own compact rules.
-The ImageNet checks (tasks/imagenet_toy.py, tasks/imagenet_real.py) are not text tasks, so they have no entry here.
+The ImageNet checks are experiments, not text tasks (experiments/imagenet_toy.py, experiments/imagenet_real.py),
+so they have no entry here.
 
 Every task object has: name, rules, pass_threshold, examples(split, n, seed), prompt(example, style),
 reward(completion, example, style), solution(example, style), reward_fn(completions, **columns).

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import fig1_prompt_weight, plot_metrics
+from experiments import fig1_prompt_weight, imagenet_toy, plot_metrics
 from softmax_grpo import grpo_prompt_weight, maxrl_weight, prompt_weight
-from tasks import imagenet_toy
 
 try:  # matplotlib is optional: the scripts write their PNGs only when it is installed
     import matplotlib  # noqa: F401

@@ -1,4 +1,4 @@
-"""The real-ImageNet path (tasks/imagenet_real.py) on a tiny ImageFolder written here: 3 classes of random
+"""The real-ImageNet path (experiments/imagenet_real.py) on a tiny ImageFolder written here: 3 classes of random
 40x40 images, resnet18 at 32x32, 2 updates per epoch. Skipped when torchvision cannot be imported.
 """
 
@@ -16,7 +16,7 @@ except Exception as error:
                 allow_module_level=True)
 Image = pytest.importorskip("PIL.Image", reason="Pillow writes the test's images")
 
-from tasks import imagenet_real  # noqa: E402
+from experiments import imagenet_real  # noqa: E402
 
 CLASSES = ("n01440764", "n01443537", "n01484850")  # folder names as in ImageNet; any names work
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import run as run_module
 import tasks
 import train
 from model import load_policy
@@ -73,5 +74,5 @@ def test_a_gguf_run_updates_saves_reloads_and_resumes(gguf_run):
     assert any(not torch.equal(one[k], two[k]) for k in one)  # step 2's non-zero advantages moved the weights
     # --resume from step 1 continues with the same numbers
     train.main(["--resume", os.path.join(gguf_run, "checkpoint-1")])
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in train.TIMING_KEYS} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in run_module.TIMING_KEYS} for r in rows]  # noqa: E731
     assert strip(metrics(gguf_run)) == strip(rows)

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import checkpoint
+import run as run_module
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
 
@@ -52,7 +53,7 @@ def test_resume_alone_continues_that_run_in_its_own_folder(finished_run, tmp_pat
     full = rows_of(finished_run)
     train.main(["--resume", os.path.join(finished_run, "checkpoint-2")])
     assert not os.path.exists(tmp_path / "runs")
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in train.TIMING_KEYS} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in run_module.TIMING_KEYS} for r in rows]  # noqa: E731
     assert strip(rows_of(finished_run)) == strip(full)  # same steps (4, not the default 100), same numbers
 
 
@@ -175,7 +176,7 @@ def test_a_missing_reference_policy_is_one_line(tmp_path, capsys):
 
 
 def test_an_interrupted_warm_start_save_leaves_no_cache(tmp_path, monkeypatch, capsys):
-    import model as model_module
+    import tiny as model_module
 
     def fail(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

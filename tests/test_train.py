@@ -15,7 +15,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tasks
+import run as run_module
 import train
+from config import Config
 from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask, tiny_policy_and_rollouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,9 +101,9 @@ def test_micro_batching_does_not_change_the_update(tmp_path):
                                                     (["--alpha", "0.3", "--lopti-eta", "0.5"], 0),
                                                     (["--kl-coef", "0.1"], 1)])
 def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
-    # With one mini-batch the first optimizer step forwards every trained row before any update: its detached
-    # log-probs are pi_old, for AR, Lopti and later epochs alike. Several mini-batches need pi_old fixed before the
-    # first of them (one no-grad pass); kl_coef > 0 adds the reference model's pass.
+    # With one mini-batch whose rows fit one micro-batch (8 rows here), the pi_old forward keeps its graph and the
+    # first optimizer step reuses it: no no-grad pass, for AR, Lopti and later epochs alike. Several mini-batches need
+    # pi_old fixed before the first of them (one no-grad pass); kl_coef > 0 adds the reference model's pass.
     calls = []
     original = train.token_logprobs
 
@@ -114,12 +116,14 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
 
 
-def test_pi_old_read_from_the_first_step_equals_a_separate_forward():
-    # AR + Lopti with one mini-batch: pi_old from the first step's own forwards (old_logprobs=None) must give the
-    # update that a separate no-grad forward before it gives. Micro-batches of 3 rows; rows with advantage 0 are
-    # never forwarded, rows whose tokens are all high-probability are forwarded for pi_old but not trained on in the
-    # low pass.
-    from model import build_tiny_model
+@pytest.mark.parametrize("micro_batch", [3, 8], ids=["separate-no-grad-forward", "first-step-reuses-it"])
+def test_pi_old_measured_in_the_update_equals_a_given_one(micro_batch):
+    # AR + Lopti with one mini-batch: pi_old measured inside update_policy (old_logprobs=None) must give the update
+    # that a pi_old computed beforehand gives. Micro-batches of 3 rows: a separate no-grad forward; of 8: the 5 trained
+    # rows fit one micro-batch, so the first optimizer step reuses the pi_old forward's graph. Rows with advantage 0
+    # are never forwarded; rows whose tokens are all high-probability are forwarded for pi_old but not trained on in
+    # the low pass.
+    from tiny import build_tiny_model
     from rollout import token_logprobs
     tokenizer, model, r = tiny_policy_and_rollouts()
     advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
@@ -128,7 +132,7 @@ def test_pi_old_read_from_the_first_step_equals_a_separate_forward():
     row_min_prob = old.exp().masked_fill(r.completion_mask == 0, 1.0).min(1).values
     eta = row_min_prob[advantages != 0].median().item()  # about half the trained rows have no low-probability token
     assert ((row_min_prob >= eta) & (advantages != 0)).any() and ((row_min_prob < eta) & (advantages != 0)).any()
-    config = train.UpdateConfig(alpha=0.3, lopti_eta=eta, micro_batch=3)
+    config = Config(alpha=0.3, lopti_eta=eta, micro_batch=micro_batch, max_new_tokens=6, dtype="fp32")
     results = []
     for separate in (True, False):
         policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
@@ -158,7 +162,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, flags):
     # are dropped, then rewritten identically
     train.main(["--resume", os.path.join(out, "checkpoint-2"), "--keep-checkpoints", "0"])
     resumed = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in train.TIMING_KEYS} for r in rows]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in run_module.TIMING_KEYS} for r in rows]
     assert strip(resumed) == strip(full)
     assert all(torch.equal(final[k], v) for k, v in weights(os.path.join(out, "latest")).items())
 
@@ -251,17 +255,19 @@ def test_the_embedded_default_learns(tmp_path):
 
 def test_a_changed_task_option_gets_a_fresh_warm_start(tmp_path):
     # The warm-start cache is keyed by every setting it depends on: 3-number Countdown must not load a 2-number model.
-    from model import warm_start_dir
-    settings = lambda argv: train.warm_start_settings(train.parse_args(argv))  # noqa: E731
+    from config import parse_args
+    from tiny import warm_start_dir, warm_start_settings
+    settings = lambda argv: warm_start_settings(parse_args(argv))  # noqa: E731
     two, three = settings(["--task", "countdown"]), settings(["--task", "countdown", "--task-option", "num_count=3"])
     assert warm_start_dir(tmp_path, two) != warm_start_dir(tmp_path, three)
     assert warm_start_dir(tmp_path, two) == warm_start_dir(tmp_path, settings(["--task", "countdown"]))
 
 
 def test_cli_choices_match_the_modules():
-    # train.py spells three choice lists out so that --help needs no torch; they must equal the modules' own.
+    # config.py spells three choice lists out so that --help needs no torch; they must equal the modules' own.
+    import config
     import lopti
     import ppo
     import softmax_grpo
-    assert train.METHODS == softmax_grpo.METHODS and train.LOSS_AGGS == ppo.LOSS_AGGS
-    assert train.LOPTI_ORDERS == lopti.PASS_ORDERS
+    assert config.METHODS == softmax_grpo.METHODS and config.LOSS_AGGS == ppo.LOSS_AGGS
+    assert config.LOPTI_ORDERS == lopti.PASS_ORDERS

@@ -12,22 +12,17 @@ paper's: SGD lr 0.1, momentum 0.9, weight decay 1e-4, linear warm-up over 10% of
 tau = 0.2, M up to 1024. The policy starts exactly uniform (zero last layer), so p = pi(y*|x) = 1/1000 and
 almost every group of M samples is all-fail. The expected update is omega(p) * p * grad log p (DESIGN.md §3);
 at p = 1e-3, M = 1024, omega(p) * p is 0.001 for REINFORCE, 0.025 GRPO, 0.115 SoftmaxGRPO (tau 0.2), 0.64 MaxRL,
-against 1 for cross-entropy. SGD keeps that scale; `--optimizer adam` (lr 3e-4) normalises most of it away and
-REINFORCE then learns too (README).
-
-Observed with the defaults (2026-11-30, seed 0; README has the table): cross-entropy 0.901 top-1 / 0.843
-pass@1. REINFORCE's pass@1 stays at 0.0010 for every M (its top-1 still rises to 0.29 at M = 1024: a tiny,
-consistent logit shift makes y* the argmax of a near-uniform policy); GRPO reaches pass@1 0.010 at M = 1024;
-MaxRL and SoftmaxGRPO improve steeply with M, to 0.892 and 0.807 top-1 at M = 1024.
+against 1 for cross-entropy. SGD keeps that scale; `--optimizer adam` (lr 3e-4) normalises most of it away.
+Results of both optimizers, per method and M (numbers: docs/experiments.md).
 
 Offline default: a synthetic 1000-class problem (Gaussian clusters around random class prototypes in a 32-d
 feature space, classified by a one-hidden-layer MLP). `--features FILE` takes real precomputed features:
 a `.pt` file holding a dict {"features": [N, D] float, "labels": [N] int} or a (features, labels) tuple, or
 an `.npz` with arrays `features` and `labels`; a deterministic `--test-fraction` is held out. Real images and
-a torchvision ResNet: tasks/imagenet_real.py, which uses this file's loss, optimizer, schedule and metrics.
+a torchvision ResNet: experiments/imagenet_real.py, which uses this file's loss, optimizer, schedule and metrics.
 
-Run:  python -m tasks.imagenet_toy                      (~4 CPU-minutes, one thread)
-      python -m tasks.imagenet_toy --optimizer adam --methods ce,softmax,reinforce --group-sizes 1024
+Run:  python -m experiments.imagenet_toy                      (~4 CPU-minutes, one thread)
+      python -m experiments.imagenet_toy --optimizer adam --methods ce,softmax,reinforce --group-sizes 1024
 Writes <output-dir>/curves.csv (step, method, M, tau, lr of the last update, top1 = greedy accuracy,
 pass@1 = E[pi(y*|x)], pass@128 = E[1 - (1 - pi(y*|x))^128], entropy in nats, train_reward = mean sampled
 reward since the last eval; M, tau blank where they do not apply), final.csv (the last row of each run plus

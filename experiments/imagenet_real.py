@@ -1,6 +1,6 @@
 """Real ImageNet, as the SoftmaxGRPO paper's Fig. 2 ran it: a torchvision ResNet as the policy (DESIGN.md §6).
 
-The one-step RL loss, the optimizer, the lr schedule and the metrics are the ones in tasks/imagenet_toy.py
+The one-step RL loss, the optimizer, the lr schedule and the metrics are the ones in experiments/imagenet_toy.py
 (imported, not copied); this file adds the images. Per update: a batch of B images, M labels sampled per image
 from pi(.|x), reward 1 for the true label, advantages from `group_advantages`, loss -(1/(B*M)) sum A log pi
 (or cross-entropy with `--method ce`). Official settings are the defaults: ResNet-50 from scratch, SGD lr 0.1,
@@ -19,9 +19,9 @@ epoch, epoch 0 = the initial network) and final.csv.
 
 torchvision is optional: `pip install torchvision` (the release built for your torch; see README).
 
-Run:  python -m tasks.imagenet_real --data-dir /data/imagenet                       (softmax, M = 1024)
-      python -m tasks.imagenet_real --data-dir /data/imagenet --method reinforce --output-dir runs/in_reinforce
-      python -m tasks.imagenet_real --data-dir /data/imagenet --resume runs/imagenet/checkpoint.pt
+Run:  python -m experiments.imagenet_real --data-dir /data/imagenet                       (softmax, M = 1024)
+      python -m experiments.imagenet_real --data-dir /data/imagenet --method reinforce --output-dir runs/in_reinforce
+      python -m experiments.imagenet_real --data-dir /data/imagenet --resume runs/imagenet/checkpoint.pt
 """
 
 import argparse
@@ -31,8 +31,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from experiments.imagenet_toy import (DEFAULT_LR, PASS_K, lr_factor, make_optimizer, metric_sums, one_step_rl_loss,
+                                      write_csv)
 from softmax_grpo import METHODS
-from tasks.imagenet_toy import DEFAULT_LR, PASS_K, lr_factor, make_optimizer, metric_sums, one_step_rl_loss, write_csv
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # settings a resumed run must share with its checkpoint (they fix the schedule, the data and the estimator)

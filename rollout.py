@@ -5,13 +5,13 @@ last T columns. `completion_mask` [B, T] marks the generated tokens up to and in
 log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
-import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
+
+import fast_logprobs
+from fast_logprobs import cache_name, prefill_prompt_cache
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -84,33 +84,6 @@ class Rollouts:
     truncated: torch.Tensor        # [B] bool, no EOS within max_new_tokens
     prompt_index: torch.Tensor     # [B] long, row -> index into the prompt list (rows of a group are adjacent)
     completions: list              # [B] decoded completion text (special tokens dropped)
-
-
-def cache_name(model):
-    """The KV cache's argument / output field: `cache` in transformers 5.x, `past_key_values` before the rename."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def prefill_prompt_cache(model, input_ids, attention_mask, row_prompt):
-    """KV cache of prompts but their last token, computed once per distinct prompt and indexed out to the rows.
-
-    input_ids, attention_mask [N, P]: N distinct prompts, left-padded; row_prompt [B] (long): the prompt of each row
-    (generate: the M completions of prompt i are rows i*M .. i*M+M-1). The prompt runs through the model N times
-    instead of B times; the caller then feeds each row from the last prompt token on. Positions are the ones
-    generate itself uses: (number of real tokens before) for real tokens, 0 for padding. Under autograd the cache
-    carries gradients back to the one prompt forward (token_logprobs' shared prompts).
-    Returns a Cache of batch B, or None when sharing does not apply (a cache that is not a plain KV cache).
-    """
-    if not model._supports_default_dynamic_cache():  # Mamba-style models keep a recurrent state instead
-        return None
-    position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
-    output = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                   position_ids=position_ids[:, :-1], use_cache=True, logits_to_keep=1)
-    cache = getattr(output, cache_name(model))
-    if cache is None or any(getattr(cache, "is_linear", ())):  # no cache (e.g. gradient checkpointing), or
-        return None                                           # linear-attention layers: state is not per position
-    cache.batch_select_indices(row_prompt)  # plain indexing: a prompt's keys and values, repeated for its rows
-    return cache
 
 
 def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens, share_prefill,
@@ -202,125 +175,46 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Log-probabilities of the sampled tokens (selective: only completion positions, micro-batched, chunked)
+# Log-probabilities of the sampled tokens: the definition here, the fast path (same numbers) in fast_logprobs.py
 # ---------------------------------------------------------------------------------------------------------------
-LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # Gemma 2, Cohere, Granite
-
-
-def has_plain_lm_head(model):
-    """True when the model's logits are exactly lm_head(last hidden state): Llama, Qwen, Mistral, SmolLM, ...
-
-    Models that rescale or soft-cap their logits after the head (config fields in LOGIT_RESCALING) are scored
-    through their own forward instead (token_logprobs' fallback), so that nothing here re-implements them."""
-    config = model.config.get_text_config()
-    return not any(getattr(config, name, None) is not None for name in LOGIT_RESCALING)
-
-
-def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
-    """features [n, H or V] -> (log p of targets [n], entropy [n] or None), through float32 logits [n, V]."""
-    logits = to_logits(features) / temperature
-    log_normalizer = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_normalizer
-    if not with_entropy:
-        return logprobs, None
-    with torch.no_grad():
-        entropy = log_normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-    return logprobs, entropy
-
-
-def completion_features(model, input_ids, attention_mask, width, plain_head, share_prompts):
-    """What scores each row's last `width` tokens: [b, T, H] last hidden states (plain head) or [b, T, V] logits.
-
-    input_ids, attention_mask [b, P+T]. The token at column P+t is predicted from position P+t-1, so the features
-    are those of positions P-1 .. P+T-2. share_prompts: rows that repeat a prompt (the M completions of a group)
-    compute that prompt's KV cache once, with gradients, and each row then runs only its T positions on top of it
-    (prefill_prompt_cache; the "shared-prefix forward" of Prefix Grouper, Liu et al. 2025). Attention sees the same
-    keys and values, so the values match the full forward up to float rounding, while the prompt's part of the
-    forward and backward shrinks M-fold. (With dropout > 0 a group's rows share one dropout draw over the prompt.)
-    Skipped under gradient checkpointing, which makes HF drop the cache.
-    """
-    prompt_width = input_ids.shape[1] - width
-    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    body = model.get_decoder() if plain_head else model  # the plain head runs later, in float32 chunks
-    cache = None
-    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
-        else "is_gradient_checkpointing"  # the name before transformers 5.x
-    checkpointing = torch.is_grad_enabled() and getattr(model, flag, False)
-    if share_prompts and prompt_width > 1 and not checkpointing:
-        prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width].to(input_ids.dtype)], 1)
-        distinct, row_prompt = torch.unique(prompts, dim=0, return_inverse=True)  # [N, 2P]: ids | mask
-        if len(distinct) < len(prompts):  # some rows share a prompt (else nothing to save)
-            cache = prefill_prompt_cache(model, distinct[:, :prompt_width], distinct[:, prompt_width:], row_prompt)
-    if cache is None:  # the plain forward over all P+T columns
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    else:              # columns P-1 .. P+T-2 on top of the prompts' cache (which holds columns 0 .. P-2)
-        inputs = dict(input_ids=input_ids[:, prompt_width - 1:-1], attention_mask=attention_mask[:, :-1],
-                      position_ids=position_ids[:, prompt_width - 1:-1], **{cache_name(body): cache})
-    output = body(**inputs, use_cache=cache is not None, **({} if plain_head else dict(logits_to_keep=width + 1)))
-    features = output.last_hidden_state if plain_head else output.logits  # logits: the model's own (rescaled)
-    return features[:, -width - 1:-1] if cache is None else features  # with the cache: exactly the T positions
-
-
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=None,
-                   with_entropy=False, logit_chunk=1024, fp32_head=True, body_autocast=True, share_prompts=True):
+                   with_entropy=False, fast=True, logit_chunk=1024, fp32_head=True, body_autocast=True,
+                   share_prompts=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here: the completion
     is the last T columns). Gradients flow unless called under torch.no_grad(). with_entropy=True also returns
-    the per-token entropy [B, T] of softmax(logits / temperature), detached (a metric).
-    Memory: rows go through the model `micro_batch` at a time; then the LM head and the log-softmax run on at
-    most `logit_chunk` completion tokens at a time, so the float32 logits held at once are [logit_chunk, V]
-    (about logit_chunk * V * 4 bytes, times ~3 for the log-softmax and entropy temporaries), whatever B and T.
-    With gradients and several chunks, each chunk is checkpointed: its logits are recomputed in backward
-    instead of being kept (one more LM-head matmul). Exact: log p = logit[token] - logsumexp(logits), per token.
-    Precision under bf16 autocast (numbers: benchmarks/logprob_fidelity.py): fp32_head runs the LM head and
-    log-softmax in float32 (bf16 rounds a logit of 16 by up to 0.06). body_autocast=False runs the whole forward
-    outside autocast, in the weights' dtype (float32 in train.py): under autocast each forward re-rounds the fp32
-    weights to bf16, so even a tiny update moves some of them by a whole bf16 step, and the ratio after an
-    update carries that noise.
-    share_prompts: rows of a micro-batch with the same prompt (a group's M completions) run that prompt through
-    the model once (see completion_features); same values up to float rounding, less compute.
-    Positions follow HF generate with left padding: position_id = (number of real tokens before) clipped at 0.
+    the per-token entropy [B, T] of softmax(logits / temperature), detached (a metric). micro_batch: rows per
+    forward (None: all). Positions follow HF generate with left padding: position_id = (number of real tokens
+    before) clipped at 0, so each token is scored exactly as generate sampled it.
+    body_autocast=False runs the forward outside autocast, in the weights' dtype (float32 in train.py).
+    fast=True (default): fast_logprobs.token_logprobs, the same values up to float rounding with less memory and
+    compute: each group's prompt runs through the model once (share_prompts), the LM head and log-softmax run in
+    float32 (fp32_head, even under autocast) on `logit_chunk` tokens at a time. Numbers:
+    benchmarks/logprob_memory.py (memory by logit_chunk), benchmarks/logprob_fidelity.py (bf16 precision).
+    fast=False: the plain path below, the definition (the tests' reference); it ignores those three options.
     """
-    width = completion_mask.shape[1]
+    if fast:  # same numbers, less memory and compute: see fast_logprobs.py
+        return fast_logprobs.token_logprobs(
+            model, input_ids, attention_mask, completion_mask, temperature=temperature, micro_batch=micro_batch,
+            with_entropy=with_entropy, logit_chunk=logit_chunk, fp32_head=fp32_head, body_autocast=body_autocast,
+            share_prompts=share_prompts)
+    # Plain path: no logit chunking (holds [b, T, V] float32 logits), no prompt sharing, the model's own head.
+    T = completion_mask.shape[1]
     micro_batch = micro_batch or input_ids.shape[0]
-    plain_head = has_plain_lm_head(model)
-    if plain_head:  # the body runs on its own, the head per chunk below
-        head = model.get_output_embeddings()
-        weight, bias = head.weight, head.bias
-        if fp32_head:
-            weight, bias = weight.float(), None if bias is None else bias.float()
-
-    def to_logits(features):  # [n, H] hidden states (or [n, V] logits of the fallback) -> [n, V] float32 logits
-        if not plain_head:
-            return features.float()
-        if not fp32_head:
-            return head(features).float()
-        with torch.autocast(features.device.type, enabled=False):
-            return F.linear(features.float(), weight, bias)
-
-    body_precision = contextlib.nullcontext if body_autocast else \
-        functools.partial(torch.autocast, input_ids.device.type, enabled=False)
-    logprob_chunks, entropy_chunks = [], []
+    logprob_parts, entropy_parts = [], []
     for start in range(0, input_ids.shape[0], micro_batch):
-        ids = input_ids[start:start + micro_batch]
-        mask = attention_mask[start:start + micro_batch]
-        with body_precision():
-            features = completion_features(model, ids, mask, width, plain_head, share_prompts)  # [b, T, H or V]
-        # position t predicts token t+1: features[:, t] scores ids[:, -T + t]
-        flat_features, flat_targets = features.reshape(-1, features.shape[-1]), ids[:, -width:].reshape(-1)
-        checkpointed = torch.is_grad_enabled() and flat_features.shape[0] > logit_chunk
-        pieces = []
-        for first in range(0, flat_features.shape[0], logit_chunk):
-            args = (flat_features[first:first + logit_chunk], flat_targets[first:first + logit_chunk], to_logits,
-                    temperature, with_entropy)
-            pieces.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, *args, use_reentrant=False)
-                          if checkpointed else chunk_logprobs(*args))
-        logprob_chunks.append(torch.cat([lp for lp, _ in pieces]).view(ids.shape[0], width))
+        ids, mask = input_ids[start:start + micro_batch], attention_mask[start:start + micro_batch]
+        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # real tokens before; 0 on the left padding
+        with contextlib.nullcontext() if body_autocast else torch.autocast(ids.device.type, enabled=False):
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits  # [b, P+T, V]
+        logits = logits[:, -T - 1:-1]  # position P+t-1 predicts the token at column P+t
+        logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [b, T, V]
+        logprob_parts.append(logp_all.gather(-1, ids[:, -T:, None]).squeeze(-1))  # [b, T]
         if with_entropy:
-            entropy_chunks.append(torch.cat([ent for _, ent in pieces]).view(ids.shape[0], width))
-    logprobs = torch.cat(logprob_chunks)
-    return (logprobs, torch.cat(entropy_chunks).detach()) if with_entropy else logprobs
+            entropy_parts.append(-(logp_all.exp() * logp_all).sum(dim=-1).detach())  # -sum_v p log p
+    logprobs = torch.cat(logprob_parts)
+    return (logprobs, torch.cat(entropy_parts)) if with_entropy else logprobs
 
 
 # ---------------------------------------------------------------------------------------------------------------

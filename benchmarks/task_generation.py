@@ -21,7 +21,7 @@ import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tasks import _math, get_task  # noqa: E402
+from tasks import MATH_DEADLINE_S, get_task, math_helper_process  # noqa: E402
 from tasks.countdown import solve  # noqa: E402
 
 MB = 1_000_000
@@ -99,12 +99,12 @@ def text_match_big(text_task):
 
 def math_deadline(gsm_task):
     example = {"question": "q", "answer": "7", "rationale": ""}
-    print(f"\n== math-verify on answers sympy is slow on (deadline {_math.DEADLINE_S} s per answer) ==")
+    print(f"\n== math-verify on answers sympy is slow on (deadline {MATH_DEADLINE_S} s per answer) ==")
     for answer in ("\\boxed{2^{99999999}}", "\\boxed{2^{999999999}}"):
         gsm_task.reward("<answer> 7 </answer>", example)  # helper started and warm
-        helper = _math._helper["process"]
+        helper = math_helper_process()
         _, seconds = timed(lambda: gsm_task.reward(f"<answer> {answer} </answer>", example))
-        killed = _math._helper.get("process") is not helper
+        killed = math_helper_process() is not helper
         _, after = timed(lambda: gsm_task.reward("<answer> 7 </answer>", example))
         print(f"{answer:24s} {seconds:5.2f} s, helper {'killed' if killed else 'kept'}; next answer {after:.2f} s")
 

@@ -19,6 +19,7 @@ reward(completion, example, style), solution(example, style), reward_fn(completi
 import inspect
 
 from tasks import countdown, deepmath, gsm8k, knights_knaves, text_match
+from tasks._math import DEADLINE_S as MATH_DEADLINE_S, helper_process as math_helper_process
 from tasks._verify import COMPACT_ALPHABET
 
 TASKS = {
@@ -31,7 +32,7 @@ TASKS = {
 RULES = {"countdown": countdown.RULES, "knights_knaves": knights_knaves.RULES, "gsm8k": gsm8k.RULES,
          "deepmath": deepmath.RULES, "text_match": text_match.RULES}  # chat-style rule sets, default first
 
-__all__ = ["COMPACT_ALPHABET", "RULES", "TASKS", "get_task"]
+__all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "RULES", "TASKS", "get_task", "math_helper_process"]
 
 
 def get_task(name, *, data=None, **options):

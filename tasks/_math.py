@@ -63,6 +63,11 @@ def math_answer_is_right(gold, final):
         return reply == b"1"
 
 
+def helper_process():
+    """The math-verify helper process now running (None if none): benchmarks/task_generation.py watches it."""
+    return _helper.get("process")
+
+
 def _running_helper():
     if _helper.get("pid") == os.getpid() and _helper["process"].poll() is None:
         return _helper["process"]

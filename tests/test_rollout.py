@@ -1,11 +1,16 @@
-"""rollout.py: the completion mask, left padding, generate_rollouts, and token_logprobs against the definition."""
+"""rollout.py: the completion mask, left padding, generate_rollouts, and token_logprobs: the plain path against a
+hand computation, the fast path (fast_logprobs.py) against the plain path."""
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import tasks
-from model import build_char_tokenizer, build_tiny_model
-from rollout import (cache_name, completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
-                     prefill_prompt_cache, render_prompts, token_logprobs)
+from fast_logprobs import cache_name, prefill_prompt_cache
+from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
+                     render_prompts, token_logprobs)
+from tiny import build_char_tokenizer, build_tiny_model
 from tests.stubs import smollm2_or_skip, tiny_policy_and_rollouts
 
 PAD, BOS, EOS = 0, 1, 2
@@ -211,18 +216,50 @@ def test_dropping_finished_rows_changes_no_greedy_completion(tiny):
             assert torch.equal(getattr(segmented, field), getattr(one_call, field)), (every, field)
 
 # --- token_logprobs ------------------------------------------------------------------------------------------------
+class TableModel(torch.nn.Module):
+    """A "model" whose logits are a lookup: logits[b, j] = TABLE[token at j] + position_id[b, j] * SLOPE (V = 3)."""
+    TABLE = torch.tensor([[0.0, 1.0, 2.0], [1.5, -1.0, 0.5], [0.0, 3.0, -2.0]])
+    SLOPE = torch.tensor([0.5, 0.0, -0.25])
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        return SimpleNamespace(logits=self.TABLE[input_ids] + position_ids[..., None] * self.SLOPE)
+
+
+def test_plain_token_logprobs_equal_a_hand_computation():
+    # 2 rows, P = 2, T = 2; the second row is left-padded, so its positions are 0, 0, 1, 2 (0, 1, 2, 3 for the first).
+    input_ids = torch.tensor([[1, 2, 0, 2], [0, 1, 2, 1]])
+    attention_mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    completion_mask = torch.ones(2, 2)
+    temperature = 0.5
+    expected, expected_entropy = [], []
+    for row, positions in enumerate([[0, 1, 2, 3], [0, 0, 1, 2]]):
+        logps, entropies = [], []
+        for column in (2, 3):  # the token at `column` is scored by the logits of column - 1
+            token, position = input_ids[row, column - 1].item(), positions[column - 1]
+            z = [(TableModel.TABLE[token, v].item() + position * TableModel.SLOPE[v].item()) / temperature
+                 for v in range(3)]
+            log_normalizer = math.log(sum(math.exp(zv) for zv in z))
+            logps.append(z[input_ids[row, column].item()] - log_normalizer)
+            entropies.append(-sum(math.exp(zv - log_normalizer) * (zv - log_normalizer) for zv in z))
+        expected.append(logps)
+        expected_entropy.append(entropies)
+    for micro_batch in (None, 1):
+        logprobs, entropy = token_logprobs(TableModel(), input_ids, attention_mask, completion_mask,
+                                           temperature=temperature, micro_batch=micro_batch, with_entropy=True,
+                                           fast=False)
+        torch.testing.assert_close(logprobs, torch.tensor(expected), atol=1e-6, rtol=0)
+        torch.testing.assert_close(entropy, torch.tensor(expected_entropy), atol=1e-6, rtol=0)
+
+
 def test_token_logprobs_equal_full_log_softmax(tiny):
     model, tokenizer = tiny
     prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8 1 1>9:")["input_ids"]]
     torch.manual_seed(1)
     r = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8)
     T, temperature = r.completion_mask.shape[1], 0.7
-    position_ids = (r.attention_mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():  # the definition: full-vocabulary log-softmax of logits / temperature, then gather
-        logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask, position_ids=position_ids).logits
-        logp_all = torch.log_softmax(logits[:, -T - 1:-1].float() / temperature, dim=-1)
-        expected = logp_all.gather(-1, r.input_ids[:, -T:, None]).squeeze(-1)
-        expected_entropy = -(logp_all.exp() * logp_all).sum(-1)
+        expected, expected_entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
+                                                    temperature=temperature, with_entropy=True, fast=False)
     logprobs, entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
                                        temperature=temperature, micro_batch=4, with_entropy=True)  # 9 rows: 4+4+1
     assert logprobs.shape == (9, T) and logprobs.requires_grad and not entropy.requires_grad
@@ -243,10 +280,12 @@ def test_token_logprobs_match_the_distribution_generate_sampled_from(tiny):
     completion_ids = out.sequences[:, input_ids.shape[1]:]
     completion_mask, _ = completion_mask_from_ids(completion_ids, EOS)
     full_mask = torch.cat([attention_mask, completion_mask.long()], dim=1)
-    with torch.no_grad():
-        ours = token_logprobs(model, out.sequences, full_mask, completion_mask)
     theirs = generate_logp.gather(-1, completion_ids[..., None]).squeeze(-1)
-    torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-5, rtol=1e-5)
+    for fast in (True, False):
+        with torch.no_grad():
+            ours = token_logprobs(model, out.sequences, full_mask, completion_mask, fast=fast)
+        torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-5, rtol=1e-5,
+                                   msg=f"fast={fast}")
 
 
 def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
@@ -257,15 +296,22 @@ def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
     r = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8)
     batch = (r.input_ids, r.attention_mask, r.completion_mask)
     results = {}
-    for chunk in (10**6, 5):  # one chunk per micro-batch vs 5 tokens (checkpointed: recomputed in backward)
-        logprobs, entropy = token_logprobs(model, *batch, micro_batch=4, with_entropy=True, logit_chunk=chunk)
+    # the plain path, then one chunk per micro-batch, then 5 tokens per chunk (checkpointed: recomputed in backward)
+    for name, options in [("plain", dict(fast=False)), ("whole", dict(logit_chunk=10**6)), ("5", dict(logit_chunk=5))]:
+        logprobs, entropy = token_logprobs(model, *batch, micro_batch=4, with_entropy=True, **options)
         gradients = torch.autograd.grad((logprobs * r.completion_mask).sum(), list(model.parameters()))
-        results[chunk] = logprobs.detach(), entropy, gradients
-    (lp_whole, ent_whole, grad_whole), (lp_chunked, ent_chunked, grad_chunked) = results[10**6], results[5]
+        results[name] = logprobs.detach(), entropy, gradients
+    (lp_whole, ent_whole, grad_whole), (lp_chunked, ent_chunked, grad_chunked) = results["whole"], results["5"]
     torch.testing.assert_close(lp_chunked, lp_whole, atol=1e-6, rtol=0)  # bitwise equal on our CPUs
     torch.testing.assert_close(ent_chunked, ent_whole, atol=1e-6, rtol=0)
     for a, b in zip(grad_chunked, grad_whole):  # sums over tokens in another order: float32 rounding only
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    lp_plain, ent_plain, grad_plain = results["plain"]
+    for name in ("whole", "5"):  # the fast path against the definition: values and gradients
+        torch.testing.assert_close(results[name][0], lp_plain, atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(results[name][1], ent_plain, atol=1e-5, rtol=1e-5, msg=name)
+        for a, b in zip(results[name][2], grad_plain):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_shared_prompts_give_the_plain_forward_values_and_gradients_with_fewer_positions(tiny):
@@ -281,20 +327,22 @@ def test_shared_prompts_give_the_plain_forward_values_and_gradients_with_fewer_p
     embedding = model.get_input_embeddings()
     hook = embedding.register_forward_hook(lambda module, args, out: positions.append(args[0].numel()))
     results = {}
-    for share in (False, True):
+    for name, options in [("plain", dict(fast=False)), ("unshared", dict(share_prompts=False)),
+                          ("shared", dict(share_prompts=True))]:
         positions.clear()
-        logprobs = token_logprobs(model, *batch, micro_batch=6, share_prompts=share)
+        logprobs = token_logprobs(model, *batch, micro_batch=6, **options)
         gradients = torch.autograd.grad((logprobs * batch[2]).sum(), list(model.parameters()))
-        results[share] = logprobs.detach(), gradients, sum(positions)
+        results[name] = logprobs.detach(), gradients, sum(positions)
     hook.remove()
-    (lp_plain, grad_plain, n_plain), (lp_shared, grad_shared, n_shared) = results[False], results[True]
-    torch.testing.assert_close(lp_shared, lp_plain, atol=1e-5, rtol=1e-5)
-    for a, b in zip(grad_shared, grad_plain):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    lp_plain, grad_plain, n_plain = results["plain"]
+    for name in ("unshared", "shared"):
+        torch.testing.assert_close(results[name][0], lp_plain, atol=1e-5, rtol=1e-5, msg=name)
+        for a, b in zip(results[name][1], grad_plain):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
     P, T = r.input_ids.shape[1] - r.completion_mask.shape[1], r.completion_mask.shape[1]
     distinct_per_micro_batch = sum(len(set(r.prompt_index[order][k:k + 6].tolist())) for k in (0, 6))
-    assert n_plain == 12 * (P + T)
-    assert n_shared == distinct_per_micro_batch * (P - 1) + 12 * T < n_plain
+    assert n_plain == results["unshared"][2] == 12 * (P + T)
+    assert results["shared"][2] == distinct_per_micro_batch * (P - 1) + 12 * T < n_plain
 
 
 def test_shared_prompts_step_aside_under_activation_checkpointing():
@@ -303,6 +351,9 @@ def test_shared_prompts_step_aside_under_activation_checkpointing():
     batch = (r.input_ids, r.attention_mask, r.completion_mask)
     shapes = []
     model.get_input_embeddings().register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
+    with torch.no_grad():
+        plain = token_logprobs(model, *batch, fast=False)
+    shapes.clear()
     shared = token_logprobs(model, *batch)
     assert len(shapes) == 2  # the 2 prompts, then the 8 rows' completion positions
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
@@ -311,7 +362,8 @@ def test_shared_prompts_step_aside_under_activation_checkpointing():
     shapes.clear()
     checkpointed = token_logprobs(model, *batch)
     assert shapes == [tuple(r.input_ids.shape)]
-    torch.testing.assert_close(checkpointed, shared, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared.detach(), plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(checkpointed.detach(), plain, atol=1e-5, rtol=1e-5)
 
 
 def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
@@ -322,10 +374,12 @@ def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monk
     torch.manual_seed(1)
     r = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=6)
     with torch.no_grad():
+        plain = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, fast=False)
         own_head = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
         monkeypatch.setattr(model.config, "logits_scaling", 1.0, raising=False)
         model_forward = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
-    torch.testing.assert_close(model_forward, own_head, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(own_head, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model_forward, plain, atol=1e-5, rtol=1e-5)
 
 
 def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
@@ -338,7 +392,7 @@ def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
     r = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
     batch, real = (r.input_ids, r.attention_mask, r.completion_mask), r.completion_mask.bool()
     with torch.no_grad():
-        fp32 = token_logprobs(model, *batch, temperature=1 / 8)
+        fp32 = token_logprobs(model, *batch, temperature=1 / 8, fast=False)  # the definition, in float32
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False)
             fp32_head = token_logprobs(model, *batch, temperature=1 / 8)
@@ -421,6 +475,8 @@ def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smoll
     full_mask = torch.cat([settings["attention_mask"], completion_mask.long()], dim=1)
     with torch.no_grad():
         ours = token_logprobs(model, plain.sequences, full_mask, completion_mask, logit_chunk=5)
+        definition = token_logprobs(model, plain.sequences, full_mask, completion_mask, fast=False)
     generate_logp = torch.log_softmax(torch.stack(plain.logits, dim=1), dim=-1)
     theirs = generate_logp.gather(-1, plain.sequences[:, -T:, None]).squeeze(-1)
     torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(ours * completion_mask, definition * completion_mask, atol=1e-3, rtol=1e-4)

@@ -3,23 +3,29 @@
     <output-dir>/metrics.jsonl               one JSON row per step, plus eval rows; appended, never truncated in place
     <output-dir>/checkpoint-<step>/          save_pretrained folder + trainer_state.pt + run.json (the run's settings)
     <output-dir>/latest -> checkpoint-<step> switched only once the checkpoint folder is complete
+    <output-dir>/.lock                       the PID of the run writing here (one run per folder)
 
-Every write goes to a temporary name first and is renamed into place (`os.replace` is atomic on one file system),
-and the last `keep` checkpoints are kept. Problems a user can act on raise RunError: one line that names the file
-and what to do.
+Every write goes to a temporary name first and is renamed into place (`os.replace` is atomic on one file system);
+what a kill leaves behind (`*.tmp`, `*.old`) is put right at the next start. Checkpoints load no code: trainer_state.pt
+holds tensors and plain Python values only and is read with `torch.load(weights_only=True)`. Problems a user can act on
+raise RunError: one line that names the file and what to do. torch is imported only by the functions that need it,
+so reading a run's settings (config.py) needs no torch.
 """
+import contextlib
 import json
 import os
-import random
 import pickle
+import random
 import re
 import shutil
 
 import numpy as np
-import torch
 
 TRAINER_STATE = "trainer_state.pt"
 RUN_SETTINGS = "run.json"
+LOCK = ".lock"
+RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
+MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 
 
 class RunError(Exception):
@@ -27,11 +33,121 @@ class RunError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The run folder: one run at a time, leftovers of a kill, an existing run
+# ---------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def locked(output_dir):
+    """Hold <output_dir>/.lock (created with O_EXCL, holding our PID) for the block. A lock whose process is gone is
+    stale and taken over; a live one is a RunError naming its PID."""
+    path = os.path.join(output_dir, LOCK)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            holder = _lock_holder(path)
+            if holder is not None:
+                raise RunError(f"{output_dir} is in use by process {holder} (another train.py run writes there); wait "
+                               "for it to end, or use another --output-dir") from None
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)  # stale: its process is gone
+        except OSError as error:
+            raise RunError(f"cannot write in {output_dir}: {error.strerror or error}; use another --output-dir") \
+                from None
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        yield
+    finally:
+        if _lock_holder(path, alive_only=False) == os.getpid():
+            os.remove(path)
+
+
+def _lock_holder(path, *, alive_only=True):
+    """The PID in a lock file; with alive_only, None when that process no longer exists (or is this one: a lock
+    this process holds is released by `locked` before the next run in it starts)."""
+    try:
+        with open(path) as f:
+            pid = int(f.read().strip() or -1)
+    except (OSError, ValueError):
+        return None
+    if not alive_only:
+        return pid
+    if pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, someone else's
+        pass
+    return pid
+
+
+def holds_a_run(output_dir):
+    """The run files in output_dir (metrics.jsonl, latest, checkpoint-<step>/), sorted; [] when it holds none."""
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    return sorted(name for name in names if name in RUN_FILES or re.fullmatch(r"checkpoint-\d+(\.tmp|\.old)?", name))
+
+
+def remove_run(output_dir):
+    """--overwrite: delete the run files of output_dir (not the tiny model's warm-start caches)."""
+    for name in holds_a_run(output_dir):
+        path = os.path.join(output_dir, name)
+        os.remove(path) if os.path.islink(path) or os.path.isfile(path) else shutil.rmtree(path)
+
+
+def is_complete(folder):
+    """A checkpoint folder whose last file (run.json) was written, so everything before it was too."""
+    return os.path.isfile(os.path.join(folder, TRAINER_STATE)) and os.path.isfile(os.path.join(folder, RUN_SETTINGS))
+
+
+def recover(output_dir, log=print):
+    """Put right what a kill during a save left: a complete checkpoint-N.tmp or .old whose checkpoint-N is missing
+    becomes checkpoint-N, every other .tmp / .old is removed, and a `latest` that points nowhere is pointed at the
+    newest complete checkpoint."""
+    for name in sorted(os.listdir(output_dir)):
+        match = re.fullmatch(r"(checkpoint-\d+)\.(tmp|old)", name)
+        if not match:
+            continue
+        leftover, final = os.path.join(output_dir, name), os.path.join(output_dir, match.group(1))
+        if is_complete(leftover) and not os.path.exists(final):
+            os.replace(leftover, final)
+            log(f"note: {final} restored from {name} (a save was interrupted)")
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+    latest = os.path.join(output_dir, "latest")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(latest + ".tmp")
+    steps = checkpoint_steps(output_dir)
+    if os.path.lexists(latest) and not is_complete(latest) and steps:
+        point_latest(output_dir, steps[-1])
+        log(f"note: {latest} pointed to a missing checkpoint; it now points to checkpoint-{steps[-1]}")
+
+
+def point_latest(output_dir, step):
+    """Switch <output_dir>/latest to checkpoint-<step> atomically (a new symlink renamed over the old one)."""
+    latest = os.path.join(output_dir, "latest")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(latest + ".tmp")
+    os.symlink(f"checkpoint-{step}", latest + ".tmp")
+    os.replace(latest + ".tmp", latest)
+
+
+def later_checkpoints(output_dir, step):
+    """The checkpoint-<s> folders with s > step: on a resumed run, the timeline being replaced."""
+    return [f"checkpoint-{s}" for s in checkpoint_steps(output_dir) if s > step]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
 def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings, *, keep=2):
-    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, run.json), point `latest` at it, keep the
-    newest `keep` checkpoints (0 = all). On failure the partial folder is removed and `latest` is untouched."""
+    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, run.json), point `latest` at it, and keep the
+    newest `keep` checkpoints up to this step (0 = all); checkpoints after this step belong to a timeline a resumed
+    run replaces, and go. Any failure (a full disk raises OSError, safetensors' SafetensorError or torch's
+    RuntimeError) removes the partial folder, leaves `latest` as it was, and is one RunError."""
+    import torch
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
     try:
@@ -39,63 +155,97 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, os.path.join(tmp, TRAINER_STATE))
-        with open(os.path.join(tmp, RUN_SETTINGS), "w") as f:
+        with open(os.path.join(tmp, RUN_SETTINGS), "w") as f:  # written last: the folder is complete once it exists
             json.dump(settings, f, indent=1, sort_keys=True)
-        if os.path.exists(final):  # the same step saved again (a resumed run): move the old one aside first
-            shutil.rmtree(final + ".old", ignore_errors=True)
-            os.replace(final, final + ".old")
+        shutil.rmtree(final, ignore_errors=True)  # a later checkpoint of a replaced timeline; `latest` is elsewhere
         os.replace(tmp, final)
-        shutil.rmtree(final + ".old", ignore_errors=True)
-        if os.path.lexists(latest + ".tmp"):
-            os.remove(latest + ".tmp")
-        os.symlink(os.path.basename(final), latest + ".tmp")
-        os.replace(latest + ".tmp", latest)  # atomic switch: `latest` is always a complete checkpoint
-    except OSError as error:
+        point_latest(output_dir, step)  # atomic switch: `latest` is always a complete checkpoint
+    except Exception as error:  # noqa: BLE001 -- whatever the writer raised, the run's files stay as they were
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(f"could not write checkpoint {final}: {error.strerror or error}; free some disk space or "
-                       f"use another --output-dir ({latest} still points to the previous checkpoint)") from None
-    if keep > 0:
-        for old in checkpoint_steps(output_dir)[:-keep]:
-            shutil.rmtree(os.path.join(output_dir, f"checkpoint-{old}"), ignore_errors=True)
+        reason = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RunError(f"could not write checkpoint {final}: {reason}; free some disk space or use another "
+                       f"--output-dir ({latest} still points to the previous checkpoint)") from None
+    earlier = [s for s in checkpoint_steps(output_dir) if s < step]
+    pruned = earlier[:-(keep - 1) or None] if keep > 0 else []  # never the one just written
+    for name in later_checkpoints(output_dir, step) + [f"checkpoint-{s}" for s in pruned]:
+        shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
     return final
 
 
 def checkpoint_steps(output_dir):
     """Sorted steps of the complete checkpoint-<step> folders in output_dir."""
     names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    return sorted(int(m.group(1)) for m in map(re.compile(r"checkpoint-(\d+)$").match, names) if m)
+    steps = [int(m.group(1)) for m in map(re.compile(r"checkpoint-(\d+)$").match, names) if m]
+    return sorted(s for s in steps if is_complete(os.path.join(output_dir, f"checkpoint-{s}")))
 
 
-def resolve_checkpoint(path):
-    """A checkpoint folder, or a run folder (-> its `latest`), as a real path; RunError if it is neither."""
-    if os.path.isdir(os.path.join(path, "latest")):
-        path = os.path.join(path, "latest")
+def resolve_checkpoint(path, log=print):
+    """--resume PATH: a checkpoint folder, or a run folder (-> its `latest`; when that points nowhere, the newest
+    complete checkpoint, with a note), as a real path. A `latest` leading outside its run folder is refused: a
+    resumed run writes only into the folder it was given. RunError if PATH is neither."""
+    latest = os.path.join(path, "latest")
+    if os.path.lexists(latest) or (os.path.isdir(path) and not os.path.isfile(os.path.join(path, RUN_SETTINGS))):
+        run_dir = os.path.realpath(path)
+        if os.path.lexists(latest) and os.path.dirname(os.path.realpath(latest)) != run_dir:
+            raise RunError(f"{latest} points outside its run folder ({os.path.realpath(latest)}); resume from a "
+                           "checkpoint-<step> folder instead")
+        if not is_complete(latest):
+            complete = [os.path.join(run_dir, name) for name in os.listdir(run_dir)
+                        if re.fullmatch(r"checkpoint-\d+(\.tmp|\.old)?", name)
+                        and is_complete(os.path.join(run_dir, name))]
+            if not complete:
+                raise RunError(f"--resume {path}: no complete checkpoint in this folder; start the run again")
+            newest = max(complete, key=lambda p: int(re.search(r"checkpoint-(\d+)", p).group(1)))
+            log(f"note: {latest} is missing or points to an incomplete checkpoint; resuming from "
+                f"{os.path.basename(newest)}, the newest complete one")
+            return newest
+        path = latest
     path = os.path.realpath(path)
-    if not os.path.isfile(os.path.join(path, RUN_SETTINGS)):
-        raise RunError(f"--resume {path}: not a train.py checkpoint (no {RUN_SETTINGS}); pass a checkpoint-<step> "
-                       "folder or the run folder")
+    if not is_complete(path):
+        raise RunError(f"--resume {path}: not a complete train.py checkpoint (no {RUN_SETTINGS} or "
+                       f"{TRAINER_STATE}); pass a checkpoint-<step> folder or the run folder")
     return path
 
 
 def load_run_settings(checkpoint_dir):
+    """The settings saved in run.json (a dict; config.Config checks its keys and values)."""
     path = os.path.join(checkpoint_dir, RUN_SETTINGS)
     try:
         with open(path) as f:
-            return json.load(f)
+            settings = json.load(f)
     except (OSError, ValueError) as error:
         raise RunError(f"{path} is unreadable ({error}); resume from another checkpoint-<step>") from None
+    if not isinstance(settings, dict):
+        raise RunError(f"{path}: not a JSON object of settings; resume from another checkpoint-<step>")
+    return settings
+
+
+TRAINER_STATE_KEYS = {"step": int, "initial_eval": dict, "optimizer": dict, "rng": dict}
 
 
 def load_trainer_state(checkpoint_dir):
-    """The optimizer, RNG states and step saved with a checkpoint; RunError if the file is missing or corrupt."""
+    """The optimizer, RNG states and step saved with a checkpoint. Read with weights_only=True: a file that needs
+    arbitrary Python objects unpickled (which can run code) is refused. RunError if missing, corrupt or wrong."""
+    import torch
     path = os.path.join(checkpoint_dir, TRAINER_STATE)
+    others = [s for s in checkpoint_steps(os.path.dirname(checkpoint_dir))
+              if f"checkpoint-{s}" != os.path.basename(checkpoint_dir)]
+    hint = f"resume from checkpoint-{others[-1]}" if others else "start the run again"
     try:
-        return torch.load(path, weights_only=False)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
-        others = [s for s in checkpoint_steps(os.path.dirname(checkpoint_dir))
-                  if f"checkpoint-{s}" != os.path.basename(checkpoint_dir)]
-        hint = f"resume from checkpoint-{others[-1]}" if others else "start the run again"
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" in str(error):
+            unsafe = re.search(r"(?:Unsupported global|GLOBAL) ([\w.]+)", str(error))
+            raise RunError(f"{path}: refused, it asks to unpickle {unsafe.group(1) if unsafe else 'Python objects'}"
+                           f" (loading it could run code; train.py never writes that); {hint} only if you trust "
+                           "where it came from") from None
         raise RunError(f"{path} is truncated or corrupt ({type(error).__name__}); {hint}") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as error:
+        raise RunError(f"{path} is truncated or corrupt ({type(error).__name__}); {hint}") from None
+    for key, kind in TRAINER_STATE_KEYS.items():
+        if not isinstance(state, dict) or not isinstance(state.get(key), kind):
+            raise RunError(f"{path}: no valid {key!r} in it; {hint}")
+    return state
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,19 +261,24 @@ def append_metrics(path, row):
 
 
 def read_metrics(path, warn=print):
-    """The rows of a metrics.jsonl. A half-written last line (a kill or a full disk mid-write) is dropped with a
-    warning; a bad line elsewhere is a RunError naming its line number."""
+    """The rows of a metrics.jsonl, each a JSON object with an integer "step". A half-written last line (a kill or
+    a full disk mid-write) is dropped with a warning; a bad line elsewhere is a RunError naming its line number."""
     if not os.path.exists(path):
         return []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, "rb") as f:
         numbered = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
     rows = []
     for index, (number, line) in enumerate(numbered):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line[:MAX_METRICS_LINE + 1]) if len(line) <= MAX_METRICS_LINE else None
         except ValueError:
-            if index < len(numbered) - 1:  # not the last row: corruption, not an interrupted write
-                raise RunError(f"{path}:{number}: not a JSON row; fix or delete that line") from None
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        elif index < len(numbered) - 1 or isinstance(row, (dict, list)):  # not an interrupted write: corruption
+            raise RunError(f"{path}:{number}: not a metrics row (a JSON object with an integer \"step\"); fix or "
+                           "delete that line")
+        else:
             warn(f"warning: {path}:{number}: dropped a half-written last row")
     return rows
 
@@ -141,16 +296,26 @@ def rewrite_metrics(path, rows):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# RNG states
+# RNG states, as tensors and plain values (what weights_only=True loads)
 # ---------------------------------------------------------------------------------------------------------------
 def rng_state():
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+    import torch
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    version, python_state, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+            "python": {"version": version, "state": list(python_state), "gauss_next": gauss_next},
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def restore_rng(rng):
+    import torch
     torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
+    numpy = rng["numpy"]
+    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"],
+                         numpy["has_gauss"], numpy["cached_gaussian"]))
+    python = rng["python"]
+    random.setstate((python["version"], tuple(python["state"]), python["gauss_next"]))
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

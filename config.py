@@ -12,11 +12,13 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import typing
 from dataclasses import dataclass, field
 
 import tasks
+from checkpoint import RunError, load_run_settings, resolve_checkpoint
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
@@ -89,6 +91,8 @@ class Config:
                          choices=("auto", "bf16", "fp32"), resumable=True)
     threads: int | None = setting(None, "CPU threads (tiny model: 1); none = torch's default", resumable=True)
     output_dir: str = setting("runs/default", "the run's folder: metrics.jsonl, checkpoint-<step>/, latest")
+    overwrite: bool = setting(False, "start afresh in an output-dir that holds a run, deleting its files",
+                              saved=False)
     resume: str | None = setting(None, "continue the run in this checkpoint or run folder, with its saved "
                                  "settings", saved=False)
     dry_run: bool = setting(False, "print the resolved settings as JSON and exit", saved=False)
@@ -97,7 +101,7 @@ class Config:
     tiny_layers: int = setting(4, "tiny model: layers")
     warm_start_steps: int = setting(1500, "tiny model: most supervised warm-start steps (0 = none)")
     warm_start_target: float = setting(0.1, "tiny model: stop the warm start at this held-out pass@1")
-    warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts (default: output-dir)")
+    warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts; none = the output-dir")
     # --- resolved by the run, saved in run.json, not flags --------------------------------------------------------
     style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False)
     rules: str | None = setting(None, "the task's reward rules", flag=False)
@@ -150,13 +154,15 @@ class Config:
                 (self.tiny_hidden > 0 and self.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4"),
                 (self.tiny_layers >= 1, "--tiny-layers must be >= 1"),
                 (self.warm_start_steps >= 0, "--warm-start-steps must be >= 0"),
+                (self.data is not None or self.task not in tasks.NEEDS_DATA,
+                 f"--task {self.task} needs --data (a data file or folder; docs/tasks.md)"),
                 (0 <= self.warm_start_target <= 1, "--warm-start-target must lie in [0, 1]")]:
             if not ok:
                 raise ValueError(message)
         return self
 
     def saved(self):
-        """What run.json keeps: every resolved setting, not the per-invocation ones (resume, dry_run)."""
+        """What run.json keeps: every resolved setting, not the per-invocation ones (resume, dry_run, overwrite)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
 
 
@@ -244,3 +250,51 @@ def parse_args(argv=None, prog="train.py"):
         return config.validate()
     except ValueError as error:
         fail(str(error), prog)
+
+
+def load(argv=None, prog="train.py"):
+    """The command line -> the run's Config: parse_args, then for --resume the saved run's settings (resumed). Reads
+    run.json only, so it needs no torch. Errors are one line: exit code 2 for a flag, 1 for the run's files."""
+    config = parse_args(argv, prog)
+    try:
+        return resumed(config) if config.resume else config
+    except RunError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except ValueError as error:
+        fail(str(error), prog)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# --resume: the saved run's settings
+# --------------------------------------------------------------------------------------------------------------
+def resumed(config, log=print):
+    """The saved run's settings (run.json of the checkpoint config.resume names) with the flags given now merged in:
+    a flag a resumed run may change (resumable()) takes the new value, any other must equal the saved one (else a
+    RunError). The run continues in the checkpoint's own folder. Saved settings pass the same checks as flags."""
+    if not os.path.exists(config.resume):
+        raise ValueError(f"--resume {config.resume}: no such folder")
+    checkpoint_dir = resolve_checkpoint(config.resume, log)
+    saved, path = load_run_settings(checkpoint_dir), os.path.join(checkpoint_dir, "run.json")
+    keys = {f.name for f in dataclasses.fields(Config) if f.metadata.get("saved", True)}
+    if set(saved) != keys:
+        raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
+                       f"{sorted(set(saved) - keys)}); resume from another checkpoint")
+    run_dir = os.path.dirname(checkpoint_dir)
+    if "output_dir" in config.given and os.path.realpath(config.output_dir) != run_dir:
+        raise RunError(f"--output-dir {config.output_dir} conflicts with the run being resumed, which lives in "
+                       f"{run_dir}; drop the flag")
+    normal = lambda value: json.loads(json.dumps(value))  # noqa: E731  (tuples -> lists, as saved)
+    changes = {}
+    for key in sorted(config.given - {"resume", "dry_run", "output_dir", "overwrite"}):
+        value = {**saved["task_options"], **config.task_options} if key == "task_options" else getattr(config, key)
+        if key in resumable():
+            changes[key] = value
+        elif normal(value) != saved[key]:
+            raise RunError(f"{flag_name(key)} {getattr(config, key)} conflicts with the run being resumed "
+                           f"({saved[key]!r}); drop the flag, or start a new run with another --output-dir")
+    try:
+        return Config(**{**saved, **changes, "resume": checkpoint_dir, "output_dir": run_dir,
+                         "dry_run": config.dry_run, "given": config.given}).validate()
+    except (TypeError, ValueError) as error:
+        raise RunError(f"{path}: {error}; resume from another checkpoint") from None

@@ -221,18 +221,22 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
 # Held-out evaluation: greedy pass@1 and mean reward
 # ---------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens, batch_size=256):
+def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens, batch_size=256, samples=None):
     """Greedy decoding on held-out examples -> {"pass@1", "reward", "length"} (python floats).
 
-    pass@1: share of examples whose greedy completion has reward >= task.pass_threshold.
+    pass@1: share of examples whose greedy completion has reward >= task.pass_threshold. samples: a list that
+    receives (completion, reward) of every example, to show a few (train.py prints them at each eval).
     """
-    rewards, lengths = [], []
+    rewards, lengths, completions = [], [], []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, chunk, style), 1,
                                      max_new_tokens=max_new_tokens, greedy=True)
         rewards += [task.reward(text, ex, style=style) for text, ex in zip(rollouts.completions, chunk)]
         lengths += rollouts.completion_mask.sum(dim=1).tolist()
+        completions += rollouts.completions
+    if samples is not None:
+        samples.extend(zip(completions, rewards))
     passed = [r >= task.pass_threshold for r in rewards]
     return {"pass@1": sum(passed) / len(passed), "reward": sum(rewards) / len(rewards),
             "length": sum(lengths) / len(lengths)}

@@ -1,11 +1,12 @@
 """A training run's lifecycle, beside train.py's loop: settings, the policy, metrics, evals, checkpoints, Ctrl-C.
 
-    config = resolve(config)                                # --resume: the saved run's settings
-    model, tokenizer, task, ref_model = build_policy(config)
-    with start(config, model, tokenizer, optimizer, evaluate) as state:  # fresh: eval 0; resumed: state restored
+    config = resolve(config)                                # device and dtype for this machine
+    with start(config) as state:                            # the folder locked; fresh (never over a run) or resumed
+        model, tokenizer, task, ref_model = build_policy(config)
+        state.begin(model, tokenizer, optimizer, evaluate)  # fresh: eval at step 0; resumed: state restored
         for step in range(state.step + 1, config.steps + 1):
             ...                                             # the RL step (train.py)
-            state.log(row)                                  # one row of metrics.jsonl
+            state.log(row, tokens=...)                      # one row of metrics.jsonl
             if state.end_of_step(step):                     # eval and checkpoint when due; True after Ctrl-C
                 break
 
@@ -19,6 +20,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import time
 from collections import defaultdict
@@ -29,57 +31,28 @@ import transformers
 
 import tasks
 import tiny
-from checkpoint import (RunError, append_metrics, load_run_settings, load_trainer_state, read_metrics,
-                        resolve_checkpoint, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
-from config import Config, flag_name, resumable
+from checkpoint import (RunError, append_metrics, holds_a_run, later_checkpoints, load_trainer_state, locked,
+                        read_metrics, recover, remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
+from config import Config
 from model import load_policy
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
+SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Settings: fresh or resumed; device and dtype
+# Settings (config.load has merged a resumed run's); device and dtype
 # ---------------------------------------------------------------------------------------------------------------
 def resolve(config):
-    """A copy of config, ready to run: --resume replaced by the saved run's settings (plus the flags a resumed run
-    may change: config.resumable()), --device/--dtype auto chosen for this machine."""
-    config = resumed_settings(config) if config.resume else dataclasses.replace(config)
+    """A copy of config with --device/--dtype auto chosen for this machine (a resumed run's saved settings come from
+    config.load, which reads them before torch is imported)."""
+    config = dataclasses.replace(config)
     config.device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: this torch sees no CUDA device (torch {torch.__version__}); "
+                         "use --device cpu")
     config.dtype = config.dtype if config.dtype != "auto" else "bf16" if config.device.startswith("cuda") else "fp32"
     return config
-
-
-def resumed_settings(config):
-    """The saved run's settings; a flag given now must be one a resumed run may change, or equal the saved value
-    (else a RunError). The run continues in the checkpoint's own folder."""
-    if not os.path.exists(config.resume):
-        raise ValueError(f"--resume {config.resume}: no such folder")
-    checkpoint_dir = resolve_checkpoint(config.resume)
-    saved = load_run_settings(checkpoint_dir)
-    path = os.path.join(checkpoint_dir, "run.json")
-    keys = {f.name for f in dataclasses.fields(Config) if f.metadata.get("saved", True)}
-    if not isinstance(saved, dict) or set(saved) != keys:
-        wrong = "not a JSON object" if not isinstance(saved, dict) else \
-            f"missing {sorted(keys - set(saved))}, unknown {sorted(set(saved) - keys)}"
-        raise RunError(f"{path}: not this train.py's settings ({wrong}); resume from another checkpoint")
-    run_dir = os.path.dirname(checkpoint_dir)
-    normal = lambda value: json.loads(json.dumps(value))  # noqa: E731  (tuples -> lists, as saved)
-    if "output_dir" in config.given and os.path.realpath(config.output_dir) != run_dir:
-        raise RunError(f"--output-dir {config.output_dir} conflicts with the run being resumed, which lives in "
-                       f"{run_dir}; drop the flag")
-    changes = {}
-    for key in sorted(config.given - {"resume", "dry_run", "output_dir"}):
-        value = {**saved["task_options"], **config.task_options} if key == "task_options" else getattr(config, key)
-        if key in resumable():
-            changes[key] = value
-        elif normal(value) != saved[key]:
-            raise RunError(f"{flag_name(key)} {getattr(config, key)} conflicts with the run being resumed "
-                           f"({saved[key]!r}); drop the flag, or start a new run with another --output-dir")
-    try:
-        return Config(**{**saved, **changes, "resume": checkpoint_dir, "output_dir": run_dir,
-                         "dry_run": config.dry_run, "given": config.given}).validate()
-    except (TypeError, ValueError) as error:
-        raise RunError(f"{path}: {error}; resume from another checkpoint") from None
 
 
 def print_settings(config):
@@ -104,8 +77,12 @@ def build_policy(config, *, log=print):
     random.seed(config.seed)
     np.random.seed(config.seed)
     device = torch.device(config.device)
-    model, tokenizer = load_policy(config.resume or config.model, device=device, tiny_hidden=config.tiny_hidden,
-                                   tiny_layers=config.tiny_layers, seed=config.seed)
+    try:
+        model, tokenizer = load_policy(config.resume or config.model, device=device, tiny_hidden=config.tiny_hidden,
+                                       tiny_layers=config.tiny_layers, seed=config.seed)
+    except ValueError as error:  # a resumed checkpoint is the run's own file: exit code 1, like the others
+        raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else error) \
+            from None
     if not config.resume:
         config.style = tiny.prompt_style(tokenizer)
         if config.style == "compact":  # the defaults hook: a CPU-sized character model (tiny.CPU_DEFAULTS)
@@ -135,27 +112,53 @@ def build_policy(config, *, log=print):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The run's state: metrics, evals, checkpoints, Ctrl-C
+# The run's state: the folder, metrics, evals, checkpoints, Ctrl-C
 # ---------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class RunState:
-    """What the loop reads and calls: step (the last finished step), initial_eval, log(), end_of_step(),
-    final_eval(), clock (a phase timer for collect_rollouts / update_policy)."""
+    """What the loop reads and calls: step (the last finished step), initial_eval, begin(), log(), end_of_step(),
+    final_eval(), clock (a phase timer for collect_rollouts / update_policy), stopped (Ctrl-C was pressed)."""
     config: Config
-    model: object
-    tokenizer: object
-    optimizer: object
-    evaluate: object                  # () -> {"pass@1", "reward", "length"}
+    model: object = None
+    tokenizer: object = None
+    optimizer: object = None
+    evaluate: object = None           # (samples list) -> {"pass@1", "reward", "length"}
     step: int = 0
     initial_eval: dict = None
     last_eval: tuple = (None, None)   # (step, result) of the newest eval
-    stopped: bool = False             # Ctrl-C was pressed
+    stopped: bool = False
     phase_seconds: dict = dataclasses.field(default_factory=lambda: defaultdict(float))
     step_started: float = 0.0
 
     @property
     def metrics_path(self):
         return os.path.join(self.config.output_dir, "metrics.jsonl")
+
+    def begin(self, model, tokenizer, optimizer, evaluate):
+        """Fresh: metrics.jsonl begun with the held-out eval at step 0. Resumed: the optimizer, RNG states and step
+        from the checkpoint, metrics rows written after it dropped."""
+        self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
+        model.train()
+        torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
+        if self.config.resume:
+            saved = load_trainer_state(self.config.resume)
+            try:
+                optimizer.load_state_dict(saved["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as error:
+                raise RunError(f"{self.config.resume}/trainer_state.pt: its optimizer state does not fit this model "
+                               f"({type(error).__name__}); resume from another checkpoint") from None
+            restore_rng(saved["rng"])
+            self.step, self.initial_eval = saved["step"], saved["initial_eval"]
+            self.last_eval = (saved["step"], saved.get("last_eval"))
+            rewrite_metrics(self.metrics_path, [row for row in read_metrics(self.metrics_path, print)
+                                                if row["step"] <= self.step])  # rows after the checkpoint: dropped
+            print(f"resumed from step {self.step} ({self.config.resume})"
+                  + ("" if self.step < self.config.steps else f"; --steps {self.config.steps} is reached: nothing "
+                     "to train (raise --steps to go on)"), flush=True)
+        else:
+            rewrite_metrics(self.metrics_path, [])
+            self.initial_eval = self.eval_now(0)
+        self.step_started = time.time()
 
     @contextlib.contextmanager
     def clock(self, name):
@@ -173,18 +176,23 @@ class RunState:
                                            "tokens_per_s": tokens / max(elapsed, 1e-9)})
         self.phase_seconds.clear()
 
-    def eval_now(self, step):
-        self.last_eval = (step, self.evaluate())
+    def eval_now(self, step, shown=SAMPLES_SHOWN):
+        """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
+        samples = []
+        self.last_eval = (step, self.evaluate(samples))
         append_metrics(self.metrics_path, {"step": step, "eval": True, **self.last_eval[1]})
-        return self.last_eval[1]
+        result = self.last_eval[1]
+        print(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}", flush=True)
+        for completion, reward in samples[:shown]:
+            print(f"    reward {reward:.3f}  {completion[:160]!r}", flush=True)
+        return result
 
     def end_of_step(self, step):
         """The held-out eval and the checkpoint when due (every eval_every / save_every steps, the last step, and
         a checkpoint after Ctrl-C). -> True when the loop should stop (Ctrl-C)."""
         self.step = step
         if step % self.config.eval_every == 0 or step == self.config.steps:
-            result = self.eval_now(step)
-            print(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}", flush=True)
+            self.eval_now(step)
         if step % self.config.save_every == 0 or step == self.config.steps or self.stopped:
             self.save(step)
         if self.stopped:
@@ -202,38 +210,43 @@ class RunState:
     def final_eval(self):
         """The eval of the final weights: the one at the last step if there was one, else a new one."""
         return self.last_eval[1] if self.last_eval[0] == self.step and self.last_eval[1] is not None \
-            else self.evaluate()
+            else self.evaluate([])
 
 
 @contextlib.contextmanager
-def start(config, model, tokenizer, optimizer, evaluate):
-    """Start the run fresh (metrics.jsonl begun, held-out eval at step 0) or resumed (optimizer, RNG states and
-    step from the checkpoint; metrics rows written after it dropped). Yields the RunState. Ctrl-C inside: the step
-    finishes, a checkpoint is saved, and the process exits with 130 after the block; a second Ctrl-C aborts."""
-    os.makedirs(config.output_dir, exist_ok=True)
-    state = RunState(config, model, tokenizer, optimizer, evaluate)
-    model.train()
-    torch.manual_seed(config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
-    if config.resume:
-        saved = load_trainer_state(config.resume)
-        optimizer.load_state_dict(saved["optimizer"])
-        restore_rng(saved["rng"])
-        state.step, state.initial_eval = saved["step"], saved["initial_eval"]
-        state.last_eval = (saved["step"], saved.get("last_eval"))
-        rewrite_metrics(state.metrics_path, [row for row in read_metrics(state.metrics_path, print)
-                                             if row["step"] <= state.step])  # drop rows written after the checkpoint
-    else:
-        rewrite_metrics(state.metrics_path, [])
-        state.initial_eval = state.eval_now(0)
-
-    def on_ctrl_c(signum, frame):
-        if state.stopped:
-            raise KeyboardInterrupt
-        state.stopped = True
-        print("\nCtrl-C: saving a checkpoint after this step (press again to abort)", flush=True)
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
-    state.step_started = time.time()
+def start(config):
+    """Own the output folder for the block: a lock (one run per folder), what a kill left put right, and either a
+    fresh start (refused where a run already is, unless --overwrite) or a resumed one (the checkpoints after the one
+    resumed are discarded, with a note). Yields the RunState; call its begin() once the policy is built. Ctrl-C
+    inside: the step finishes, a checkpoint is saved, the loop stops; a second Ctrl-C aborts."""
     try:
-        yield state
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        os.makedirs(config.output_dir, exist_ok=True)
+    except OSError as error:
+        raise RunError(f"cannot create --output-dir {config.output_dir}: {error.strerror or error}") from None
+    with locked(config.output_dir):
+        recover(config.output_dir)
+        if config.resume:
+            step = int(re.search(r"checkpoint-(\d+)", os.path.basename(config.resume)).group(1))
+            config.resume = os.path.join(config.output_dir, f"checkpoint-{step}")  # recover() may have renamed it
+            later = later_checkpoints(config.output_dir, step)
+            if later:
+                print(f"note: resuming from checkpoint-{step}: the later {', '.join(later)} of this run will be "
+                      "replaced from this run's first checkpoint on", flush=True)
+        elif holds_a_run(config.output_dir):
+            if not config.overwrite:
+                raise RunError(f"{config.output_dir} holds a run ({', '.join(holds_a_run(config.output_dir)[:3])}); "
+                               f"continue it with --resume {config.output_dir}, pick another --output-dir, or pass "
+                               "--overwrite to delete it")
+            remove_run(config.output_dir)
+        state = RunState(config)
+
+        def on_ctrl_c(signum, frame):
+            if state.stopped:
+                raise KeyboardInterrupt
+            state.stopped = True
+            print("\nCtrl-C: saving a checkpoint after this step (press again to abort)", flush=True)
+        previous = signal.signal(signal.SIGINT, on_ctrl_c)
+        try:
+            yield state
+        finally:
+            signal.signal(signal.SIGINT, previous)

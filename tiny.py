@@ -115,8 +115,9 @@ def warm_start_dir(cache_root, settings):
 
 
 def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=1500, batch_size=64, lr=3e-3,
-               target_pass=0.1, eval_every=10, max_new_tokens=12, seed=0, log=print):
-    """Supervised warm start; returns (model, info). Stops at the first eval with pass@1 >= target_pass.
+               target_pass=0.1, eval_every=10, patience=30, max_new_tokens=12, seed=0, log=print):
+    """Supervised warm start; returns (model, info). Stops at the first eval with pass@1 >= target_pass, or when
+    `patience` evals in a row did not raise the best pass@1 (the target is out of reach: say so, go on from there).
 
     Trains on (compact prompt, task.solution) pairs with cross-entropy on the solution tokens and EOS only.
     Every `eval_every` steps: greedy pass@1 on `eval_examples` (held out). The result is saved to `cache_dir`
@@ -134,7 +135,9 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     pool = task.examples("train", min(max_steps * batch_size, 4000), seed=seed + 1)  # 2-number countdown has ~6k
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    step, metrics = 0, {"pass@1": 0.0, "reward": 0.0}
+    log(f"warm start: supervised steps until held-out pass@1 >= {target_pass} (at most {max_steps}; cached in "
+        f"{cache_dir})")
+    step, metrics, best, stale = 0, {"pass@1": 0.0, "reward": 0.0}, 0.0, 0
     while step < max_steps:
         input_ids, attention_mask, labels = sft_batch(tokenizer, task, rng.sample(pool, batch_size))
         loss = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
@@ -148,6 +151,11 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
             metrics = evaluate(model, tokenizer, task, eval_examples, style="compact", max_new_tokens=max_new_tokens)
             log(f"warm start step {step}: loss {loss.item():.3f}  held-out pass@1 {metrics['pass@1']:.3f}")
             if metrics["pass@1"] >= target_pass:
+                break
+            best, stale = (metrics["pass@1"], 0) if metrics["pass@1"] > best else (best, stale + 1)
+            if stale >= patience:
+                log(f"warm start: held-out pass@1 stopped improving at {best:.3f}, below the target {target_pass} "
+                    f"(no gain in {patience * eval_every} steps); RL starts from here")
                 break
     info = {"steps": step, "pass@1": metrics["pass@1"], "reward": metrics["reward"], "loss": loss.item()}
     save_policy_atomically(model, tokenizer, cache_dir, info)

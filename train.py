@@ -23,7 +23,7 @@ import sys
 import config as settings
 
 if __name__ == "__main__":
-    settings.parse_args()  # --help and a bad flag answer here, before torch loads (seconds)
+    settings.load()  # --help, a bad flag or a conflicting --resume answer here, before torch loads (seconds)
 
 import torch
 from tqdm import tqdm
@@ -193,20 +193,22 @@ def rollout_stats(task, rollouts, rewards, advantages, num_generations):
 # 3. The loop
 # --------------------------------------------------------------------------------------------------------------
 def train(config):
-    """Run config.steps RL steps (fresh, or continuing config.resume) -> {"before", "after", "metrics_path"}."""
-    config = run.resolve(config)  # resumed: the saved run's settings; device and dtype chosen
+    """Run config.steps RL steps (fresh, or continuing a run config.load resumed) -> {"before", "after",
+    "metrics_path"}."""
+    config = run.resolve(config)  # device and dtype for this machine
     if config.dry_run:
         return run.print_settings(config)
-    model, tokenizer, task, ref_model = run.build_policy(config, log=tqdm.write)  # seeded; tiny: warm start
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    eval_examples = task.examples("test", config.eval_size, seed=config.seed)
+    with run.start(config) as state:  # the folder locked; a fresh run never overwrites one; Ctrl-C saves
+        model, tokenizer, task, ref_model = run.build_policy(config, log=tqdm.write)  # tiny model: warm start
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        eval_examples = task.examples("test", config.eval_size, seed=config.seed)
 
-    def evaluate_now():  # greedy pass@1 and mean reward on the held-out prompts
-        with precision(model.device, config.dtype):
-            return evaluate(model, tokenizer, task, eval_examples, style=config.style,
-                            max_new_tokens=config.max_new_tokens)
+        def evaluate_now(samples):  # greedy pass@1 and mean reward on the held-out prompts
+            with precision(model.device, config.dtype):
+                return evaluate(model, tokenizer, task, eval_examples, style=config.style,
+                                max_new_tokens=config.max_new_tokens, samples=samples)
 
-    with run.start(config, model, tokenizer, optimizer, evaluate_now) as state:  # fresh: eval 0; resumed: restored
+        state.begin(model, tokenizer, optimizer, evaluate_now)  # fresh: eval at step 0; resumed: state restored
         for step in tqdm(range(state.step + 1, config.steps + 1), initial=state.step, total=config.steps, desc="RL"):
             # --- 1. rollouts, rewards, group advantages -----------------------------------------------------------
             for group in optimizer.param_groups:  # linear warm-up, then constant (no dependence on --steps)
@@ -238,7 +240,7 @@ def train(config):
 def main(argv=None):
     """`python train.py [flags]`: errors a user can act on are one line (bad input: exit 2; the run's files: 1)."""
     try:
-        return train(settings.parse_args(argv))
+        return train(settings.load(argv))  # flags, and a resumed run's saved settings
     except (run.RunError, ValueError, OSError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         sys.exit(2 if isinstance(error, ValueError) else 1)

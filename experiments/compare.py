@@ -57,8 +57,9 @@ def run_argv(preset, config, seed, output_dir, extra):
     """The train.py argument list of one run (later flags override earlier ones)."""
     spec = PRESETS[preset]
     run_dir = os.path.join(output_dir, preset, f"{config}-seed{seed}")
-    return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, *CPU_DEFAULTS, *spec["shared"],
-            "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config], *extra]
+    return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, "--overwrite", *CPU_DEFAULTS,
+            *spec["shared"], "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config],
+            *extra]  # --overwrite: a comparison run again replaces its own runs
 
 
 def last_train_pass_rate(metrics_path, last=10):

@@ -29,10 +29,11 @@ TASKS = {
     "deepmath": deepmath.make_task,
     "text_match": text_match.make_task,
 }
+NEEDS_DATA = ("gsm8k", "deepmath", "text_match")  # the tasks that read a data file (data=PATH)
 RULES = {"countdown": countdown.RULES, "knights_knaves": knights_knaves.RULES, "gsm8k": gsm8k.RULES,
          "deepmath": deepmath.RULES, "text_match": text_match.RULES}  # chat-style rule sets, default first
 
-__all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "RULES", "TASKS", "get_task", "math_helper_process"]
+__all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "NEEDS_DATA", "RULES", "TASKS", "get_task", "math_helper_process"]
 
 
 def get_task(name, *, data=None, **options):

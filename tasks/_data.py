@@ -2,17 +2,33 @@
 
 `data` is one .jsonl or .parquet file (rows go to test when crc32(key field) % 10 == 0, else to train), or a
 folder holding train and test files (train.jsonl / test.jsonl or train.parquet / test.parquet; training rows
-whose key also appears in test are dropped), or a folder of other .jsonl / .parquet files (a hub snapshot's
-shards: all rows, split by hash). Parquet needs pandas and pyarrow (imported only then).
-Malformed input raises a one-line ValueError naming the file and line (JSONL) or row (parquet).
+whose key also appears in test are dropped), or a folder of a hub snapshot's shards (train-*.parquet / test-*
+.jsonl ... anywhere below it; test shards are the test split, and without any, rows are split by hash). No other
+file is read. Parquet needs pandas and pyarrow (imported only then).
+Malformed input raises a one-line ValueError naming the file and line (JSONL) or row (parquet); so does a path
+that is not a regular file (a device such as /dev/zero, a FIFO) and a line longer than MAX_LINE_BYTES.
 """
 
 import json
 import os
 import random
+import re
+import stat
 import zlib
 
 TEST_EVERY = 10
+MAX_LINE_BYTES = 16 << 20  # a JSONL row longer than 16 MiB is not a task row
+SHARD = re.compile(r"(train|test)([-_.].*)?\.(jsonl|parquet)")  # a hub snapshot's shard names
+
+
+def regular_file(path):
+    """ValueError unless `path` is a regular file: never read a device (/dev/zero), a FIFO or a socket."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise ValueError(f"{path}: cannot open data file ({error.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: not a regular file; pass a .jsonl or .parquet file or a folder of them")
 
 
 def _checked_row(row, fields, parse):
@@ -29,12 +45,15 @@ def read_jsonl(path, fields, parse=None):
     """Rows of `path` as dicts holding the string `fields`, each passed through `parse` (which raises
     ValueError on a bad row) when given; blank lines are skipped."""
     rows = []
+    regular_file(path)
     try:
         handle = open(path, "rb")  # bytes: a bad UTF-8 sequence is reported with its line
     except OSError as error:
         raise ValueError(f"{path}: cannot open data file ({error.strerror})") from None
     with handle:
-        for line_no, raw in enumerate(handle, 1):
+        for line_no, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"{path}:{line_no}: longer than {MAX_LINE_BYTES >> 20} MiB; not a task row")
             try:
                 line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as error:
@@ -57,6 +76,7 @@ def read_jsonl(path, fields, parse=None):
 
 def read_parquet(path, fields, parse=None):
     """Rows of a parquet file, with the checks of read_jsonl; errors name the row (1-based)."""
+    regular_file(path)
     try:
         import pandas  # optional: only for parquet files
     except ImportError:
@@ -106,10 +126,16 @@ def load_splits(data, fields, key, parse=None):
             test_keys = {row[key] for row in test}
             return {"train": [row for row in train if row[key] not in test_keys], "test": test}
     shards = sorted(os.path.join(folder, name) for folder, _, names in os.walk(data) for name in names
-                    if name.endswith((".jsonl", ".parquet")))
+                    if SHARD.fullmatch(name))
     if not shards:
-        raise ValueError(f"{data}: no train and test files, and no .jsonl or .parquet files, in this folder")
-    return hash_split([row for shard in shards for row in read_rows(shard, fields, parse)], key)
+        raise ValueError(f"{data}: no train and test files, and no train-* / test-* .jsonl or .parquet shards, in "
+                         "this folder")
+    rows = {split: [row for shard in shards if os.path.basename(shard).startswith(split)
+                    for row in read_rows(shard, fields, parse)] for split in ("train", "test")}
+    if not rows["test"]:
+        return hash_split(rows["train"], key)
+    test_keys = {row[key] for row in rows["test"]}
+    return {"train": [row for row in rows["train"] if row[key] not in test_keys], "test": rows["test"]}
 
 
 def sample_rows(splits, split, n, seed, salt):

@@ -72,8 +72,8 @@ def _running_helper():
     if _helper.get("pid") == os.getpid() and _helper["process"].poll() is None:
         return _helper["process"]
     _stop_helper()  # ours if it died; a forked parent's is left alone
-    process = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, bufsize=0)
+    process = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__), str(os.getpid())],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
     if _read_line(process.stdout.fileno(), STARTUP_S) != b"ready":
         process.kill()
         process.wait()
@@ -103,6 +103,19 @@ def _stop_helper():
     if process is not None and pid == os.getpid():
         process.kill()
         process.wait()
+
+
+def _die_with_parent(parent_pid):
+    """The helper's life is tied to its parent's: on Linux the kernel kills it when the parent dies (even mid-way
+    through a long sympy computation); elsewhere it ends at the next answer, when stdin closes."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no prctl
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
 
 
 def _serve():
@@ -139,4 +152,5 @@ def _serve():
 if __name__ == "__main__":
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         sys.path.pop(0)  # this folder: the task files' names must not shadow the modules math-verify imports
+    _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
     _serve()

@@ -127,7 +127,7 @@ def test_a_half_written_last_row_is_dropped_with_a_warning(finished_run, capsys)
 def test_a_bad_row_in_the_middle_names_its_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(checkpoint.RunError, match=r"metrics.jsonl:2: not a JSON row"):
+    with pytest.raises(checkpoint.RunError, match=r"metrics.jsonl:2: not a metrics row"):
         checkpoint.read_metrics(str(path))
 
 

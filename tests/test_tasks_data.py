@@ -50,8 +50,9 @@ def test_folder_with_train_and_test_or_shards(tmp_path):
     assert len(splits["train"]) == 6 and len(splits["test"]) == 4  # rows 6 and 7 are test rows only
     shards = tmp_path / "shards"
     (shards / "data").mkdir(parents=True)
-    (shards / "data" / "a.jsonl").write_text("".join(good(i) for i in range(30)))
-    (shards / "data" / "b.jsonl").write_text("".join(good(i) for i in range(30, 50)))
+    (shards / "data" / "train-00000-of-00002.jsonl").write_text("".join(good(i) for i in range(30)))
+    (shards / "data" / "train-00001-of-00002.jsonl").write_text("".join(good(i) for i in range(30, 50)))
+    (shards / "data" / "notes.jsonl").write_text("not read\n")  # not a shard name: never opened
     splits = load(shards)
     assert len(splits["train"]) + len(splits["test"]) == 50 and splits["test"]
     (tmp_path / "empty").mkdir()

@@ -73,7 +73,7 @@ def test_countdown_with_cached_warm_start(tmp_path, capsys):
     first, steps, _, out = run(tmp_path, *flags, task="countdown")
     assert len(steps) == 2 and glob.glob(os.path.join(out, "warm_start-countdown-h32-l1-*", "warm_start.json"))
     assert "warm start step 3" in capsys.readouterr().out
-    second, _, _, _ = run(tmp_path, *flags, task="countdown")  # same output dir: the warm start is loaded
+    second, _, _, _ = run(tmp_path, *flags, "--overwrite", task="countdown")  # same folder: warm start loaded
     assert "warm start: loaded" in capsys.readouterr().out
     assert second["before"] == first["before"] and second["after"] == first["after"]
 

@@ -1,0 +1,286 @@
+"""A run that cannot be hijacked, overwritten or lost: each case below broke the run lifecycle before, as an attacker
+or a careless user would meet it. Every failure is one line naming the file, flag or process, with the right exit
+code (2: a flag, 1: the run's files)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import checkpoint
+import config
+import train
+from tests.stubs import SMALL_TRAIN as SMALL
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures("digits_task")
+
+
+def run(out, *extra):
+    return train.main(["--task", "digits", "--output-dir", str(out), *SMALL, *extra])
+
+
+def one_line_error(capsys, exit_info, code):
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]  # the progress bar may precede it
+    assert exit_info.value.code == code and "Traceback" not in err and len(errors) == 1, err
+    assert errors[0].startswith("train.py: error:")
+    return errors[0]
+
+
+def fails(capsys, argv, code=1):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    return one_line_error(capsys, exit_info, code)
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    out = tmp_path / "run"
+    run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0")
+    return str(out)
+
+
+# --- 1. a checkpoint loads no code -----------------------------------------------------------------------------------
+class Payload:  # what an attacker pickles: unpickling it calls a function of their choice
+    def __init__(self, canary):
+        self.canary = canary
+
+    def __reduce__(self):
+        return (os.mkdir, (self.canary,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(finished_run, tmp_path, capsys):
+    canary = str(tmp_path / "canary")
+    path = os.path.join(finished_run, "checkpoint-4", checkpoint.TRAINER_STATE)
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "rng": Payload(canary)}, path)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "refused" in err and "posix.mkdir" in err and not os.path.exists(canary)
+
+
+def test_trainer_state_holds_only_tensors_and_plain_values(finished_run):
+    state = torch.load(os.path.join(finished_run, "latest", checkpoint.TRAINER_STATE), weights_only=True)
+    assert set(state) >= {"step", "optimizer", "rng", "initial_eval"} and state["step"] == 4
+
+
+# --- 2. a second run never destroys the first ------------------------------------------------------------------------
+def test_a_fresh_run_into_a_folder_holding_a_run_stops(finished_run, capsys):
+    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
+    err = fails(capsys, ["--task", "digits", "--output-dir", finished_run, *SMALL, "--steps", "2"])
+    assert "holds a run" in err and "--resume" in err and "--overwrite" in err
+    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
+    assert checkpoint.checkpoint_steps(finished_run) == [2, 4]
+
+
+def test_overwrite_starts_afresh_and_keeps_its_own_checkpoints(finished_run):
+    run(finished_run, "--steps", "2", "--save-every", "1", "--overwrite")
+    assert checkpoint.checkpoint_steps(finished_run) == [1, 2]  # the old 4 is gone, not kept over the new ones
+    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-2")
+    assert [json.loads(line)["step"] for line in open(os.path.join(finished_run, "metrics.jsonl"))] == [0, 1, 2, 2]
+
+
+def test_resuming_an_older_checkpoint_with_fewer_kept_never_prunes_what_it_writes(finished_run, capsys):
+    train.main(["--resume", os.path.join(finished_run, "checkpoint-2"), "--keep-checkpoints", "1",
+                "--save-every", "1", "--steps", "3"])
+    out = capsys.readouterr().out
+    assert "resumed from step 2" in out and "checkpoint-4 of this run will be replaced" in out
+    assert checkpoint.checkpoint_steps(finished_run) == [3]  # 4 belonged to the replaced timeline
+    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-3")
+    train.main(["--resume", finished_run, "--steps", "4"])  # and the run goes on from there
+    assert checkpoint.checkpoint_steps(finished_run) == [4]
+
+
+# --- 3. one run per folder -------------------------------------------------------------------------------------------
+def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / checkpoint.LOCK).write_text(str(holder.pid))
+        err = fails(capsys, ["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "1"])
+        assert f"in use by process {holder.pid}" in err and not (out / "metrics.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    run(out, "--steps", "1")  # its process is gone: the lock is stale and taken over
+    assert not (out / checkpoint.LOCK).exists()  # released at the end
+
+
+# --- 4. a full disk is one line, and leftovers of a kill are put right ----------------------------------------------
+@pytest.mark.parametrize("error", ["safetensors", "torch"])
+def test_a_save_that_raises_any_error_is_one_line_and_leaves_no_tmp(finished_run, capsys, monkeypatch, error):
+    if error == "safetensors":
+        from safetensors import SafetensorError
+
+        def fail(self, path, *args, **kwargs):
+            os.makedirs(path, exist_ok=True)
+            raise SafetensorError("Error while serializing: IoError(No space left on device)")
+        from transformers import PreTrainedModel
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained", fail)
+    else:
+        def fail(*args, **kwargs):
+            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 1024 vs 512")
+        monkeypatch.setattr(torch, "save", fail)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "could not write checkpoint" in err and "checkpoint-5" in err
+    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
+    assert not [name for name in os.listdir(finished_run) if name.endswith(".tmp")]
+
+
+def test_leftovers_of_a_kill_are_cleaned_at_the_next_start(finished_run):
+    os.makedirs(os.path.join(finished_run, "checkpoint-6.tmp"))  # a save killed half-way
+    os.makedirs(os.path.join(finished_run, "checkpoint-2.old"))  # an old-style re-save, killed after it finished
+    train.main(["--resume", finished_run, "--steps", "5"])
+    assert not [name for name in os.listdir(finished_run) if name.endswith((".tmp", ".old"))]
+
+
+# --- 5. a kill between the two renames of a save -------------------------------------------------------------------
+def test_a_dangling_latest_falls_back_to_the_newest_complete_checkpoint(finished_run, capsys):
+    # the window of a re-save of step 4: checkpoint-4 moved to .old, the new copy still at .tmp, `latest` dangling
+    os.rename(os.path.join(finished_run, "checkpoint-4"), os.path.join(finished_run, "checkpoint-4.old"))
+    os.system(f"cp -r {finished_run}/checkpoint-4.old {finished_run}/checkpoint-4.tmp")
+    train.main(["--resume", finished_run, "--steps", "5"])
+    out = capsys.readouterr().out
+    assert "the newest complete one" in out and "resumed from step 4" in out
+    assert checkpoint.checkpoint_steps(finished_run) == [2, 4, 5]
+    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-5")
+
+
+# --- 6. files that parse but are wrong -------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage,message", [
+    (lambda s: {k: v for k, v in s.items() if k != "optimizer"}, "no valid 'optimizer'"),
+    (lambda s: {**s, "step": "four"}, "no valid 'step'"),
+    (lambda s: [1, 2], "no valid 'step'"),
+])
+def test_a_trainer_state_without_its_keys_is_one_line(finished_run, capsys, damage, message):
+    path = os.path.join(finished_run, "checkpoint-4", checkpoint.TRAINER_STATE)
+    torch.save(damage(torch.load(path, weights_only=True)), path)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert message in err and "trainer_state.pt" in err
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda s: [], "not a JSON object"),
+    (lambda s: {k: v for k, v in s.items() if k != "tau"}, "missing ['tau']"),
+    (lambda s: {**s, "num_generations": 0}, "--num-generations must be >= 2"),
+    (lambda s: {**s, "tau": "hot"}, "run.json"),
+])
+def test_saved_settings_pass_the_same_checks_as_flags(finished_run, capsys, damage, message):
+    path = os.path.join(finished_run, "checkpoint-4", "run.json")
+    saved = json.load(open(path))
+    json.dump(damage(saved), open(path, "w"))
+    err = fails(capsys, ["--resume", finished_run])
+    assert message in err and "run.json" in err
+
+
+def test_a_metrics_row_without_a_step_names_its_line(finished_run, capsys):
+    with open(os.path.join(finished_run, "metrics.jsonl"), "a") as f:
+        f.write('{"reward": 1}\n')
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "metrics.jsonl:" in err and 'integer "step"' in err
+
+
+# --- 7. the math-verify helper dies with its parent -----------------------------------------------------------------
+def test_the_math_helper_does_not_outlive_a_killed_trainer():
+    pytest.importorskip("math_verify")
+    code = ("import sys, time; sys.path.insert(0, %r); from tasks import _math; "
+            "print(_math._running_helper().pid, flush=True); time.sleep(60)") % REPO
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    helper = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            state = open(f"/proc/{helper}/status").read().split("State:")[1].split()[0]
+        except FileNotFoundError:
+            state = "gone"
+        if state in ("gone", "Z"):  # Z: dead, waiting for init to collect it
+            break
+        time.sleep(0.1)
+    assert state in ("gone", "Z"), f"the helper {helper} is still {state}"
+
+
+# --- 8. bounded inputs ------------------------------------------------------------------------------------------------
+def test_data_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    from tasks._data import load_splits, read_jsonl
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        start = time.time()
+        with pytest.raises(ValueError, match="not a regular file"):
+            load_splits(path, ("question",), "question")
+        assert time.time() - start < 1
+    long_line = tmp_path / "long.jsonl"
+    long_line.write_bytes(b'{"question": "' + b"x" * (17 << 20) + b'"}\n')
+    with pytest.raises(ValueError, match="long.jsonl:1: longer than 16 MiB"):
+        read_jsonl(str(long_line), ("question",))
+
+
+# --- 9. one line, the right code, at the right time -----------------------------------------------------------------
+@pytest.mark.parametrize("flags,message", [
+    (["--seed", "-1"], "--seed must lie in"),
+    (["--seed", str(10**20)], "--seed must lie in"),
+    (["--lopti-eta", "1.5"], "--lopti-eta must lie in [0, 1]"),
+    (["--warm-start-target", "5"], "--warm-start-target must lie in [0, 1]"),
+    (["--clip-high", "0"], "--clip-high must be > 0"),
+    (["--kl-coef", "nan"], "argument --kl-coef: expected a finite number"),
+    (["--task", "gsm8k"], "--task gsm8k needs --data"),
+])
+def test_flags_are_checked_before_torch_loads(tmp_path, flags, message):
+    code = ("import sys; import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print('torch' in sys.modules, e.code)")
+    proc = subprocess.run([sys.executable, "-c", code, "--output-dir", str(tmp_path), *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["False", "2"] and proc.stderr.startswith("train.py: error:")
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_conflicting_resume_flag_is_exit_1_before_torch_loads(finished_run):
+    code = ("import sys; import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print('torch' in sys.modules, e.code)")
+    proc = subprocess.run([sys.executable, "-c", code, "--resume", finished_run, "--method", "grpo"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["False", "1"] and "--method grpo conflicts" in proc.stderr
+
+
+def test_cuda_on_a_cpu_torch_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = fails(capsys, ["--output-dir", str(tmp_path / "run"), "--device", "cuda", "--steps", "0"], code=2)
+    assert "--device cuda: this torch sees no CUDA device" in err
+
+
+def test_a_corrupt_checkpoint_model_is_exit_1(finished_run, capsys):
+    path = os.path.join(finished_run, "checkpoint-4", "model.safetensors")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "checkpoint-4" in err
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_do(finished_run, capsys):
+    train.main(["--resume", finished_run, "--steps", "3"])
+    assert "--steps 3 is reached: nothing to train" in capsys.readouterr().out
+
+
+# --- 10. writes stay inside the folder given -------------------------------------------------------------------------
+def test_a_latest_pointing_into_another_folder_is_refused(finished_run, tmp_path, capsys):
+    other = tmp_path / "other"
+    run(other, "--steps", "2")
+    latest = os.path.join(finished_run, "latest")
+    os.remove(latest)
+    os.symlink(os.path.join(other, "checkpoint-2"), latest)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "points outside its run folder" in err
+    assert checkpoint.checkpoint_steps(str(other)) == [2] and not os.path.exists(other / "checkpoint-5")
+
+
+def test_every_flag_appears_in_help_with_its_default():
+    text = " ".join(config.build_parser().format_help().split())
+    for name in ("--output-dir", "--seed", "--clip-low", "--overwrite", "--resume"):
+        assert name in text
+    assert "(default: runs/default)" in text and "(default: 0.2; paper: 0.2)" in text

@@ -93,22 +93,26 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     active = (mask.any(1) & ((advantages != 0) | (ref_model is not None))).nonzero().squeeze(1)  # sorted row ids
     with torch.no_grad():
         ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None))
-    # Speed: with one mini-batch whose rows fit one micro-batch, the pi_old forward keeps its graph and the first
-    # optimizer step reuses it (no weight has moved yet, so pi_theta is pi_old there): one forward fewer.
+    # Speed: pi_old is the model before its first optimizer step, so that step's own forward can measure it. When
+    # nothing reads p_old before the loss (no AR, no Lopti, one optimizer step), each forward's detached log-probs
+    # serve and no pi_old forward runs; else, when the first step's rows fit one micro-batch, the pi_old forward
+    # keeps its graph and that step reuses it.
+    read_early = config.alpha > 0 or config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
+    reuse = config.mini_batches == 1 and len(active) <= config.micro_batch
     first_forward = None
-    if old_logprobs is None:
-        reuse = config.mini_batches == 1 and len(active) <= config.micro_batch
+    if old_logprobs is None and read_early:
         old_logprobs = torch.zeros_like(mask)  # rows that get no gradient: p_old 1, never trained on
         if len(active):
             with torch.set_grad_enabled(reuse):
                 logprobs, entropy = logprobs_of(model, active, with_entropy=True)
             old_logprobs[active] = logprobs.detach()
             first_forward = (logprobs, entropy) if reuse else None
-    old_logprobs = old_logprobs.to(device)
-    old_probs = old_logprobs.exp()  # p_old of each sampled token
+    old_logprobs = None if old_logprobs is None else old_logprobs.to(device)
+    old_probs = None if old_logprobs is None else old_logprobs.exp()  # p_old of each sampled token
 
     # 2. AR, once per batch: token advantages A_t = (alpha p_old + 1 - alpha) A
-    token_adv = reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]; alpha 0: A on each token
+    token_adv = advantages[:, None] * mask if config.alpha == 0 else \
+        reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
 
     # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches optimizer steps
     stats = StepStats()
@@ -127,8 +131,9 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                         first_forward = None
                     else:
                         logprobs, entropy = logprobs_of(model, micro, with_entropy=True)
+                    old = logprobs.detach() if old_logprobs is None else old_logprobs[micro]
                     loss, loss_stats = policy_loss(
-                        logprobs, old_logprobs[micro], pass_adv[micro], mask[micro], clip_low=config.clip_low,
+                        logprobs, old, pass_adv[micro], mask[micro], clip_low=config.clip_low,
                         clip_high=config.clip_high, dual_clip=config.dual_clip,
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro], kl_coef=config.kl_coef,
                         kl_clamp=config.kl_clamp, kl_mask=pass_mask[micro], loss_agg=config.loss_agg,

@@ -20,6 +20,7 @@ Config keys (the `+` adds a key verl's yaml does not declare):
   algorithm.lopti_eta (> 0 turns Lopti on), algorithm.lopti_order   low-probability tokens first (entry point only)
 verl must be able to import this module in every process: run from the repository root or put it on PYTHONPATH.
 """
+import importlib
 import os
 import sys
 from collections import defaultdict
@@ -30,11 +31,31 @@ from typing import Optional
 if __name__ == "__main__":
     # `python -m integrations.verl_plugin ...`: run main() of the importable module instead of this __main__ copy, so
     # verl's registries and hydra's `_target_` lookup see one copy of the functions below.
-    import importlib
     sys.exit(importlib.import_module(__spec__.name if __spec__ else os.path.basename(__file__)[:-3]).main())
 
-import ray
-import torch
+
+def import_verl_in_order():
+    """Import verl so that the modules verl loads from VERL_USE_EXTERNAL_MODULES keep their listed order around
+    this one. Imported first in a fresh Ray worker, this module would otherwise have verl load every listed module
+    while it is itself half-imported, and a module listed after it could not use its names at import time. So the
+    modules listed before this one load now (verl imports them), those after it once this module is complete.
+    -> the names to import at the end of this module."""
+    listed = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+    names = [name.strip() for name in listed.split(",") if name.strip()]
+    if "verl" in sys.modules or __name__ not in names:
+        return []
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = ",".join(names[:names.index(__name__)])
+    try:
+        import verl  # noqa: F401
+    finally:
+        os.environ["VERL_USE_EXTERNAL_MODULES"] = listed
+    return names[names.index(__name__) + 1:]
+
+
+LISTED_AFTER_THIS_MODULE = import_verl_in_order()
+
+import ray  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root, from anywhere
 from lopti import lopti_passes, reweight_advantages  # noqa: E402
@@ -234,11 +255,17 @@ def prepare_config(config):
         config.trainer.use_v1 = False  # Lopti subclasses RayPPOTrainer, verl's v0 trainer
         if config.actor_rollout_ref.actor.policy_loss.loss_mode == "ar":
             config.actor_rollout_ref.actor.policy_loss._target_ = f"{__name__}.ARPolicyLossConfig"
+    key = "ray_kwargs.ray_init.runtime_env.env_vars"
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env_vars = {"VERL_USE_EXTERNAL_MODULES": __name__,  # registers softmaxgrpo / maxrl / ar in every worker
+    # this module registers softmaxgrpo / maxrl / ar in every worker: added after the modules the user already set
+    # (in the config or in the environment), which keep their order
+    modules = OmegaConf.select(config, f"{key}.VERL_USE_EXTERNAL_MODULES") or \
+        os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+    modules = [name.strip() for name in str(modules).split(",") if name.strip()]
+    env_vars = {"VERL_USE_EXTERNAL_MODULES": ",".join(modules + [__name__] * (__name__ not in modules)),
                 "PYTHONPATH": os.pathsep.join(paths if REPO_ROOT in paths else [REPO_ROOT, *paths])}
     for name, value in env_vars.items():
-        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
+        OmegaConf.update(config, f"{key}.{name}", value, force_add=True)
     return config
 
 
@@ -260,3 +287,7 @@ def main():
         main_ppo.run_ppo(config, task_runner_class=LoptiTaskRunner)
 
     run()
+
+
+for _name in LISTED_AFTER_THIS_MODULE:  # now that this module is complete (see import_verl_in_order)
+    importlib.import_module(_name)

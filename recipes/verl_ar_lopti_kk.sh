@@ -9,7 +9,10 @@
 # Settings (DESIGN.md section 1; the AR-Lopti paper's K&K runs): GRPO (unbiased std, eps 1e-6), alpha = 0.3,
 # eta = 0.5 with low-probability tokens first, clip 0.20 / 0.24, dual clip 10, k3 KL loss 1e-3 masked to each pass,
 # token-mean over all valid tokens, AdamW lr 1e-6, weight decay 0.01, grad-norm clip 1.0, temperature 0.7, n = 8,
-# 64 puzzles of 3-7 people per step, responses up to 4096 tokens, Logic-RL's -3..3 reward.
+# 64 puzzles of 3-7 people per step, responses up to 4096 tokens, Logic-RL's -3..3 reward. Two optimizer steps per
+# pass, as the fork's ppo_mini_batch_size 256 of 512 responses: verl 0.9 counts ppo_mini_batch_size in prompts and
+# multiplies it by n, so 32 (64 would be one step). Not reproduced: the fork clamps low_var_kl's log-ratio at +-5,
+# verl 0.9.1 at +-20 (not a setting).
 # Lopti needs this file's entry point (python -m integrations.verl_plugin), which runs verl's v0 RayPPOTrainer with
 # two actor updates per batch; AR alone (+algorithm.lopti_eta=0) also works with verl's own main_ppo.
 # Multi-node: start a Ray cluster first and run this on the head node with NNODES set.
@@ -48,7 +51,7 @@ python -m integrations.verl_plugin ${DRY_RUN:+--cfg job} \
   actor_rollout_ref.actor.strategy=fsdp \
   actor_rollout_ref.actor.policy_loss.loss_mode=ar \
   +actor_rollout_ref.actor.policy_loss.ar_alpha=0.3 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.actor.ppo_epochs=1 \
   actor_rollout_ref.actor.clip_ratio_low=0.20 \

@@ -8,7 +8,8 @@
 #
 # Settings (DESIGN.md section 1; the official SoftmaxGRPO Countdown config): tau = 0.1, M = 8 completions,
 # 64 prompts per step, one optimizer step per batch, clip 0.20 / 0.28 with no dual clip, token-mean loss, k3 KL to
-# the reference as a loss term with coefficient 1e-3 (none in the reward), AdamW lr 1e-6, rollout temperature 1.0.
+# the reference as a loss term with coefficient 1e-3 (none in the reward), AdamW lr 1e-6, rollout temperature 1.0,
+# top_p 0.999, responses up to 256 tokens, 2 000 steps (DESIGN.md section 8, row softmaxgrpo_countdown).
 # Multi-node: start a Ray cluster first (`ray start --head` on one node, `ray start --address=HEAD:6379` on the
 # others) and run this on the head node with NNODES set.
 #
@@ -36,7 +37,7 @@ python -m integrations.verl_plugin ${DRY_RUN:+--cfg job} \
   data.val_files="$DATA/test.parquet" \
   data.train_batch_size=64 \
   data.max_prompt_length=1024 \
-  data.max_response_length=1024 \
+  data.max_response_length=256 \
   data.filter_overlong_prompts=true \
   reward.custom_reward_function.path=integrations/verl_data.py \
   reward.custom_reward_function.name=compute_score \
@@ -62,13 +63,13 @@ python -m integrations.verl_plugin ${DRY_RUN:+--cfg job} \
   actor_rollout_ref.rollout.name=vllm \
   actor_rollout_ref.rollout.n=8 \
   actor_rollout_ref.rollout.temperature=1.0 \
-  actor_rollout_ref.rollout.top_p=1.0 \
+  actor_rollout_ref.rollout.top_p=0.999 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
   trainer.n_gpus_per_node="$GPUS_PER_NODE" \
   trainer.nnodes="$NNODES" \
-  trainer.total_training_steps=1000 \
+  trainer.total_training_steps=2000 \
   trainer.total_epochs=1000 \
   trainer.test_freq=25 \
   trainer.save_freq=100 \

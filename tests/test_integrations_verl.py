@@ -12,7 +12,11 @@ verl pins transformers < 5.11, so these run in their own virtual environment (re
 import importlib.util
 import json
 import os
+import re
+import shlex
 import string
+import subprocess
+import sys
 
 import pytest
 
@@ -34,6 +38,7 @@ from ppo import policy_loss  # noqa: E402
 from softmax_grpo import group_advantages  # noqa: E402
 from tasks import get_task  # noqa: E402
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERL_CONFIG_DIR = os.path.join(os.path.dirname(importlib.util.find_spec("verl").origin), "trainer", "config")
 
 
@@ -287,3 +292,88 @@ def test_lopti_update_actor_sends_low_then_high_pass_and_the_loss_masks_kl_to_th
         assert our_log_prob.grad[full["response_mask"].bool() & ~pass_mask].abs().sum() < 1e-6  # A = 0 and no KL there
         n_pass = pass_mask.sum() / full["response_mask"].sum()
         assert verl_metrics["kl_loss"].aggregate() == pytest.approx(stats["kl"].item() * n_pass.item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plug-in's wiring: VERL_USE_EXTERNAL_MODULES
+# ---------------------------------------------------------------------------------------------------------------
+def test_prepare_config_adds_the_plugin_after_the_users_modules(monkeypatch):
+    from hydra import compose, initialize_config_dir
+    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        in_config = compose("ppo_trainer", overrides=[f"++{key}='my_mod,other_mod'"])
+        plain = compose("ppo_trainer")
+    assert OmegaConf.select(verl_plugin.prepare_config(in_config), key) == "my_mod,other_mod,integrations.verl_plugin"
+    monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "from_shell")  # set for the driver only: the workers need it too
+    assert OmegaConf.select(verl_plugin.prepare_config(plain), key) == "from_shell,integrations.verl_plugin"
+
+
+def test_a_module_listed_after_the_plugin_can_use_its_names_in_a_fresh_process():
+    # a fresh Ray worker may import the plug-in first (unpickling its TaskRunner); verl then loads the listed modules
+    # while the plug-in is half-imported, unless the plug-in keeps their order (verl_plugin.import_verl_in_order)
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "integrations.verl_plugin,tests.verl_cpu.uses_plugin"}
+    proc = subprocess.run([sys.executable, "-c", "import integrations.verl_plugin, sys; "
+                           "print(sys.modules['tests.verl_cpu.uses_plugin'].NAME)"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "grouped_advantages", proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# recipes/verl_*.sh: composed by verl's hydra and checked by its validate_config, at 1 and 2 nodes, and their values
+# against DESIGN.md section 8 (the rows of the train.py recipe each reproduces)
+# ---------------------------------------------------------------------------------------------------------------
+VERL_RECIPES = {"verl_softmaxgrpo_countdown": "softmaxgrpo_countdown", "verl_ar_lopti_kk": "lopti_kk_ar_lopti"}
+VERL_KEYS = {  # DESIGN.md key -> how to read it from the composed verl config
+    "num_generations": lambda c: c.actor_rollout_ref.rollout.n,
+    "prompts_per_step": lambda c: c.data.train_batch_size,
+    "max_new_tokens": lambda c: c.data.max_response_length,
+    "temperature": lambda c: c.actor_rollout_ref.rollout.temperature,
+    "top_p": lambda c: c.actor_rollout_ref.rollout.top_p,
+    "clip_low": lambda c: c.actor_rollout_ref.actor.clip_ratio_low,
+    "clip_high": lambda c: c.actor_rollout_ref.actor.clip_ratio_high,
+    "dual_clip": lambda c: (lambda cap: None if cap >= 1e8 else cap)(c.actor_rollout_ref.actor.clip_ratio_c),
+    "kl_coef": lambda c: c.actor_rollout_ref.actor.kl_loss_coef,
+    "loss_agg": lambda c: c.actor_rollout_ref.actor.loss_agg_mode,
+    "lr": lambda c: c.actor_rollout_ref.actor.optim.lr,
+    "alpha": lambda c: c.actor_rollout_ref.actor.policy_loss.get("ar_alpha"),
+    "lopti_eta": lambda c: c.algorithm.get("lopti_eta"),
+    "lopti_order": lambda c: c.algorithm.get("lopti_order"),
+    "tau": lambda c: c.algorithm.get("softmaxgrpo_tau"),
+    "method": lambda c: {"softmaxgrpo": "softmax"}.get(c.algorithm.adv_estimator, c.algorithm.adv_estimator),
+    "steps": lambda c: c.trainer.total_training_steps,
+    # verl 0.9 counts ppo_mini_batch_size in prompts (x n responses): optimizer steps per pass over the batch
+    "mini_batches": lambda c: c.data.train_batch_size // c.actor_rollout_ref.actor.ppo_mini_batch_size,
+}
+NOT_IN_VERL = {"kl_clamp"}  # verl 0.9.1 clamps low_var_kl's log-ratio at +-20, not a setting (the recipe says so)
+
+
+def verl_recipe_overrides(name, **env):
+    """The hydra overrides of recipes/<name>.sh as bash would pass them, with its ${VAR:-default}s (env wins)."""
+    text = open(os.path.join(REPO, "recipes", f"{name}.sh")).read()
+    variables = {var: env.get(var, default) for var, default in re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}", text, re.M)}
+    block = text.split("python -m integrations.verl_plugin ${DRY_RUN:+--cfg job} \\\n")[1].split('"$@"')[0]
+    block = re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), block)
+    return shlex.split(block.replace("\\\n", " "), comments=True)
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+@pytest.mark.parametrize("name", sorted(VERL_RECIPES))
+def test_verl_recipe_composes_validates_and_matches_design(name, nnodes):
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        config = compose("ppo_trainer", overrides=verl_recipe_overrides(name, NNODES=str(nnodes)))
+    config = verl_plugin.prepare_config(config)
+    assert config.trainer.nnodes == nnodes
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    section = open(os.path.join(REPO, "DESIGN.md")).read().split("## 8.")[1]
+    official = {key: json.loads(value) if value.strip()[0] in "-0123456789n[{" else value.strip()
+                for recipe, key, value in re.findall(r"^\| (\w+) \| (\w+) \| ([^|]+?) \|$", section, re.M)
+                if recipe == VERL_RECIPES[name]}
+    checked = sorted(set(official) & set(VERL_KEYS))
+    assert len(checked) >= 12 and set(official) - set(VERL_KEYS) - NOT_IN_VERL <= {"model", "task"}
+    for key in checked:
+        value = VERL_KEYS[key](config)
+        assert value == (pytest.approx(official[key]) if isinstance(official[key], float) else official[key]), \
+            f"{name}: {key} = {value!r}, DESIGN {official[key]!r}"

@@ -78,7 +78,8 @@ def group_advantages(rewards, method, *, tau=0.1, eps=1e-6, lengths=None):
         if (rewards < 0).any():
             raise ValueError("maxrl needs rewards >= 0 (it divides by the group mean); use softmax or grpo")
         # With R >= 0 and mean > 0, R / mean <= M, so no eps is needed; all-fail groups are set to 0 below.
-        advantages = rewards / mean.clamp_min(torch.finfo(torch.float32).tiny) - 1.0
+        # float64: a float32 mean can underflow to a subnormal (rewards 0 and 1e-38), which no clamp divides right
+        advantages = (rewards.double() / rewards.double().mean(dim=1, keepdim=True).clamp_min(1e-300) - 1.0).float()
     elif method == "reinforce":
         advantages = rewards - rewards.mean()
         return torch.where(rewards.amax() == rewards.amin(), 0.0, advantages)

@@ -8,9 +8,12 @@ rules need it checks for it when it is created (require_math_verify), not in the
 math-verify hands the text to sympy, which is slow on long text and can hang on a short one (9**9**9**9 makes
 sympy build the number). Its own timeouts use signal.alarm, which works only in the main thread and cannot stop
 a long C-level integer operation, so they are switched off and the bounds here take their place:
-  - only the last MAX_MATH_CHARS characters of the final text are parsed (a \\boxed{} that starts earlier is lost;
-    the parse then costs at most a few hundred ms even on text made of failing LaTeX snippets);
-  - a numeric power tower (9**9**9, 2^{2^{99}}) scores 0 without being parsed;
+  - at most MAX_MATH_CHARS characters of the final text are parsed: from its last \\boxed{} on when there is one
+    (math-verify takes the last box first, wherever it is), else its end; the parse then costs at most a few
+    hundred ms even on text made of failing LaTeX snippets;
+  - a number too large to write, a power, factorial or binomial with more than MAX_DIGITS digits (9^{999999999},
+    1000000!, \\binom{10^9}{5\\cdot 10^8}, \\sqrt{2}^{10^9}, 9**9**9), scores 0 without being parsed, unless the
+    gold answer is one too; its size is bounded from the literals alone (log10_bound), so 2^{2^3} = 256 is parsed;
   - the check runs in one helper process (this file run as a script, started on first use), with DEADLINE_S
     seconds per answer; past that the process is killed, the answer scores 0 and the next call starts a new one.
 Works from any thread (calls are serialised by a lock) and after a fork (the child starts its own helper).
@@ -19,6 +22,7 @@ Works from any thread (calls are serialised by a lock) and after a fork (the chi
 import atexit
 import importlib.util
 import json
+import math
 import os
 import re
 import select
@@ -27,10 +31,10 @@ import sys
 import threading
 import time
 
-MAX_MATH_CHARS = 1000  # only the end of the final text is parsed
+MAX_MATH_CHARS = 1000  # characters of the final text that are parsed
+MAX_DIGITS = 100_000  # a larger number is not an answer to a benchmark problem, and sympy may take minutes on it
 DEADLINE_S = 5.0  # wall-clock seconds per answer (the official code's parse and verify timeouts are 5 s each)
 STARTUP_S = 120.0  # seconds for the helper to import math-verify and warm up
-_TOWER = re.compile(r"(?:\^|\*\*)[\s{(]*(?:[-+]\s*)?\d+\s*(?:\^|\*\*)")  # a power whose exponent starts a power
 _lock = threading.Lock()
 _helper = {}  # {"process": Popen, "pid": the process that started it}
 
@@ -45,8 +49,9 @@ def require_math_verify(task):
 def math_answer_is_right(gold, final):
     """True when math-verify finds the answer in `final` (a completion's final text) equal to `gold` (a plain or
     LaTeX answer such as "42" or "\\frac{\\pi}{2}"), within the bounds above."""
-    final = final[-MAX_MATH_CHARS:]
-    if _TOWER.search(final):
+    box = final.rfind("\\boxed")
+    final = final[box:box + MAX_MATH_CHARS] if 0 <= box < len(final) - MAX_MATH_CHARS else final[-MAX_MATH_CHARS:]
+    if too_large(final) and not too_large(gold):
         return False
     request = json.dumps([gold, final]).encode("ascii") + b"\n"  # ensure_ascii: one line, whatever the text
     with _lock:
@@ -61,6 +66,130 @@ def math_answer_is_right(gold, final):
             _stop_helper()
             return False
         return reply == b"1"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numbers too large to write: a bound on log10 |value| from the literals alone, before sympy sees the text
+# ---------------------------------------------------------------------------------------------------------------
+_NUMBER = re.compile(r"\d+(?:\.\d*)?")
+_SKIP = re.compile(r"\s+|\\[,;!: ]|\\left|\\right")
+
+
+class _Bound:
+    """A recursive-descent reader of a numeric expression (digits, + - * / ^ ** !, \\cdot \\times, { } ( ),
+    \\sqrt, \\frac, \\binom) that returns an upper bound on log10(|value| + 1), or raises ValueError on anything
+    else. Exponents are bounded before they are used, so 10^{10^{10}} costs three steps, not a number."""
+
+    def __init__(self, text):
+        self.text, self.at = text, 0
+
+    def peek(self, *tokens):
+        while True:
+            match = _SKIP.match(self.text, self.at)
+            if not match or not match.group():
+                break
+            self.at = match.end()
+        return next((t for t in tokens if self.text.startswith(t, self.at)), None)
+
+    def take(self, *tokens):
+        token = self.peek(*tokens)
+        if token is None:
+            raise ValueError(f"expected one of {tokens}")
+        self.at += len(token)
+        return token
+
+    def sum(self):
+        bound = self.product()
+        while self.peek("+", "-"):
+            self.take("+", "-")
+            bound = max(bound, self.product()) + 0.302  # |a + b| <= 2 max(|a|, |b|)
+        return bound
+
+    def product(self):
+        bound = self.power()
+        while self.peek("*", "\\cdot", "\\times", "/"):
+            if self.take("**", "*", "\\cdot", "\\times", "/") == "**":
+                raise ValueError("** after a product")
+            bound += self.power()  # a quotient is bounded as a product: only large values matter here
+        return bound
+
+    def power(self):
+        base = self.atom()
+        if self.peek("!"):
+            self.take("!")
+            base = 10 ** min(base, 300) * base  # n! <= n^n
+        if self.peek("**", "^"):
+            self.take("**", "^")
+            exponent = self.power()  # right-associative: 9^9^9 = 9^(9^9)
+            return base * 10 ** min(exponent, 300)  # log10(a^b) = b log10 a <= 10^log10(b) log10(a)
+        return base
+
+    def atom(self):
+        if self.peek("-", "+"):
+            self.take("-", "+")
+        if self.peek("{", "("):
+            close = "}" if self.take("{", "(") == "{" else ")"
+            bound = self.sum()
+            self.take(close)
+            return bound
+        if self.peek("\\sqrt"):
+            self.take("\\sqrt")
+            return self.atom() / 2
+        if self.peek("\\frac", "\\dfrac", "\\tfrac"):
+            self.take("\\frac", "\\dfrac", "\\tfrac")
+            numerator = self.atom()
+            self.atom()
+            return numerator
+        if self.peek("\\binom", "\\dbinom", "\\tbinom"):
+            self.take("\\binom", "\\dbinom", "\\tbinom")
+            top = self.atom()
+            self.atom()
+            return 10 ** min(top, 300) * 0.302  # C(n, k) <= 2^n
+        match = _NUMBER.match(self.text, self.at)
+        if not match:
+            raise ValueError("no number")
+        self.at = match.end()
+        digits = match.group().split(".")[0].lstrip("0")
+        return len(digits) if len(digits) > 15 else math.log10(float(match.group()) + 1)
+
+
+def log10_bound(expression):
+    """An upper bound on log10(|value| + 1) of a numeric expression, or None when it is not one we can bound."""
+    reader = _Bound(expression)
+    try:
+        bound = reader.sum()
+        return bound if reader.peek() is None and reader.at >= len(expression.rstrip()) else None
+    except (ValueError, RecursionError, OverflowError):
+        return None
+
+
+_GROUP = r"(?:\{(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\}){1,80}\}|\((?:[^()]){1,80}\))"  # {..} (3 deep) or (..)
+_EXPONENT = rf"(?:{_GROUP}|\d+(?:\s*(?:\^|\*\*)\s*(?:\d+|{_GROUP})){{0,20}})"
+_POWER = re.compile(rf"(?P<base>\d+(?:\.\d+)?|[}})])\s*(?:\^|\*\*)\s*(?P<exponent>{_EXPONENT})")
+_FACTORIAL = re.compile(rf"(?P<n>\d+|{_GROUP})\s*!")
+_BINOMIAL = re.compile(rf"\\[dt]?binom\s*(?P<top>\d+|{_GROUP})\s*(?P<bottom>\d+|{_GROUP})")
+
+
+def too_large(text):
+    """True when `text` writes a number with more than MAX_DIGITS digits: a power, factorial or binomial whose
+    operands (at most a few dozen characters each, read by log10_bound) make it that large. Linear in the text."""
+    for match in _POWER.finditer(text):
+        exponent = log10_bound(match.group("exponent"))
+        base = match.group("base")
+        if exponent is None or (base[0].isdigit() and float(base) <= 1):  # 1^n = 1
+            continue
+        base_digits = math.log10(float(base)) if base[0].isdigit() else 0.1  # (..)^n, \sqrt{2}^n: a base >= 1.26
+        if base_digits * 10 ** min(exponent, 300) > MAX_DIGITS:
+            return True
+    for match in _FACTORIAL.finditer(text):
+        n = log10_bound(match.group("n"))
+        if n is not None and 10 ** min(n, 300) * n > MAX_DIGITS:  # log10(n!) <= n log10(n)
+            return True
+    for match in _BINOMIAL.finditer(text):
+        top, bottom = log10_bound(match.group("top")), log10_bound(match.group("bottom"))
+        if top is not None and bottom is not None and 10 ** min(bottom, 300) * top > MAX_DIGITS:  # C(n, k) <= n^k
+            return True
+    return False
 
 
 def helper_process():

@@ -252,3 +252,9 @@ def test_softmax_with_a_huge_tau_still_moves():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     expected = (rewards - rewards.mean()) / 1e8
     torch.testing.assert_close(group_advantages(rewards, "softmax", tau=1e8), expected, rtol=1e-6, atol=0.0)
+
+
+def test_maxrl_with_a_subnormal_group_mean_still_sums_to_zero():
+    # found by hypothesis: in float32 the mean of (0, 1.1755e-38) is subnormal, and R / clamp(mean) gave (-1, 0)
+    A = group_advantages(torch.tensor([[0.0, 1.1755e-38]]), "maxrl")
+    assert A.tolist() == [[-1.0, 1.0]]

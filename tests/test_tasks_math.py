@@ -84,9 +84,34 @@ def test_math_hostile_inputs_are_handled(gsm8k, deepmath, hostile):
         assert deepmath.reward(completion, {"question": "q", "final_answer": "42"}) == 0.0
 
 
-def test_only_the_end_of_a_long_final_text_is_parsed(gsm8k):
+def test_a_long_final_text_is_parsed_from_its_last_box_or_its_end(gsm8k):
     assert gsm8k.reward("filler " * 10_000 + "so \\boxed{42}", q("42")) == 1.0
-    assert gsm8k.reward("\\boxed{42} " + "filler " * 200, q("42")) == 0.0  # the box is beyond MAX_MATH_CHARS
+    # math-verify takes the last box wherever it is (official: 1); the window starts there, not at the text's end
+    assert gsm8k.reward("\\boxed{72} " + "and some more words " * 100, q("72")) == 1.0
+    assert gsm8k.reward("\\boxed{7} then \\boxed{72} " + "filler " * 200, q("7")) == 0.0  # the last box counts
+
+
+def test_numbers_too_large_to_write_score_0_without_reaching_math_verify(gsm8k):
+    # each of these cost 9-13 s (the deadline, then a helper restart); now the helper never sees them
+    gsm8k.reward("<answer> 7 </answer>", q("7"))
+    helper = _math.helper_process()
+    for hostile in ("\\boxed{9^{999999999}}", "\\boxed{1000000!}", "\\boxed{\\binom{10^9}{5\\cdot 10^8}}",
+                    "$\\sqrt{2}^{10^9}$", "9**9**9**9"):
+        assert gsm8k.reward(hostile, q("42")) == 0.0
+        assert _math.helper_process() is helper and helper.poll() is None  # not killed by a deadline
+    # ... while powers that are numbers still are: official 1 (the old power-tower filter gave 0)
+    assert gsm8k.reward("\\boxed{2^{2^3}}", q("256")) == 1.0
+    assert gsm8k.reward("2**2**3", q("256")) == 1.0
+    assert gsm8k.reward("\\boxed{\\binom{10^6}{3}}", q("166666166667000000")) == 1.0
+
+
+@pytest.mark.parametrize("text,large", [
+    ("9^{999999999}", True), ("1000000!", True), ("\\binom{10^9}{5\\cdot 10^8}", True), ("\\sqrt{2}^{10^9}", True),
+    ("9**9**9", True), ("$10^{10^{10}}$", True), ("2^{400000}", True), ("30000!", True),
+    ("2^{2^3}", False), ("2^{100}", False), ("(2^{10})^{3}", False), ("1^{10^{9}}", False), ("\\binom{100}{50}", False),
+    ("5 \\cdot 10^{8}", False), ("x^{999999999}", False), ("42", False)])
+def test_too_large_bounds_the_digits_from_the_literals(text, large):
+    assert _math.too_large(text) is large
 
 
 def test_helper_works_off_the_main_thread_and_survives_a_deadline(gsm8k, monkeypatch):

@@ -23,7 +23,8 @@ from checkpoint import RunError, load_run_settings, resolve_checkpoint
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
 METHODS = ("softmax", "grpo", "dr_grpo", "rloo", "maxrl", "reinforce", "reinforce_pp")
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+             "token-mean-per-micro-batch")
 LOPTI_ORDERS = ("low-first", "high-first")
 
 
@@ -59,7 +60,9 @@ class Config:
     dual_clip: float | None = setting(None, "cap of the loss of a token with A < 0; none = off", paper="10 Lopti")
     kl_coef: float = setting(0.0, "k3 KL to the initial policy; 0 = no reference model", paper=1e-3)
     kl_clamp: float = setting(20.0, "k3's log-ratio clamp", paper="20 verl/SoftmaxGRPO, 5 AR-Lopti code")
-    loss_agg: str = setting("token-mean", "loss aggregation", choices=LOSS_AGGS, paper="token-mean")
+    loss_agg: str = setting("token-mean", "loss aggregation; token-mean-per-micro-batch: each micro-batch's token "
+                            "mean, averaged (the official codes; --micro-batch then matters)", choices=LOSS_AGGS,
+                            paper="token-mean-per-micro-batch")
     # --- optimization ---------------------------------------------------------------------------------------------
     lr: float = setting(1e-6, "AdamW learning rate (tiny model: 3e-4)", paper=1e-6)
     warmup_steps: int = setting(0, "linear lr warm-up steps, then constant", paper=0)

@@ -14,7 +14,8 @@ policy gradient itself. Watch the reward and the clip fractions, not the loss va
 """
 import torch
 
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+             "token-mean-per-micro-batch")
 
 
 def kl_k3(logprobs, ref_logprobs, log_ratio_clamp=20.0):
@@ -33,6 +34,8 @@ def aggregate(token_values, completion_mask, loss_agg="token-mean", norm_constan
     """Reduce per-token values [B, T] (already zero outside completion_mask) to a scalar.
 
     token-mean               sum over all valid tokens / number of valid tokens in the batch (default)
+    token-mean-per-micro-batch  the same on one micro-batch; the trainer averages the micro-batches' means with
+                             equal weights (verl 0.6.1 and the AR-Lopti fork: train.row_shares)
     seq-mean-token-mean      mean over sequences of (per-sequence token mean)          (original GRPO)
     seq-mean-token-sum       mean over sequences of (per-sequence token sum)
     seq-mean-token-sum-norm  mean over sequences of (token sum / norm_constant)        (Dr. GRPO; default T)
@@ -40,7 +43,7 @@ def aggregate(token_values, completion_mask, loss_agg="token-mean", norm_constan
     """
     mask = completion_mask.to(token_values.dtype)
     B, T = token_values.shape
-    if loss_agg == "token-mean":
+    if loss_agg in ("token-mean", "token-mean-per-micro-batch"):
         return token_values.sum() / mask.sum().clamp_min(1.0)
     if loss_agg == "seq-mean-token-mean":
         return (token_values.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)).mean()

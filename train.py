@@ -123,9 +123,9 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                 rows = mini_batch[trained[mini_batch]]
                 if len(rows) == 0:  # nothing to learn from: no optimizer step (AdamW would still move the weights)
                     continue
-                share = row_shares(mask, mini_batch, config.loss_agg)  # [B] each row's weight in the mini-batch
+                share = row_shares(mask, mini_batch, config.loss_agg, config.micro_batch)  # [B] row weights
                 optimizer.zero_grad(set_to_none=True)
-                for micro in rows.split(config.micro_batch):
+                for micro in forward_chunks(rows, mini_batch, config):  # micro_batch rows at a time
                     if first_forward is not None:  # the first optimizer step: the pi_old forward, graph and all
                         logprobs, entropy = (t[torch.searchsorted(active, micro)] for t in first_forward)
                         first_forward = None
@@ -155,13 +155,30 @@ def rows_with_gradient(pass_adv, pass_mask, *, kl):
     return (pass_adv != 0).any(1) | (kl & pass_mask.any(1))
 
 
-def row_shares(completion_mask, mini_batch, loss_agg):
-    """[B] each row's weight in its mini-batch's loss: its tokens / the mini-batch's tokens (token-mean), else 1 /
-    rows. Micro-batch losses times their rows' shares add up to the mini-batch's loss."""
+def row_shares(completion_mask, mini_batch, loss_agg, micro_batch):
+    """[B] each row's weight in its mini-batch's loss: its tokens / the mini-batch's tokens (token-mean), its tokens /
+    its micro-batch's tokens / the number of micro-batches (token-mean-per-micro-batch: the micro-batches are the
+    mini-batch's rows, micro_batch at a time, as verl forms them), else 1 / rows. Forward chunks' losses times their
+    rows' shares add up to the mini-batch's loss."""
     share = torch.zeros(len(completion_mask), device=completion_mask.device)
     tokens = completion_mask[mini_batch].sum(1)
-    share[mini_batch] = tokens / tokens.sum().clamp_min(1) if loss_agg == "token-mean" else 1.0 / len(mini_batch)
+    if loss_agg == "token-mean":
+        share[mini_batch] = tokens / tokens.sum().clamp_min(1)
+    elif loss_agg == "token-mean-per-micro-batch":
+        parts = tokens.split(micro_batch)
+        share[mini_batch] = torch.cat([part / part.sum().clamp_min(1) / len(parts) for part in parts])
+    else:
+        share[mini_batch] = 1.0 / len(mini_batch)
     return share
+
+
+def forward_chunks(rows, mini_batch, config):
+    """The trained rows of a mini-batch, micro_batch at a time. token-mean-per-micro-batch: within each of the
+    mini-batch's own micro-batches, so that no chunk mixes two micro-batches' token means."""
+    if config.loss_agg != "token-mean-per-micro-batch":
+        return rows.split(config.micro_batch)
+    chunks = [micro[torch.isin(micro, rows)] for micro in mini_batch.split(config.micro_batch)]
+    return [chunk for chunk in chunks if len(chunk)]
 
 
 class StepStats:

@@ -17,7 +17,7 @@ args=(
   --temperature 0.7 --top-p 1.0                 # ROLLOUT_TEMP
   --clip-low 0.2 --clip-high 0.24 --dual-clip 10   # CLIP_LOW / CLIP_HIGH / clip_ratio_c
   --kl-coef 1e-3 --kl-clamp 5                   # KL_COEF, low_var_kl as the fork clamps it
-  --loss-agg token-mean --mini-batches 2 --ppo-epochs 1   # UPDATE_BS 256 of 64 x 8 = 512 responses
+  --loss-agg token-mean-per-micro-batch --mini-batches 2 --ppo-epochs 1   # UPDATE_BS 256 of 64 x 8 = 512 responses
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0
   --steps 350 --eval-every 20 --save-every 20   # save_freq / test_freq 20
   --micro-batch 8

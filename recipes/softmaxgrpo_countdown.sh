@@ -16,10 +16,10 @@ args=(
   --temperature 1.0 --top-p 0.999               # rollout.temperature / top_p (top_k off)
   --clip-low 0.2 --clip-high 0.28               # clip_ratio_low / high; clip_ratio_c 1e9 = no dual clip
   --kl-coef 1e-3 --kl-clamp 20                  # kl_loss_coef, low_var_kl (verl clamps the log-ratio to +-20)
-  --loss-agg token-mean --mini-batches 1 --ppo-epochs 1   # ppo_mini_batch_size = train_batch_size
+  --loss-agg token-mean-per-micro-batch --mini-batches 1 --ppo-epochs 1   # ppo_mini_batch_size = train_batch_size
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0   # verl's AdamW defaults
   --steps 2000 --eval-every 25 --save-every 100 # total_training_steps, test_freq, save_freq
-  --micro-batch 4                               # ppo_micro_batch_size_per_gpu (memory only)
+  --micro-batch 4                               # ppo_micro_batch_size_per_gpu: each one's token mean, averaged
   --output-dir runs/softmaxgrpo_countdown
 )
 exec python train.py "${args[@]}" "$@"

@@ -15,7 +15,7 @@ args=(
   --temperature 1.0 --top-p 0.999
   --clip-low 0.2 --clip-high 0.28
   --kl-coef 1e-3 --kl-clamp 20
-  --loss-agg token-mean --mini-batches 1 --ppo-epochs 1
+  --loss-agg token-mean-per-micro-batch --mini-batches 1 --ppo-epochs 1
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0
   --steps 3220 --eval-every 25 --save-every 100
   --micro-batch 8 --rollout-batch 1024

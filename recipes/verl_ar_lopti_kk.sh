@@ -16,6 +16,8 @@
 # Lopti needs this file's entry point (python -m integrations.verl_plugin), which runs verl's v0 RayPPOTrainer with
 # two actor updates per batch; AR alone (+algorithm.lopti_eta=0) also works with verl's own main_ppo.
 # Multi-node: start a Ray cluster first and run this on the head node with NNODES set.
+# verl 0.9's token-mean is over the mini-batch's tokens; the official runs (verl 0.6.1, the AR-Lopti fork) took
+# each micro-batch's token mean and averaged them (train.py: --loss-agg token-mean-per-micro-batch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -15,6 +15,8 @@
 #
 #   pip install -r requirements-verl.txt vllm   # a CUDA machine; vLLM must match verl's supported versions
 #   bash recipes/verl_softmaxgrpo_countdown.sh [more hydra overrides, e.g. trainer.logger='[console,wandb]']
+# verl 0.9's token-mean is over the mini-batch's tokens; the official runs (verl 0.6.1, the AR-Lopti fork) took
+# each micro-batch's token mean and averaged them (train.py: --loss-agg token-mean-per-micro-batch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

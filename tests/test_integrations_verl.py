@@ -333,7 +333,6 @@ VERL_KEYS = {  # DESIGN.md key -> how to read it from the composed verl config
     "clip_high": lambda c: c.actor_rollout_ref.actor.clip_ratio_high,
     "dual_clip": lambda c: (lambda cap: None if cap >= 1e8 else cap)(c.actor_rollout_ref.actor.clip_ratio_c),
     "kl_coef": lambda c: c.actor_rollout_ref.actor.kl_loss_coef,
-    "loss_agg": lambda c: c.actor_rollout_ref.actor.loss_agg_mode,
     "lr": lambda c: c.actor_rollout_ref.actor.optim.lr,
     "alpha": lambda c: c.actor_rollout_ref.actor.policy_loss.get("ar_alpha"),
     "lopti_eta": lambda c: c.algorithm.get("lopti_eta"),
@@ -344,7 +343,10 @@ VERL_KEYS = {  # DESIGN.md key -> how to read it from the composed verl config
     # verl 0.9 counts ppo_mini_batch_size in prompts (x n responses): optimizer steps per pass over the batch
     "mini_batches": lambda c: c.data.train_batch_size // c.actor_rollout_ref.actor.ppo_mini_batch_size,
 }
-NOT_IN_VERL = {"kl_clamp"}  # verl 0.9.1 clamps low_var_kl's log-ratio at +-20, not a setting (the recipe says so)
+VERL_KEYS["micro_batch"] = lambda c: c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+# Not settings of verl 0.9.1 (the recipes say so): low_var_kl's log-ratio clamp is +-20 (the fork: 5), and its
+# token-mean is over the mini-batch's tokens, not the mean of per-micro-batch means of verl 0.6.1 and the fork.
+NOT_IN_VERL = {"kl_clamp", "loss_agg"}
 
 
 def verl_recipe_overrides(name, **env):

@@ -113,6 +113,7 @@ TOKEN_ADVANTAGES = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 100
 
 @pytest.mark.parametrize("loss_agg, norm_constant, expected", [
     ("token-mean", None, -(1 + 2 + 3 + 4) / 4),
+    ("token-mean-per-micro-batch", None, -(1 + 2 + 3 + 4) / 4),   # one micro-batch: its token mean
     ("seq-mean-token-mean", None, -(6 / 3 + 4 / 1) / 2),
     ("seq-mean-token-sum", None, -(6 + 4) / 2),
     ("seq-mean-token-sum-norm", None, -(6 + 4) / 2 / 4),            # default constant T = 4
@@ -122,7 +123,8 @@ def test_aggregation_modes(loss_agg, norm_constant, expected):
     logprobs = torch.zeros(2, 4)
     loss, _ = policy_loss(logprobs, logprobs, TOKEN_ADVANTAGES, MASK, loss_agg=loss_agg, norm_constant=norm_constant)
     assert loss.item() == pytest.approx(expected)
-    assert set(LOSS_AGGS) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
+    assert set(LOSS_AGGS) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                              "token-mean-per-micro-batch"}
 
 
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)

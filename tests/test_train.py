@@ -151,6 +151,39 @@ def test_pi_old_measured_in_the_update_equals_a_given_one(micro_batch):
     assert any(not torch.equal(weights_first_step[k], model.state_dict()[k]) for k in weights_separate)  # it trained
 
 
+def test_token_mean_per_micro_batch_is_the_official_codes_loss():
+    # verl 0.6.1 and the AR-Lopti fork: each micro-batch of the mini-batch (all its rows, zero advantages included)
+    # takes its own token mean, and the micro-batches' means are averaged. Written out by hand here with the plain
+    # log-probs; one SGD step of lr 1 moves the weights by minus that loss's gradient.
+    from ppo import policy_loss
+    from rollout import token_logprobs
+    from tiny import build_tiny_model
+    tokenizer, _, r = tiny_policy_and_rollouts()
+    r.completion_mask[1, 2:] = 0  # unequal lengths, so that the two aggregations differ
+    r.attention_mask[1, -4:] = 0
+    advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
+    fresh = lambda: build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)  # noqa: E731
+    reference = fresh()
+    means = []
+    for micro in torch.arange(8).split(3):  # micro-batches of 3, 3, 2 rows
+        logprobs = token_logprobs(reference, r.input_ids[micro], r.attention_mask[micro], r.completion_mask[micro],
+                                  fast=False)
+        means.append(policy_loss(logprobs, logprobs.detach(), advantages[micro], r.completion_mask[micro])[0])
+    torch.stack(means).mean().backward()
+    deltas = {}
+    for loss_agg in ("token-mean-per-micro-batch", "token-mean"):
+        policy = fresh()
+        before = {k: v.clone() for k, v in policy.named_parameters()}
+        train.update_policy(policy, torch.optim.SGD(policy.parameters(), lr=1.0), r.input_ids, r.attention_mask,
+                            r.completion_mask, advantages, Config(loss_agg=loss_agg, micro_batch=3, grad_clip=1e9,
+                                                                  dtype="fp32"))
+        deltas[loss_agg] = {k: v.detach() - before[k] for k, v in policy.named_parameters()}
+    for name, parameter in reference.named_parameters():
+        torch.testing.assert_close(deltas["token-mean-per-micro-batch"][name], -parameter.grad, atol=1e-6, rtol=1e-4)
+    assert any(not torch.allclose(deltas["token-mean"][k], deltas["token-mean-per-micro-batch"][k], atol=1e-6)
+               for k in deltas["token-mean"])
+
+
 # --- checkpoints ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("flags", [[], ["--kl-coef", "0.05", "--lopti-eta", "0.02", "--alpha", "0.3"]],
                          ids=["softmax", "kl-lopti"])

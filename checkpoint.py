@@ -172,6 +172,23 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     return final
 
 
+def save_policy_atomically(model, tokenizer, folder, info=None):
+    """save_pretrained into <folder>.tmp, then rename: a kill or a full disk never leaves a half-written folder."""
+    tmp = folder + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if info is not None:
+            with open(os.path.join(tmp, "warm_start.json"), "w") as f:
+                json.dump(info, f)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(error.errno, f"could not write {folder}: {error.strerror or error}") from None
+
+
 def checkpoint_steps(output_dir):
     """Sorted steps of the complete checkpoint-<step> folders in output_dir."""
     names = os.listdir(output_dir) if os.path.isdir(output_dir) else []

@@ -1,12 +1,11 @@
 """The policy: load any causal LM (Hugging Face hub id, local folder, .gguf file), or the tiny offline default.
 
 `load_policy(name)` -> (model, tokenizer), with a pad token and left padding whatever the source. The tiny default
-(name "tiny": a character-level Llama, its CPU defaults and warm start) lives in tiny.py.
+(name "tiny": a character-level Llama, its CPU defaults and warm start) lives in tiny.py; saving a policy folder
+atomically, in checkpoint.py.
 """
 import importlib.util
-import json
 import os
-import shutil
 import socket
 from urllib.parse import urlparse
 
@@ -82,23 +81,3 @@ def _hub_reachable(repo_id, timeout=3.0):
         return True
     except OSError:
         return False
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Saving
-# ---------------------------------------------------------------------------------------------------------------
-def save_policy_atomically(model, tokenizer, folder, info=None):
-    """save_pretrained into <folder>.tmp, then rename: a kill or a full disk never leaves a half-written folder."""
-    tmp = folder + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if info is not None:
-            with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-                json.dump(info, f)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-    except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(error.errno, f"could not write {folder}: {error.strerror or error}") from None

@@ -112,6 +112,39 @@ def build_policy(config, *, log=print):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Metrics of a step
+# ---------------------------------------------------------------------------------------------------------------
+class StepStats:
+    """Sums the loss's stats on the device, weighted by micro-batch share, and reads them once (no sync per
+    micro-batch). ratio_max is a max, grad_norm the mean over optimizer steps."""
+    def __init__(self):
+        self.sums, self.weight, self.grad_norms = {}, 0.0, []
+
+    def add(self, loss_stats, loss, entropy, mask, *, weight):
+        loss_stats = {**loss_stats, "loss": loss.detach(), "entropy": (entropy * mask).sum() / mask.sum().clamp_min(1)}
+        for key, value in loss_stats.items():
+            self.sums[key] = torch.maximum(self.sums.get(key, value), value) if key == "ratio_max" \
+                else self.sums.get(key, 0.0) + value * weight
+        self.weight = self.weight + weight
+
+    def result(self):
+        out = {key: (value if key == "ratio_max" else value / self.weight).item() for key, value in self.sums.items()}
+        if self.grad_norms:
+            out["grad_norm"] = torch.stack(self.grad_norms).mean().item()
+        return {**out, "optimizer_steps": len(self.grad_norms)}
+
+
+def rollout_stats(task, rollouts, rewards, advantages, num_generations):
+    """The batch's metrics before the update: rewards, pass rate, zero-variance groups, lengths."""
+    group_rewards = rewards.view(-1, num_generations)  # [prompts, M]
+    return {"reward_mean": rewards.mean().item(), "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
+            "zero_var_share": (group_rewards.max(1).values == group_rewards.min(1).values).float().mean().item(),
+            "adv_abs_mean": advantages.abs().mean().item(),
+            "response_length": rollouts.completion_mask.sum().item() / len(rewards),
+            "truncated_share": rollouts.truncated.float().mean().item()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The run's state: the folder, metrics, evals, checkpoints, Ctrl-C
 # ---------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from model import save_policy_atomically
+from checkpoint import save_policy_atomically
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 

@@ -115,7 +115,7 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
         reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
 
     # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches optimizer steps
-    stats = StepStats()
+    stats = run.StepStats()  # the loss's stats, summed on the device (run.py)
     for name, pass_adv, pass_mask in lopti_passes(token_adv, old_probs, mask, config.lopti_eta, config.lopti_order):
         trained = rows_with_gradient(pass_adv, pass_mask, kl=ref_model is not None)  # [B] bool
         for epoch in range(config.ppo_epochs):
@@ -181,36 +181,6 @@ def forward_chunks(rows, mini_batch, config):
     return [chunk for chunk in chunks if len(chunk)]
 
 
-class StepStats:
-    """Sums the loss's stats on the device, weighted by micro-batch share, and reads them once (no sync per
-    micro-batch). ratio_max is a max, grad_norm the mean over optimizer steps."""
-    def __init__(self):
-        self.sums, self.weight, self.grad_norms = {}, 0.0, []
-
-    def add(self, loss_stats, loss, entropy, mask, *, weight):
-        loss_stats = {**loss_stats, "loss": loss.detach(), "entropy": (entropy * mask).sum() / mask.sum().clamp_min(1)}
-        for key, value in loss_stats.items():
-            self.sums[key] = torch.maximum(self.sums.get(key, value), value) if key == "ratio_max" \
-                else self.sums.get(key, 0.0) + value * weight
-        self.weight = self.weight + weight
-
-    def result(self):
-        out = {key: (value if key == "ratio_max" else value / self.weight).item() for key, value in self.sums.items()}
-        if self.grad_norms:
-            out["grad_norm"] = torch.stack(self.grad_norms).mean().item()
-        return {**out, "optimizer_steps": len(self.grad_norms)}
-
-
-def rollout_stats(task, rollouts, rewards, advantages, num_generations):
-    """The batch's metrics before the update: rewards, pass rate, zero-variance groups, lengths."""
-    group_rewards = rewards.view(-1, num_generations)  # [prompts, M]
-    return {"reward_mean": rewards.mean().item(), "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
-            "zero_var_share": (group_rewards.max(1).values == group_rewards.min(1).values).float().mean().item(),
-            "adv_abs_mean": advantages.abs().mean().item(),
-            "response_length": rollouts.completion_mask.sum().item() / len(rewards),
-            "truncated_share": rollouts.truncated.float().mean().item()}
-
-
 # --------------------------------------------------------------------------------------------------------------
 # 3. The loop
 # --------------------------------------------------------------------------------------------------------------
@@ -242,7 +212,7 @@ def train(config):
             stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
                                   rollouts.completion_mask, advantages, config, ref_model=ref_model, clock=state.clock)
             # --- 3. metrics, held-out eval, checkpoint (run.py) ---------------------------------------------------
-            state.log({"step": step, **rollout_stats(task, rollouts, rewards, advantages, config.num_generations),
+            state.log({"step": step, **run.rollout_stats(task, rollouts, rewards, advantages, config.num_generations),
                        **stats, "lr": optimizer.param_groups[0]["lr"]}, tokens=rollouts.completion_mask.sum().item())
             if state.end_of_step(step):  # evals and saves when due; True after Ctrl-C (then saved)
                 break

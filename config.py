@@ -260,7 +260,12 @@ def load(argv=None, prog="train.py"):
     run.json only, so it needs no torch. Errors are one line: exit code 2 for a flag, 1 for the run's files."""
     config = parse_args(argv, prog)
     try:
-        return resumed(config) if config.resume else config
+        if config.resume:
+            return resumed(config)
+        if config.model != "tiny" and not config.dry_run:
+            from model import model_source  # torch-free: a missing path or an unreachable hub id fails here, at once
+            model_source(config.model)
+        return config
     except RunError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         sys.exit(1)

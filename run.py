@@ -32,7 +32,8 @@ import transformers
 import tasks
 import tiny
 from checkpoint import (RunError, append_metrics, holds_a_run, later_checkpoints, load_trainer_state, locked,
-                        read_metrics, recover, remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
+                        point_latest, read_metrics, recover, remove_run, restore_rng, rewrite_metrics, rng_state,
+                        save_checkpoint)
 from config import Config
 from model import load_policy
 
@@ -262,7 +263,8 @@ def start(config):
             step = int(re.search(r"checkpoint-(\d+)", os.path.basename(config.resume)).group(1))
             config.resume = os.path.join(config.output_dir, f"checkpoint-{step}")  # recover() may have renamed it
             later = later_checkpoints(config.output_dir, step)
-            if later:
+            if later:  # `latest` now names the timeline going on, so no save below ever replaces what it points to
+                point_latest(config.output_dir, step)
                 print(f"note: resuming from checkpoint-{step}: the later {', '.join(later)} of this run will be "
                       "replaced from this run's first checkpoint on", flush=True)
         elif holds_a_run(config.output_dir):

@@ -284,3 +284,14 @@ def test_every_flag_appears_in_help_with_its_default():
     for name in ("--output-dir", "--seed", "--clip-low", "--overwrite", "--resume"):
         assert name in text
     assert "(default: runs/default)" in text and "(default: 0.2; paper: 0.2)" in text
+
+
+def test_a_missing_model_or_unreachable_hub_id_answers_before_torch_loads(tmp_path):
+    code = ("import sys; import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print('torch' in sys.modules, e.code)")
+    for model, message in [("./no/such/model", "model path does not exist"),
+                           ("no-such-org/no-such-model", "not in the Hugging Face cache")]:
+        proc = subprocess.run([sys.executable, "-c", code, "--output-dir", str(tmp_path), "--model", model], cwd=REPO,
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")})
+        assert proc.stdout.split() == ["False", "2"] and message in proc.stderr

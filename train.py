@@ -2,19 +2,20 @@
 
     python train.py                      # offline default: tiny Llama, warm start, SoftmaxGRPO on Countdown (CPU)
     python train.py --help               # every setting (config.py), with its default and the papers' value
-    python train.py --resume runs/default                                             # continue that run
+    python train.py --resume runs/default  # continue that run (its saved settings)
 
 One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
 
-    prompts  x_1..x_G                                   task.examples
-    rollouts o_i1..o_iM ~ pi_theta(. | x_i)             collect_rollouts -> rollout.generate_rollouts
-    rewards  R_ij, advantages A_ij = M softmax(R_i/tau)_j - 1     task.reward, softmax_grpo.group_advantages
-    fix pi_old and pi_ref of the sampled tokens         update_policy, step 1
-    AR:      A_ijt = (alpha p_old + 1 - alpha) A_ij     lopti.reweight_advantages
+    prompts    x_1 .. x_G                                  task.examples
+    rollouts   o_i1 .. o_iM ~ pi_theta(. | x_i)            collect_rollouts -> rollout.generate_rollouts
+    rewards    R_ij                                        task.reward
+    advantages A_ij = M softmax(R_i / tau)_j - 1           softmax_grpo.group_advantages (or GRPO's z-score, ...)
+    fix pi_old and pi_ref of the sampled tokens            update_policy, step 1
+    AR         A_ijt = (alpha p_old + 1 - alpha) A_ij      update_policy, step 2: lopti.reweight_advantages
     for each Lopti pass (p_old < eta first, then the rest; one pass over all tokens without Lopti):
         for each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), one optimizer step
 
-Everything a reader may skip lives beside this file: config.py (the settings), run.py (resume, logging,
+Everything a reader may skip lives beside this file: config.py (the settings), run.py (resume, metrics, evals,
 checkpoints, Ctrl-C, building the policy), tiny.py (the offline tiny model), model.py (loading a model).
 """
 import contextlib

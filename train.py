@@ -2,7 +2,7 @@
 
     python train.py                      # offline default: tiny Llama, warm start, SoftmaxGRPO on Countdown (CPU)
     python train.py --help               # every setting (config.py), with its default and the papers' value
-    python train.py --resume runs/default  # continue that run (its saved settings)
+    python train.py --resume runs/default # continue that run, with its saved settings
 
 One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
 

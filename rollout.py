@@ -21,18 +21,33 @@ def render_prompts(tokenizer, task, examples, style):
     """Token ids of each example's prompt (list of lists of ints, no padding).
 
     style "compact": the task's one-line prompt; the tokenizer adds its own BOS (the tiny char tokenizer does).
-    style "chat": the task's messages through the tokenizer's chat template with the generation prompt. A
-    tokenizer without a template (a base model) gets plain_text_conversation (train.py says so once).
+    style "chat": the task's messages through the tokenizer's chat template with the generation prompt, then the
+    task's assistant_prefill (see there). A tokenizer without a template (a base model) gets
+    plain_text_conversation (train.py says so once), then " " and the prefill.
     """
     if style == "compact":
         return [tokenizer(task.prompt(ex, "compact"))["input_ids"] for ex in examples]
     if style != "chat":
         raise ValueError(f"prompt style must be 'chat' or 'compact', got {style!r}")
+    prefill = assistant_prefill(task)
     if not getattr(tokenizer, "chat_template", None):
-        return [tokenizer(plain_text_conversation(task.prompt(ex, "chat")))["input_ids"] for ex in examples]
+        after = " " + prefill if prefill else ""  # "Assistant: <think>", as the R1-Zero-style base-model prompts
+        return [tokenizer(plain_text_conversation(task.prompt(ex, "chat")) + after)["input_ids"] for ex in examples]
     texts = [tokenizer.apply_chat_template(task.prompt(ex, "chat"), add_generation_prompt=True, tokenize=False)
-             for ex in examples]
+             + prefill for ex in examples]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]  # the template has its own BOS
+
+
+def assistant_prefill(task):
+    """The text a task's chat prompt puts at the start of the assistant's turn, after the generation prompt: the
+    task's optional `assistant_prefill` attribute (a string; "" or absent: none). The model writes its completion
+    after it, and the completion alone reaches task.reward, so the task scores it knowing its own prefill
+    (knights_knaves with think_prefill=true: "<think>", as the official K&K prompts end)."""
+    prefill = getattr(task, "assistant_prefill", "") or ""
+    if not isinstance(prefill, str):
+        raise TypeError(f"task {getattr(task, 'name', task)!r}: assistant_prefill must be a string, "
+                        f"got {type(prefill).__name__}")
+    return prefill
 
 
 def plain_text_conversation(messages):

@@ -7,13 +7,15 @@ a script, not a timed test).
 
 Prints wall-clock seconds for generation, the slowest reward call (ms) on each hostile completion for every task
 and rule set (target: under 50 ms), text_match's time and peak memory on a 5 000-token reference against a 1 MB
-completion, math-verify's deadline on a slow answer, and the number of checked completions whose reward differs
-between the official rules and ours. The math tasks need math-verify (pip install math-verify).
+completion and on 1 MB against 1 MB, math-verify's deadline on a slow answer, and the number of checked
+completions whose reward differs between the official rules and ours. The math tasks need math-verify
+(pip install math-verify).
 """
 
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -89,12 +91,32 @@ def text_match_big(text_task):
     for label, completion in (("reference + 1 MB filler", reference + " lorem ipsum" * (MB // 12)),
                               ("1 MB of reference words", (reference + " ") * (MB // len(reference))),
                               ("1 MB filler + reference", "lorem ipsum " * (MB // 12) + reference)):
-        reward, seconds = timed(lambda: text_task.reward(completion, example))
-        tracemalloc.start()
-        text_task.reward(completion, example)
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        print(f"{label:26s} {1000 * seconds:7.1f} ms  peak {peak / 2**20:5.1f} MiB  reward {reward:.3f}")
+        text_match_row(text_task, label, completion, example)
+    # both sides 1 MB: past LCS_CELLS the ROUGE-L LCS is the sum over aligned pieces (a lower bound); the reference's
+    # tokens are normalised in the first, timed call (its cache is cleared first)
+    print("\n== text_match: 1 MB completion vs 1 MB reference, reference tokens not cached (ms; peak MiB) ==")
+    shuffled = [f"w{i}" for i in range(110_000)]
+    random.Random(0).shuffle(shuffled)
+    for label, completion, reference in (
+            ("identical (common start)", "w " * (MB // 2), "w " * (MB // 2)),
+            ("no shared word", "x " * (MB // 2), "y " * (MB // 2)),
+            ("x y ... vs y x ...", "x y " * (MB // 4), "y x " * (MB // 4)),
+            ("110k words, shuffled", " ".join(f"w{i}" for i in range(110_000)), " ".join(shuffled))):
+        text_match_row(text_task, label, completion, {"prompt": "p", "reference": reference}, clear_cache=True)
+
+
+def text_match_row(text_task, label, completion, example, clear_cache=False):
+    from tasks.text_match import reference_tokens
+    if clear_cache:
+        reference_tokens.cache_clear()
+    reward, seconds = timed(lambda: text_task.reward(completion, example))
+    if clear_cache:
+        reference_tokens.cache_clear()
+    tracemalloc.start()
+    text_task.reward(completion, example)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(f"{label:26s} {1000 * seconds:7.1f} ms  peak {peak / 2**20:5.1f} MiB  reward {reward:.3f}")
 
 
 def math_deadline(gsm_task):

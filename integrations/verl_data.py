@@ -31,6 +31,9 @@ def verl_rows(task_name, split, n, seed, data=None, **task_options):
 
     data: the task's data= file (gsm8k, text_match); its absolute path goes into extra_info for compute_score."""
     task = get_task(task_name, data=data, **task_options)
+    if getattr(task, "assistant_prefill", ""):  # verl renders the chat template itself, without a prefill
+        raise ValueError(f"{task_name}: an assistant prefill (e.g. think_prefill=true) is for train.py only; verl "
+                         "would sample without it and score the completion as if it had one")
     options = json.dumps(task_options, sort_keys=True)
     data = os.path.abspath(data) if data else ""
     return [{"prompt": task.prompt(example, "chat"),

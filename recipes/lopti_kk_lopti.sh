@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 args=(
   --model Qwen/Qwen2.5-3B-Instruct
   --task knights_knaves --task-option 'people=[3,4,5,6,7]' --task-option rules=logic_rl   # merge_34567ppl, kk.py
+  --task-option think_prefill=true              # the prompt ends in <think>; scored on it + the completion, as kk.py
   --method grpo                                 # ALGO=grpo (unbiased std, eps 1e-6)
   --alpha 0 --lopti-eta 0.4                   # no reweighting; SEPERATE_PROB (eta)
   --num-generations 8 --prompts-per-step 64     # ROLLOUT_N, TRAIN_BS

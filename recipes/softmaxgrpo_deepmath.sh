@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 args=(
   --model Qwen/Qwen2.5-1.5B
   --task deepmath --data "${DEEPMATH_DATA:-data/deepmath}"
+  --task-option answer_style=boxed             # the official \boxed{} prompt (prepare_data.py), no <think> tags
   --method softmax --tau 0.3
   --num-generations 16 --prompts-per-step 512
   --max-new-tokens 1024

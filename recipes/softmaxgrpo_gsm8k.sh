@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 args=(
   --model Qwen/Qwen2.5-1.5B
   --task gsm8k --data "${GSM8K_DATA:-data/gsm8k}"
+  --task-option answer_style=boxed             # the official \boxed{} prompt (prepare_data.py), no <think> tags
   --method softmax --tau 0.1
   --num-generations 8 --prompts-per-step 64
   --max-new-tokens 256

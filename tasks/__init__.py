@@ -2,18 +2,21 @@
 
 Text tasks (one file each):
   countdown       procedural arithmetic puzzles            options: num_count=(3, 4) | 3 | 4 | 2, format_score=0.0
-  knights_knaves  procedural logic puzzles (Logic-RL)      options: people=(3, 4, 5), binary=False
-  gsm8k           grade-school math, needs data=PATH or data="openai/gsm8k"   options: format_score=0.0
-  deepmath        DeepMath-103K, needs data=PATH or data="zwhe99/DeepMath-103K"
+  knights_knaves  procedural logic puzzles (Logic-RL)      options: people=(3, 4, 5), binary=False,
+                                                           think_prefill=False (the prompt ends in <think>)
+  gsm8k           grade-school math, needs data=PATH or data="openai/gsm8k"   options: format_score=0.0,
+                                                           answer_style="tags" | "boxed" (the official prompt)
+  deepmath        DeepMath-103K, needs data=PATH or data="zwhe99/DeepMath-103K"   options: answer_style
   text_match      {prompt, reference} rows, F1 + ROUGE-L reward, needs data=PATH
-                  options: format_weight=0.0, pass_threshold=0.5
+                  options: format_weight=0.0 (0.35 with rules="openthoughts"), pass_threshold=0.5
 Every text task also takes rules=NAME, the rule set of its chat-style reward (RULES lists them, the official
 one first and default); the compact style of the tiny model always keeps the task's own compact rules.
 The ImageNet checks are experiments, not text tasks (experiments/imagenet_toy.py, experiments/imagenet_real.py),
 so they have no entry here.
 
 Every task object has: name, rules, pass_threshold, examples(split, n, seed), prompt(example, style),
-reward(completion, example, style), solution(example, style), reward_fn(completions, **columns).
+reward(completion, example, style), solution(example, style), reward_fn(completions, **columns); optionally
+assistant_prefill, a string rollout.render_prompts puts after the assistant header (knights_knaves' think_prefill).
 """
 
 import inspect

@@ -1,6 +1,6 @@
 """Helpers shared by the task files: the compact alphabet, tag extraction (ours and the official SoftmaxGRPO
-final_text), the think/answer format check, the rules-name check, the chat system prompt and the TRL-style batch
-wrapper.
+final_text), the think/answer format check, the rules-name check, the chat system prompts (ours and the official
+\\boxed{} math prompt) and the TRL-style batch wrapper.
 
 Everything here works on plain strings with str.find / str.rfind and linear regexes, so a hostile
 100 000-character completion costs a few milliseconds and nothing is ever evaluated as code.
@@ -20,19 +20,43 @@ SYSTEM_PROMPT = (
 )
 
 
-def chat_messages(user_text):
-    """The chat-style prompt: the think/answer system message plus one user message."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text}]
+# The math tasks' answer styles (option answer_style), default first: "tags" asks for <think>/<answer> as the
+# system prompt above does; "boxed" is the official SoftmaxGRPO GSM8K / DeepMath prompt (prepare_data.py): a short
+# system line and, after the question, the request for a \boxed{} answer; no tags are mentioned.
+ANSWER_STYLES = ("tags", "boxed")
+BOXED_SYSTEM_PROMPT = "You are a helpful assistant. Think through the problem before providing the answer."
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-def text_prompt(text, instruction, style):
+def chat_messages(user_text, system=SYSTEM_PROMPT):
+    """The chat-style prompt: a system message (the think/answer one unless told) plus one user message."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": user_text}]
+
+
+def text_prompt(text, instruction, style, system=SYSTEM_PROMPT):
     """The prompt of a data task (a question or request in `text`): compact "<text>:" for the tiny char model, or
-    chat_messages with `instruction` on the line after the text."""
+    chat_messages(system) with `instruction` on the line after the text."""
     if style == "compact":
         return compact_text(text) + ":"
     if style != "chat":
         raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
-    return chat_messages(f"{text}\n{instruction}")
+    return chat_messages(f"{text}\n{instruction}", system)
+
+
+def math_prompt(question, tags_instruction, style, answer_style):
+    """The prompt of a math task: with answer_style "tags", our system prompt and `tags_instruction`; with
+    "boxed", the official SoftmaxGRPO system line and BOXED_INSTRUCTION. Compact style ignores answer_style."""
+    if answer_style == "boxed":
+        return text_prompt(question, BOXED_INSTRUCTION, style, BOXED_SYSTEM_PROMPT)
+    return text_prompt(question, tags_instruction, style)
+
+
+def check_answer_style(task, answer_style):
+    """One-line error for an unknown answer_style of `task`."""
+    if answer_style not in ANSWER_STYLES:
+        raise ValueError(f"{task}: unknown answer_style {answer_style!r}; choose from "
+                         f"{', '.join(repr(c) for c in ANSWER_STYLES)}")
+    return answer_style
 
 
 def compact_text(text):
@@ -65,18 +89,25 @@ def last_tag_block(text, tag="answer"):
     return text[start + len(tag) + 2:close]
 
 
-def has_think_answer_format(text):
-    """True when `text` holds exactly one <think>...</think> followed by exactly one <answer>...</answer>.
-
-    A completion that starts inside the think block counts as if "<think>" were there: chat templates of
-    reasoning models pre-fill it in the prompt (one-line simplification of Logic-RL's check)."""
-    if text.count("<think>") == 0 and text.count("</think>") == 1:
-        text = "<think>" + text
+def think_answer_in_order(text):
+    """True when `text` holds exactly one each of <think>, </think>, <answer>, </answer>, in that order (the
+    Logic-RL / AR-Lopti structure check, as it is)."""
     tags = ("<think>", "</think>", "<answer>", "</answer>")
     if any(text.count(tag) != 1 for tag in tags):
         return False
     positions = [text.find(tag) for tag in tags]
     return positions == sorted(positions)
+
+
+def has_think_answer_format(text):
+    """True when `text` holds exactly one <think>...</think> followed by exactly one <answer>...</answer>.
+
+    A completion that starts inside the think block counts as if "<think>" were there: chat templates of
+    reasoning models pre-fill it in the prompt (ours: it passes completions written with or without a pre-filled
+    "<think>"; knights_knaves' think_prefill option checks the official way instead)."""
+    if text.count("<think>") == 0 and text.count("</think>") == 1:
+        text = "<think>" + text
+    return think_answer_in_order(text)
 
 
 def tag_blocks_last(text, tag="answer"):

@@ -7,6 +7,9 @@ downloaded unless asked for). The hub data has one split; test rows are picked b
 Verifier, chat style (rules="math_verify", the only one): the official SoftmaxGRPO check, math-verify on the
 completion's final text against the boxed final answer (tasks/_math.py); binary.
 Compact style (tiny char model): the completion, compacted, must equal the compacted final answer.
+Chat prompt, by `answer_style`: "tags" (default; ours) asks for <think> reasoning and the boxed answer in an
+<answer> block; "boxed" is the official SoftmaxGRPO prompt (reason step by step, final answer within \\boxed{};
+no tags). The reward is the same under both: math-verify reads the final text whatever the prompt asked.
 """
 
 import os
@@ -14,8 +17,8 @@ from dataclasses import dataclass, field
 
 from tasks._data import hash_split, load_splits, sample_rows
 from tasks._math import math_answer_is_right, require_math_verify
-from tasks._verify import check_rules, compact_text, completion_text, final_text, rewards_from_columns, \
-    text_prompt
+from tasks._verify import ANSWER_STYLES, check_answer_style, check_rules, compact_text, completion_text, \
+    final_text, math_prompt, rewards_from_columns
 
 RULES = ("math_verify",)
 HUB_NAME = "zwhe99/DeepMath-103K"
@@ -36,10 +39,11 @@ def parse_row(row):
 
 @dataclass
 class DeepMathTask:
-    """DeepMath task object."""
+    """DeepMath task object; answer_style: the chat prompt's ask (ANSWER_STYLES: "tags" or the official "boxed")."""
 
     splits: dict = field(repr=False)
     rules: str = RULES[0]
+    answer_style: str = ANSWER_STYLES[0]
     name: str = "deepmath"
     pass_threshold: float = 1.0
 
@@ -48,7 +52,7 @@ class DeepMathTask:
         return [dict(row) for row in sample_rows(self.splits, split, n, seed, "deepmath")]
 
     def prompt(self, example, style="chat"):
-        return text_prompt(example["question"], INSTRUCTION, style)
+        return math_prompt(example["question"], INSTRUCTION, style, self.answer_style)
 
     def reward(self, completion, example, style="chat"):
         """1.0 for a right answer (chat: math-verify on the final text; compact: equal compacted text), else 0.0."""
@@ -61,6 +65,8 @@ class DeepMathTask:
     def solution(self, example, style="compact"):
         if style == "compact":
             return compact_text(example["final_answer"])
+        if self.answer_style == "boxed":
+            return f"Working it out. The final answer is \\boxed{{{example['final_answer']}}}."
         return f"<think> Working it out. </think> <answer> \\boxed{{{example['final_answer']}}} </answer>"
 
     def reward_fn(self, completions, **columns):
@@ -88,9 +94,11 @@ def _splits_from_datasets():
     return hash_split(rows, "question")
 
 
-def make_task(data=None, rules=RULES[0]):
-    """Factory for get_task("deepmath", data=PATH | "zwhe99/DeepMath-103K", rules="math_verify")."""
+def make_task(data=None, rules=RULES[0], answer_style=ANSWER_STYLES[0]):
+    """Factory for get_task("deepmath", data=PATH | "zwhe99/DeepMath-103K", rules="math_verify",
+    answer_style="tags")."""
     check_rules("deepmath", rules, RULES)
+    check_answer_style("deepmath", answer_style)
     require_math_verify("deepmath")
     if data is None:
         raise ValueError("deepmath needs data=PATH (JSONL or parquet rows with 'question' and 'final_answer', or a "
@@ -99,4 +107,4 @@ def make_task(data=None, rules=RULES[0]):
         splits = _splits_from_datasets()
     else:
         splits = load_splits(data, ("question", "final_answer"), key="question", parse=parse_row)
-    return DeepMathTask(splits=splits, rules=rules)
+    return DeepMathTask(splits=splits, rules=rules, answer_style=answer_style)

@@ -9,6 +9,11 @@ Verifier, chat style, by `rules`:
                         exact fractions after dropping commas and "$" ("1,000", "$1000", "1000.0" all equal 1000);
                         format_score for a wrong answer in the think/answer format.
 Compact style, whatever the rules: the last number of the completion.
+Chat prompt, by `answer_style`: "tags" (default; ours) asks for <think> reasoning and an <answer> block; "boxed"
+is the official SoftmaxGRPO prompt (reason step by step, final answer within \\boxed{}; no tags). The
+math_verify reward is the same under both: the official one reads the final text whatever the prompt asked
+(the last \\boxed{} first); under last_number, format_score goes to a wrong answer in the asked-for form
+(the think/answer tags, or a \\boxed{}).
 """
 
 import os
@@ -18,8 +23,8 @@ from fractions import Fraction
 
 from tasks._data import load_splits, sample_rows
 from tasks._math import math_answer_is_right, require_math_verify
-from tasks._verify import answer_region, check_rules, completion_text, final_text, has_think_answer_format, \
-    last_number, rewards_from_columns, text_prompt
+from tasks._verify import ANSWER_STYLES, answer_region, check_answer_style, check_rules, completion_text, \
+    final_text, has_think_answer_format, last_number, math_prompt, rewards_from_columns
 
 MAX_NUMBER_CHARS = 40  # longer "numbers" are not compared
 MAX_BOXED_CHARS = 1000  # a \boxed{ not closed within this many characters counts as no \boxed{}
@@ -77,12 +82,14 @@ def parse_row(row):
 
 @dataclass
 class GSM8KTask:
-    """GSM8K task object; rules: the chat-style rule set (RULES);
-    format_score: rules="last_number" only, reward for a wrong answer given in the <think>/<answer> format."""
+    """GSM8K task object; rules: the chat-style rule set (RULES); answer_style: the chat prompt's ask
+    (ANSWER_STYLES: "tags" or the official "boxed"); format_score: rules="last_number" only, reward for a wrong
+    answer given in the asked-for form."""
 
     splits: dict = field(repr=False)
     format_score: float = 0.0
     rules: str = RULES[0]
+    answer_style: str = ANSWER_STYLES[0]
     name: str = "gsm8k"
     pass_threshold: float = 1.0
 
@@ -91,7 +98,11 @@ class GSM8KTask:
         return [dict(row) for row in sample_rows(self.splits, split, n, seed, "gsm8k")]
 
     def prompt(self, example, style="chat"):
-        return text_prompt(example["question"], INSTRUCTION, style)
+        return math_prompt(example["question"], INSTRUCTION, style, self.answer_style)
+
+    def well_formatted(self, text):
+        """The chat completion gives its answer in the form the prompt asked for."""
+        return last_boxed(text) is not None if self.answer_style == "boxed" else has_think_answer_format(text)
 
     def reward(self, completion, example, style="chat"):
         """1.0 for a right answer (chat, rules="math_verify": math-verify on the final text; otherwise the
@@ -104,11 +115,13 @@ class GSM8KTask:
         target = to_number(example["answer"])
         if predicted is not None and target is not None and to_number(predicted) == target:
             return 1.0
-        return self.format_score if style == "chat" and has_think_answer_format(text) else 0.0
+        return self.format_score if style == "chat" and self.well_formatted(text) else 0.0
 
     def solution(self, example, style="compact"):
         if style == "compact":
             return example["answer"]
+        if self.answer_style == "boxed":
+            return f"{example['rationale']}\nThe final answer is \\boxed{{{example['answer']}}}."
         return f"<think> {example['rationale']} </think> <answer> {example['answer']} </answer>"
 
     def reward_fn(self, completions, **columns):
@@ -137,9 +150,11 @@ def _splits_from_datasets():
     return splits
 
 
-def make_task(data=None, format_score=0.0, rules=RULES[0]):
-    """Factory for get_task("gsm8k", data=PATH | "openai/gsm8k", format_score=0.0, rules="math_verify")."""
+def make_task(data=None, format_score=0.0, rules=RULES[0], answer_style=ANSWER_STYLES[0]):
+    """Factory for get_task("gsm8k", data=PATH | "openai/gsm8k", format_score=0.0, rules="math_verify",
+    answer_style="tags")."""
     check_rules("gsm8k", rules, RULES)
+    check_answer_style("gsm8k", answer_style)
     if rules == "math_verify":
         require_math_verify("gsm8k")
         if format_score:
@@ -152,4 +167,4 @@ def make_task(data=None, format_score=0.0, rules=RULES[0]):
         splits = _splits_from_datasets()
     else:
         splits = load_splits(data, ("question", "answer"), key="question", parse=parse_row)
-    return GSM8KTask(splits=splits, format_score=float(format_score), rules=rules)
+    return GSM8KTask(splits=splits, format_score=float(format_score), rules=rules, answer_style=answer_style)

@@ -8,6 +8,14 @@ exactly one assignment makes every "person i is a knight <=> statement i" hold, 
 
 Reward: format +1 / -1 (exactly one each of <think>, </think>, <answer>, </answer>, in that order), answer +2
 when every role is right, -1.5 when read but wrong, -2 when unreadable or when the format failed; top score 3.
+Which text is checked depends on `think_prefill` (chat style):
+  False (default)    the completion; one with no <think> and one </think> counts as if "<think>" came first, so
+                     completions written with or without a pre-filled <think> both pass (ours).
+  True               the official setting: the prompt ends in "<think>" after the generation prompt
+                     (assistant_prefill, appended by rollout.render_prompts), and the text checked is what the
+                     Logic-RL / AR-Lopti scorer checks on the decoded prompt + response (logic_rl_response):
+                     "<think>" + completion, cut after its first "Assistant:" if it has one. A completion that
+                     writes its own <think>, or "Assistant:", fails the format there.
 How the answer is read depends on `rules` (chat style):
   logic_rl (default) the Logic-RL / AR-Lopti scorer (logic_rl_roles): as many "knight"/"knave" substrings as
                      people, and a literal "<Name> is a knight|knave" for each of them.
@@ -24,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 
 from tasks._verify import chat_messages, check_rules, completion_text, has_think_answer_format, last_tag_block, \
-    rewards_from_columns
+    rewards_from_columns, think_answer_in_order
 
 NAMES = ("alice", "bob", "charlie", "david", "emma", "frank", "grace", "henry", "isabella", "jack", "kate",
          "liam", "mia", "noah", "olivia", "peter", "quinn", "ruby", "samuel", "tara", "uma", "victor",
@@ -215,19 +223,43 @@ def logic_rl_roles(answer, names):
     return roles
 
 
+THINK_PREFILL = "<think>"  # what the official K&K prompts put after the assistant header
+
+
+def logic_rl_response(completion, prefill=THINK_PREFILL):
+    """The text the Logic-RL / AR-Lopti scorer validates for `completion` when the prompt ended in `prefill`.
+
+    That scorer gets the decoded prompt + response and keeps what follows the first "Assistant:", else what follows
+    the first "<|im_start|>assistant". A chat-template prompt (ours and the official) holds no "Assistant:" and
+    ends in "<|im_start|>assistant\n" + prefill, so the kept text is prefill + completion, unless the completion
+    writes "Assistant:": then only what follows its first one (the prefill is gone). A leading newline, which the
+    official keeps, changes no tag count or order and is left out."""
+    text = prefill + completion
+    cut = text.find("Assistant:")
+    return text if cut < 0 else text[cut + len("Assistant:"):]
+
+
 @dataclass
 class KnightsKnavesTask:
     """Knights-and-Knaves task object. people: puzzle sizes to draw from
-    (3..8); binary: 1/0 reward instead of Logic-RL's -3..3 scale; rules: the chat-style rule set (RULES)."""
+    (3..8); binary: 1/0 reward instead of Logic-RL's -3..3 scale; rules: the chat-style rule set (RULES);
+    think_prefill: the chat prompt ends in "<think>" and the format is checked as the official scorer checks it."""
 
     people: tuple = (3, 4, 5)
     binary: bool = False
     rules: str = RULES[0]
+    think_prefill: bool = False
     name: str = "knights_knaves"
     pass_threshold: float = 3.0
 
     def __post_init__(self):
         self.pass_threshold = 1.0 if self.binary else 3.0
+
+    @property
+    def assistant_prefill(self):
+        """Text the assistant's turn starts with in the chat-style prompt (rollout.render_prompts appends it after
+        the generation prompt); the completion is what the model writes after it."""
+        return THINK_PREFILL if self.think_prefill else ""
 
     def examples(self, split, n, seed):
         """`n` distinct puzzles, deterministic in (split, seed); train and test never share one."""
@@ -263,7 +295,11 @@ class KnightsKnavesTask:
             if len(answer) != len(example["names"]) or set(answer) - {"0", "1"}:
                 return True, None
             return True, dict(zip(example["names"], (c == "1" for c in answer)))
-        if not has_think_answer_format(text):
+        if self.think_prefill:
+            text = logic_rl_response(text)
+            if not think_answer_in_order(text):
+                return False, None
+        elif not has_think_answer_format(text):
             return False, None
         answer = last_tag_block(text)
         if self.rules == "logic_rl":  # an empty answer is unreadable there
@@ -284,7 +320,8 @@ class KnightsKnavesTask:
     def solution(self, example, style="compact"):
         if style == "compact":
             return "".join("1" if k else "0" for k in example["knights"])
-        return (f"<think> Checking every statement against each assignment. </think> "
+        think = "" if self.think_prefill else "<think>"  # the prompt already opened it
+        return (f"{think} Checking every statement against each assignment. </think> "
                 f"<answer> {example['answer']} </answer>")
 
     def reward_fn(self, completions, **columns):
@@ -292,11 +329,15 @@ class KnightsKnavesTask:
         return rewards_from_columns(self.reward, completions, columns, ("names", "knights"))
 
 
-def make_task(data=None, people=(3, 4, 5), binary=False, rules=RULES[0]):
-    """Factory for get_task("knights_knaves", people=(3, 4, 5) | int in 3..8, binary=False, rules="logic_rl")."""
+def make_task(data=None, people=(3, 4, 5), binary=False, rules=RULES[0], think_prefill=False):
+    """Factory for get_task("knights_knaves", people=(3, 4, 5) | int in 3..8, binary=False, rules="logic_rl",
+    think_prefill=False)."""
     if data is not None:
         raise ValueError("knights_knaves generates its puzzles; it takes no data= file")
     sizes = (people,) if isinstance(people, int) else tuple(people)
     if not sizes or any(not 3 <= p <= 8 for p in sizes):
         raise ValueError(f"people must be in 3..8 (an int or a tuple), got {people!r}")
-    return KnightsKnavesTask(people=sizes, binary=bool(binary), rules=check_rules("knights_knaves", rules, RULES))
+    if think_prefill not in (True, False):  # a typo such as think_prefill=yes must not read as True
+        raise ValueError(f"knights_knaves: think_prefill must be true or false, got {think_prefill!r}")
+    return KnightsKnavesTask(people=sizes, binary=bool(binary), rules=check_rules("knights_knaves", rules, RULES),
+                             think_prefill=bool(think_prefill))

@@ -44,7 +44,7 @@ def official_settings():
 
 
 def test_every_recipe_has_official_values_and_every_table_row_a_recipe():
-    assert set(official_settings()) == set(RECIPES) and len(RECIPES) == 6
+    assert set(official_settings()) == set(RECIPES) and len(RECIPES) == 8
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -67,19 +67,26 @@ def test_the_script_itself_agrees_with_this_reading(capsys):
 @pytest.mark.parametrize("name", RECIPES)
 def test_a_tiny_version_of_the_recipe_runs_one_step(name, tmp_path, digits_task):
     extra = ["--output-dir", str(tmp_path / "run")]
-    if "gsm8k" in name:
+    argv = recipe_argv(name)
+    task = argv[argv.index("--task") + 1]
+    if task == "gsm8k":
         data = tmp_path / "gsm8k.jsonl"
         data.write_text("\n".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n"
                                               f"#### {2 * i}"}) for i in range(60)) + "\n")
         extra += ["--data", str(data)]
-    if "deepmath" in name:
+    if task == "deepmath":  # softmaxgrpo_deepmath, softmaxgrpo_qwen3_base (Polaris rows renamed to these fields)
         pytest.importorskip("math_verify", reason="the deepmath task needs math-verify (requirements-dev.txt)")
         data = tmp_path / "deepmath.jsonl"
         data.write_text("\n".join(json.dumps({"question": f"Compute {i} squared.", "final_answer": str(i * i)})
                                   for i in range(60)) + "\n")
         extra += ["--data", str(data)]
+    if task == "text_match":  # OpenThoughts-style rows: the reward compares the reference's text after </think>
+        data = tmp_path / "openthoughts.jsonl"
+        data.write_text("\n".join(json.dumps({"prompt": f"say {i}", "reference": f"<think> so {i} </think> {i} ok"})
+                                  for i in range(60)) + "\n")
+        extra += ["--data", str(data)]
     if "kk" in name:
         extra += ["--task-option", "people=3"]  # the tiny model's 128 positions hold a 3-person compact puzzle
-    result = train.main(recipe_argv(name) + TINY + extra)
+    result = train.main(argv + TINY + extra)
     rows = [json.loads(line) for line in open(result["metrics_path"])]
     assert [r["step"] for r in rows if not r.get("eval")] == [1]

@@ -480,3 +480,27 @@ def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smoll
     theirs = generate_logp.gather(-1, plain.sequences[:, -T:, None]).squeeze(-1)
     torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(ours * completion_mask, definition * completion_mask, atol=1e-3, rtol=1e-4)
+
+
+class PrefillTask(EchoTask):
+    """EchoTask whose assistant turn starts with a prefill (the hook render_prompts reads)."""
+    assistant_prefill = "<go>"
+
+
+def test_render_prompts_appends_the_tasks_assistant_prefill():
+    import string
+    tokenizer = build_char_tokenizer(string.printable)
+    examples = [{"text": "1 2>3:"}]
+    plain = tokenizer.decode(render_prompts(tokenizer, PrefillTask(), examples, "chat")[0], skip_special_tokens=True)
+    assert plain == plain_text_conversation(PrefillTask().prompt(examples[0], "chat")) + " <go>"  # "Assistant: <go>"
+    tokenizer.chat_template = ("{% for m in messages %}u:{{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}a:{% endif %}")
+    chat = render_prompts(tokenizer, PrefillTask(), examples, "chat")[0]
+    assert tokenizer.decode(chat, skip_special_tokens=True) == "u:1 2>3:\na:<go>"
+    assert render_prompts(tokenizer, EchoTask(), examples, "chat")[0] == chat[:-len("<go>")]  # no attribute: none
+    assert render_prompts(tokenizer, PrefillTask(), examples, "compact") == render_prompts(tokenizer, EchoTask(),
+                                                                                            examples, "compact")
+    bad = PrefillTask()
+    bad.assistant_prefill = ["<go>"]
+    with pytest.raises(TypeError, match="assistant_prefill must be a string"):
+        render_prompts(tokenizer, bad, examples, "chat")

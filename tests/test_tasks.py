@@ -1,5 +1,6 @@
 """The task registry, the shared interface every task offers, the TRL-style wrapper and hostile completions."""
 
+import dataclasses
 import inspect
 import json
 import pathlib
@@ -41,7 +42,7 @@ def test_rules_names_defaults_and_errors():
     # the official rule set is each task's default; the names below are the documented interface
     assert tasks.RULES == {"countdown": ("softmaxgrpo", "lenient"), "knights_knaves": ("logic_rl", "lenient"),
                            "gsm8k": ("math_verify", "last_number"), "deepmath": ("math_verify",),
-                           "text_match": ("softmaxgrpo",)}
+                           "text_match": ("softmaxgrpo", "openthoughts")}
     assert get_task("countdown").rules == get_task("countdown", rules="softmaxgrpo").rules == "softmaxgrpo"
     assert get_task("knights_knaves").rules == get_task("knights_knaves", rules="logic_rl").rules == "logic_rl"
     assert get_task("countdown", rules="lenient").rules == "lenient"
@@ -77,6 +78,22 @@ def test_every_task_offers_the_interface(all_tasks):
             assert task.reward(task.solution(example, "compact"), example, style="compact") >= task.pass_threshold
         with pytest.raises(ValueError, match="style"):
             task.prompt(train[0], "markdown")
+
+
+def test_prompt_style_options_default_to_our_prompts(all_tasks):
+    from rollout import assistant_prefill
+    # no task pre-fills the assistant's turn unless asked (knights_knaves think_prefill=true: "<think>")
+    assert [assistant_prefill(task) for task in all_tasks] == [""] * len(all_tasks)
+    assert assistant_prefill(get_task("knights_knaves", think_prefill=True)) == "<think>"
+    # the math tasks ask for <think>/<answer> tags unless answer_style="boxed" (the official \boxed{} prompt)
+    math = [task for task in all_tasks if task.name in ("gsm8k", "deepmath")]
+    assert [task.answer_style for task in math] == ["tags", "tags"]
+    for task in math:
+        example = task.examples("train", 1, seed=0)[0]
+        official = dataclasses.replace(task, answer_style="boxed")  # as get_task(..., answer_style="boxed") builds it
+        assert "<answer>" in task.prompt(example, "chat")[1]["content"]
+        assert "<answer>" not in official.prompt(example, "chat")[1]["content"]
+        assert official.reward(official.solution(example, "chat"), example) >= official.pass_threshold
 
 
 def test_trl_wrapper_takes_columns_and_both_completion_forms(all_tasks):

@@ -260,3 +260,75 @@ def test_bad_options_raise():
         get_task("knights_knaves", people=9)
     with pytest.raises(ValueError, match="data"):
         get_task("knights_knaves", data="x.jsonl")
+
+
+# --- think_prefill: the official prompt ends in "<think>", and the official scorer checks prompt + response ---------
+# Expected values are the AR-Lopti kk.py compute_score of the decoded sequence (ChatML prompt ending in
+# "<|im_start|>assistant\n<think>", then the completion), recorded by hand; `ours` is the default rule's score.
+RIGHT = "(1) Zoey is a knight\n(2) Oliver is a knave"
+
+
+@pytest.mark.parametrize("completion, official, ours", [
+    (f"<think> a </think> <answer> {RIGHT} </answer>", -3.0, 3.0),                 # repeats the prefilled <think>
+    (f"<think></think><answer>{RIGHT}</answer>", -3.0, 3.0),
+    (f" I will close the <think> block later. </think> <answer> {RIGHT} </answer>", -3.0, 3.0),  # <think> in reasoning
+    (f" Assistant: let me check each case </think> <answer> {RIGHT} </answer>", -3.0, 3.0),  # cut after Assistant:
+    (f" a </think> <answer> {RIGHT} </answer> Assistant: done", -3.0, 3.0),
+    # the same where both agree
+    (f" a </think> <answer> {RIGHT} </answer>", 3.0, 3.0),
+    (f" a </think>\n<answer>\n(1) ZOEY is a knight\n(2) oliver is\ta knave\n</answer>", 3.0, 3.0),
+    (" a </think> <answer> (1) Zoey is a knave\n(2) Oliver is a knave </answer>", -0.5, -0.5),
+    (" a </think> <answer> Zoey: knight, Oliver: knave </answer>", -1.0, -1.0),
+    (" a </think> <answer> </answer>", -1.0, -1.0),
+    (f" User asked. Assistant: <think> x </think> <answer> {RIGHT} </answer>", 3.0, 3.0),  # a new <think> after it
+    (f" a <|im_start|>assistant </think> <answer> {RIGHT} </answer>", 3.0, 3.0),  # the prompt's header is first
+    (f"<answer> {RIGHT} </answer>", -3.0, -3.0),
+    (f" a </think> <answer> {RIGHT} </answer> <answer> x </answer>", -3.0, -3.0),
+    (f" is <answer> the tag? </think> <answer> {RIGHT} </answer>", -3.0, -3.0),
+])
+def test_think_prefill_scores_as_the_official_scorer(completion, official, ours):
+    assert get_task("knights_knaves", think_prefill=True).reward(completion, ZOEY) == official
+    assert get_task("knights_knaves").reward(completion, ZOEY) == ours  # the default rule, unchanged
+    binary = get_task("knights_knaves", think_prefill=True, binary=True)
+    assert binary.reward(completion, ZOEY) == (1.0 if official == 3.0 else 0.0)
+
+
+def test_think_prefill_lenient_rules_read_the_answer_after_the_official_format_check():
+    lenient = get_task("knights_knaves", think_prefill=True, rules="lenient")
+    assert lenient.reward(" a </think> <answer> Zoey: knight, Oliver: knave </answer>", ZOEY) == 3.0
+    assert lenient.reward(" a </think> <answer> Zoey: knight, Oliver: knave </answer> Assistant:", ZOEY) == -3.0
+
+
+def test_think_prefill_option_prefill_solution_and_errors(puzzles):
+    on, off = get_task("knights_knaves", think_prefill=True), get_task("knights_knaves")
+    assert (on.think_prefill, on.assistant_prefill, off.think_prefill, off.assistant_prefill) == (True, "<think>",
+                                                                                                  False, "")
+    for example in puzzles[:20]:
+        assert not on.solution(example, "chat").startswith("<think>")  # the prompt opened it
+        assert on.reward(on.solution(example, "chat"), example) == 3.0
+        assert on.reward(on.solution(example, "compact"), example, style="compact") == 3.0
+        assert on.prompt(example, "chat") == off.prompt(example, "chat")  # the prefill is not a message
+    for bad in ("yes", "true", 2):
+        with pytest.raises(ValueError, match="^knights_knaves: think_prefill must be true or false"):
+            get_task("knights_knaves", think_prefill=bad)
+
+
+def test_render_prompts_ends_the_chat_prompt_with_think_when_on(puzzles):
+    import string
+
+    from rollout import render_prompts
+    from tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(string.printable)
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    on, off = get_task("knights_knaves", think_prefill=True), get_task("knights_knaves")
+    examples = puzzles[:3]
+
+    def texts(task):
+        return [tokenizer.decode(ids, skip_special_tokens=True) for ids in render_prompts(tokenizer, task, examples,
+                                                                                        "chat")]
+
+    for with_prefill, without in zip(texts(on), texts(off)):
+        assert without.endswith("<assistant>") and with_prefill == without + "<think>"
+    assert render_prompts(tokenizer, on, examples, "compact") == render_prompts(tokenizer, off, examples, "compact")

@@ -168,3 +168,87 @@ def test_deepmath_reads_parquet_shards(tmp_path):
         pandas.DataFrame(rows).to_parquet(shards / f"train-0000{shard}-of-00002.parquet")
     task = get_task("deepmath", data=tmp_path / "DeepMath-103K")
     assert len(task.examples("train", None, 0)) + len(task.examples("test", None, 0)) == 40
+
+
+# --- answer_style: our <think>/<answer> prompt ("tags", default) or the official SoftmaxGRPO \boxed{} prompt --------
+OFFICIAL_ASK = "put your final answer within \\boxed{}"  # the key phrase of the official GSM8K / DeepMath prompt
+
+
+@pytest.fixture(scope="module")
+def styled(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("styled")
+    gsm = write_jsonl(folder / "g.jsonl", [{"question": f"Ann has {i} pens and buys 2 more. How many?",
+                                            "answer": f"{i}+2={i + 2}\n#### {i + 2}"} for i in range(20)])
+    deep = write_jsonl(folder / "d.jsonl", [{"question": f"Compute {i}/2.", "final_answer": f"\\frac{{{i}}}{{2}}"}
+                                            for i in range(1, 21)])
+    return {(name, style): get_task(name, data=path, answer_style=style)
+            for name, path in (("gsm8k", gsm), ("deepmath", deep)) for style in ("tags", "boxed")}
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "deepmath"])
+def test_tags_style_prompt_asks_for_think_and_answer_tags(styled, name):
+    task = styled[name, "tags"]
+    assert task.answer_style == "tags"
+    example = task.examples("train", 1, 0)[0]
+    system, user = task.prompt(example, "chat")
+    assert "<think>" in system["content"] and "<answer>" in user["content"]
+    assert user["content"].startswith(example["question"] + "\n")
+    assert task.reward(task.solution(example, "chat"), example) == 1.0
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "deepmath"])
+def test_boxed_style_prompt_is_the_official_one(styled, name):
+    task, tags = styled[name, "boxed"], styled[name, "tags"]
+    example = task.examples("train", 1, 0)[0]
+    messages = task.prompt(example, "chat")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert messages[1]["content"].startswith(example["question"] + "\n") and OFFICIAL_ASK in messages[1]["content"]
+    assert "step by step" in messages[1]["content"] and "Think through the problem" in messages[0]["content"]
+    assert not any(tag in m["content"] for m in messages for tag in ("<answer>", "<think>"))
+    assert task.prompt(example, "compact") == tags.prompt(example, "compact")  # the tiny model's prompt is unchanged
+    solution = task.solution(example, "chat")
+    assert "\\boxed{" in solution and "<answer>" not in solution and task.reward(solution, example) == 1.0
+
+
+# The official reward (math-verify on the final text) whatever the prompt asked: the same score under both styles.
+@pytest.mark.parametrize("completion, expected", [
+    ("6 times 7 is 42, so the answer is \\boxed{42}.", 1.0),
+    ("$\\boxed{42}$<|im_end|>", 1.0),
+    ("The answer is 42.", 1.0),                                  # no box: the plain expression is read
+    ("\\boxed{41}", 0.0),
+    ("The answer is \\boxed{41}, i.e. 42", 0.0),                 # the box is read first
+    ("First \\boxed{41}. Wait, no: \\boxed{42}", 0.0),           # two boxes: math-verify reads the set {41, 42}
+    ("<think> \\boxed{42} </think> so 41", 0.0),                 # only the text after </think> counts
+    ("", 0.0),
+])
+def test_gsm8k_boxed_style_reward_reads_the_boxed_answer(styled, completion, expected):
+    example = q("42")
+    assert styled["gsm8k", "boxed"].reward(completion, example) == expected
+    assert styled["gsm8k", "tags"].reward(completion, example) == expected
+
+
+def test_deepmath_boxed_style_reward(styled):
+    example = {"question": "q", "final_answer": "\\frac{3}{2}"}
+    task = styled["deepmath", "boxed"]
+    for completion, expected in [("So the answer is \\boxed{\\frac{3}{2}}.", 1.0), ("\\boxed{1.5}", 1.0),
+                                 ("\\boxed{3/2}", 1.0), ("\\boxed{\\frac{2}{3}}", 0.0), ("The answer is 3/2.", 1.0)]:
+        assert task.reward(completion, example) == expected
+        assert styled["deepmath", "tags"].reward(completion, example) == expected
+
+
+def test_gsm8k_last_number_format_score_follows_the_answer_style(styled, tmp_path):
+    path = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "#### 1"}])
+    boxed = get_task("gsm8k", data=path, rules="last_number", format_score=0.1, answer_style="boxed")
+    tags = get_task("gsm8k", data=path, rules="last_number", format_score=0.1)
+    in_box, in_tags = "so \\boxed{41}", "<think> x </think> <answer> 41 </answer>"
+    assert (boxed.reward(in_box, q("42")), boxed.reward(in_tags, q("42"))) == (0.1, 0.0)  # the asked-for form
+    assert (tags.reward(in_box, q("42")), tags.reward(in_tags, q("42"))) == (0.0, 0.1)
+    assert boxed.reward("First \\boxed{41}. Wait, no: \\boxed{42}", q("42")) == 1.0  # ours: the last box
+
+
+def test_unknown_answer_style_raises(tmp_path):
+    path = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "#### 1", "final_answer": "1"}])
+    for name in ("gsm8k", "deepmath"):
+        assert get_task(name, data=path).answer_style == "tags"  # the default: our generated-data prompt
+        with pytest.raises(ValueError, match=f"^{name}: unknown answer_style 'latex'; choose from 'tags', 'boxed'$"):
+            get_task(name, data=path, answer_style="latex")

@@ -1,16 +1,20 @@
 """GSM8K's lenient rules (last number) and loading; token F1, ROUGE-L and the text_match reward on hand-computed
-examples, its bounds and its data checks. The math-verify rules are in test_tasks_math.py."""
+examples, its bounds and its data checks. The math-verify rules are in test_tasks_math.py.
+
+The text_match "official" numbers are the official SoftmaxGRPO rewards.py (similarity, format_score and the
+OpenThoughts blend in compute_score, commit 088c87c) run on the same inputs: facts, not its code."""
 
 import json
 import sys
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from tasks import COMPACT_ALPHABET, get_task
 from tasks.gsm8k import extract_answer, to_number
-from tasks.text_match import MAX_COMPARED_CHARS, MAX_COMPARED_TOKENS, compared_tokens, lcs_length, \
-    normalize_tokens, rouge_l, similarity, token_f1
+from tasks.text_match import LCS_CELLS, RULES, lcs_length, normalize_tokens, rouge_l, similarity, think_then_text, \
+    token_f1
 
 
 def write_jsonl(path, rows):
@@ -219,14 +223,119 @@ def test_text_match_grades_the_official_final_text(text_task):
     assert text_task.reward("<answer> cat sat on mat </answer> dog", example) == pytest.approx(1.0)
 
 
-def test_text_match_bounds_what_it_compares(text_task):
-    reference = " ".join(f"w{i}" for i in range(2000))  # 2 000 distinct tokens
-    example = {"prompt": "p", "reference": reference}
-    # a 1 MB completion: the reference then filler, cut to the first 4 096 tokens: 2 000 of them shared, in order,
-    # so F1 = ROUGE-L F = 2 * 2000 / (4096 + 2000)
-    huge = reference + " filler" * 150_000
-    assert text_task.reward(huge, example) == pytest.approx(2 * 2000 / (MAX_COMPARED_TOKENS + 2000))
-    long_reference = " ".join(f"w{i}" for i in range(5000))  # compared on its first 4 096 tokens
+def test_text_match_grades_the_final_text_of_the_reference_too(text_task, tmp_path):
+    # the official similarity extracts the final text of both sides (official scores in the comments)
+    wrapped = {"prompt": "p", "reference": "<think>…</think><answer>3+4</answer>"}
+    assert text_task.reward("<answer>3+4</answer>", wrapped) == pytest.approx(1.0)  # official 1.0 (ours before: 0.0)
+    example = {"prompt": "p", "reference": "<think> the cat sat </think> on the mat<|im_end|>"}
+    assert text_task.reward("<answer> on mat </answer>", example) == pytest.approx(1.0)  # official 1.0
+    example = {"prompt": "p", "reference": "<think> The cat sat on the mat? </think>\n\nThe cat sat on the mat."}
+    assert text_task.reward("The cat sat on the mat.", example) == pytest.approx(1.0)  # official 1.0
+    example = {"prompt": "p", "reference": "<answer>dog</answer> <answer>cat sat on mat</answer>"}
+    assert text_task.reward("cat sat", example) == pytest.approx(2 / 3)  # official 0.6666666666666666
+    # the warm-start targets are the reference's final text
+    path = write_jsonl(tmp_path / "wrapped.jsonl", [{"prompt": f"q{i}", "reference": f"<think> t </think> line {i}"}
+                                                    for i in range(20)])
+    task = get_task("text_match", data=path)
+    for example in task.examples("train", 3, 0):
+        assert "<think> t" not in task.solution(example, "chat")
+        assert task.reward(task.solution(example, "chat"), example) == pytest.approx(1.0)
+        assert task.solution(example) == f"line {example['prompt'][1:]}"
+    # a reference whose final text is empty is a data error (the official scores every completion 0.0 on it)
+    path = write_jsonl(tmp_path / "thoughts.jsonl", [{"prompt": "p", "reference": "r"},
+                                                    {"prompt": "q", "reference": "<think> only thoughts </think>"}])
+    with pytest.raises(ValueError, match=f"^{path}:2: field 'reference' has no token after normalisation"):
+        get_task("text_match", data=path)
+
+
+def test_text_match_compares_long_texts_whole(text_task):
+    reference = " ".join(f"r{i}" for i in range(500))
+    # a 5 000-word completion: 4 500 other words, then the reference (ours before, cut to 4 096 tokens: 0.0)
+    completion = " ".join(f"f{i}" for i in range(4500)) + " " + reference
+    assert text_task.reward(completion, {"prompt": "p", "reference": reference}) == pytest.approx(0.18181818181818182)
+    reference = " ".join(f"w{i}" for i in range(2000))
+    huge = reference + " filler" * 150_000  # 1 MB: official 0.025974025974025976 = 2 * 2000 / 154000
+    assert text_task.reward(huge, {"prompt": "p", "reference": reference}) == pytest.approx(0.025974025974025976)
+    long_reference = " ".join(f"w{i}" for i in range(5000))
     assert text_task.reward(long_reference, {"prompt": "p", "reference": long_reference}) == pytest.approx(1.0)
-    assert len(compared_tokens("x " * 60_000)) == MAX_COMPARED_TOKENS
-    assert len(compared_tokens("abcdefghij " * 10_000)) == MAX_COMPARED_CHARS // 11 + 1  # the cut splits a word
+    # order past 4 096 tokens counts: the reference's 300 words reversed after 4 000 fillers, official
+    # 0.07843478260869564 (F1 0.13043478260869565, ROUGE-L 0.0004347826086956522)
+    reversed_tail = "lorem " * 4000 + " ".join(f"w{i}" for i in range(299, -1, -1))
+    example = {"prompt": "p", "reference": " ".join(f"w{i}" for i in range(300))}
+    assert text_task.reward(reversed_tail, example) == pytest.approx(0.07843478260869564)
+
+
+def test_text_match_one_megabyte_each_side_is_bounded():
+    # 1 MB against 1 MB: the official (rapidfuzz, C) takes seconds; ours well under one (benchmarks/
+    # task_generation.py); a generous bound here, the results checked against the official numbers
+    mb = 1_000_000
+    same = " ".join(f"w{i % 5000}" for i in range(mb // 7))
+    cases = [(same, same, 1.0, 0.0),                                       # official 1.0 (common start: exact)
+             ("x " * (mb // 2), "y " * (mb // 2), 0.0, 0.0),               # official 0.0 (nothing shared: exact)
+             ("x y " * (mb // 4), "y x " * (mb // 4), 0.6 + 0.4 * (mb // 2 - 1) / (mb // 2), 1e-3)]  # LCS 2N - 1
+    for prediction, reference, official, below in cases:
+        started = time.perf_counter()
+        score = similarity(prediction, reference)
+        assert time.perf_counter() - started < 30
+        assert official - below - 1e-12 <= score <= official + 1e-12  # past LCS_CELLS: a lower bound of ROUGE-L
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from("abcd"), max_size=25), st.lists(st.sampled_from("abcde"), max_size=25),
+       st.integers(1, 40))
+def test_lcs_past_its_budget_is_a_lower_bound(a, b, cells):
+    exact = lcs_table(a, b)
+    assert lcs_length(a, b, cells=cells) <= exact
+    assert lcs_length(a, b, cells=max(len(a) * len(b), 1)) == exact
+    assert lcs_length(a, b, cells=LCS_CELLS) == exact
+
+
+@pytest.fixture
+def openthoughts(tmp_path):
+    rows = [{"prompt": f"Question {i}?", "reference": f"<think>\nLong reasoning {i}.\n</think>\n\nAnswer {i}."}
+            for i in range(20)]
+    return get_task("text_match", data=write_jsonl(tmp_path / "ot.jsonl", rows), rules="openthoughts")
+
+
+@pytest.mark.parametrize("completion, official", [
+    ("<think> plan </think> cat sat on mat", 1.0),
+    ("<think> plan </think> <answer> cat sat on mat </answer>", 1.0),  # <answer> tags neither needed nor refused
+    ("\n\n<think>\nplan\n</think>\n\ncat sat on hat\n", 0.8375),        # 0.65 * 0.75 + 0.35
+    ("<think> plan </think> cat sat on mat<|im_end|>", 1.0),
+    ("\u00a0<think> plan </think> cat sat on mat", 1.0),               # any Unicode white space before <think>
+    ("<think> plan </think> dog", 0.35),
+    ("cat sat on mat", 0.65),                                           # no think block
+    ("<think> </think> cat sat on mat", 0.65),                          # an empty think block
+    ("<think> plan </think>   ", 0.0),                                  # nothing after it
+    ("<think> a </think> <think> b </think> cat sat on mat", 0.65),     # two think blocks
+    ("intro <think> plan </think> cat sat on mat", 0.65),               # text before it
+    ("plan </think> cat sat on mat", 0.65),                             # a pre-filled <think> is not assumed
+    ("<think> plan </think> cat sat on mat </think>", 0.0),             # a second </think>: nothing after the last
+])
+def test_openthoughts_rules_are_the_official_reward(openthoughts, completion, official):
+    # compute_score for task "openthoughts": 0.35 * format_score + 0.65 * similarity
+    assert openthoughts.reward(completion, {"prompt": "p", "reference": "cat sat on mat"}) == pytest.approx(official)
+
+
+def test_openthoughts_rules_options_and_prompt(openthoughts, text_task, tmp_path):
+    assert RULES == ("softmaxgrpo", "openthoughts") and openthoughts.rules == "openthoughts"
+    assert openthoughts.format_weight == 0.35 and text_task.format_weight == 0.0  # the default is unchanged
+    assert text_task.reward("cat sat on mat", {"prompt": "p", "reference": "cat sat on mat"}) == pytest.approx(1.0)
+    example = openthoughts.examples("train", 1, 0)[0]
+    assert openthoughts.prompt(example) == [  # the official OpenThoughts prompt (prepare_data.py)
+        {"role": "system", "content": "You are a helpful assistant. Think through the problem before providing the "
+                                      "answer. Put your reasoning in <think> </think> tags, followed by your final "
+                                      "answer."},
+        {"role": "user", "content": example["prompt"]}]
+    solution = openthoughts.solution(example, "chat")
+    assert think_then_text(solution) and openthoughts.reward(solution, example) == pytest.approx(1.0)
+    # OpenThoughts style reference: only its text after </think> is compared, official 1.0
+    reference = "<think>\nLong reasoning here.\n</think>\n\nThe cat sat on the mat."
+    assert openthoughts.reward("<think> plan </think> The cat sat on the mat.",
+                               {"prompt": "p", "reference": reference}) == pytest.approx(1.0)
+    half = get_task("text_match", data=tmp_path / "ot.jsonl", rules="openthoughts", format_weight=0.5)
+    assert half.reward("<think> plan </think> dog", {"prompt": "p", "reference": "cat"}) == pytest.approx(0.5)
+    assert openthoughts.reward("cat sat", {"prompt": "p", "reference": "cat sat"}, style="compact") == 1.0
+    assert not think_then_text("<think>\t</think> x") and think_then_text(" <think>\ty\t</think>\tx ")
+    with pytest.raises(ValueError, match="unknown rules 'poetry'"):
+        get_task("text_match", data=tmp_path / "ot.jsonl", rules="poetry")

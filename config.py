@@ -82,8 +82,16 @@ class Config:
                                         resumable=True)
     drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (faster "
                                               "when lengths vary; same distribution, other random draws)")
+    # --- the training prompts ---------------------------------------------------------------------------------------
+    epochs: int | None = setting(None, "passes over a fixed training set: epochs x rows // prompts-per-step steps "
+                                 "(--steps, if given, stops it sooner, as verl); none = fresh prompts every step",
+                                 paper="5 K&K, Qwen3-base")
+    train_size: int | None = setting(None, "rows of that fixed training set (a generated task needs it; none = "
+                                     "the whole data file)", paper="4500 K&K")
+    max_prompt_length: int | None = setting(None, "leave out prompts longer than this many tokens, chat template "
+                                            "included (verl's filter_overlong_prompts)", paper="1024; 400 K&K")
     # --- the run --------------------------------------------------------------------------------------------------
-    steps: int = setting(100, "RL steps", paper="350-2000", resumable=True)
+    steps: int = setting(100, "RL steps (with --epochs: at most this many)", paper="350-2000", resumable=True)
     eval_every: int = setting(20, "greedy held-out eval every N steps", resumable=True)
     eval_size: int = setting(200, "held-out prompts of the eval")
     save_every: int = setting(50, "checkpoint every N steps", resumable=True)
@@ -157,6 +165,12 @@ class Config:
                 (self.tiny_hidden > 0 and self.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4"),
                 (self.tiny_layers >= 1, "--tiny-layers must be >= 1"),
                 (self.warm_start_steps >= 0, "--warm-start-steps must be >= 0"),
+                (self.epochs is None or self.epochs >= 1, "--epochs must be >= 1"),
+                (self.train_size is None or self.train_size >= self.prompts_per_step,
+                 "--train-size must be >= --prompts-per-step"),
+                (self.epochs is None or self.train_size is not None or self.data is not None,
+                 "--epochs needs --train-size (the fixed set a generated task draws) or --data"),
+                (self.max_prompt_length is None or self.max_prompt_length >= 1, "--max-prompt-length must be >= 1"),
                 (self.data is not None or self.task not in tasks.NEEDS_DATA,
                  f"--task {self.task} needs --data (a data file or folder; docs/tasks.md)"),
                 (0 <= self.warm_start_target <= 1, "--warm-start-target must lie in [0, 1]")]:

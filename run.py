@@ -18,6 +18,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import math
 import os
 import random
 import re
@@ -36,6 +37,7 @@ from checkpoint import (RunError, append_metrics, holds_a_run, later_checkpoints
                         save_checkpoint)
 from config import Config
 from model import load_policy
+from rollout import render_prompts
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
@@ -62,6 +64,9 @@ def print_settings(config):
     if not config.resume and config.model == "tiny":
         config.style = "compact"
         tiny.apply_cpu_defaults(config)
+    if config.epochs and config.train_size:  # the steps --epochs sets (a data file's size is known once read)
+        config.steps = min(config.epochs * (config.train_size // config.prompts_per_step),
+                           config.steps if "steps" in config.given else math.inf)
     print(json.dumps(config.saved(), indent=1, sort_keys=True))
     return config.saved()
 
@@ -110,6 +115,49 @@ def build_policy(config, *, log=print):
             raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
         ref_model.eval().requires_grad_(False)
     return model, tokenizer, task, ref_model
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The training prompts of each step
+# ---------------------------------------------------------------------------------------------------------------
+def training_prompts(task, tokenizer, config):
+    """-> prompts(step): the step's prompts_per_step training examples. By default fresh draws seeded by (seed,
+    step). With --epochs: a fixed set (train_size rows, or the whole data file), reshuffled each epoch, cut into
+    len(set) // prompts_per_step batches per epoch (the last partial batch dropped, as verl does); config.steps is
+    set to epochs x batches (or a --steps given, if fewer: verl stops at whichever comes first). --max-prompt-length leaves out examples whose rendered prompt is longer (the set once;
+    fresh draws are topped up from further draws of the same step)."""
+    size = config.prompts_per_step
+
+    def fits(examples):
+        if config.max_prompt_length is None:
+            return examples
+        lengths = [len(ids) for ids in render_prompts(tokenizer, task, examples, config.style)]
+        return [ex for ex, n in zip(examples, lengths) if n <= config.max_prompt_length]
+
+    if not config.epochs:
+        def fresh(step):
+            examples, draw = [], 0
+            while len(examples) < size:
+                if draw == 20:
+                    raise RunError(f"--max-prompt-length {config.max_prompt_length}: 20 draws of {size} prompts "
+                                   f"gave only {len(examples)} short enough; raise it")
+                seed = config.seed * 1_000_003 + step + 7_919 * draw  # draw 0: the seed of a run without the filter
+                examples += fits(task.examples("train", size, seed=seed))
+                draw += 1
+            return examples[:size]
+        return fresh
+    pool = fits(task.examples("train", config.train_size, seed=config.seed))
+    per_epoch = len(pool) // size
+    if per_epoch == 0:
+        raise RunError(f"--epochs: the training set has {len(pool)} usable prompts, fewer than --prompts-per-step "
+                       f"{size}")
+    config.steps = min(config.epochs * per_epoch, config.steps if "steps" in config.given else math.inf)
+
+    def epoch_batch(step):
+        epoch, batch = divmod(step - 1, per_epoch)
+        order = random.Random(f"{config.seed}-epoch-{epoch}").sample(range(len(pool)), len(pool))
+        return [pool[i] for i in order[batch * size:(batch + 1) * size]]
+    return epoch_batch
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -195,6 +195,7 @@ def train(config):
         model, tokenizer, task, ref_model = run.build_policy(config, log=tqdm.write)  # tiny model: warm start
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         eval_examples = task.examples("test", config.eval_size, seed=config.seed)
+        prompts = run.training_prompts(task, tokenizer, config)  # fresh each step, or --epochs over a fixed set
 
         def evaluate_now(samples):  # greedy pass@1 and mean reward on the held-out prompts
             with precision(model.device, config.dtype):
@@ -206,7 +207,7 @@ def train(config):
             # --- 1. rollouts, rewards, group advantages -----------------------------------------------------------
             for group in optimizer.param_groups:  # linear warm-up, then constant (no dependence on --steps)
                 group["lr"] = config.lr * min(1.0, step / (config.warmup_steps + 1))
-            examples = task.examples("train", config.prompts_per_step, seed=config.seed * 1_000_003 + step)
+            examples = prompts(step)  # the step's prompts_per_step training examples
             rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples, config,
                                                              clock=state.clock)
             # --- 2. the update ------------------------------------------------------------------------------------

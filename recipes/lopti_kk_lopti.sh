@@ -3,7 +3,8 @@
 # ran it with Qwen2.5-3B-Instruct (the script's other model option): 64 prompts x 8 rollouts at temperature 0.7,
 # 4096 response tokens, clip 0.2 / 0.24, dual clip 10, k3 KL 1e-3 (log-ratio clamped to +-5), and two optimizer
 # steps per pass (ppo_mini_batch_size 256 of 512 responses; with Lopti, four per RL step). The official run is
-# 5 epochs over Logic-RL's 3-7 people set; our generator has no epochs, so --steps stands in for them.
+# 5 epochs over Logic-RL's 3-7 people set (4 500 puzzles, prompts over 400 tokens left out): here 5 epochs over
+# 4 500 generated puzzles, 350 steps (or the official files themselves with --data).
 #   bash recipes/lopti_kk_lopti.sh            # (--dry-run: print the resolved settings and exit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,8 @@ args=(
   --kl-coef 1e-3 --kl-clamp 5                   # KL_COEF, low_var_kl as the fork clamps it
   --loss-agg token-mean-per-micro-batch --mini-batches 2 --ppo-epochs 1   # UPDATE_BS 256 of 64 x 8 = 512 responses
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0
-  --steps 350 --eval-every 20 --save-every 20   # save_freq / test_freq 20
+  --epochs 5 --train-size 4500 --max-prompt-length 400   # EPOCH, merge_34567ppl's size, MAX_PROMPT
+  --eval-every 20 --save-every 20               # save_freq / test_freq 20
   --micro-batch 8
   --output-dir runs/lopti_kk_lopti
 )

@@ -19,6 +19,7 @@ args=(
   --loss-agg token-mean-per-micro-batch --mini-batches 1 --ppo-epochs 1   # ppo_mini_batch_size = train_batch_size
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0   # verl's AdamW defaults
   --steps 2000 --eval-every 25 --save-every 100 # total_training_steps, test_freq, save_freq
+  --max-prompt-length 1024                      # max_prompt_length, filter_overlong_prompts
   --micro-batch 4                               # ppo_micro_batch_size_per_gpu: each one's token mean, averaged
   --output-dir runs/softmaxgrpo_countdown
 )

@@ -18,6 +18,7 @@ args=(
   --loss-agg token-mean-per-micro-batch --mini-batches 1 --ppo-epochs 1
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0
   --steps 1000 --eval-every 25 --save-every 100
+  --max-prompt-length 1024                      # max_prompt_length, filter_overlong_prompts
   --micro-batch 4
   --output-dir runs/softmaxgrpo_gsm8k
 )

@@ -25,6 +25,7 @@ args=(
   --loss-agg token-mean-per-micro-batch --mini-batches 1 --ppo-epochs 1   # ppo_mini_batch_size = train_batch_size
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 1.0   # verl's AdamW defaults
   --steps 3220 --eval-every 25 --save-every 100 # total_training_steps, test_freq, save_freq
+  --max-prompt-length 2048                      # max_prompt_length, filter_overlong_prompts
   --micro-batch 4 --rollout-batch 256           # ppo_micro_batch_size_per_gpu; rows per generate call (memory)
   --output-dir runs/softmaxgrpo_openthoughts
 )

@@ -7,9 +7,9 @@
 # POLARIS-Project/Polaris-Dataset-53K (prepare_data.py --task qwen3) with an exact math-verify reward: our deepmath
 # task with its math_verify rules. Rows with question / final_answer (rename Polaris' problem / answer):
 #   POLARIS_DATA=data/polaris.parquet bash recipes/softmaxgrpo_qwen3_base.sh     # (--dry-run: print and exit)
-# Not expressible here, so not copied: 5 epochs over a fixed file (we draw --steps batches of prompts; 1040 =
-# 5 x floor(53 291 rows / 256), verl dropping the last partial batch; prepare_data's manifest gives the row count
-# after it removes AIME25 / MATH-500 prompts: 1035 if it removed 44-299), data.seed 79, the user-only prompt
+# 5 epochs over the file (--epochs 5: 5 x floor(rows / 256) steps, verl dropping the last partial batch; about 1040
+# for Polaris' 53 291 rows, after prepare_data removes AIME25 / MATH-500 prompts). Not expressible here, so not
+# copied: the epochs' shuffle seed (data.seed 79), the user-only prompt
 # (problem + "Please reason step by step ... \boxed{}."; ours, answer_style=boxed: the same user turn after the
 # official system line of the other configs), validation on AIME25 and MATH-500 with 32 samples at temperature
 # 0.6 / top_p 0.95 (ours: greedy on held-out rows), 4 nodes with vLLM.
@@ -27,7 +27,8 @@ args=(
   --kl-coef 0                                   # use_kl_loss: false (no reference model)
   --loss-agg token-mean-per-micro-batch --mini-batches 1 --ppo-epochs 1   # ppo_mini_batch_size = train_batch_size
   --lr 1e-6 --warmup-steps 0 --weight-decay 0.01 --grad-clip 0.3   # verl's AdamW defaults, actor.grad_clip
-  --steps 1040 --eval-every 50 --save-every 50  # 5 epochs of floor(53 291 / 256) batches; test_freq, save_freq
+  --epochs 5 --eval-every 50 --save-every 50    # total_epochs (no step cap), test_freq, save_freq
+  --max-prompt-length 1024                      # max_prompt_length, filter_overlong_prompts (base.yaml)
   --micro-batch 4 --rollout-batch 256           # ppo_micro_batch_size_per_gpu; rows per generate call (memory)
   --output-dir runs/softmaxgrpo_qwen3_base
 )

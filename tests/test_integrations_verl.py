@@ -344,9 +344,11 @@ VERL_KEYS = {  # DESIGN.md key -> how to read it from the composed verl config
     "mini_batches": lambda c: c.data.train_batch_size // c.actor_rollout_ref.actor.ppo_mini_batch_size,
 }
 VERL_KEYS["micro_batch"] = lambda c: c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+VERL_KEYS["max_prompt_length"] = lambda c: c.data.max_prompt_length if c.data.filter_overlong_prompts else None
+VERL_KEYS["epochs"] = lambda c: c.trainer.total_epochs
 # Not settings of verl 0.9.1 (the recipes say so): low_var_kl's log-ratio clamp is +-20 (the fork: 5), and its
 # token-mean is over the mini-batch's tokens, not the mean of per-micro-batch means of verl 0.6.1 and the fork.
-NOT_IN_VERL = {"kl_clamp", "loss_agg"}
+NOT_IN_VERL = {"kl_clamp", "loss_agg", "train_size"}  # train_size: verl's epochs run over the data file given
 
 
 def verl_recipe_overrides(name, **env):

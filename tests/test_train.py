@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -182,6 +183,42 @@ def test_token_mean_per_micro_batch_is_the_official_codes_loss():
         torch.testing.assert_close(deltas["token-mean-per-micro-batch"][name], -parameter.grad, atol=1e-6, rtol=1e-4)
     assert any(not torch.allclose(deltas["token-mean"][k], deltas["token-mean-per-micro-batch"][k], atol=1e-6)
                for k in deltas["token-mean"])
+
+
+# --- the training prompts -------------------------------------------------------------------------------------------
+def test_epochs_pass_over_a_fixed_set_once_each_reshuffled():
+    import run as run_module
+    from tiny import build_char_tokenizer
+    task, tokenizer = DigitsTask(), build_char_tokenizer()
+    config = Config(epochs=3, train_size=7, prompts_per_step=2, style="compact")
+    prompts = run_module.training_prompts(task, tokenizer, config)
+    assert config.steps == 3 * (7 // 2)  # the last partial batch of each epoch is dropped, as verl does
+    pool = [ex["x"] for ex in task.examples("train", 7, seed=0)]
+    epochs = [[ex["x"] for step in range(1 + 3 * e, 4 + 3 * e) for ex in prompts(step)] for e in range(3)]
+    for seen in epochs:  # no row twice within an epoch (the pool's own values may repeat: compare multisets)
+        assert len(seen) == 6 and not Counter(seen) - Counter(pool)
+    assert epochs[0] != epochs[1]  # reshuffled
+    assert [ex["x"] for ex in prompts(2)] == [ex["x"] for ex in prompts(2)]  # a resumed run sees the same batches
+    capped = Config(epochs=3, train_size=7, prompts_per_step=2, steps=4, given=frozenset({"steps"}))
+    run_module.training_prompts(task, tokenizer, capped)
+    assert capped.steps == 4  # --steps stops it sooner, as verl's total_training_steps
+
+
+def test_max_prompt_length_leaves_out_longer_prompts():
+    import run as run_module
+    from tiny import build_char_tokenizer
+    task, tokenizer = DigitsTask(), build_char_tokenizer()
+    # DigitsTask's compact prompt is "<x>>" after <bos>: 3 tokens for x < 10, 4 for x < 100
+    config = Config(prompts_per_step=4, max_prompt_length=3, style="compact")
+    batch = run_module.training_prompts(task, tokenizer, config)(1)
+    assert len(batch) == 4 and all(ex["x"] < 10 for ex in batch)
+    unfiltered = run_module.training_prompts(task, tokenizer, Config(prompts_per_step=4, style="compact"))(1)
+    assert unfiltered == task.examples("train", 4, seed=1)  # without the filter: the draws of before
+
+
+def test_an_epoch_run_trains_its_steps(tmp_path):
+    _, steps, _, _ = run(tmp_path, "--epochs", "2", "--train-size", "5", "--eval-every", "10")
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]  # 2 epochs x (5 // 2 prompts per step)
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 its helper process, and DeepMath loading. math-verify comes from requirements-dev.txt."""
 
 import json
+import os
+import subprocess
 import sys
 import threading
 
@@ -11,6 +13,7 @@ from tasks import _math, get_task
 from tasks.deepmath import HUB_NAME
 
 pytest.importorskip("math_verify")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_jsonl(path, rows):
@@ -252,3 +255,31 @@ def test_unknown_answer_style_raises(tmp_path):
         assert get_task(name, data=path).answer_style == "tags"  # the default: our generated-data prompt
         with pytest.raises(ValueError, match=f"^{name}: unknown answer_style 'latex'; choose from 'tags', 'boxed'$"):
             get_task(name, data=path, answer_style="latex")
+
+
+# The official code pins math-verify 0.8.0; requirements-dev.txt installs a newer one. The one answer rule known to
+# differ: a percent sign. `\boxed{72\%}` against gold 72 scores 0 under 0.8.0 (72\% parses as 72/100) and 1 under
+# 0.9.0. .ci/run installs 0.8.0 into .math-verify-0.8 (MATH_VERIFY_08) so that both are checked.
+PERCENT = ("\\boxed{72\\%}", "72")
+
+
+def test_a_percent_answer_under_the_installed_math_verify(gsm8k):
+    from importlib.metadata import version
+    newer = tuple(int(part) for part in version("math-verify").split(".")[:2]) >= (0, 9)
+    assert gsm8k.reward(PERCENT[0], q(PERCENT[1])) == (1.0 if newer else 0.0)
+
+
+def test_a_percent_answer_under_the_official_math_verify_0_8(tmp_path):
+    folder = os.environ.get("MATH_VERIFY_08", os.path.join(REPO, ".math-verify-0.8"))
+    if not os.path.isdir(os.path.join(folder, "math_verify")):
+        pytest.skip("math-verify 0.8.0 not installed: pip install --target .math-verify-0.8 math-verify==0.8.0")
+    data = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": f"x\n#### {i}"} for i in range(20)])
+    code = ("import sys, json; from importlib.metadata import version; from tasks import get_task; "
+            f"task = get_task('gsm8k', data={str(data)!r}); "
+            f"print(version('math-verify'), task.reward({PERCENT[0]!r}, {{'question': 'q', 'answer': '72', "
+            "'rationale': ''}))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([folder, REPO])}  # the helper process inherits it
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["0.8.0", "0.0"]

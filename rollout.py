@@ -23,8 +23,13 @@ def render_prompts(tokenizer, task, examples, style):
     style "compact": the task's one-line prompt; the tokenizer adds its own BOS (the tiny char tokenizer does).
     style "chat": the task's messages through the tokenizer's chat template with the generation prompt, then the
     task's assistant_prefill (see there). A tokenizer without a template (a base model) gets
-    plain_text_conversation (train.py says so once), then " " and the prefill.
+    plain_text_conversation (train.py says so once), then " " and the prefill. An example that carries its prompt
+    already rendered (a data file whose one message is the whole templated text, as AR-Lopti's K&K and Countdown
+    files are: example["rendered_prompt"]) is tokenized as it is, the way those runs fed it to the tokenizer.
     """
+    if style == "chat" and any("rendered_prompt" in ex for ex in examples):
+        return [tokenizer(ex["rendered_prompt"], add_special_tokens=False)["input_ids"] if "rendered_prompt" in ex
+                else render_prompts(tokenizer, task, [ex], style)[0] for ex in examples]
     if style == "compact":
         return [tokenizer(task.prompt(ex, "compact"))["input_ids"] for ex in examples]
     if style != "chat":

@@ -2,8 +2,10 @@
 
 Text tasks (one file each):
   countdown       procedural arithmetic puzzles            options: num_count=(3, 4) | 3 | 4 | 2, format_score=0.0
+                  (data=PATH: {nums, target} rows or verl rows instead of the generator)
   knights_knaves  procedural logic puzzles (Logic-RL)      options: people=(3, 4, 5), binary=False,
                                                            think_prefill=False (the prompt ends in <think>)
+                  (data=PATH: Logic-RL's K&K parquet rows or verl rows instead of the generator)
   gsm8k           grade-school math, needs data=PATH or data="openai/gsm8k"   options: format_score=0.0,
                                                            answer_style="tags" | "boxed" (the official prompt)
   deepmath        DeepMath-103K, needs data=PATH or data="zwhe99/DeepMath-103K"   options: answer_style
@@ -13,6 +15,9 @@ Every text task also takes rules=NAME, the rule set of its chat-style reward (RU
 one first and default); the compact style of the tiny model always keeps the task's own compact rules.
 The ImageNet checks are experiments, not text tasks (experiments/imagenet_toy.py, experiments/imagenet_real.py),
 so they have no entry here.
+
+A data file in verl's format (`prompt` chat messages + `reward_model.ground_truth`) is used verbatim by
+countdown, knights_knaves, gsm8k and deepmath: the chat prompt is the file's messages (tasks/_data.py).
 
 Every task object has: name, rules, pass_threshold, examples(split, n, seed), prompt(example, style),
 reward(completion, example, style), solution(example, style), reward_fn(completions, **columns); optionally

@@ -11,17 +11,30 @@ never evaluated as Python. Two rule sets for the chat style (the `rules` option)
   lenient               ours: the last <answer> block anywhere, our parser above, optional format_score.
 Compact style (tiny char model), whatever the rules: prompt "12 5 3>51:", solution "12*5-9", the whole completion
 is parsed by our parser; format_score for a parseable wrong one.
+Data file (data=PATH; the generator is the default): rows {"nums": [ints], "target": int}, as
+Jiayi-Pan/Countdown-Tasks-3to4 has them, or verl rows (`prompt` messages, `reward_model.ground_truth`
+{"target", "numbers"}: AR-Lopti's / TinyZero's dict or SoftmaxGRPO's JSON string), whose messages are the chat
+prompt verbatim; JSONL or parquet, a file or a folder (tasks/_data.py); num_count does not filter them. Held out
+from a single file (Countdown-Tasks-3to4 has one split): at most 500 prompts, SoftmaxGRPO's prepare_data.py
+(grouped_split with --validation-size 500, its default: min(500, max(1, distinct prompts // 10)), ranked by
+sha256 with seed 42). For a verl file the rank is of the file's messages, as there (the same rows); for a plain
+nums/target file it is of the row's numbers and target (the same count; other rows than the official prompts'
+hashes pick). AR-Lopti's own Countdown files come as train/test parquet files (1 024 test rows, the rows after
+the training ones); a folder holding them keeps that split.
 """
 
 import ast
+import json
 import operator
 import random
 import re
 import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+
+from tasks._data import load_splits, sample_rows
 
 from tasks._verify import chat_messages, check_rules, completion_text, final_text, last_tag_block, \
     rewards_from_columns
@@ -35,6 +48,7 @@ MAX_REPEATS = 2_000  # consecutive duplicate draws before examples() gives up
 TEST_EVERY = 10  # a problem belongs to the test split when crc32(problem) % TEST_EVERY == 0
 RULES = ("softmaxgrpo", "lenient")  # chat-style rule sets, default first
 OFFICIAL_MAX_CHARS, OFFICIAL_MAX_INT = 256, 10**6  # official rules: answer length, integer literals in 0..10^6
+HOLDOUT = 500  # held-out prompts of a single data file (prepare_data.py's --validation-size default)
 OFFICIAL_MAX_SCAN = 50_000  # ours: a longer final text scores 0 unread (a 1 024-token response has ~4 000)
 
 # ---------------------------------------------------------------------------------------------------------
@@ -313,6 +327,38 @@ def official_is_correct(text, numbers, target):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Data files.
+def _integer(value, what):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is not an integer: {value!r}")
+    return value
+
+
+def file_problem(numbers, target, names=("nums", "target")):
+    """Example {"numbers", "target"} from a data row's values; ValueError naming the field when malformed."""
+    if not isinstance(numbers, list) or not numbers:
+        raise ValueError(f"field '{names[0]}' is not a non-empty list of integers")
+    return {"numbers": [_integer(n, f"field '{names[0]}' item") for n in numbers],
+            "target": _integer(target, f"field '{names[1]}'")}
+
+
+def parse_row(row):
+    """A {"nums", "target"} row (Countdown-Tasks-3to4) -> example {"numbers", "target"}."""
+    return file_problem(row["nums"], row["target"])
+
+
+def from_verl(truth, messages):
+    """A verl-format row -> example {"numbers", "target"} from ground_truth {"target", "numbers"}."""
+    if not isinstance(truth, dict) or "numbers" not in truth or "target" not in truth:
+        raise ValueError("reward_model.ground_truth has no 'numbers' and 'target'")
+    return file_problem(truth["numbers"], truth["target"], ("ground_truth.numbers", "ground_truth.target"))
+
+
+def row_key(row):
+    """The held-out key of a plain row: its numbers and target."""
+    return json.dumps([row["numbers"], row["target"]])
+
+
 @dataclass
 class CountdownTask:
     """Countdown task object. num_counts: how many numbers a problem may
@@ -325,9 +371,13 @@ class CountdownTask:
     rules: str = RULES[0]
     name: str = "countdown"
     pass_threshold: float = 1.0
+    splits: dict = field(default=None, repr=False)  # a data file's rows; None: the generator
 
     def examples(self, split, n, seed):
-        """`n` distinct solvable problems, deterministic in (split, seed); train and test never share one."""
+        """`n` distinct solvable problems, deterministic in (split, seed); train and test never share one. With a
+        data file: up to `n` of its rows of `split`, shuffled by seed."""
+        if self.splits is not None:
+            return [dict(row) for row in sample_rows(self.splits, split, n, seed, "countdown")]
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         rng = random.Random(f"countdown-{split}-{seed}")
@@ -352,6 +402,8 @@ class CountdownTask:
             return " ".join(str(n) for n in numbers) + f">{target}:"
         if style != "chat":
             raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
+        if "messages" in example:  # a verl-format file's prompt, verbatim
+            return [dict(message) for message in example["messages"]]
         return chat_messages(
             f"Using the numbers {list(numbers)}, write an equation that equals {target}. You may use +, -, * "
             "and / with parentheses, and every number must be used exactly once. Reason inside <think> "
@@ -389,11 +441,12 @@ class CountdownTask:
 
 
 def make_task(data=None, num_count=(3, 4), format_score=0.0, rules=RULES[0]):
-    """Factory for get_task("countdown", num_count=(3, 4) | 3 | 4 | 2, format_score=0.0, rules="softmaxgrpo")."""
-    if data is not None:
-        raise ValueError("countdown generates its problems; it takes no data= file")
+    """Factory for get_task("countdown", data=None | PATH, num_count=(3, 4) | 3 | 4 | 2, format_score=0.0,
+    rules="softmaxgrpo")."""
     counts = (num_count,) if isinstance(num_count, int) else tuple(num_count)
     if not counts or any(c not in (2, 3, 4) for c in counts):
         raise ValueError(f"num_count must be 2, 3, 4 or a tuple of those such as (3, 4), got {num_count!r}")
-    return CountdownTask(num_counts=counts, format_score=float(format_score),
-                         rules=check_rules("countdown", rules, RULES))
+    rules = check_rules("countdown", rules, RULES)
+    splits = None if data is None else load_splits(data, (), key=row_key, parse=parse_row, columns=("nums", "target"),
+                                                   verl=from_verl, holdout=HOLDOUT)
+    return CountdownTask(num_counts=counts, format_score=float(format_score), rules=rules, splits=splits)

@@ -2,7 +2,9 @@
 
 Data: the official JSONL rows {"question", "answer"} where the answer ends in "#### 42", from data=PATH (a
 .jsonl or .parquet file, or a folder with train and test files), or data="openai/gsm8k" to load it with the
-`datasets` package (never by default: nothing is downloaded unless asked for).
+`datasets` package (never by default: nothing is downloaded unless asked for). A file in verl's format (`prompt`
+messages, `reward_model.ground_truth`: SoftmaxGRPO's JSON {"answer", ...} or verl's plain answer string) is used
+verbatim: the chat prompt is the file's messages, whatever answer_style says (tasks/_data.py).
 Verifier, chat style, by `rules`:
   math_verify (default) the official SoftmaxGRPO check: math-verify on the final text (tasks/_math.py); binary.
   last_number           ours: the last \\boxed{...} in the answer region, else the last number there, compared as
@@ -21,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from tasks._data import load_splits, sample_rows
+from tasks._data import last_user_text, load_splits, sample_rows, truth_answer
 from tasks._math import math_answer_is_right, require_math_verify
 from tasks._verify import ANSWER_STYLES, answer_region, check_answer_style, check_rules, completion_text, \
     final_text, has_think_answer_format, last_number, math_prompt, rewards_from_columns
@@ -80,6 +82,11 @@ def parse_row(row):
     return {"question": row["question"], "answer": final, "rationale": _CALCULATOR.sub("", rationale).strip()}
 
 
+def from_verl(truth, messages):
+    """A verl-format row -> example {"question" (the last user message), "answer", "rationale" ("")}."""
+    return {"question": last_user_text(messages), "answer": truth_answer(truth), "rationale": ""}
+
+
 @dataclass
 class GSM8KTask:
     """GSM8K task object; rules: the chat-style rule set (RULES); answer_style: the chat prompt's ask
@@ -98,6 +105,8 @@ class GSM8KTask:
         return [dict(row) for row in sample_rows(self.splits, split, n, seed, "gsm8k")]
 
     def prompt(self, example, style="chat"):
+        if style == "chat" and "messages" in example:  # a verl-format file's prompt, verbatim
+            return [dict(message) for message in example["messages"]]
         return math_prompt(example["question"], INSTRUCTION, style, self.answer_style)
 
     def well_formatted(self, text):
@@ -166,5 +175,5 @@ def make_task(data=None, format_score=0.0, rules=RULES[0], answer_style=ANSWER_S
     if data == HUB_NAME and not os.path.exists(data):
         splits = _splits_from_datasets()
     else:
-        splits = load_splits(data, ("question", "answer"), key="question", parse=parse_row)
+        splits = load_splits(data, ("question", "answer"), key="question", parse=parse_row, verl=from_verl)
     return GSM8KTask(splits=splits, format_score=float(format_score), rules=rules, answer_style=answer_style)

@@ -24,13 +24,25 @@ The binary variant gives 1.0 for the top score, else 0.0.
 
 Compact style: people are letters a, b, c, ...; a leaf is "b1" (b is a knight) or "b0" (b is a knave); "-"
 is not, "*" and, "+" or, ">" implies, "=" iff. Prompt "a:b1*c0,b:-a1,c:a1>b0." -> solution "101".
+
+Data file (data=PATH; the generator is the default): Logic-RL's K&K rows (kk/instruct/<n>ppl/train.parquet,
+merge_34567ppl/..., or JSONL with the same fields): the puzzle text `quiz` and `solution_text_format`; or verl
+rows (`prompt` messages, `reward_model.ground_truth` with `solution_text_format`); Logic-RL's parquet files hold
+both, and their verl columns are used. The people and their roles come from solution_text_format read as kk.py
+reads the ground truth (parse_solution_text): each non-empty line's first ASCII word and its first
+knight/knave; a line without them, or no line at all, is a malformed row here (kk.py would skip it). A verl
+row's messages are the chat prompt verbatim (chat style only). A rendered one (Logic-RL's files hold the whole
+ChatML text, ending in "<think>", as their only message: example["rendered_prompt"]) is scored as kk.py scores
+it, on that text + completion cut after its first "Assistant:", else after its first "<|im_start|>assistant",
+whatever think_prefill says. A plain `quiz` row gets our instruction after the quiz (its own question kept).
 """
 
 import random
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tasks._data import last_user_text, load_splits, sample_rows
 from tasks._verify import chat_messages, check_rules, completion_text, has_think_answer_format, last_tag_block, \
     rewards_from_columns, think_answer_in_order
 
@@ -224,6 +236,16 @@ def logic_rl_roles(answer, names):
 
 
 THINK_PREFILL = "<think>"  # what the official K&K prompts put after the assistant header
+_HEADERS = ("Assistant:", "<|im_start|>assistant")  # where kk.py starts the response, first found first
+
+
+def logic_rl_processed(text):
+    """What kk.py keeps of the decoded prompt + response `text`: after the first "Assistant:", else after the
+    first "<|im_start|>assistant"; None when neither is there (kk.py: no answer, format checked on all of it)."""
+    for header in _HEADERS:
+        if header in text:
+            return text.split(header, 1)[1]
+    return None
 
 
 def logic_rl_response(completion, prefill=THINK_PREFILL):
@@ -239,6 +261,48 @@ def logic_rl_response(completion, prefill=THINK_PREFILL):
     return text if cut < 0 else text[cut + len("Assistant:"):]
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Data files (Logic-RL's K&K parquet files, verl rows).
+_TRUTH_LINE = re.compile(r"\b([A-Za-z]+)\b.*?\b(knight|knave)\b", re.IGNORECASE)
+
+
+def parse_solution_text(text):
+    """(names lowercased, knights) from a solution_text_format such as "(1) Zoey is a knight\n(2) Ethan is a
+    knave", read as kk.py reads the ground truth: per non-empty line, the first ASCII word and the first
+    whole-word knight/knave after it (a later line with the same name overrides it). Raises ValueError on a line
+    without them or on no line."""
+    if not isinstance(text, str):
+        raise ValueError("solution_text_format is not a string")
+    roles = {}
+    for line in text.split("\n"):
+        if line.strip():
+            match = _TRUTH_LINE.search(line.strip())
+            if match is None:
+                raise ValueError(f"solution_text_format line {line.strip()[:60]!r} names no knight or knave")
+            roles[match.group(1).lower()] = match.group(2).lower() == "knight"
+    if not roles:
+        raise ValueError("solution_text_format is empty")
+    return list(roles), list(roles.values())
+
+
+def parse_row(row):
+    """A Logic-RL row {"quiz", "solution_text_format", ...} -> example {"puzzle", "names", "knights", "answer",
+    "ask": ""} (the quiz asks its own question)."""
+    names, knights = parse_solution_text(row["solution_text_format"])
+    return {"puzzle": row["quiz"].strip(), "names": names, "knights": knights, "answer": row["solution_text_format"],
+            "ask": ""}
+
+
+def from_verl(truth, messages):
+    """A verl-format row -> example {"puzzle" (last user message), "names", "knights", "answer"} from
+    ground_truth["solution_text_format"]."""
+    if not isinstance(truth, dict) or "solution_text_format" not in truth:
+        raise ValueError("reward_model.ground_truth has no 'solution_text_format'")
+    names, knights = parse_solution_text(truth["solution_text_format"])
+    return {"puzzle": last_user_text(messages), "names": names, "knights": knights,
+            "answer": truth["solution_text_format"], "ask": ""}
+
+
 @dataclass
 class KnightsKnavesTask:
     """Knights-and-Knaves task object. people: puzzle sizes to draw from
@@ -251,6 +315,7 @@ class KnightsKnavesTask:
     think_prefill: bool = False
     name: str = "knights_knaves"
     pass_threshold: float = 3.0
+    splits: dict = field(default=None, repr=False)  # a data file's rows; None: the generator
 
     def __post_init__(self):
         self.pass_threshold = 1.0 if self.binary else 3.0
@@ -262,7 +327,10 @@ class KnightsKnavesTask:
         return THINK_PREFILL if self.think_prefill else ""
 
     def examples(self, split, n, seed):
-        """`n` distinct puzzles, deterministic in (split, seed); train and test never share one."""
+        """`n` distinct puzzles, deterministic in (split, seed); train and test never share one. With a data file:
+        up to `n` of its rows of `split`, shuffled by seed."""
+        if self.splits is not None:
+            return [dict(row) for row in sample_rows(self.splits, split, n, seed, "knights_knaves")]
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         rng = random.Random(f"knights_knaves-{split}-{seed}")
@@ -278,12 +346,17 @@ class KnightsKnavesTask:
 
     def prompt(self, example, style="chat"):
         if style == "compact":
+            if "compact" not in example:
+                raise ValueError("knights_knaves: a data file's puzzles have no compact code; use the chat style")
             return example["compact"]
         if style != "chat":
             raise ValueError(f"style must be 'chat' or 'compact', got {style!r}")
+        if "messages" in example:  # a verl-format file's prompt, verbatim
+            return [dict(message) for message in example["messages"]]
         first = example["names"][0].capitalize()
+        ask = example.get("ask", "Who is a knight and who is a knave? ")
         return chat_messages(
-            f"{example['puzzle']} Who is a knight and who is a knave? Inside the <answer> </answer> tags, "
+            f"{example['puzzle']} {ask}Inside the <answer> </answer> tags, "
             f"state the identity of every inhabitant, one per line, for example <answer> (1) {first} is a "
             "knight\n(2) ... </answer>.")
 
@@ -295,7 +368,14 @@ class KnightsKnavesTask:
             if len(answer) != len(example["names"]) or set(answer) - {"0", "1"}:
                 return True, None
             return True, dict(zip(example["names"], (c == "1" for c in answer)))
-        if self.think_prefill:
+        if "rendered_prompt" in example:  # kk.py on the file's rendered prompt + completion
+            full = example["rendered_prompt"] + text
+            text = logic_rl_processed(full)
+            if text is None:
+                return think_answer_in_order(full), None
+            if not think_answer_in_order(text):
+                return False, None
+        elif self.think_prefill:
             text = logic_rl_response(text)
             if not think_answer_in_order(text):
                 return False, None
@@ -320,7 +400,8 @@ class KnightsKnavesTask:
     def solution(self, example, style="compact"):
         if style == "compact":
             return "".join("1" if k else "0" for k in example["knights"])
-        think = "" if self.think_prefill else "<think>"  # the prompt already opened it
+        opened = self.think_prefill or example.get("rendered_prompt", "").rstrip().endswith(THINK_PREFILL)
+        think = "" if opened else "<think>"  # the prompt already opened it
         return (f"{think} Checking every statement against each assignment. </think> "
                 f"<answer> {example['answer']} </answer>")
 
@@ -331,13 +412,14 @@ class KnightsKnavesTask:
 
 def make_task(data=None, people=(3, 4, 5), binary=False, rules=RULES[0], think_prefill=False):
     """Factory for get_task("knights_knaves", people=(3, 4, 5) | int in 3..8, binary=False, rules="logic_rl",
-    think_prefill=False)."""
-    if data is not None:
-        raise ValueError("knights_knaves generates its puzzles; it takes no data= file")
+    think_prefill=False, data=None | PATH)."""
     sizes = (people,) if isinstance(people, int) else tuple(people)
     if not sizes or any(not 3 <= p <= 8 for p in sizes):
         raise ValueError(f"people must be in 3..8 (an int or a tuple), got {people!r}")
     if think_prefill not in (True, False):  # a typo such as think_prefill=yes must not read as True
         raise ValueError(f"knights_knaves: think_prefill must be true or false, got {think_prefill!r}")
-    return KnightsKnavesTask(people=sizes, binary=bool(binary), rules=check_rules("knights_knaves", rules, RULES),
-                             think_prefill=bool(think_prefill))
+    rules = check_rules("knights_knaves", rules, RULES)
+    splits = None if data is None else load_splits(data, ("quiz", "solution_text_format"), key="puzzle",
+                                                   parse=parse_row, verl=from_verl)
+    return KnightsKnavesTask(people=sizes, binary=bool(binary), rules=rules, think_prefill=bool(think_prefill),
+                             splits=splits)

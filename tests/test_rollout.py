@@ -504,3 +504,20 @@ def test_render_prompts_appends_the_tasks_assistant_prefill():
     bad.assistant_prefill = ["<go>"]
     with pytest.raises(TypeError, match="assistant_prefill must be a string"):
         render_prompts(tokenizer, bad, examples, "chat")
+
+
+def test_a_prompt_already_rendered_by_its_data_file_is_tokenized_as_it_is():
+    # AR-Lopti's K&K / Countdown files hold the whole ChatML text as their one message (tasks/_data.py keeps it as
+    # example["rendered_prompt"]); those runs fed it to the tokenizer with no template, and so do we
+    import string
+    from tiny import build_char_tokenizer
+    tokenizer = build_char_tokenizer(string.printable)
+    tokenizer.chat_template = ("{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+                               "{% if add_generation_prompt %}>{% endif %}")
+    text = "<|im_start|>user\nWho is a knight?<|im_end|>\n<|im_start|>assistant\n<think>"
+
+    class Task:
+        def prompt(self, example, style):
+            return [{"role": "user", "content": example["q"]}]
+    ids = render_prompts(tokenizer, Task(), [{"q": "x", "rendered_prompt": text}, {"q": "hi"}], "chat")
+    assert tokenizer.decode(ids[0]) == text and tokenizer.decode(ids[1]) == "[hi]>"

@@ -130,3 +130,20 @@ def test_no_eval_or_exec_in_tasks():
     for path in TASKS_DIR.glob("*.py"):
         source = path.read_text()
         assert not re.search(r"(?<![.\w])(eval|exec|compile|__import__)\s*\(", source), path.name  # re.compile is fine
+
+
+@pytest.mark.parametrize("name, truth", [
+    ("countdown", {"numbers": [3, 5, 7], "target": 22}),
+    ("knights_knaves", {"solution_text_format": "(1) Zoey is a knight\n(2) Ethan is a knave"}),
+    ("gsm8k", json.dumps({"task": "gsm8k", "reward": "exact", "answer": "22"})),
+    ("deepmath", "22"),
+])
+def test_a_verl_file_prompt_is_the_task_prompt_verbatim(tmp_path, name, truth):
+    if name in ("gsm8k", "deepmath"):
+        pytest.importorskip("math_verify")
+    messages = [{"role": "user", "content": "  Exactly this text, not ours.\n"}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": messages, "reward_model": {"ground_truth": truth}}) + "\n")
+    task = get_task(name, data=str(path))
+    (example,) = task.splits["train"] + task.splits["test"]
+    assert task.prompt(example, "chat") == messages

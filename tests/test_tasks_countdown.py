@@ -322,3 +322,71 @@ def test_examples_beyond_the_problem_space_is_an_error_not_a_hang():
     assert len(task.examples("test", 600, seed=0)) == 600
     with pytest.raises(ValueError, match="distinct"):
         task.examples("test", 2000, seed=0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data files: Countdown-Tasks-3to4 rows {nums, target} and verl rows (AR-Lopti's dict / SoftmaxGRPO's JSON truth).
+import json  # noqa: E402
+
+RENDERED = ("<|im_start|>system\nBe helpful.<|im_end|>\n<|im_start|>user\nUse [3, 5, 7] to make 22.<|im_end|>\n"
+            "<|im_start|>assistant\nLet me solve this step by step.\n<think>")
+
+
+def test_countdown_reads_nums_and_target_rows_with_the_official_holdout(tmp_path):
+    path = tmp_path / "countdown.jsonl"
+    path.write_text("".join(json.dumps({"nums": [i % 50 + 1, 3, 7], "target": i}) + "\n" for i in range(6_000)))
+    task = get_task("countdown", data=str(path))
+    assert len(task.splits["test"]) == 500 and len(task.splits["train"]) == 5_500  # min(500, 6000 // 10)
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"nums": [3, 5, 7], "target": t}) + "\n" for t in range(40)))
+    task = get_task("countdown", data=str(small))
+    assert len(task.splits["test"]) == 4  # at most a tenth of the distinct prompts
+    example = {"numbers": [3, 5, 7], "target": 22}
+    assert task.reward("<think> x </think> <answer> 3*5+7 </answer>", example) == 1.0
+    assert task.prompt(example) == get_task("countdown").prompt(example)  # a plain row gets our prompt
+    assert get_task("countdown").examples("train", 2, 0) == get_task("countdown").examples("train", 2, 0)
+
+
+def test_countdown_verl_parquet_is_used_verbatim(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    messages = [{"role": "system", "content": "Think."}, {"role": "user", "content": "Use [3, 5, 7] for 22."}]
+    rows = [  # AR-Lopti / TinyZero: a rendered prompt and a dict; SoftmaxGRPO: two messages and a JSON string
+        {"target": 22, "nums": [3, 5, 7], "data_source": "countdown", "prompt": [{"content": RENDERED, "role": "user"}],
+         "ability": "math", "reward_model": {"ground_truth": {"numbers": [3, 5, 7], "target": 22}, "style": "rule"},
+         "extra_info": {"index": 0, "split": "train"}},
+        {"target": 10, "nums": [2, 5], "data_source": "softmaxgrpo/countdown/exact", "prompt": messages, "ability": "math",
+         "reward_model": {"ground_truth": json.dumps({"task": "countdown", "reward": "exact", "numbers": [2, 5],
+                                                      "target": 10, "reference": ""}), "style": "rule"},
+         "extra_info": {"index": 1, "split": "train"}},
+    ]
+    by_target = {}
+    for i, row in enumerate(rows):  # one file each: a parquet column holds dicts or strings, not both
+        path = tmp_path / f"train{i}.parquet"
+        pandas.DataFrame([row]).to_parquet(path)
+        task = get_task("countdown", data=str(path))
+        assert len(task.splits["test"]) == 1 and not task.splits["train"]  # max(1, 1 // 10) held out
+        by_target.update({e["target"]: e for e in task.splits["test"]})
+    assert task.prompt(by_target[22]) == [{"role": "user", "content": RENDERED}]
+    assert by_target[22]["rendered_prompt"] == RENDERED and by_target[22]["numbers"] == [3, 5, 7]
+    assert task.prompt(by_target[10]) == messages and "rendered_prompt" not in by_target[10]
+    assert task.reward("</think> <answer> 3*5+7 </answer>", by_target[22]) == 1.0
+    assert task.reward("</think> <answer> 2*5 </answer>", by_target[10]) == 1.0
+    assert task.reward("</think> <answer> 2+5 </answer>", by_target[10]) == 0.0
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"nums": [3, "5"], "target": 8}, "field 'nums' item is not an integer"),
+    ({"nums": [], "target": 8}, "field 'nums' is not a non-empty list"),
+    ({"nums": [3, 5], "target": 8.5}, "field 'target' is not an integer"),
+    ({"nums": [3, 5]}, "field 'target' missing"),
+    ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": {"target": 3}}},
+     "has no 'numbers' and 'target'"),
+])
+def test_countdown_malformed_rows_name_file_and_line(tmp_path, row, message):
+    path = tmp_path / "countdown.jsonl"
+    path.write_text(json.dumps({"nums": [3, 5], "target": 8}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError) as error:
+        get_task("countdown", data=str(path))
+    assert str(error.value).startswith(f"{path}:2: ") and message in str(error.value)
+    assert "\n" not in str(error.value)

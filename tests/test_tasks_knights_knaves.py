@@ -276,7 +276,7 @@ RIGHT = "(1) Zoey is a knight\n(2) Oliver is a knave"
     (f" a </think> <answer> {RIGHT} </answer> Assistant: done", -3.0, 3.0),
     # the same where both agree
     (f" a </think> <answer> {RIGHT} </answer>", 3.0, 3.0),
-    (f" a </think>\n<answer>\n(1) ZOEY is a knight\n(2) oliver is\ta knave\n</answer>", 3.0, 3.0),
+    (" a </think>\n<answer>\n(1) ZOEY is a knight\n(2) oliver is\ta knave\n</answer>", 3.0, 3.0),
     (" a </think> <answer> (1) Zoey is a knave\n(2) Oliver is a knave </answer>", -0.5, -0.5),
     (" a </think> <answer> Zoey: knight, Oliver: knave </answer>", -1.0, -1.0),
     (" a </think> <answer> </answer>", -1.0, -1.0),
@@ -332,3 +332,84 @@ def test_render_prompts_ends_the_chat_prompt_with_think_when_on(puzzles):
     for with_prefill, without in zip(texts(on), texts(off)):
         assert without.endswith("<assistant>") and with_prefill == without + "<think>"
     assert render_prompts(tokenizer, on, examples, "compact") == render_prompts(tokenizer, off, examples, "compact")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data files: Logic-RL's K&K parquet rows (quiz, names, solution, solution_text_format, ... and verl columns).
+import json  # noqa: E402
+
+from tasks.knights_knaves import parse_solution_text  # noqa: E402
+
+QUIZ = ('A very special island is inhabited only by knights and knaves. You meet 2 inhabitants: Zoey and Ethan. '
+        'Zoey said, "Ethan is a knave." Ethan said, "Zoey is a knight." So who is a knight and who is a knave?')
+TRUTH = "(1) Zoey is a knight\n(2) Ethan is a knave"
+RENDERED_KK = (f"<|im_start|>system\nAnswer in tags.\n<|im_end|>\n<|im_start|>user\n{QUIZ}\n<|im_end|>\n"
+               "<|im_start|>assistant\n<think>")
+
+
+def logic_rl_row(i, quiz=QUIZ, truth=TRUTH, verl=True):
+    row = {"quiz": quiz, "names": ["Zoey", "Ethan"], "knight_knave": {"knight": "knight", "knave": "knave"},
+           "solution": [True, False], "solution_text": "Zoey is a knight, and Ethan is a knave.",
+           "solution_text_format": truth, "statements": "(('lying', 1), ('telling-truth', 0))", "index": i}
+    if verl:
+        row.update(data_source="kk_logic", prompt=[{"content": RENDERED_KK.replace("2 inhabitants", f"{i} x"),
+                                                    "role": "user"}],
+                   ability="logic", reward_model={"ground_truth": {"solution_text_format": truth,
+                                                                   "statements": row["statements"]}, "style": "rule"},
+                   extra_info={"index": i, "split": "train"})
+    return row
+
+
+def test_solution_text_format_is_read_as_kk_py_reads_it():
+    assert parse_solution_text(TRUTH) == (["zoey", "ethan"], [True, False])
+    assert parse_solution_text("(1) Zoey is a KNAVE\n\n  (2) Ethan is a knight  ") == (["zoey", "ethan"], [False, True])
+    with pytest.raises(ValueError, match="names no knight or knave"):
+        parse_solution_text("(1) Zoey is a knight\n(2) ???")
+
+
+def test_logic_rl_parquet_prompt_is_verbatim_and_scored_as_kk_py(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    folder = tmp_path / "merge_34ppl"
+    folder.mkdir()
+    pandas.DataFrame([logic_rl_row(i) for i in range(6)]).to_parquet(folder / "train.parquet")
+    pandas.DataFrame([logic_rl_row(i) for i in range(6, 8)]).to_parquet(folder / "test.parquet")
+    task = get_task("knights_knaves", data=str(folder))
+    assert len(task.splits["train"]) == 6 and len(task.splits["test"]) == 2
+    example = task.examples("test", 1, 0)[0]
+    content = example["messages"][0]["content"]
+    assert task.prompt(example) == [{"role": "user", "content": content}] and content.endswith("<think>")
+    assert example["names"] == ["zoey", "ethan"] and example["knights"] == [True, False]
+    right = " reasoning </think> <answer> (1) Zoey is a knight\n(2) Ethan is a knave </answer>"
+    assert task.reward(right, example) == 3.0
+    assert task.reward(right.replace("knave", "knight"), example) == -0.5  # format +1, wrong answer -1.5
+    assert task.reward("<think>" + right, example) == -3.0  # the rendered prompt already opened <think>
+    assert task.reward(" x </think> <answer> Zoey: knight </answer>", example) == -1.0
+    assert task.reward(task.solution(example, "chat"), example) == 3.0
+    with pytest.raises(ValueError, match="no compact code"):
+        task.prompt(example, "compact")
+
+
+def test_quiz_rows_without_verl_columns_get_our_instruction(tmp_path):
+    path = tmp_path / "kk.jsonl"
+    path.write_text("".join(json.dumps(logic_rl_row(i, quiz=f"{QUIZ} ({i})", verl=False)) + "\n" for i in range(30)))
+    task = get_task("knights_knaves", data=str(path), think_prefill=True)
+    example = (task.splits["train"] + task.splits["test"])[0]
+    user = task.prompt(example)[-1]["content"]
+    assert user.startswith(example["puzzle"] + " Inside the <answer> </answer> tags") and user.count("who is a knave") == 1
+    assert task.reward(" x </think> <answer> (1) Zoey is a knight\n(2) Ethan is a knave </answer>", example) == 3.0
+    generated = get_task("knights_knaves").examples("train", 1, 0)[0]
+    assert " Who is a knight and who is a knave? Inside" in get_task("knights_knaves").prompt(generated)[-1]["content"]
+
+
+def test_malformed_kk_rows_name_file_and_row(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "train.parquet"
+    pandas.DataFrame([logic_rl_row(0), logic_rl_row(1, truth="(1) nobody here")]).to_parquet(path)
+    with pytest.raises(ValueError, match=rf"^{path}: row 2: solution_text_format line .* names no knight or knave$"):
+        get_task("knights_knaves", data=str(path))
+    jsonl = tmp_path / "kk.jsonl"
+    jsonl.write_text(json.dumps(logic_rl_row(0, verl=False)) + "\n" + json.dumps({"quiz": QUIZ}) + "\n")
+    with pytest.raises(ValueError, match=rf"^{jsonl}:2: field 'solution_text_format' missing or not a string$"):
+        get_task("knights_knaves", data=str(jsonl))

@@ -283,3 +283,63 @@ def test_a_percent_answer_under_the_official_math_verify_0_8(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-2:] == ["0.8.0", "0.0"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data files in verl's format (SoftmaxGRPO prepare_data.py / verl's gsm8k) and DeepMath's official held-out size.
+import hashlib  # noqa: E402
+
+from tasks._verify import math_prompt  # noqa: E402
+
+
+def softmaxgrpo_row(task, question, answer):
+    messages = [{"role": "system", "content": "Sys."}, {"role": "user", "content": f"{question}\nBox it."}]
+    return {"data_source": f"softmaxgrpo/{task}/exact", "prompt": messages,
+            "reward_model": {"style": "rule", "ground_truth": json.dumps({"task": task, "reward": "exact",
+                                                                          "answer": answer, "reference": answer})},
+            "extra_info": {"id": question, "task": task, "reward": "exact"}}
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "deepmath"])
+def test_verl_parquet_prompts_are_verbatim_and_rewarded_on_the_answer(tmp_path, name):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    folder = tmp_path / f"{name}_exact"  # prepare_data.py writes train.parquet and validation.parquet
+    folder.mkdir()
+    pandas.DataFrame([softmaxgrpo_row(name, f"What is {i} + 1?", str(i + 1)) for i in range(5)]).to_parquet(
+        folder / "train.parquet")
+    pandas.DataFrame([softmaxgrpo_row(name, "What is 41 + 1?", "42")]).to_parquet(folder / "validation.parquet")
+    task = get_task(name, data=str(folder), answer_style="boxed")
+    assert len(task.splits["train"]) == 5 and len(task.splits["test"]) == 1
+    example = task.examples("test", 1, 0)[0]
+    assert task.prompt(example) == softmaxgrpo_row(name, "What is 41 + 1?", "42")["prompt"]  # no system of ours
+    assert task.reward("The answer is \\boxed{42}.", example) == 1.0
+    assert task.reward("The answer is \\boxed{41}.", example) == 0.0
+
+
+def test_verl_plain_string_ground_truth_is_the_answer(tmp_path):
+    path = tmp_path / "gsm8k.jsonl"  # verl's own gsm8k preprocessing: ground_truth is the final number
+    write_jsonl(path, [{"prompt": [{"role": "user", "content": f"Q{i}? Let's think step by step."}],
+                        "reward_model": {"style": "rule", "ground_truth": str(i)}} for i in range(20)])
+    task = get_task("gsm8k", data=str(path))
+    example = (task.splits["train"] + task.splits["test"])[0]
+    assert task.prompt(example) == [{"role": "user", "content": f"Q{example['answer']}? Let's think step by step."}]
+    assert task.reward(f"\\boxed{{{example['answer']}}}", example) == 1.0
+    write_jsonl(path, [{"prompt": [{"role": "user", "content": "Q"}], "reward_model": {"ground_truth": ""}}])
+    with pytest.raises(ValueError, match=rf"^{path}:1: reward_model.ground_truth has no answer string$"):
+        get_task("gsm8k", data=str(path))
+
+
+def test_deepmath_single_file_holds_out_1000_prompts_as_prepare_data(tmp_path):
+    path = tmp_path / "deepmath.jsonl"
+    write_jsonl(path, [{"question": f"Compute {i} + 1.", "final_answer": str(i + 1)} for i in range(10_500)])
+    task = get_task("deepmath", data=str(path))
+    assert len(task.splits["test"]) == 1000 and len(task.splits["train"]) == 9_500
+    small = tmp_path / "small.jsonl"
+    write_jsonl(small, [{"question": f"Compute {i} + 1.", "final_answer": str(i + 1)} for i in range(50)])
+    task = get_task("deepmath", data=str(small))
+    # the ids prepare_data.py gives these rows: sha256 of its boxed prompt's messages, ranked with seed 42
+    ids = {hashlib.sha256(json.dumps(math_prompt(f"Compute {i} + 1.", "", "chat", "boxed"), sort_keys=True)
+                          .encode()).hexdigest(): i for i in range(50)}
+    ranked = sorted(ids, key=lambda uid: hashlib.sha256(f"42:{uid}".encode()).digest())[:5]
+    assert sorted(r["question"] for r in task.splits["test"]) == sorted(f"Compute {ids[u]} + 1." for u in ranked)

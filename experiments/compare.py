@@ -1,6 +1,7 @@
-"""Training comparisons over seeds: train.py configurations side by side, mean +- std of held-out pass@1.
+"""Training comparisons over seeds: train.py configurations side by side, held-out greedy pass@1 and pass@k.
 
     python -m experiments.compare                          # preset countdown: GRPO vs SoftmaxGRPO, 3 seeds (CPU)
+    python -m experiments.compare --preset countdown3 --seeds 0,1,2,3,4   # many hard prompts (3 numbers, ~5% start)
     python -m experiments.compare --preset kk              # K&K: GRPO vs AR vs Lopti vs AR+Lopti
     python -m experiments.compare --seeds 0,1,2,3,4 --steps 100 --prompts-per-step 32   # extra flags -> train.py
 
@@ -9,9 +10,16 @@ seed<s>, then the preset's shared flags, then the config's flags, then your extr
 the final greedy pass@1 on the --eval-size held-out prompts ("after"); "before" is the same evaluation of the
 starting policy, identical across configs of a seed. The table gives mean +- sample std over seeds, and each
 config's paired difference to the preset's first config (same seed = same warm start, same prompts).
+After each run, the final policy (<run>/latest) is also sampled: M = --num-generations completions per held-out
+prompt at the training temperature, scored with the unbiased pass@k estimator (Chen et al. 2021) for k = 1, 2, 4,
+.. M (--pass-k; 'off' skips it). A second table gives mean +- standard error over seeds and the paired difference
+to the first config with its 95% t-interval (n - 1 df), for greedy pass@1 and each sampled pass@k.
 
 Presets (method flags; everything else is train.py's default unless listed):
   countdown  task countdown;       grpo: --method grpo;  softmax: --method softmax --tau 0.1
+  countdown3 the same two configs on 3-number Countdown, shared --task-option num_count=3 --warm-start-target 0.05
+             --steps 150: many hard prompts, where SoftmaxGRPO's prompt weight differs most from GRPO's
+             (5 seeds x 2 configs took 27 min on 2 shared cores; numbers: docs/results.md)
   kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
              paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
              (the paper's values for each variant alone and combined, DESIGN.md section 1)
@@ -30,11 +38,14 @@ GPU-size settings (one H100/H200; hours, not minutes), e.g.
       --max-new-tokens 1024 --kl-coef 1e-3 --lr 1e-6 --eval-size 500 --micro-batch 16        (SoftmaxGRPO paper)
   --preset kk --seeds 0,1,2 --model Qwen/Qwen2.5-3B-Instruct --steps 300 --prompts-per-step 64
       --max-new-tokens 2048 --kl-coef 1e-3 --lr 1e-6 --eval-size 500 --micro-batch 8         (Lopti paper)
-Writes <output-dir>/<preset>_runs.csv (one row per run) and <output-dir>/<preset>_summary.csv.
+Writes <output-dir>/<preset>_runs.csv (one row per run), <output-dir>/<preset>_summary.csv (mean, std, SE, paired
+differences with 95% intervals) and <output-dir>/<preset>.png (pass@k vs k per config with SE bars; needs
+matplotlib, else skipped with a note).
 """
 import argparse
 import csv
 import json
+import math
 import os
 import statistics
 import time
@@ -45,6 +56,10 @@ from config import parse_args
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
+    # many hard prompts: 3-number Countdown, warm start stopped at ~5% held-out pass@1 (docs/results.md)
+    "countdown3": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
+                                                 "--steps", "150"],
+                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
                configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
@@ -70,6 +85,95 @@ def last_train_pass_rate(metrics_path, last=10):
     return sum(rates) / len(rates) if rates else None
 
 
+def pass_at_k(n, c, k):
+    """The unbiased pass@k estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
+    HumanEval): with n samples of a prompt of which c pass, the chance that k of them drawn without replacement
+    include a pass, 1 - C(n-c, k) / C(n, k) (1 when fewer than k fail). Averaged over prompts it is an unbiased
+    estimate of the expected pass@k; pass@1 = c / n."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_ks(M):
+    """k = 1, 2, 4, ... up to M samples per prompt (M itself included)."""
+    ks = [2 ** i for i in range(M.bit_length()) if 2 ** i <= M]
+    return ks + ([M] if ks[-1] != M else [])
+
+
+def sampled_pass_at_k(run_dir, ks=None, *, seed=0):
+    """pass@k of a run's final policy (<run_dir>/latest) on its held-out prompts: M = --num-generations samples per
+    prompt at the training temperature and top-p, then the unbiased estimator averaged over prompts.
+    -> ({"sampled_pass@k": value for k in ks}, M). ks: default pass_ks(M)."""
+    import torch
+
+    import tasks
+    from model import load_policy
+    from rollout import generate_rollouts, render_prompts
+    checkpoint = os.path.join(run_dir, "latest")
+    with open(os.path.join(checkpoint, "run.json")) as f:
+        saved = json.load(f)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_policy(checkpoint, device=device)
+    task = tasks.get_task(saved["task"], data=saved["data"], **saved["task_options"])
+    examples = task.examples("test", saved["eval_size"], seed=saved["seed"])  # the held-out prompts train.py scores
+    M = saved["num_generations"]
+    ks = pass_ks(M) if ks is None else [k for k in ks if k <= M]
+    torch.manual_seed(seed)
+    rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, saved["style"]), M,
+                                 max_new_tokens=saved["max_new_tokens"], temperature=saved["temperature"],
+                                 top_p=saved["top_p"], rollout_batch=saved["rollout_batch"])
+    passes = [0] * len(examples)
+    for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist()):
+        passes[i] += task.reward(text, examples[i], style=saved["style"]) >= task.pass_threshold
+    return {f"sampled_pass@{k}": statistics.mean(pass_at_k(M, c, k) for c in passes) for k in ks}, M
+
+
+def t_quantile(q, df):
+    """The q-quantile of Student's t with df degrees of freedom (q in (0.5, 1)), by bisection on its CDF
+    1/2 + int_0^t f (the t density f, integrated by Simpson's rule). No scipy: t_quantile(0.975, 4) = 2.776."""
+    if not 0.5 < q < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(t, n=2000):  # Simpson on [0, t], n even
+        f = [math.exp(log_c - (df + 1) / 2 * math.log1p((t * i / n) ** 2 / df)) for i in range(n + 1)]
+        return 0.5 + t / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < q:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < q else (low, mid)
+    return (low + high) / 2
+
+
+def mean_se_interval(values, level=0.95):
+    """(mean, standard error = sample std / sqrt(n), (low, high) two-sided t-interval with n - 1 df); a single
+    value has no SE or interval (None)."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, None, None
+    se = statistics.stdev(values) / math.sqrt(len(values))
+    half = t_quantile(0.5 + level / 2, len(values) - 1) * se
+    return mean, se, (mean - half, mean + half)
+
+
+def mean_se(values):
+    """'mean +- SE'; a single value has no SE."""
+    mean, se, _ = mean_se_interval(values)
+    return f"{mean:.3f}" if se is None else f"{mean:.3f} +- {se:.3f}"
+
+
+def paired_text(values):
+    """'mean [low, high]' with the 95% t-interval; a single value has none."""
+    mean, _, interval = mean_se_interval(values)
+    return f"{mean:+.3f}" if interval is None else f"{mean:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+
+
 def mean_std(values):
     """'mean +- std' with the sample std (n - 1); a single value has no std."""
     if len(values) == 1:
@@ -77,16 +181,28 @@ def mean_std(values):
     return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"
 
 
+def sampled_keys(runs):
+    """The sampled pass@k columns the runs have, by k: ["sampled_pass@1", "sampled_pass@2", ...]."""
+    keys = {key for r in runs for key in r if key.startswith("sampled_pass@")}
+    return sorted(keys, key=lambda key: int(key.split("@")[1]))
+
+
 def summarize(runs, configs):
-    """Per config: before/after/delta lists and the paired difference to the first config, by seed."""
-    baseline = {r["seed"]: r["after_pass@1"] for r in runs if r["config"] == configs[0]}
+    """Per config: before/after/delta lists and the paired difference to the first config, by seed ("vs_first":
+    greedy pass@1); with sampled pass@k, "metrics" maps greedy "after_pass@1" and each "sampled_pass@k" to its
+    per-seed values and "paired" to its paired differences to the first config (same seed)."""
+    metrics = ["after_pass@1"] + sampled_keys(runs)
+    baseline = {key: {r["seed"]: r[key] for r in runs if r["config"] == configs[0] and key in r} for key in metrics}
     summary = []
     for config in configs:
         mine = [r for r in runs if r["config"] == config]
-        paired = [r["after_pass@1"] - baseline[r["seed"]] for r in mine if r["seed"] in baseline]
+        paired = {key: [r[key] - baseline[key][r["seed"]] for r in mine if r["seed"] in baseline[key] and key in r]
+                  for key in metrics}
         summary.append({"config": config, "runs": len(mine),
                         "before": [r["before_pass@1"] for r in mine], "after": [r["after_pass@1"] for r in mine],
-                        "delta": [r["after_pass@1"] - r["before_pass@1"] for r in mine], "vs_first": paired})
+                        "delta": [r["after_pass@1"] - r["before_pass@1"] for r in mine],
+                        "vs_first": paired["after_pass@1"],
+                        "metrics": {key: [r[key] for r in mine if key in r] for key in metrics}, "paired": paired})
     return summary
 
 
@@ -97,6 +213,80 @@ def print_table(summary, first):
     for s in summary:
         print(f"| {s['config']} | {s['runs']} | {mean_std(s['before'])} | {mean_std(s['after'])} | "
               f"{mean_std(s['delta'])} | {mean_std(s['vs_first'])} | {' '.join(f'{v:.3f}' for v in s['after'])} |")
+
+
+def metric_label(key):
+    return "greedy pass@1" if key == "after_pass@1" else key.replace("sampled_", "")
+
+
+def print_se_table(summary, first):
+    """Mean +- standard error per config, and each config's paired difference to the first with its 95%
+    t-interval, for greedy pass@1 and every sampled pass@k."""
+    metrics = list(summary[0]["metrics"])
+    print("\nmean +- standard error over seeds (sampled pass@k: M samples per held-out prompt at the training "
+          "temperature, unbiased estimator)")
+    print("| config | runs | " + " | ".join(metric_label(key) for key in metrics) + " |")
+    print("|---|---|" + "---|" * len(metrics))
+    for s in summary:
+        print(f"| {s['config']} | {s['runs']} | " + " | ".join(mean_se(s["metrics"][key]) for key in metrics) + " |")
+    for s in summary[1:]:
+        print(f"| {s['config']} - {first} (paired, 95% t-interval) | {len(s['paired'][metrics[0]])} | "
+              + " | ".join(paired_text(s["paired"][key]) if s["paired"][key] else "" for key in metrics) + " |")
+
+
+def summary_rows(summary):
+    """The summary CSV: the mean/std columns as before, then SE and paired 95% intervals, then sampled pass@k."""
+    def number(value):
+        return "" if value is None else round(value, 4)
+    rows = []
+    for s in summary:
+        row = {"config": s["config"], "runs": s["runs"],
+               **{f"{key}_{stat}": (round(f(s[key]), 4) if len(s[key]) > 1 or stat == "mean" else "")
+                  for key in ("before", "after", "delta", "vs_first")
+                  for stat, f in (("mean", statistics.mean), ("std", statistics.stdev))}}
+        for key in s["metrics"]:
+            mean, se, _ = mean_se_interval(s["metrics"][key])
+            paired = s["paired"][key]
+            p_mean, p_se, interval = mean_se_interval(paired) if paired else (None, None, None)
+            row.update({f"{key}_mean": number(mean), f"{key}_se": number(se),
+                        f"{key}_vs_first_mean": number(p_mean), f"{key}_vs_first_se": number(p_se),
+                        f"{key}_vs_first_ci95_low": number(interval and interval[0]),
+                        f"{key}_vs_first_ci95_high": number(interval and interval[1])})
+        rows.append(row)
+    return rows
+
+
+def plot(path, summary, title):
+    """pass@k vs k per config with SE bars (plus the greedy pass@1 as a separate marker at k = 1). -> written?"""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipped the PNG (pip install matplotlib); the CSVs have the numbers")
+        return False
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for i, s in enumerate(summary):
+        color = f"C{i}"
+        keys = [key for key in s["metrics"] if key.startswith("sampled_") and s["metrics"][key]]
+        if keys:
+            ks = [int(key.split("@")[1]) for key in keys]
+            stats = [mean_se_interval(s["metrics"][key]) for key in keys]
+            ax.errorbar(ks, [m for m, _, _ in stats], yerr=[se or 0.0 for _, se, _ in stats], color=color,
+                        marker="o", capsize=3, label=f"{s['config']}: sampled pass@k")
+        mean, se, _ = mean_se_interval(s["metrics"]["after_pass@1"])
+        ax.errorbar([1], [mean], yerr=[se or 0.0], color=color, marker="s", markerfacecolor="none", linestyle="none",
+                    capsize=3, label=f"{s['config']}: greedy pass@1")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples per prompt)")
+    ax.set_ylabel("held-out pass@k (mean +- SE over seeds)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
 
 
 def write_csv(path, rows):
@@ -113,11 +303,21 @@ def main(argv=None):
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the preset's configs")
     parser.add_argument("--output-dir", default="runs/compare")
+    parser.add_argument("--pass-k", default="auto",
+                        help="after each run, sampled pass@k of the final policy on the held-out prompts (M = "
+                             "--num-generations samples per prompt): 'auto' = k = 1, 2, 4, ... M; a comma list; "
+                             "'off' = greedy pass@1 only")
     args, extra = parser.parse_known_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    try:
+        ks = None if args.pass_k in ("auto", "off") else [int(k) for k in args.pass_k.split(",") if k.strip()]
+    except ValueError:
+        parser.error(f"--pass-k: expected auto, off or comma-separated integers, got {args.pass_k!r}")
+    if ks is not None and (not ks or min(ks) < 1):
+        parser.error(f"--pass-k: every k must be >= 1, got {args.pass_k!r}")
     configs = list(PRESETS[args.preset]["configs"])
     if args.configs:
         unknown = [c for c in args.configs.split(",") if c not in configs]
@@ -135,24 +335,32 @@ def main(argv=None):
             print(f"\n=== {args.preset} {config} seed {seed}: python train.py {' '.join(argv_run)}", flush=True)
             start = time.time()
             result = train.main(argv_run)
-            runs.append({"preset": args.preset, "config": config, "seed": seed,
-                         "before_pass@1": result["before"]["pass@1"], "after_pass@1": result["after"]["pass@1"],
-                         "after_reward": result["after"]["reward"],
-                         "train_pass_rate_last10": round(last_train_pass_rate(result["metrics_path"]) or 0.0, 4),
-                         "seconds": round(time.time() - start, 1),
-                         "output_dir": os.path.dirname(result["metrics_path"]), "argv": " ".join(argv_run)})
+            run_dir = os.path.dirname(result["metrics_path"])
+            row = {"preset": args.preset, "config": config, "seed": seed,
+                   "before_pass@1": result["before"]["pass@1"], "after_pass@1": result["after"]["pass@1"],
+                   "after_reward": result["after"]["reward"],
+                   "train_pass_rate_last10": round(last_train_pass_rate(result["metrics_path"]) or 0.0, 4)}
+            if args.pass_k != "off":
+                sampled_start = time.time()
+                sampled, M = sampled_pass_at_k(run_dir, ks, seed=seed)
+                row.update({key: round(value, 4) for key, value in sampled.items()}, samples_per_prompt=M,
+                           sampled_seconds=round(time.time() - sampled_start, 1))
+                print(f"sampled on the held-out prompts, M={M} per prompt: "
+                      + "  ".join(f"{key.replace('sampled_', '')} {value:.3f}" for key, value in sampled.items()),
+                      flush=True)
+            runs.append({**row, "seconds": round(time.time() - start, 1), "output_dir": run_dir,
+                         "argv": " ".join(argv_run)})
+            write_csv(os.path.join(args.output_dir, f"{args.preset}_runs.csv"), runs)  # so far: a stop keeps them
     summary = summarize(runs, configs)
-    os.makedirs(args.output_dir, exist_ok=True)
-    write_csv(os.path.join(args.output_dir, f"{args.preset}_runs.csv"), runs)
-    write_csv(os.path.join(args.output_dir, f"{args.preset}_summary.csv"),
-              [{"config": s["config"], "runs": s["runs"],
-                **{f"{key}_{stat}": (round(f(s[key]), 4) if len(s[key]) > 1 or stat == "mean" else "")
-                   for key in ("before", "after", "delta", "vs_first")
-                   for stat, f in (("mean", statistics.mean), ("std", statistics.stdev))}} for s in summary])
+    write_csv(os.path.join(args.output_dir, f"{args.preset}_summary.csv"), summary_rows(summary))
     print(f"\n{args.preset}: held-out greedy pass@1 over seeds {seeds} ({sum(r['seconds'] for r in runs) / 60:.1f} "
           f"min in total)")
     print_table(summary, configs[0])
-    print(f"wrote {args.output_dir}/{args.preset}_runs.csv and {args.preset}_summary.csv")
+    print_se_table(summary, configs[0])
+    png = os.path.join(args.output_dir, f"{args.preset}.png")
+    drew = plot(png, summary, f"{args.preset}: held-out pass@k, seeds {','.join(map(str, seeds))}")
+    print(f"wrote {args.output_dir}/{args.preset}_runs.csv and {args.preset}_summary.csv"
+          + (f" and {args.preset}.png" if drew else ""))
     return summary
 
 

@@ -1,4 +1,5 @@
-"""Smoke tests and one substantive check per script: the ImageNet toy check, Fig. 1 and plot_metrics.
+"""Smoke tests and one substantive check per script: the ImageNet toy check, Fig. 1, plot_metrics, and compare.py's
+sampled pass@k, t-interval and countdown3 preset.
 
 Sizes are tiny (a few seconds in all); the default toy check itself takes ~2 minutes and is not run here.
 """
@@ -6,14 +7,16 @@ Sizes are tiny (a few seconds in all); the default toy check itself takes ~2 min
 import csv
 import json
 import math
+import os
 import sys
 
 import numpy as np
 import pytest
 import torch
 
-from experiments import fig1_prompt_weight, imagenet_toy, plot_metrics
+from experiments import compare, fig1_prompt_weight, imagenet_toy, plot_metrics
 from softmax_grpo import grpo_prompt_weight, maxrl_weight, prompt_weight
+from tests.stubs import SMALL_TRAIN
 
 try:  # matplotlib is optional: the scripts write their PNGs only when it is installed
     import matplotlib  # noqa: F401
@@ -244,3 +247,79 @@ def test_plot_metrics_tolerates_key_variants_and_rejects_bad_lines(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         plot_metrics.read_metrics(str(tmp_path / "bad.jsonl"))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# compare.py: sampled pass@k, the t-interval, the countdown3 preset end to end
+
+def test_unbiased_pass_at_k_by_hand_and_its_limit():
+    """Chen et al. 2021: 1 - C(n-c, k) / C(n, k)."""
+    assert compare.pass_at_k(8, 1, 2) == pytest.approx(1 - 21 / 28)  # C(7,2) = 21, C(8,2) = 28: 0.25
+    assert compare.pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # only the one pair of the two failures fails
+    assert compare.pass_at_k(8, 3, 1) == pytest.approx(3 / 8)  # pass@1 = c / n
+    assert compare.pass_at_k(8, 0, 8) == 0.0 and compare.pass_at_k(8, 1, 8) == 1.0  # k = n: any pass at all
+    assert compare.pass_at_k(8, 6, 4) == 1.0  # fewer failures than k
+    # many samples: drawing without replacement from n = 10^6 with c = p n is the binomial 1 - (1 - p)^k
+    assert compare.pass_at_k(10 ** 6, 10 ** 5, 4) == pytest.approx(1 - 0.9 ** 4, rel=1e-5)
+    # monotone in k
+    values = [compare.pass_at_k(8, 2, k) for k in range(1, 9)]
+    assert all(a < b for a, b in zip(values, values[1:6])) and values[-1] == 1.0
+    assert compare.pass_ks(8) == [1, 2, 4, 8] and compare.pass_ks(6) == [1, 2, 4, 6]
+    with pytest.raises(ValueError):
+        compare.pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        compare.pass_at_k(4, 1, 5)
+
+
+def test_t_quantile_and_interval():
+    """Student's t 0.975 quantiles from the usual tables, and the closed forms for df 1 and 2."""
+    for df, table in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423), (120, 1.9799)]:
+        assert compare.t_quantile(0.975, df) == pytest.approx(table, abs=2e-4)
+    assert compare.t_quantile(0.75, 1) == pytest.approx(1.0, abs=1e-6)  # Cauchy: tan(pi / 4)
+    assert compare.t_quantile(0.9, 2) == pytest.approx(0.8 / math.sqrt(2 * 0.9 * 0.1), abs=1e-6)  # closed form df 2
+    mean, se, (low, high) = compare.mean_se_interval([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert (mean, se) == pytest.approx((0.3, math.sqrt(0.025 / 5)))
+    assert (low, high) == pytest.approx((0.3 - 2.7764 * se, 0.3 + 2.7764 * se), abs=1e-4)
+    assert compare.mean_se_interval([0.2]) == (0.2, None, None)
+    with pytest.raises(ValueError):
+        compare.t_quantile(0.4, 3)
+
+
+def test_compare_countdown3_end_to_end_with_pass_at_k(tmp_path, capsys, one_thread):
+    out = str(tmp_path / "cmp")
+    compare.main(["--preset", "countdown3", "--seeds", "0,1", "--output-dir", out, *SMALL_TRAIN, "--steps", "2"])
+    runs = read_csv(os.path.join(out, "countdown3_runs.csv"))
+    assert {(r["config"], r["seed"]) for r in runs} == {(c, s) for c in ("grpo", "softmax") for s in ("0", "1")}
+    ks = [f"sampled_pass@{k}" for k in (1, 2, 4)]  # M = 4 (SMALL_TRAIN's --num-generations)
+    assert set(ks) <= set(runs[0]) and "sampled_pass@8" not in runs[0]
+    for r in runs:
+        values = [float(r[key]) for key in ks]
+        assert all(0.0 <= v <= 1.0 for v in values) and values == sorted(values)  # pass@k grows with k
+        assert r["samples_per_prompt"] == "4" and "num_count=3" in r["argv"] and "--steps 2" in r["argv"]
+        assert os.path.isdir(os.path.join(r["output_dir"], "latest"))
+    summary = read_csv(os.path.join(out, "countdown3_summary.csv"))
+    assert [r["config"] for r in summary] == ["grpo", "softmax"]
+    for key in ["after_pass@1", *ks]:
+        assert {f"{key}_mean", f"{key}_se", f"{key}_vs_first_mean", f"{key}_vs_first_ci95_low",
+                f"{key}_vs_first_ci95_high"} <= set(summary[0])
+    softmax = summary[1]
+    for key in ks:  # the interval holds the paired mean; the mean is the per-seed mean
+        assert float(softmax[f"{key}_vs_first_ci95_low"]) <= float(softmax[f"{key}_vs_first_mean"]) \
+            <= float(softmax[f"{key}_vs_first_ci95_high"])
+        assert float(softmax[f"{key}_mean"]) == pytest.approx(
+            sum(float(r[key]) for r in runs if r["config"] == "softmax") / 2, abs=1e-4)
+    assert float(summary[0]["sampled_pass@1_vs_first_mean"]) == 0.0
+    printed = capsys.readouterr().out
+    assert "| softmax - grpo (paired, 95% t-interval) | 2 |" in printed and "pass@4" in printed
+    assert os.path.exists(os.path.join(out, "countdown3.png")) == HAS_MATPLOTLIB
+
+
+def test_compare_without_matplotlib_or_pass_at_k(tmp_path, monkeypatch, capsys, one_thread):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = str(tmp_path / "cmp")
+    compare.main(["--preset", "countdown3", "--seeds", "0", "--configs", "softmax", "--pass-k", "off",
+                  "--output-dir", out, *SMALL_TRAIN, "--steps", "1"])
+    assert "matplotlib is not installed" in capsys.readouterr().out
+    runs = read_csv(os.path.join(out, "countdown3_runs.csv"))
+    assert not any(key.startswith("sampled_") for key in runs[0])
+    assert not os.path.exists(os.path.join(out, "countdown3.png"))

@@ -20,13 +20,15 @@ Presets (method flags; everything else is train.py's default unless listed):
   countdown3 the same two configs on 3-number Countdown, shared --task-option num_count=3 --warm-start-target 0.05
              --steps 150: many hard prompts, where SoftmaxGRPO's prompt weight differs most from GRPO's
              (5 seeds x 2 configs took 27 min on 2 shared cores; numbers: docs/results.md)
+  countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
+             ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values (numbers: docs/results.md)
   kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
              paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
              (the paper's values for each variant alone and combined, DESIGN.md section 1)
 CPU default (tiny model): train.py's own defaults (100 steps x 64 prompts x M=8; Countdown with 2 numbers), so
 `python -m experiments.compare` (3 seeds x 2 configs) took 15 minutes on 2 shared cores (OMP_NUM_THREADS=1).
-The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/ (train.py's --warm-start-cache) and
-linked into every run of that seed, so each seed trains it once; it is deterministic in the seed, so reusing it
+The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/
+(train.py's --warm-start-cache) and linked into every run of that seed, so each seed trains it once; it is deterministic in the seed, so reusing it
 changes nothing but the time.
 K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
 per person ("101"), with no room to reason. Supervised warm start of the 2M-parameter model stays near chance
@@ -60,6 +62,11 @@ PRESETS = {
     "countdown3": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
                                                  "--steps", "150"],
                        configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
+    # AR / Lopti on the same hard prompts (GRPO advantages, the papers' alpha and eta; everything else as countdown3)
+    "countdown3-lopti": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
+                                                       "--steps", "150", "--method", "grpo"],
+                             configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
+                                      "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
                configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],

@@ -28,8 +28,8 @@ Presets (method flags; everything else is train.py's default unless listed):
 CPU default (tiny model): train.py's own defaults (100 steps x 64 prompts x M=8; Countdown with 2 numbers), so
 `python -m experiments.compare` (3 seeds x 2 configs) took 15 minutes on 2 shared cores (OMP_NUM_THREADS=1).
 The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/
-(train.py's --warm-start-cache) and linked into every run of that seed, so each seed trains it once; it is deterministic in the seed, so reusing it
-changes nothing but the time.
+(train.py's --warm-start-cache) and linked into every run of that seed, so each seed trains it once; it is
+deterministic in the seed, so reusing it changes nothing but the time.
 K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
 per person ("101"), with no room to reason. Supervised warm start of the 2M-parameter model stays near chance
 (numbers: docs/experiments.md), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about

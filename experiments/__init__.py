@@ -1,2 +1,15 @@
 """Scripts that reproduce the papers' figures and tables, and the ImageNet checks (imagenet_toy, imagenet_real);
 run each with python -m experiments.NAME."""
+
+
+def pyplot(skipped, log=print):
+    """matplotlib.pyplot on the Agg backend, or None (after one line saying what was `skipped`) when matplotlib is
+    not installed: the figures are optional, the numbers are always written."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log(f"matplotlib is not installed: skipped {skipped} (pip install matplotlib)")
+        return None
+    return plt

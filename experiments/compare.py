@@ -54,6 +54,7 @@ import time
 
 import train
 from config import parse_args
+from experiments import pyplot
 
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
@@ -265,12 +266,8 @@ def summary_rows(summary):
 
 def plot(path, summary, title):
     """pass@k vs k per config with SE bars (plus the greedy pass@1 as a separate marker at k = 1). -> written?"""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipped the PNG (pip install matplotlib); the CSVs have the numbers")
+    plt = pyplot("the PNG; the CSVs have the numbers")
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, s in enumerate(summary):

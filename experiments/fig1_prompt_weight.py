@@ -32,6 +32,7 @@ import os
 
 import numpy as np
 
+from experiments import pyplot
 from softmax_grpo import grpo_prompt_weight, maxrl_weight, prompt_weight
 
 
@@ -58,14 +59,10 @@ def write_csv(path, curves):
 
 
 def plot(path, curves, M):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        print("matplotlib is not installed: skipped the PNG (pip install matplotlib); the CSV has the curves")
+    plt = pyplot("the PNG; the CSV has the curves")
+    if plt is None:
         return False
+    import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(6, 4.5))
     p = curves["p"]
     styles = {"reinforce": dict(color="gray", linestyle=":"), "grpo": dict(color="tab:orange"),

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from experiments import pyplot
 from softmax_grpo import METHODS, group_advantages
 
 
@@ -286,12 +287,8 @@ def format_table(finals, cfg):
 
 
 def plot_curves(curves, cfg, path, log=print):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("matplotlib is not installed: skipped curves.png (pip install matplotlib); curves.csv has the data")
+    plt = pyplot("curves.png; curves.csv has the data", log)
+    if plt is None:
         return
     fig, axes = plt.subplots(2, len(cfg.group_sizes), figsize=(5 * len(cfg.group_sizes), 7), squeeze=False)
     for column, m in enumerate(cfg.group_sizes):

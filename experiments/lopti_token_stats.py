@@ -38,6 +38,7 @@ import torch
 
 import train
 from config import Config
+from experiments import pyplot
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
 from rollout import token_logprobs
 from softmax_grpo import METHODS, group_advantages
@@ -161,12 +162,8 @@ def write_csv(path, rows):
 
 
 def plot(output_dir, fig1d, fig3):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipped the PNGs (pip install matplotlib); the CSVs have the numbers")
+    plt = pyplot("the PNGs; the CSVs have the numbers")
+    if plt is None:
         return []
     labels = [f"Q{r['group']}\n{r['p_min']:.3f}-{r['p_max']:.3f}" for r in fig1d]
     x = list(range(NUM_GROUPS))

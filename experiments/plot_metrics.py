@@ -26,6 +26,8 @@ import json
 import math
 import os
 
+from experiments import pyplot
+
 # panel title -> list of series; a series is (label, training-row aliases, eval-row aliases)
 PANELS = [
     ("reward", [("reward", ("reward_mean", "reward", "mean_reward"), ("reward", "reward_mean"))]),
@@ -127,12 +129,8 @@ def print_summary(panels):
 
 
 def plot(panels, path, smooth=1, multiple_runs=False):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipped the PNG (pip install matplotlib); the summary above has the numbers")
+    plt = pyplot("the PNG; the summary above has the numbers")
+    if plt is None:
         return False
     columns = 3
     rows = math.ceil(len(panels) / columns)

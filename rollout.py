@@ -5,6 +5,7 @@ last T columns. `completion_mask` [B, T] marks the generated tokens up to and in
 log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -242,7 +243,8 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
 # ---------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens, batch_size=256, samples=None):
-    """Greedy decoding on held-out examples -> {"pass@1", "reward", "length"} (python floats).
+    """Greedy decoding on held-out examples -> {"pass@1", "reward", "length", "pass@1_se", "reward_se"} (python
+    floats; _se: standard errors over the examples).
 
     pass@1: share of examples whose greedy completion has reward >= task.pass_threshold. samples: a list that
     receives (completion, reward) of every example, to show a few (train.py prints them at each eval).
@@ -257,6 +259,10 @@ def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens, batch_s
         completions += rollouts.completions
     if samples is not None:
         samples.extend(zip(completions, rewards))
-    passed = [r >= task.pass_threshold for r in rewards]
-    return {"pass@1": sum(passed) / len(passed), "reward": sum(rewards) / len(rewards),
-            "length": sum(lengths) / len(lengths)}
+    passed = [float(r >= task.pass_threshold) for r in rewards]
+
+    def standard_error(values):  # over the held-out prompts: what a before/after gain is read against
+        return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+    return {"pass@1": statistics.fmean(passed), "reward": statistics.fmean(rewards),
+            "length": statistics.fmean(lengths), "pass@1_se": standard_error(passed),
+            "reward_se": standard_error(rewards)}

@@ -67,11 +67,11 @@ PRESETS = {
     "countdown3-lopti": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
                                                        "--steps", "150", "--method", "grpo"],
                              configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
-                                      "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}),
+                                      "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
                configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
-                        "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}),
+                        "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
 }
 CPU_DEFAULTS = []  # train.py's own defaults are CPU-sized for the tiny model
 
@@ -83,6 +83,44 @@ def run_argv(preset, config, seed, output_dir, extra):
     return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, "--overwrite", *CPU_DEFAULTS,
             *spec["shared"], "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config],
             *extra]  # --overwrite: a comparison run again replaces its own runs
+
+
+def finished_run(argv_run):
+    """The result train.main would return for `argv_run` when its --output-dir already holds that run finished
+    (latest at the run's --steps, its held-out evals at step 0 and at the end, and every flag of argv_run equal in
+    its run.json); else None. Lets a comparison grow by seeds without training the old ones again."""
+    config = parse_args(argv_run)
+    checkpoint = os.path.join(config.output_dir, "latest")
+    metrics_path = os.path.join(config.output_dir, "metrics.jsonl")
+    try:
+        with open(os.path.join(checkpoint, "run.json")) as f:
+            saved = json.load(f)
+        with open(metrics_path) as f:
+            evals = {row["step"]: row for row in map(json.loads, filter(str.strip, f)) if row.get("eval")}
+    except (OSError, ValueError):
+        return None
+    unchanged = all(saved.get(key) == getattr(config, key)
+                    for key in config.given - {"overwrite", "output_dir", "warm_start_cache"})
+    if not unchanged or os.path.basename(os.path.realpath(checkpoint)) != f"checkpoint-{config.steps}" \
+            or 0 not in evals or config.steps not in evals:
+        return None
+    return {"before": evals[0], "after": evals[config.steps], "metrics_path": metrics_path}
+
+
+def fig3_over_seeds(preset, seeds, output_dir, extra):
+    """Lopti's Fig. 3 on each seed's final GRPO policy (experiments.lopti_token_stats with that run's task,
+    temperature and clip), averaged over the seeds -> the rows of <output_dir>/<preset>_fig3/."""
+    from experiments import lopti_token_stats
+    config = parse_args(run_argv(preset, "grpo", seeds[0], output_dir, extra))
+    argv = ["--checkpoint", os.path.join(output_dir, preset, "grpo-seed{seed}", "latest"), "--task", config.task,
+            "--seeds", ",".join(map(str, seeds)), "--temperature", str(config.temperature),
+            "--clip-high", str(config.clip_high), "--output-dir", os.path.join(output_dir, f"{preset}_fig3")]
+    argv += [f"--task-option={key}={json.dumps(value)}" for key, value in config.task_options.items()]
+    argv += ["--data", config.data] if config.data else []
+    argv += ["--lr", str(config.lr)] if "lr" in config.given else []  # else train.py's default for the model
+    print(f"\n=== {preset}: Lopti Fig. 3 on the final GRPO policies: python -m experiments.lopti_token_stats "
+          + " ".join(argv), flush=True)
+    return lopti_token_stats.main(argv)
 
 
 def last_train_pass_rate(metrics_path, last=10):
@@ -307,6 +345,10 @@ def main(argv=None):
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the preset's configs")
     parser.add_argument("--output-dir", default="runs/compare")
+    parser.add_argument("--no-fig3", dest="fig3", action="store_false", help="presets countdown3-lopti and kk: "
+                        "skip Lopti's Fig. 3 on the final GRPO policies (experiments.lopti_token_stats --seeds)")
+    parser.add_argument("--rerun", action="store_true", help="train every run again (default: a run already "
+                        "finished in its folder with the same flags is reused)")
     parser.add_argument("--pass-k", default="auto",
                         help="after each run, sampled pass@k of the final policy on the held-out prompts (M = "
                              "--num-generations samples per prompt): 'auto' = k = 1, 2, 4, ... M; a comma list; "
@@ -338,7 +380,13 @@ def main(argv=None):
             argv_run = run_argv(args.preset, config, seed, args.output_dir, extra)
             print(f"\n=== {args.preset} {config} seed {seed}: python train.py {' '.join(argv_run)}", flush=True)
             start = time.time()
-            result = train.main(argv_run)
+            result = None if args.rerun else finished_run(argv_run)
+            reused = result is not None
+            if reused:
+                print(f"reusing the finished run in {os.path.dirname(result['metrics_path'])} (same flags; --rerun "
+                      "trains it again)", flush=True)
+            else:
+                result = train.main(argv_run)
             run_dir = os.path.dirname(result["metrics_path"])
             row = {"preset": args.preset, "config": config, "seed": seed,
                    "before_pass@1": result["before"]["pass@1"], "after_pass@1": result["after"]["pass@1"],
@@ -352,19 +400,22 @@ def main(argv=None):
                 print(f"sampled on the held-out prompts, M={M} per prompt: "
                       + "  ".join(f"{key.replace('sampled_', '')} {value:.3f}" for key, value in sampled.items()),
                       flush=True)
-            runs.append({**row, "seconds": round(time.time() - start, 1), "output_dir": run_dir,
+            runs.append({**row, "seconds": round(time.time() - start, 1), "reused": reused, "output_dir": run_dir,
                          "argv": " ".join(argv_run)})
             write_csv(os.path.join(args.output_dir, f"{args.preset}_runs.csv"), runs)  # so far: a stop keeps them
     summary = summarize(runs, configs)
     write_csv(os.path.join(args.output_dir, f"{args.preset}_summary.csv"), summary_rows(summary))
+    reused = sum(r["reused"] for r in runs)
     print(f"\n{args.preset}: held-out greedy pass@1 over seeds {seeds} ({sum(r['seconds'] for r in runs) / 60:.1f} "
-          f"min in total)")
+          f"min in total" + (f"; {reused} finished runs reused" if reused else "") + ")")
     print_table(summary, configs[0])
     print_se_table(summary, configs[0])
     png = os.path.join(args.output_dir, f"{args.preset}.png")
     drew = plot(png, summary, f"{args.preset}: held-out pass@k, seeds {','.join(map(str, seeds))}")
     print(f"wrote {args.output_dir}/{args.preset}_runs.csv and {args.preset}_summary.csv"
           + (f" and {args.preset}.png" if drew else ""))
+    if PRESETS[args.preset].get("fig3") and "grpo" in configs and args.fig3:
+        fig3_over_seeds(args.preset, seeds, args.output_dir, extra)
     return summary
 
 

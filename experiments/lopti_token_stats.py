@@ -23,16 +23,20 @@ Note: a fresh AdamW's first step is close to lr * sign(gradient) per parameter, 
 larger --lr, e.g. 0.5 for the tiny model).
 
     python -m experiments.lopti_token_stats --checkpoint runs/default/latest                  # tiny, CPU, ~1 min
+    python -m experiments.lopti_token_stats --task countdown --task-option num_count=3 --seeds 0,1,2,3,4 \\
+        --checkpoint runs/compare/countdown3-lopti/grpo-seed{seed}/latest    # each seed's run, Fig. 3 over seeds
     python -m experiments.lopti_token_stats --checkpoint Qwen/Qwen2.5-3B-Instruct --task knights_knaves \\
         --temperature 0.7 --lr 1e-6 --num-prompts 32 --max-new-tokens 1024 --micro-batch 4 --param-grad
 
-Writes <output-dir>/fig1d_grad_norm.csv, fig3_prob_rise.csv and, with matplotlib, the two PNGs.
+Writes <output-dir>/fig1d_grad_norm.csv and fig3_prob_rise.csv (one row per seed and group),
+fig3_prob_rise_summary.csv (mean, sample std and SE over seeds) and, with matplotlib, the two PNGs.
 """
 import argparse
 import copy
 import csv
 import math
 import os
+import statistics
 
 import torch
 
@@ -151,6 +155,74 @@ def rise_rows(method, old_logprobs, new_logprobs, advantages, groups):
     return rows
 
 
+def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, clip_high):
+    """One seed's rollouts from `model` -> (fig1d rows, fig3 rows, tokens with A != 0); None when every group has
+    equal rewards (nothing to measure)."""
+    device = next(model.parameters()).device
+    torch.manual_seed(seed)
+    examples = task.examples("test", args.num_prompts, seed=seed)
+    [(rollouts, _)], rewards = sample_groups(model, tokenizer, task, examples, args.M, style=style,
+                                             temperature=args.temperature, max_new_tokens=max_new_tokens,
+                                             batch_prompts=len(examples))
+    advantages = group_advantages(rewards, args.method, tau=args.tau).view(-1).to(device)
+    batch = tuple(t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask))
+    with torch.no_grad():  # p_old, computed exactly as the post-update log-probs below (same code, same batches)
+        old_logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
+    norms = logit_gradient_norms(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
+    token_mask = batch[2].bool() & (advantages != 0)[:, None]
+    if not token_mask.any():
+        return None
+    old_probs = old_logprobs.exp()
+    groups = probability_groups(old_probs.cpu(), token_mask.cpu(), args.groups).to(device)
+
+    # --- Fig. 1(d) -------------------------------------------------------------------------------------------
+    weighted = advantages.abs()[:, None] * norms
+    total = weighted[token_mask].sum().item()
+    grad_norms = [None] * NUM_GROUPS
+    if args.param_grad:
+        grad_norms = param_grad_norms(model, batch, advantages, groups, total_tokens=batch[2].sum().item(),
+                                      temperature=args.temperature, micro_batch=args.micro_batch)
+    fig1d = []
+    for q in range(NUM_GROUPS):
+        in_group = groups == q
+        p_group = old_probs[in_group]  # may be empty with --groups fixed: its row reports nan
+        fig1d.append({"seed": seed, "group": q + 1, "p_min": p_group.min().item() if len(p_group) else math.nan,
+                      "p_max": p_group.max().item() if len(p_group) else math.nan,
+                      "tokens": int(in_group.sum()), "mean_p_old": p_group.mean().item(),
+                      "mean_norm": norms[in_group].mean().item(), "mean_adv_x_norm": weighted[in_group].mean().item(),
+                      "share_of_sum": weighted[in_group].sum().item() / total,
+                      "param_grad_norm": "" if grad_norms[q] is None else grad_norms[q]})
+
+    # --- Fig. 3 ---------------------------------------------------------------------------------------------
+    fig3 = []
+    for method, setting in UPDATES.items():
+        updated = one_update(copy.deepcopy(model), batch, advantages, old_logprobs, lr=lr, temperature=args.temperature,
+                             clip_high=clip_high, micro_batch=args.micro_batch, optimizer=args.optimizer, **setting)
+        with torch.no_grad():
+            new_logprobs = token_logprobs(updated, batch[0], batch[1], batch[2], temperature=args.temperature,
+                                          micro_batch=args.micro_batch)
+        fig3 += [{"seed": seed, **row} for row in rise_rows(method, old_logprobs, new_logprobs, advantages, groups)]
+        del updated
+    return fig1d, fig3, int(token_mask.sum())
+
+
+def over_seeds(fig3):
+    """Fig. 3 averaged over seeds: per (method, group) the mean, sample std and standard error of each share (a
+    seed whose group has no such token is left out of that cell)."""
+    rows = []
+    for method in dict.fromkeys(r["method"] for r in fig3):
+        for q in range(1, NUM_GROUPS + 1):
+            row = {"method": method, "group": q}
+            for key in ("pos_rose_share", "neg_fell_share"):
+                values = [r[key] for r in fig3 if r["method"] == method and r["group"] == q
+                          and not math.isnan(r[key])]
+                sd = statistics.stdev(values) if len(values) > 1 else math.nan
+                row.update({f"{key}_seeds": len(values), f"{key}_mean": statistics.fmean(values) if values else math.nan,
+                            f"{key}_sd": sd, f"{key}_se": sd / math.sqrt(len(values)) if values else math.nan})
+            rows.append(row)
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Output
 # ---------------------------------------------------------------------------------------------------------------
@@ -161,34 +233,44 @@ def write_csv(path, rows):
         writer.writerows({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
 
 
-def plot(output_dir, fig1d, fig3):
+def plot(output_dir, fig1d, summary, seeds):
+    """Fig. 1(d) (mean over seeds per group) and Fig. 3 (mean share per method and group, with the sample std over
+    seeds as error bars when there are several)."""
     plt = pyplot("the PNGs; the CSVs have the numbers")
     if plt is None:
         return []
-    labels = [f"Q{r['group']}\n{r['p_min']:.3f}-{r['p_max']:.3f}" for r in fig1d]
+
+    def over(key, q):
+        return statistics.fmean(r[key] for r in fig1d if r["group"] == q + 1)
+
+    labels = [f"Q{q + 1}\n{over('p_min', q):.3f}-{over('p_max', q):.3f}" for q in range(NUM_GROUPS)]
+    seeds_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean of {len(seeds)} seeds"
     x = list(range(NUM_GROUPS))
     fig, ax = plt.subplots(figsize=(5, 3.8))
-    ax.bar(x, [r["mean_adv_x_norm"] for r in fig1d], color="tab:blue")
+    ax.bar(x, [over("mean_adv_x_norm", q) for q in x], color="tab:blue")
     ax.set_yscale("log")  # the low-probability group is often orders of magnitude ahead
     ax.set_xticks(x, labels)
     ax.set_xlabel("p_old group (range)")
     ax.set_ylabel("mean |A| * ||onehot - softmax||")
-    ax.set_title("Lopti Fig. 1(d): logit gradient norm per token")
+    ax.set_title(f"Lopti Fig. 1(d): logit gradient norm per token ({seeds_text})", fontsize=9)
     fig.tight_layout()
     paths = [os.path.join(output_dir, "fig1d_grad_norm.png")]
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    methods = list(dict.fromkeys(r["method"] for r in fig3))
+    methods = list(dict.fromkeys(r["method"] for r in summary))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
-        shares = [r["pos_rose_share"] for r in fig3 if r["method"] == method]
-        ax.bar([q + (i - (len(methods) - 1) / 2) * width for q in x], shares, width, label=method)
+        rows = [r for r in summary if r["method"] == method]
+        errors = [r["pos_rose_share_sd"] for r in rows] if len(seeds) > 1 else None
+        ax.bar([q + (i - (len(methods) - 1) / 2) * width for q in x], [r["pos_rose_share_mean"] for r in rows],
+               width, yerr=errors, capsize=2, label=method)
     ax.set_xticks(x, labels)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("p_old group (range)")
+    ax.set_xlabel("p_old group (range" + (", mean over seeds)" if len(seeds) > 1 else ")"))
     ax.set_ylabel("share of A > 0 tokens whose prob. rose")
-    ax.set_title("Lopti Fig. 3: after one update")
+    ax.set_title(f"Lopti Fig. 3: after one update ({seeds_text}" + (", bars: std)" if len(seeds) > 1 else ")"),
+                 fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(os.path.join(output_dir, "fig3_prob_rise.png"))
@@ -215,79 +297,67 @@ def main(argv=None):
     parser.add_argument("--param-grad", action="store_true", help="Fig. 1(d): parameter-gradient norm per group")
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: --seed): one measurement each "
+                        "(its prompts and samples; a {seed} in --checkpoint picks that seed's checkpoint), then Fig. "
+                        "3 averaged over them")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default="runs/lopti_stats")
     args = parser.parse_args(argv)
-    model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
-    max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
-    lr = args.lr if args.lr is not None else defaults.lr
-    clip_high = args.clip_high if args.clip_high is not None else Config.clip_high
-    device = next(model.parameters()).device
-
-    torch.manual_seed(args.seed)
-    examples = task.examples("test", args.num_prompts, seed=args.seed)
-    [(rollouts, _)], rewards = sample_groups(model, tokenizer, task, examples, args.M, style=style,
-                                             temperature=args.temperature, max_new_tokens=max_new_tokens,
-                                             batch_prompts=len(examples))
-    advantages = group_advantages(rewards, args.method, tau=args.tau).view(-1).to(device)
-    batch = tuple(t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask))
-    with torch.no_grad():  # p_old, computed exactly as the post-update log-probs below (same code, same batches)
-        old_logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
-    norms = logit_gradient_norms(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
-    token_mask = batch[2].bool() & (advantages != 0)[:, None]
-    if not token_mask.any():
-        parser.error("every group has equal rewards (all advantages 0): nothing to measure; use more prompts")
-    old_probs = old_logprobs.exp()
-    groups = probability_groups(old_probs.cpu(), token_mask.cpu(), args.groups).to(device)
-
-    # --- Fig. 1(d) -------------------------------------------------------------------------------------------
-    weighted = advantages.abs()[:, None] * norms
-    total = weighted[token_mask].sum().item()
-    grad_norms = [None] * NUM_GROUPS
-    if args.param_grad:
-        grad_norms = param_grad_norms(model, batch, advantages, groups, total_tokens=batch[2].sum().item(),
-                                      temperature=args.temperature, micro_batch=args.micro_batch)
-    fig1d = []
-    for q in range(NUM_GROUPS):
-        in_group = groups == q
-        p_group = old_probs[in_group]  # may be empty with --groups fixed: its row reports nan
-        fig1d.append({"group": q + 1, "p_min": p_group.min().item() if len(p_group) else math.nan,
-                      "p_max": p_group.max().item() if len(p_group) else math.nan,
-                      "tokens": int(in_group.sum()), "mean_p_old": p_group.mean().item(),
-                      "mean_norm": norms[in_group].mean().item(), "mean_adv_x_norm": weighted[in_group].mean().item(),
-                      "share_of_sum": weighted[in_group].sum().item() / total,
-                      "param_grad_norm": "" if grad_norms[q] is None else grad_norms[q]})
-
-    # --- Fig. 3 ---------------------------------------------------------------------------------------------
-    fig3 = []
-    for method, setting in UPDATES.items():
-        updated = one_update(copy.deepcopy(model), batch, advantages, old_logprobs, lr=lr, temperature=args.temperature,
-                             clip_high=clip_high, micro_batch=args.micro_batch, optimizer=args.optimizer, **setting)
-        with torch.no_grad():
-            new_logprobs = token_logprobs(updated, batch[0], batch[1], batch[2], temperature=args.temperature,
-                                          micro_batch=args.micro_batch)
-        fig3 += rise_rows(method, old_logprobs, new_logprobs, advantages, groups)
-        del updated
-
-    print(f"checkpoint {args.checkpoint} ({style}), task {task.name}, {args.num_prompts} prompts x M={args.M}, "
-          f"{int(token_mask.sum())} tokens with A != 0, groups: {args.groups}, update lr {lr:g}")
-    print("Fig. 1(d) | group | p_old range | tokens | mean ||e-pi|| | mean |A|*||e-pi|| | share | param grad |")
-    for r in fig1d:
-        grad = f"{r['param_grad_norm']:.4g}" if r["param_grad_norm"] != "" else "-"
-        print(f"  Q{r['group']} | {r['p_min']:.3f}-{r['p_max']:.3f} | {r['tokens']} | {r['mean_norm']:.3f} | "
-              f"{r['mean_adv_x_norm']:.3f} | {r['share_of_sum']:.3f} | {grad} |")
-    print("Fig. 3: share of A>0 tokens whose probability rose (A<0 tokens whose probability fell), by group")
-    print("  method   | " + " | ".join(f"Q{q + 1}" for q in range(NUM_GROUPS)) + " |")
-    for method in UPDATES:
-        cells = [f"{r['pos_rose_share']:.2f} ({r['neg_fell_share']:.2f})" for r in fig3 if r["method"] == method]
-        print(f"  {method:<8} | " + " | ".join(cells) + " |")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    checkpoint_pattern, loaded = args.checkpoint, None
+    fig1d, fig3 = [], []
+    for seed in seeds:
+        args.checkpoint = checkpoint_pattern.replace("{seed}", str(seed))
+        if loaded is None or loaded[0] != args.checkpoint:
+            loaded = (args.checkpoint, *load_for_experiment(args, parser))
+        _, model, tokenizer, style, task, defaults = loaded
+        max_new_tokens = args.max_new_tokens or defaults.max_new_tokens
+        lr = args.lr if args.lr is not None else defaults.lr
+        clip_high = args.clip_high if args.clip_high is not None else Config.clip_high
+        measured = measure(model, tokenizer, style, task, args, seed=seed, lr=lr, max_new_tokens=max_new_tokens,
+                           clip_high=clip_high)
+        if measured is None:
+            parser.error(f"seed {seed}: every group has equal rewards (all advantages 0): nothing to measure; use "
+                         "more prompts")
+        seed_fig1d, seed_fig3, tokens = measured
+        fig1d += seed_fig1d
+        fig3 += seed_fig3
+        print(f"checkpoint {args.checkpoint} ({style}), task {task.name}, seed {seed}, {args.num_prompts} prompts x "
+              f"M={args.M}, {tokens} tokens with A != 0, groups: {args.groups}, update lr {lr:g}")
+        print("Fig. 1(d) | group | p_old range | tokens | mean ||e-pi|| | mean |A|*||e-pi|| | share | param grad |")
+        for r in seed_fig1d:
+            grad = f"{r['param_grad_norm']:.4g}" if r["param_grad_norm"] != "" else "-"
+            print(f"  Q{r['group']} | {r['p_min']:.3f}-{r['p_max']:.3f} | {r['tokens']} | {r['mean_norm']:.3f} | "
+                  f"{r['mean_adv_x_norm']:.3f} | {r['share_of_sum']:.3f} | {grad} |")
+        print_fig3({(r["method"], r["group"]): (r["pos_rose_share"], r["neg_fell_share"]) for r in seed_fig3})
+    summary = over_seeds(fig3)
+    if len(seeds) > 1:
+        print(f"Fig. 3 over seeds {','.join(map(str, seeds))}: mean +- sample std")
+        print_fig3({(r["method"], r["group"]): (r["pos_rose_share_mean"], r["neg_fell_share_mean"],
+                                                r["pos_rose_share_sd"]) for r in summary})
     os.makedirs(args.output_dir, exist_ok=True)
     write_csv(os.path.join(args.output_dir, "fig1d_grad_norm.csv"), fig1d)
     write_csv(os.path.join(args.output_dir, "fig3_prob_rise.csv"), fig3)
-    print(f"wrote {args.output_dir}/fig1d_grad_norm.csv, fig3_prob_rise.csv")
-    for path in plot(args.output_dir, fig1d, fig3):
+    write_csv(os.path.join(args.output_dir, "fig3_prob_rise_summary.csv"), summary)
+    print(f"wrote {args.output_dir}/fig1d_grad_norm.csv, fig3_prob_rise.csv, fig3_prob_rise_summary.csv")
+    for path in plot(args.output_dir, fig1d, summary, seeds):
         print(f"wrote {path}")
     return fig1d, fig3
+
+
+def print_fig3(cells):
+    """cells {(method, group): (pos_rose, neg_fell[, pos_rose_sd])} -> one line per method."""
+    print("Fig. 3: share of A>0 tokens whose probability rose (A<0 tokens whose probability fell), by group")
+    print("  method   | " + " | ".join(f"Q{q + 1}" for q in range(NUM_GROUPS)) + " |")
+    for method in UPDATES:
+        texts = []
+        for q in range(1, NUM_GROUPS + 1):
+            rose, fell, *sd = cells[(method, q)]
+            texts.append(f"{rose:.2f}" + (f" +- {sd[0]:.2f}" if sd else "") + f" ({fell:.2f})")
+        print(f"  {method:<8} | " + " | ".join(texts) + " |")
 
 
 if __name__ == "__main__":

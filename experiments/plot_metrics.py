@@ -92,6 +92,14 @@ def extract_series(rows, aliases):
     return None, [], []
 
 
+def standard_errors(rows, key):
+    """The <key>_se of every row that has a finite <key> (as extract_series keeps them), or None if any lacks it."""
+    errors = [row.get(f"{key}_se") for row in rows
+              if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+              and math.isfinite(row[key])]
+    return errors if errors and all(isinstance(e, (int, float)) for e in errors) else None
+
+
 def moving_average(values, window):
     if window <= 1:
         return values
@@ -100,7 +108,8 @@ def moving_average(values, window):
 
 
 def collect(paths, extra_keys=()):
-    """-> list of (panel title, list of (run label, series label, is_eval, key, steps, values))."""
+    """-> list of (panel title, list of (run label, series label, is_eval, key, steps, values, errors)); errors: the
+    eval rows' <key>_se (train.py's held-out standard errors), None when absent."""
     runs = [(os.path.basename(os.path.dirname(os.path.abspath(p))) or p, *read_metrics(p)) for p in paths]
     panels = PANELS + [(key, [(key, (key,), (key,))]) for key in extra_keys]
     result = []
@@ -111,7 +120,8 @@ def collect(paths, extra_keys=()):
                 for is_eval, rows, aliases in ((False, train_rows, train_aliases), (True, eval_rows, eval_aliases)):
                     key, steps, values = extract_series(rows, aliases)
                     if key is not None:
-                        found.append((run_label, label, is_eval, key, steps, values))
+                        found.append((run_label, label, is_eval, key, steps, values,
+                                      standard_errors(rows, key) if is_eval else None))
         result.append((title, found))
     return result
 
@@ -122,7 +132,7 @@ def print_summary(panels):
     for title, found in panels:
         if not found:
             print(f"| {title} | - | (no matching keys) | | | | | | |")
-        for run_label, label, is_eval, key, steps, values in found:
+        for run_label, label, is_eval, key, steps, values, _ in found:
             name = ("eval " if is_eval else "") + label
             print(f"| {title} | {run_label} | {name} | {key} | {values[0]:.4g} | {values[-1]:.4g} | "
                   f"{min(values):.4g} | {max(values):.4g} | {len(values)} |")
@@ -139,11 +149,12 @@ def plot(panels, path, smooth=1, multiple_runs=False):
     for ax, (title, found) in zip(axes.flat, panels):
         run_labels = list(dict.fromkeys(entry[0] for entry in found))
         series_labels = list(dict.fromkeys(entry[1] for entry in found))
-        for run_label, label, is_eval, key, steps, values in found:
+        for run_label, label, is_eval, key, steps, values, errors in found:
             color_index = run_labels.index(run_label) if multiple_runs else series_labels.index(label)
             name = (f"{run_label}: " if multiple_runs else "") + ("eval " if is_eval else "") + label
-            if is_eval:
-                ax.plot(steps, values, "o--", markersize=4, color=colors[color_index % len(colors)], label=name)
+            if is_eval:  # with train.py's standard errors over the held-out prompts as bars
+                ax.errorbar(steps, values, yerr=errors, fmt="o--", markersize=4, capsize=2,
+                            color=colors[color_index % len(colors)], label=name + (" (+- SE)" if errors else ""))
             else:
                 ax.plot(steps, moving_average(values, smooth), color=colors[color_index % len(colors)],
                         alpha=0.9, label=name)

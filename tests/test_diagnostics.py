@@ -167,14 +167,14 @@ def test_lopti_script_writes_both_tables(checkpoint, tmp_path):
                                           "-M", "4", "--max-new-tokens", "6", "--param-grad",
                                           "--output-dir", str(tmp_path)])
     rows = read_csv(tmp_path / "fig1d_grad_norm.csv")
-    assert list(rows[0]) == ["group", "p_min", "p_max", "tokens", "mean_p_old", "mean_norm", "mean_adv_x_norm",
+    assert list(rows[0]) == ["seed", "group", "p_min", "p_max", "tokens", "mean_p_old", "mean_norm", "mean_adv_x_norm",
                              "share_of_sum", "param_grad_norm"]
     assert [int(r["group"]) for r in rows] == [1, 2, 3, 4]
     assert sum(float(r["share_of_sum"]) for r in rows) == pytest.approx(1.0, abs=1e-4)
     counts = [int(r["tokens"]) for r in rows]
     assert max(counts) - min(counts) <= 1 and all(float(r["param_grad_norm"]) >= 0 for r in rows)
     table = read_csv(tmp_path / "fig3_prob_rise.csv")
-    assert list(table[0]) == ["method", "group", "pos_tokens", "pos_rose_share", "neg_tokens", "neg_fell_share",
+    assert list(table[0]) == ["seed", "method", "group", "pos_tokens", "pos_rose_share", "neg_tokens", "neg_fell_share",
                               "mean_delta_logprob_pos"]
     assert {(r["method"], int(r["group"])) for r in table} == {
         (m, q) for m in ("grpo", "ar", "lopti", "ar+lopti") for q in (1, 2, 3, 4)}
@@ -182,6 +182,31 @@ def test_lopti_script_writes_both_tables(checkpoint, tmp_path):
                for r in table for s, k in (("pos", "rose"), ("neg", "fell")))
     # the same rollouts and groups for every method: identical token counts
     assert len({tuple(int(r["pos_tokens"]) for r in table if r["method"] == m) for m in lopti_token_stats.UPDATES}) == 1
+
+
+def test_fig3_over_seeds_is_the_mean_and_std_of_the_per_seed_shares(checkpoint, tmp_path):
+    """--seeds 0,1 with a {seed} checkpoint pattern: each seed measured on its own checkpoint, then per (method,
+    group) the mean and sample std of the two seeds' shares, recomputed here from the per-seed CSV."""
+    pattern = checkpoint.replace("tiny", "{seed}")
+    for seed in (0, 1):
+        os.symlink(checkpoint, pattern.format(seed=seed))
+    lopti_token_stats.main(["--checkpoint", pattern, "--seeds", "0,1", "--task", "digits", "--num-prompts", "8",
+                            "-M", "4", "--max-new-tokens", "6", "--output-dir", str(tmp_path)])
+    per_seed = read_csv(tmp_path / "fig3_prob_rise.csv")
+    assert {r["seed"] for r in per_seed} == {"0", "1"}
+    # different prompts per seed: the token counts differ somewhere
+    assert [r["pos_tokens"] for r in per_seed if r["seed"] == "0"] != [r["pos_tokens"] for r in per_seed
+                                                                        if r["seed"] == "1"]
+    summary = read_csv(tmp_path / "fig3_prob_rise_summary.csv")
+    assert len(summary) == 4 * 4
+    for row in summary:
+        shares = [float(r["pos_rose_share"]) for r in per_seed
+                  if (r["method"], r["group"]) == (row["method"], row["group"]) and r["pos_rose_share"] != "nan"]
+        assert int(row["pos_rose_share_seeds"]) == len(shares)
+        if len(shares) == 2:
+            assert float(row["pos_rose_share_mean"]) == pytest.approx(sum(shares) / 2, abs=1e-5)
+            assert float(row["pos_rose_share_sd"]) == pytest.approx(abs(shares[0] - shares[1]) / math.sqrt(2),
+                                                                    abs=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -210,6 +235,36 @@ def test_compare_two_steps_two_seeds(tmp_path, capsys):
     assert [r["config"] for r in summary] == ["grpo", "softmax"] and "after_std" in summary[0]
     printed = capsys.readouterr().out
     assert "| softmax | 2 |" in printed and "+-" in printed
+
+
+def test_compare_reuses_a_finished_run_only_with_the_same_flags(tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    flags = ["--preset", "countdown", "--configs", "grpo", "--output-dir", out, "--task", "digits", *SMALL_TRAIN,
+             "--steps", "2", "--pass-k", "off"]
+    compare.main([*flags, "--seeds", "0"])
+    first = read_csv(os.path.join(out, "countdown_runs.csv"))
+    capsys.readouterr()
+    compare.main([*flags, "--seeds", "0,1"])  # a seed more: seed 0 is read back, not trained again
+    printed = capsys.readouterr().out
+    assert printed.count("reusing the finished run") == 1 and "1 finished runs reused" in printed
+    grown = read_csv(os.path.join(out, "countdown_runs.csv"))
+    assert [r["seed"] for r in grown] == ["0", "1"] and [r["reused"] for r in grown] == ["True", "False"]
+    assert {k: grown[0][k] for k in ("before_pass@1", "after_pass@1", "after_reward")} == \
+        {k: first[0][k] for k in ("before_pass@1", "after_pass@1", "after_reward")}
+    compare.main([*flags, "--seeds", "0", "--lr", "0.001"])  # another flag value: trained again
+    assert "reusing" not in capsys.readouterr().out
+
+
+def test_lopti_preset_ends_with_fig3_over_its_seeds(tmp_path, monkeypatch):
+    monkeypatch.setitem(compare.PRESETS, "digits-lopti", dict(task="digits", shared=["--method", "grpo"], configs={
+        "grpo": [], "lopti": ["--lopti-eta", "0.5"]}, fig3=True))
+    out = str(tmp_path / "cmp")
+    compare.main(["--preset", "digits-lopti", "--seeds", "0,1", "--output-dir", out, *SMALL_TRAIN, "--steps", "1",
+                  "--pass-k", "off"])
+    summary = read_csv(os.path.join(out, "digits-lopti_fig3", "fig3_prob_rise_summary.csv"))
+    assert {r["method"] for r in summary} == {"grpo", "ar", "lopti", "ar+lopti"}
+    per_seed = read_csv(os.path.join(out, "digits-lopti_fig3", "fig3_prob_rise.csv"))
+    assert {r["seed"] for r in per_seed} == {"0", "1"}
 
 
 def test_compare_shares_one_warm_start_per_seed(tmp_path, capsys):

@@ -215,11 +215,11 @@ def write_metrics(path, rows):
 
 
 def synthetic_metrics():
-    rows = [{"step": 0, "eval": True, "pass@1": 0.1, "reward": 0.1, "length": 8.0}]
+    rows = [{"step": 0, "eval": True, "pass@1": 0.1, "reward": 0.1, "length": 8.0, "pass@1_se": 0.03}]
     for step in range(1, 11):
         rows.append({"step": step, "reward_mean": 0.1 * step, "pass_rate": 0.05 * step, "clip_frac_low": 0.01,
                      "clip_frac_high": 0.02, "entropy": 2.0 - 0.1 * step, "response_length": 9.0, "grad_norm": 1.0})
-    rows.append({"step": 10, "eval": True, "pass@1": 0.6, "reward": 0.6, "length": 9.0})
+    rows.append({"step": 10, "eval": True, "pass@1": 0.6, "reward": 0.6, "length": 9.0, "pass@1_se": 0.05})
     return rows
 
 
@@ -234,6 +234,8 @@ def test_plot_metrics_finds_series_and_writes_png(tmp_path, capsys):
     assert keys["grad_norm"] == {(False, "grad_norm")}
     eval_pass = [entry for entry in panels["pass rate"] if entry[2]][0]
     assert eval_pass[4] == [0, 10] and eval_pass[5] == [0.1, 0.6]  # eval rows kept apart from training rows
+    assert eval_pass[6] == [0.03, 0.05]  # train.py's standard errors: drawn as bars
+    assert [entry for entry in panels["reward"] if entry[2]][0][6] is None  # no reward_se: plain markers
     assert "(no matching keys)" in capsys.readouterr().out
     assert (tmp_path / "metrics.png").exists() == HAS_MATPLOTLIB
 
@@ -323,3 +325,37 @@ def test_compare_without_matplotlib_or_pass_at_k(tmp_path, monkeypatch, capsys, 
     runs = read_csv(os.path.join(out, "countdown3_runs.csv"))
     assert not any(key.startswith("sampled_") for key in runs[0])
     assert not os.path.exists(os.path.join(out, "countdown3.png"))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# smollm2_cpu.py (the real-model run itself is a measurement: docs/results.md)
+
+def test_smollm2_cpu_data_has_one_answer_per_request():
+    import random
+
+    from experiments import smollm2_cpu
+    from tasks.text_match import similarity
+    rows = smollm2_cpu.instruction_rows(300, random.Random(0))
+    kinds = [r["prompt"].split()[0] for r in rows]
+    assert {"Repeat", "Count", "Write"} == set(kinds) and 0.5 < kinds.count("Repeat") / len(rows) < 0.7
+    repeat = next(r for r in rows if r["prompt"].startswith("Repeat"))
+    assert repeat["prompt"] == f"Repeat this sentence: {repeat['reference']}."
+    count = next(r for r in rows if r["prompt"].startswith("Count"))
+    words = count["reference"].split()  # "Count from three to six in words." -> "three four five six"
+    assert count["prompt"] == f"Count from {words[0]} to {words[-1]} in words." and len(words) >= 3
+    assert all(similarity(r["reference"], r["reference"]) == 1.0 for r in rows)
+    assert smollm2_cpu.instruction_rows(50, random.Random(1)) == smollm2_cpu.instruction_rows(50, random.Random(1))
+
+
+def test_smollm2_cpu_runs_its_seeds_on_the_tiny_model(tmp_path, capsys):
+    from experiments import smollm2_cpu
+    out = str(tmp_path / "smol")
+    table = smollm2_cpu.main(["--seeds", "0,1", "--output-dir", out, "--model", "tiny", *SMALL_TRAIN, "--steps", "2",
+                              "--eval-size", "8"])
+    assert {(row["seed"], row["step"]) for row in table} == {(s, t) for s in (0, 1) for t in (0, 2)}
+    assert all(row["reward_se"] >= 0 and 0 <= row["pass@1"] <= 1 for row in table)
+    printed = capsys.readouterr().out
+    assert "| seed | reward gain | / SE |" in printed
+    with open(os.path.join(out, "data", "test.jsonl")) as f:
+        assert len(f.readlines()) == smollm2_cpu.EVAL_SIZE
+    assert os.path.exists(os.path.join(out, "smollm2_cpu.png")) == HAS_MATPLOTLIB

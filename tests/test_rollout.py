@@ -428,6 +428,21 @@ def test_plain_text_conversation_for_a_base_model():
         "make 8.\nAssistant:"
 
 
+def test_evaluate_gives_standard_errors_over_the_prompts(tiny):
+    """Rewards 0.2, 0.9, 0.4, 1.0 (set by the example, whatever the completion): mean 0.625, squared deviations sum
+    to 0.4475, SE = sqrt(0.4475 / 3 / 4) = 0.19311; passes 0, 1, 0, 1: SE = sqrt(0.25 / 3) = 0.28868."""
+    class FixedRewardTask(EchoTask):
+        pass_threshold = 0.5
+
+        def reward(self, completion, example, style="chat"):
+            return example["r"]
+    model, tokenizer = tiny
+    examples = [{"text": f"{i}>:", "r": r} for i, r in enumerate([0.2, 0.9, 0.4, 1.0])]
+    result = evaluate(model, tokenizer, FixedRewardTask(), examples, style="compact", max_new_tokens=3)
+    assert result["reward"] == pytest.approx(0.625) and result["reward_se"] == pytest.approx(0.193111, abs=1e-6)
+    assert result["pass@1"] == 0.5 and result["pass@1_se"] == pytest.approx(0.288675, abs=1e-6)
+
+
 def test_evaluate_is_greedy_and_counts_passes(tiny):
     model, tokenizer = tiny
     examples = [{"text": f"{i}>:"} for i in range(5)]

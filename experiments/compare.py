@@ -76,6 +76,7 @@ PRESETS = {
                configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
                         "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
 }
+FIG3_PROMPTS = 256  # held-out prompts x M = 8 samples per seed for Fig. 3 (a trained policy leaves few groups mixed)
 CPU_DEFAULTS = []  # train.py's own defaults are CPU-sized for the tiny model
 
 
@@ -116,8 +117,9 @@ def fig3_over_seeds(preset, seeds, output_dir, extra):
     from experiments import lopti_token_stats
     config = parse_args(run_argv(preset, "grpo", seeds[0], output_dir, extra))
     argv = ["--checkpoint", os.path.join(output_dir, preset, "grpo-seed{seed}", "latest"), "--task", config.task,
-            "--seeds", ",".join(map(str, seeds)), "--temperature", str(config.temperature),
-            "--clip-high", str(config.clip_high), "--output-dir", os.path.join(output_dir, f"{preset}_fig3")]
+            "--seeds", ",".join(map(str, seeds)), "--num-prompts", str(FIG3_PROMPTS),
+            "--temperature", str(config.temperature), "--clip-high", str(config.clip_high),
+            "--output-dir", os.path.join(output_dir, f"{preset}_fig3")]
     argv += [f"--task-option={key}={json.dumps(value)}" for key, value in config.task_options.items()]
     argv += ["--data", config.data] if config.data else []
     argv += ["--lr", str(config.lr)] if "lr" in config.given else []  # else train.py's default for the model

@@ -216,9 +216,10 @@ def over_seeds(fig3):
             for key in ("pos_rose_share", "neg_fell_share"):
                 values = [r[key] for r in fig3 if r["method"] == method and r["group"] == q
                           and not math.isnan(r[key])]
+                mean = statistics.fmean(values) if values else math.nan
                 sd = statistics.stdev(values) if len(values) > 1 else math.nan
-                row.update({f"{key}_seeds": len(values), f"{key}_mean": statistics.fmean(values) if values else math.nan,
-                            f"{key}_sd": sd, f"{key}_se": sd / math.sqrt(len(values)) if values else math.nan})
+                row.update({f"{key}_seeds": len(values), f"{key}_mean": mean, f"{key}_sd": sd,
+                            f"{key}_se": sd / math.sqrt(len(values)) if len(values) > 1 else math.nan})
             rows.append(row)
     return rows
 

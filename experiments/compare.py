@@ -18,11 +18,12 @@ to the first config with its 95% t-interval (n - 1 df), for greedy pass@1 and ea
 Presets (method flags; everything else is train.py's default unless listed):
   countdown3 (default) task countdown with --task-option num_count=3 --warm-start-target 0.05 --steps 150;
              grpo: --method grpo; softmax: --method softmax --tau 0.1. Many hard prompts (the warm start stops at
-             ~5% held-out pass@1), where SoftmaxGRPO's prompt weight differs most from GRPO's (time and numbers:
+             ~5% held-out pass@1), where SoftmaxGRPO's prompt weight differs most from GRPO's; then Table 3's
+             per-difficulty view on every final policy (experiments.table3_allocation -M 16; time and numbers:
              docs/results.md)
   countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
              ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values; then Lopti's Fig. 3 on each seed's final
-             GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-fig3 skips it)
+             GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-diagnostics skips it)
   countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
   kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
              paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
@@ -65,7 +66,8 @@ PRESETS = {
     # many hard prompts: 3-number Countdown, warm start stopped at ~5% held-out pass@1 (docs/results.md)
     "countdown3": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
                                                  "--steps", "150"],
-                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
+                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]},
+                       table3=True),
     # AR / Lopti on the same hard prompts (GRPO advantages, the papers' alpha and eta; everything else as countdown3)
     "countdown3-lopti": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
                                                        "--steps", "150", "--method", "grpo"],
@@ -126,6 +128,44 @@ def fig3_over_seeds(preset, seeds, output_dir, extra):
     print(f"\n=== {preset}: Lopti Fig. 3 on the final GRPO policies: python -m experiments.lopti_token_stats "
           + " ".join(argv), flush=True)
     return lopti_token_stats.main(argv)
+
+
+def table3_over_runs(preset, runs, output_dir, extra, M=16):
+    """Table 3's per-difficulty view on every run's final policy (experiments.table3_allocation, -M 16 so that the
+    bin [0, .1) holds more than p = 0): the share of the token budget sum |A| len of each pass-rate bin under GRPO's
+    and SoftmaxGRPO's advantages, both scoring the same samples. Prints, per trained config, mean +- SE over seeds
+    of each share and of the hardest bin's paired difference; writes <output_dir>/<preset>_table3.csv."""
+    from experiments import table3_allocation
+    rows = []
+    for run in runs:
+        config = parse_args(run["argv"].split())
+        argv = ["--checkpoint", os.path.join(run["output_dir"], "latest"), "--task", config.task, "-M", str(M),
+                "--seed", str(run["seed"]), "--temperature", str(config.temperature),
+                "--output-dir", os.path.join(output_dir, f"{preset}_table3", f"{run['config']}-seed{run['seed']}")]
+        argv += [f"--task-option={key}={json.dumps(value)}" for key, value in config.task_options.items()]
+        argv += ["--data", config.data] if config.data else []
+        print(f"\n=== {preset} {run['config']} seed {run['seed']}: Table 3 on the final policy", flush=True)
+        shares = {(r["bin"], r["method"]): r for r in table3_allocation.main(argv) if r["budget"] == "tokens"}
+        for name in table3_allocation.BIN_NAMES:
+            rows.append({"config": run["config"], "seed": run["seed"], "bin": name,
+                         "prompts": shares[(name, "grpo")]["prompts"],
+                         "share_grpo_advantages": round(shares[(name, "grpo")]["share"], 4),
+                         "share_softmax_advantages": round(shares[(name, "softmax")]["share"], 4)})
+    write_csv(os.path.join(output_dir, f"{preset}_table3.csv"), rows)
+    print(f"\n{preset}: Table 3 on the final policies, token budget share per pass-rate bin (mean +- SE over seeds)")
+    print("| policy trained with | bin | prompts | share, GRPO advantages | share, SoftmaxGRPO advantages |")
+    print("|---|---|---|---|---|")
+    for trained in dict.fromkeys(r["config"] for r in rows):
+        for name in dict.fromkeys(r["bin"] for r in rows):
+            cells = [r for r in rows if r["config"] == trained and r["bin"] == name]
+            print(f"| {trained} | {name} | {statistics.fmean(r['prompts'] for r in cells):.0f} | "
+                  f"{mean_se([r['share_grpo_advantages'] for r in cells])} | "
+                  f"{mean_se([r['share_softmax_advantages'] for r in cells])} |")
+        hardest = [r["share_softmax_advantages"] - r["share_grpo_advantages"] for r in rows
+                   if r["config"] == trained and r["bin"] == rows[0]["bin"]]
+        print(f"hardest bin {rows[0]['bin']}, policies trained with {trained}: SoftmaxGRPO's share - GRPO's "
+              f"{mean_se(hardest)}, 95% interval {paired_text(hardest)} (paired on the same samples)")
+    return rows
 
 
 def last_train_pass_rate(metrics_path, last=10):
@@ -350,8 +390,8 @@ def main(argv=None):
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the preset's configs")
     parser.add_argument("--output-dir", default="runs/compare")
-    parser.add_argument("--no-fig3", dest="fig3", action="store_false", help="presets countdown3-lopti and kk: "
-                        "skip Lopti's Fig. 3 on the final GRPO policies (experiments.lopti_token_stats --seeds)")
+    parser.add_argument("--no-diagnostics", dest="diagnostics", action="store_false", help="skip what a preset "
+                        "measures on its final policies: Table 3 (countdown3), Lopti's Fig. 3 (countdown3-lopti, kk)")
     parser.add_argument("--rerun", action="store_true", help="train every run again (default: a run already "
                         "finished in its folder with the same flags is reused)")
     parser.add_argument("--pass-k", default="auto",
@@ -419,7 +459,9 @@ def main(argv=None):
     drew = plot(png, summary, f"{args.preset}: held-out pass@k, seeds {','.join(map(str, seeds))}")
     print(f"wrote {args.output_dir}/{args.preset}_runs.csv and {args.preset}_summary.csv"
           + (f" and {args.preset}.png" if drew else ""))
-    if PRESETS[args.preset].get("fig3") and "grpo" in configs and args.fig3:
+    if PRESETS[args.preset].get("table3") and args.diagnostics:
+        table3_over_runs(args.preset, runs, args.output_dir, extra)
+    if PRESETS[args.preset].get("fig3") and "grpo" in configs and args.diagnostics:
         fig3_over_seeds(args.preset, seeds, args.output_dir, extra)
     return summary
 

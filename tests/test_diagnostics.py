@@ -255,6 +255,23 @@ def test_compare_reuses_a_finished_run_only_with_the_same_flags(tmp_path, capsys
     assert "reusing" not in capsys.readouterr().out
 
 
+def test_countdown3_preset_ends_with_table3_on_every_final_policy(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(compare.PRESETS, "digits-table3", dict(task="digits", shared=[], configs={
+        "grpo": ["--method", "grpo"], "softmax": ["--method", "softmax"]}, table3=True))
+    out = str(tmp_path / "cmp")
+    compare.main(["--preset", "digits-table3", "--seeds", "0,1", "--output-dir", out, *SMALL_TRAIN, "--steps", "1",
+                  "--pass-k", "off"])
+    rows = read_csv(os.path.join(out, "digits-table3_table3.csv"))
+    assert len(rows) == 2 * 2 * 4  # configs x seeds x bins
+    for config in ("grpo", "softmax"):
+        for seed in ("0", "1"):
+            own = [r for r in rows if (r["config"], r["seed"]) == (config, seed)]
+            assert [r["bin"] for r in own] == list(table3_allocation.BIN_NAMES)
+            for key in ("share_grpo_advantages", "share_softmax_advantages"):
+                assert sum(float(r[key]) for r in own) == pytest.approx(1.0, abs=1e-3)
+    assert "hardest bin [0,.1), policies trained with softmax" in capsys.readouterr().out
+
+
 def test_lopti_preset_ends_with_fig3_over_its_seeds(tmp_path, monkeypatch):
     monkeypatch.setitem(compare.PRESETS, "digits-lopti", dict(task="digits", shared=["--method", "grpo"], configs={
         "grpo": [], "lopti": ["--lopti-eta", "0.5"]}, fig3=True))

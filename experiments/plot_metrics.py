@@ -17,6 +17,7 @@ Missing keys are skipped (a panel with nothing to show says so); `--extra a,b` a
 Several files can be given to overlay runs (one colour per file, labelled by its folder).
 
 Run:  python -m experiments.plot_metrics runs/default/metrics.jsonl [other/metrics.jsonl] [--output PNG]
+      [--panels reward,pass,length] [--smooth 5]
 Prints a first/last/min/max summary of every series; writes the PNG when matplotlib is installed
 (default: metrics.png next to the first file).
 """
@@ -179,6 +180,8 @@ def main(argv=None):
     parser.add_argument("--output", default=None, help="PNG path (default: metrics.png next to the first file)")
     parser.add_argument("--extra", default="", help="comma list of further keys to plot, e.g. zero_var_share,grad_norm")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window for training rows")
+    parser.add_argument("--panels", default="", help="comma list of the panels to draw, by the start of their "
+                        "title (e.g. reward,pass,length); default: all")
     args = parser.parse_args(argv)
     if args.smooth < 1:
         parser.error("--smooth must be >= 1")
@@ -187,6 +190,13 @@ def main(argv=None):
         panels = collect(args.metrics, extra)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
+    wanted = [name.strip().lower() for name in args.panels.split(",") if name.strip()]
+    if wanted:
+        unknown = [name for name in wanted if not any(title.lower().startswith(name) for title, _ in panels)]
+        if unknown:
+            parser.error(f"--panels: no panel title starts with {', '.join(unknown)}; the panels are "
+                         + ", ".join(title for title, _ in panels))
+        panels = [(title, found) for title, found in panels if any(title.lower().startswith(n) for n in wanted)]
     print_summary(panels)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.metrics[0])), "metrics.png")
     if plot(panels, output, args.smooth, multiple_runs=len(args.metrics) > 1):

@@ -159,7 +159,8 @@ def main(argv=None):
         writer.writeheader()
         writer.writerows(table)
     png = os.path.join(args.output_dir, "smollm2_cpu.png")
-    plot_metrics.main([path for path, _ in results.values()] + ["--output", png, "--smooth", "5"])
+    plot_metrics.main([path for path, _ in results.values()] + ["--output", png, "--smooth", "5", "--panels",
+                                                                "reward,pass,response length"])
     print(f"wrote {args.output_dir}/smollm2_cpu.csv" + (f" and {png}" if os.path.exists(png) else ""))
     return table
 

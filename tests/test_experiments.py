@@ -240,6 +240,16 @@ def test_plot_metrics_finds_series_and_writes_png(tmp_path, capsys):
     assert (tmp_path / "metrics.png").exists() == HAS_MATPLOTLIB
 
 
+def test_plot_metrics_draws_only_the_panels_asked_for(tmp_path, capsys):
+    write_metrics(tmp_path / "metrics.jsonl", synthetic_metrics())
+    panels = plot_metrics.main([str(tmp_path / "metrics.jsonl"), "--panels", "reward, Pass", "--output",
+                                str(tmp_path / "two.png")])
+    assert [title for title, _ in panels] == ["reward", "pass rate"]
+    with pytest.raises(SystemExit):
+        plot_metrics.main([str(tmp_path / "metrics.jsonl"), "--panels", "rewards,lr"])
+    assert "no panel title starts with rewards, lr" in capsys.readouterr().err
+
+
 def test_plot_metrics_tolerates_key_variants_and_rejects_bad_lines(tmp_path):
     write_metrics(tmp_path / "a.jsonl", [{"step": 1, "train/Reward": 0.5, "KL": 0.01, "pass_rate": None}])
     panels = dict(plot_metrics.collect([str(tmp_path / "a.jsonl")]))

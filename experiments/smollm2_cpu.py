@@ -17,10 +17,11 @@ Writes <output-dir>/smollm2_cpu.csv (every eval row of every seed) and, with mat
 Why this task and these settings (each measured on SmolLM2-135M-Instruct with train.py's chat prompt):
 - The task is text similarity (tasks/text_match.py: 0.6 token F1 + 0.4 ROUGE-L against a reference, a graded
   reward) on short requests with one right answer, written by `instruction_rows`: repeat a sentence, count between
-  two numbers in words, give the opposite of a word. The model starts well above zero (greedy reward ~0.35), so
-  every group has signal from the first step; Countdown under the same rules gives 0 of 48 greedy and no signal
-  (it writes "1 + 3 = 4" prose). What it has to learn is mostly format: the system prompt's think/answer tags send
-  it into "Think outside the box ..." loops or wrap the right answer in chatter, which costs similarity.
+  two numbers in words, give the opposite of a word; the held-out counting ranges and word pairs are never trained
+  on. The model starts well above zero (greedy reward ~0.35), so groups have signal from the first step;
+  Countdown under the same rules gives 0 of 48 greedy and no signal (it writes "1 + 3 = 4" prose). What it has to
+  learn is mostly format: the system prompt's think/answer tags send it into "Think outside the box ..." loops or
+  wrap the right answer in chatter ('The opposite of "hard" is "soft."' scores 0.33), which costs similarity.
 - -M 4 completions x 8 prompts per step: 32 completions, about 20 s a step on 2 cores; 60 steps.
 - --max-new-tokens 32: every reference is at most 12 words; more room only buys chatter and time.
 - --lr 1e-5 (AdamW): the papers' 1e-6 is for 1.5B-7B models over hundreds of steps; 135M parameters and 60 steps
@@ -57,37 +58,61 @@ PLACES = ["in the morning", "at the market", "near the river", "after school", "
 OPPOSITES = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
              ("open", "closed"), ("early", "late"), ("full", "empty"), ("high", "low"), ("wet", "dry"),
              ("hard", "soft"), ("left", "right"), ("loud", "quiet"), ("long", "short"), ("rich", "poor"),
-             ("strong", "weak"), ("thick", "thin"), ("young", "old"), ("old", "new")]
-NUMBER_WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+             ("strong", "weak"), ("thick", "thin"), ("young", "old"), ("new", "old"), ("day", "night"),
+             ("black", "white"), ("push", "pull"), ("win", "lose"), ("inside", "outside"), ("above", "below"),
+             ("buy", "sell"), ("first", "last"), ("true", "false"), ("begin", "end"), ("near", "far"),
+             ("clean", "dirty"), ("heavy", "light"), ("sweet", "sour"), ("wide", "narrow"), ("deep", "shallow"),
+             ("give", "take"), ("friend", "enemy"), ("north", "south"), ("east", "west")]
+NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+                "sixteen seventeen eighteen nineteen twenty").split()
+COUNTS = [(first, first + steps) for first in range(1, 16) for steps in range(2, 6)]  # 60 ranges, <= twenty
 
 
-def instruction_rows(n, rng):
-    """n rows {"prompt", "reference"}: 60% repeat a sentence (16 x 12 x 12 x 10 combinations), 20% count from a to
-    b in words, 20% the opposite of a word."""
-    rows = []
-    for _ in range(n):
+def repeat_row(rng):
+    sentence = " ".join(rng.choice(words) for words in (SUBJECTS, VERBS, OBJECTS, PLACES))
+    return {"prompt": f"Repeat this sentence: {sentence}.", "reference": sentence}
+
+
+def count_row(first, last):
+    return {"prompt": f"Count from {NUMBER_WORDS[first]} to {NUMBER_WORDS[last]} in words.",
+            "reference": " ".join(NUMBER_WORDS[first:last + 1])}
+
+
+def opposite_row(word, opposite):
+    return {"prompt": f"Write the opposite of the word '{word}'.", "reference": opposite}
+
+
+def instruction_rows(train_rows, test_rows, rng):
+    """-> (train, test) rows {"prompt", "reference"} with no prompt in both (the loader would drop such train rows:
+    tasks/_data.py). Every fourth counting range and opposite pair is held out, so the test's counting and
+    opposites are prompts never trained on; test prompts are all different (the SE assumes independent prompts):
+    all held-out ranges and pairs, then different sentences. Training draws 60% sentences (16 x 12 x 12 x 10
+    combinations; a test sentence drawn again is redrawn), 20% counting, 20% opposites."""
+    counts = [COUNTS[i::4] for i in (1, 0)]  # (train, test): 45 and 15 ranges
+    opposites = [[pair for i, pair in enumerate(OPPOSITES) if (i % 4 == 0) == held_out] for held_out in (False, True)]
+    test = [count_row(*pair) for pair in counts[1]] + [opposite_row(*pair) for pair in opposites[1]]
+    seen = {row["prompt"] for row in test}
+    while len(test) < test_rows:
+        row = repeat_row(rng)
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            test.append(row)
+    train = []
+    while len(train) < train_rows:
         kind = rng.random()
-        if kind < 0.6:
-            sentence = " ".join(rng.choice(words) for words in (SUBJECTS, VERBS, OBJECTS, PLACES))
-            rows.append({"prompt": f"Repeat this sentence: {sentence}.", "reference": sentence})
-        elif kind < 0.8:
-            first = rng.randint(1, 6)
-            last = first + rng.randint(2, 5)
-            rows.append({"prompt": f"Count from {NUMBER_WORDS[first]} to {NUMBER_WORDS[last]} in words.",
-                         "reference": " ".join(NUMBER_WORDS[first:last + 1])})
-        else:
-            word, opposite = rng.choice(OPPOSITES)
-            rows.append({"prompt": f"Write the opposite of the word '{word}'.", "reference": opposite})
-    return rows
+        row = repeat_row(rng) if kind < 0.6 else count_row(*rng.choice(counts[0])) if kind < 0.8 \
+            else opposite_row(*rng.choice(opposites[0]))
+        if row["prompt"] not in seen:
+            train.append(row)
+    return train, test[:test_rows]
 
 
 def write_data(folder, *, train_rows=2000, test_rows=EVAL_SIZE, seed=0):
     """train.jsonl and test.jsonl for --task text_match --data <folder> (fixed by `seed`, the same for every run)."""
     os.makedirs(folder, exist_ok=True)
-    rng = random.Random(seed)
-    for split, n in (("train", train_rows), ("test", test_rows)):
+    for split, rows in zip(("train", "test"), instruction_rows(train_rows, test_rows, random.Random(seed))):
         with open(os.path.join(folder, f"{split}.jsonl"), "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in instruction_rows(n, rng))
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     return folder
 
 

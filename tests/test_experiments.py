@@ -340,21 +340,26 @@ def test_compare_without_matplotlib_or_pass_at_k(tmp_path, monkeypatch, capsys, 
 # ------------------------------------------------------------------------------------------------------------
 # smollm2_cpu.py (the real-model run itself is a measurement: docs/results.md)
 
-def test_smollm2_cpu_data_has_one_answer_per_request():
+def test_smollm2_cpu_data_holds_out_prompts_never_trained_on():
     import random
 
     from experiments import smollm2_cpu
     from tasks.text_match import similarity
-    rows = smollm2_cpu.instruction_rows(300, random.Random(0))
-    kinds = [r["prompt"].split()[0] for r in rows]
-    assert {"Repeat", "Count", "Write"} == set(kinds) and 0.5 < kinds.count("Repeat") / len(rows) < 0.7
-    repeat = next(r for r in rows if r["prompt"].startswith("Repeat"))
+    train, test = smollm2_cpu.instruction_rows(600, 128, random.Random(0))
+    assert len(train) == 600 and len(test) == 128 and len({r["prompt"] for r in test}) == 128
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}  # the loader would drop such train rows
+    kinds = [r["prompt"].split()[0] for r in train]
+    assert 0.5 < kinds.count("Repeat") / len(train) < 0.7 and 0.1 < kinds.count("Write") / len(train) < 0.3
+    held_out_words = {r["prompt"] for r in test if not r["prompt"].startswith("Repeat")}
+    assert len(held_out_words) == 15 + 10  # every fourth counting range and opposite pair
+    repeat = next(r for r in test if r["prompt"].startswith("Repeat"))
     assert repeat["prompt"] == f"Repeat this sentence: {repeat['reference']}."
-    count = next(r for r in rows if r["prompt"].startswith("Count"))
+    count = next(r for r in test if r["prompt"].startswith("Count"))
     words = count["reference"].split()  # "Count from three to six in words." -> "three four five six"
     assert count["prompt"] == f"Count from {words[0]} to {words[-1]} in words." and len(words) >= 3
-    assert all(similarity(r["reference"], r["reference"]) == 1.0 for r in rows)
-    assert smollm2_cpu.instruction_rows(50, random.Random(1)) == smollm2_cpu.instruction_rows(50, random.Random(1))
+    assert all(similarity(r["reference"], r["reference"]) == 1.0 for r in train + test)
+    assert smollm2_cpu.instruction_rows(50, 40, random.Random(1)) == smollm2_cpu.instruction_rows(50, 40,
+                                                                                                   random.Random(1))
 
 
 def test_smollm2_cpu_runs_its_seeds_on_the_tiny_model(tmp_path, capsys):

@@ -94,7 +94,8 @@ def run_argv(preset, config, seed, output_dir, extra):
 def finished_run(argv_run):
     """The result train.main would return for `argv_run` when its --output-dir already holds that run finished
     (latest at the run's --steps, its held-out evals at step 0 and at the end, and every flag of argv_run equal in
-    its run.json); else None. Lets a comparison grow by seeds without training the old ones again."""
+    its run.json but those that do not change the result: threads, checkpoint keeping); else None. Lets a
+    comparison grow by seeds without training the old ones again."""
     config = parse_args(argv_run)
     checkpoint = os.path.join(config.output_dir, "latest")
     metrics_path = os.path.join(config.output_dir, "metrics.jsonl")
@@ -105,8 +106,8 @@ def finished_run(argv_run):
             evals = {row["step"]: row for row in map(json.loads, filter(str.strip, f)) if row.get("eval")}
     except (OSError, ValueError):
         return None
-    unchanged = all(saved.get(key) == getattr(config, key)
-                    for key in config.given - {"overwrite", "output_dir", "warm_start_cache"})
+    unchanged = all(saved.get(key) == getattr(config, key) for key in config.given - {
+        "overwrite", "output_dir", "warm_start_cache", "threads", "keep_checkpoints", "save_every"})  # not the result
     if not unchanged or os.path.basename(os.path.realpath(checkpoint)) != f"checkpoint-{config.steps}" \
             or 0 not in evals or config.steps not in evals:
         return None

@@ -207,19 +207,28 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
 
 
 def over_seeds(fig3):
-    """Fig. 3 averaged over seeds: per (method, group) the mean, sample std and standard error of each share (a
-    seed whose group has no such token is left out of that cell)."""
+    """Fig. 3 averaged over seeds: per (method, group) the mean, sample std and standard error of each share, and of
+    the share minus GRPO's on the same seed (the same rollouts and groups: a paired difference). A seed whose group
+    has no such token is left out of that cell."""
+    def cell(method, q, key):
+        return {r["seed"]: r[key] for r in fig3 if r["method"] == method and r["group"] == q
+                and not math.isnan(r[key])}
+
+    def summary(values):
+        mean = statistics.fmean(values) if values else math.nan
+        sd = statistics.stdev(values) if len(values) > 1 else math.nan
+        return len(values), mean, sd, sd / math.sqrt(len(values)) if len(values) > 1 else math.nan
+
     rows = []
     for method in dict.fromkeys(r["method"] for r in fig3):
         for q in range(1, NUM_GROUPS + 1):
             row = {"method": method, "group": q}
             for key in ("pos_rose_share", "neg_fell_share"):
-                values = [r[key] for r in fig3 if r["method"] == method and r["group"] == q
-                          and not math.isnan(r[key])]
-                mean = statistics.fmean(values) if values else math.nan
-                sd = statistics.stdev(values) if len(values) > 1 else math.nan
-                row.update({f"{key}_seeds": len(values), f"{key}_mean": mean, f"{key}_sd": sd,
-                            f"{key}_se": sd / math.sqrt(len(values)) if len(values) > 1 else math.nan})
+                shares, grpo = cell(method, q, key), cell("grpo", q, key)
+                n, mean, sd, se = summary(list(shares.values()))
+                row.update({f"{key}_seeds": n, f"{key}_mean": mean, f"{key}_sd": sd, f"{key}_se": se})
+                _, mean, _, se = summary([shares[s] - grpo[s] for s in shares if s in grpo])
+                row.update({f"{key}_minus_grpo_mean": mean, f"{key}_minus_grpo_se": se})
             rows.append(row)
     return rows
 
@@ -339,6 +348,11 @@ def main(argv=None):
         print(f"Fig. 3 over seeds {','.join(map(str, seeds))}: mean +- sample std")
         print_fig3({(r["method"], r["group"]): (r["pos_rose_share_mean"], r["neg_fell_share_mean"],
                                                 r["pos_rose_share_sd"]) for r in summary})
+        print("A>0 tokens whose probability rose, minus GRPO's share on the same seed: mean +- SE over seeds")
+        for method in list(UPDATES)[1:]:
+            print(f"  {method:<8} | " + " | ".join(
+                f"{r['pos_rose_share_minus_grpo_mean']:+.3f} +- {r['pos_rose_share_minus_grpo_se']:.3f}"
+                for r in summary if r["method"] == method) + " |")
     os.makedirs(args.output_dir, exist_ok=True)
     write_csv(os.path.join(args.output_dir, "fig1d_grad_norm.csv"), fig1d)
     write_csv(os.path.join(args.output_dir, "fig3_prob_rise.csv"), fig3)

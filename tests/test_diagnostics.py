@@ -207,6 +207,16 @@ def test_fig3_over_seeds_is_the_mean_and_std_of_the_per_seed_shares(checkpoint, 
             assert float(row["pos_rose_share_mean"]) == pytest.approx(sum(shares) / 2, abs=1e-5)
             assert float(row["pos_rose_share_sd"]) == pytest.approx(abs(shares[0] - shares[1]) / math.sqrt(2),
                                                                     abs=1e-5)
+        grpo = {r["seed"]: float(r["pos_rose_share"]) for r in per_seed
+                if (r["method"], r["group"]) == ("grpo", row["group"]) and r["pos_rose_share"] != "nan"}
+        own = {r["seed"]: float(r["pos_rose_share"]) for r in per_seed
+               if (r["method"], r["group"]) == (row["method"], row["group"]) and r["pos_rose_share"] != "nan"}
+        differences = [own[s] - grpo[s] for s in own if s in grpo]  # paired by seed: the same rollouts
+        if differences:
+            assert float(row["pos_rose_share_minus_grpo_mean"]) == pytest.approx(sum(differences) / len(differences),
+                                                                                 abs=1e-5)
+        if row["method"] == "grpo" and differences:
+            assert float(row["pos_rose_share_minus_grpo_mean"]) == 0.0
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -164,8 +164,10 @@ def table3_over_runs(preset, runs, output_dir, extra, M=16):
                   f"{mean_se([r['share_softmax_advantages'] for r in cells])} |")
         hardest = [r["share_softmax_advantages"] - r["share_grpo_advantages"] for r in rows
                    if r["config"] == trained and r["bin"] == rows[0]["bin"]]
+        _, _, interval = mean_se_interval(hardest)
         print(f"hardest bin {rows[0]['bin']}, policies trained with {trained}: SoftmaxGRPO's share - GRPO's "
-              f"{mean_se(hardest)}, 95% interval {paired_text(hardest)} (paired on the same samples)")
+              f"{mean_se(hardest)}" + (f", 95% interval [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else "")
+              + " (paired on the same samples)")
     return rows
 
 

@@ -36,7 +36,7 @@ The tiny model's warm start is cached per (task, seed, warm-start settings) unde
 deterministic in the seed, so reusing it changes nothing but the time.
 K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
 per person ("101"), with no room to reason. Supervised warm start of the 2M-parameter model stays near chance
-(not measured again here), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about
+(numbers: docs/results.md), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about
 AR/Lopti; `--task-option people=3` keeps it short.
 
 GPU-size settings (one H100/H200; hours, not minutes), e.g.

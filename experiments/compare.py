@@ -128,7 +128,11 @@ def fig3_over_seeds(preset, seeds, output_dir, extra):
     argv += ["--lr", str(config.lr)] if "lr" in config.given else []  # else train.py's default for the model
     print(f"\n=== {preset}: Lopti Fig. 3 on the final GRPO policies: python -m experiments.lopti_token_stats "
           + " ".join(argv), flush=True)
-    return lopti_token_stats.main(argv)
+    try:
+        return lopti_token_stats.main(argv)
+    except SystemExit:  # its one-line error is printed: a seed whose groups all had equal rewards
+        print(f"{preset}: Fig. 3 skipped", flush=True)
+        return None
 
 
 def table3_over_runs(preset, runs, output_dir, extra, M=16):
@@ -146,12 +150,19 @@ def table3_over_runs(preset, runs, output_dir, extra, M=16):
         argv += [f"--task-option={key}={json.dumps(value)}" for key, value in config.task_options.items()]
         argv += ["--data", config.data] if config.data else []
         print(f"\n=== {preset} {run['config']} seed {run['seed']}: Table 3 on the final policy", flush=True)
-        shares = {(r["bin"], r["method"]): r for r in table3_allocation.main(argv) if r["budget"] == "tokens"}
+        try:
+            shares = {(r["bin"], r["method"]): r for r in table3_allocation.main(argv) if r["budget"] == "tokens"}
+        except SystemExit:  # its one-line error is printed: e.g. every group had equal rewards, nothing to share
+            print("Table 3 skipped for this run", flush=True)
+            continue
         for name in table3_allocation.BIN_NAMES:
             rows.append({"config": run["config"], "seed": run["seed"], "bin": name,
                          "prompts": shares[(name, "grpo")]["prompts"],
                          "share_grpo_advantages": round(shares[(name, "grpo")]["share"], 4),
                          "share_softmax_advantages": round(shares[(name, "softmax")]["share"], 4)})
+    if not rows:
+        print(f"\n{preset}: Table 3 skipped: no final policy had a group with unequal rewards")
+        return rows
     write_csv(os.path.join(output_dir, f"{preset}_table3.csv"), rows)
     print(f"\n{preset}: Table 3 on the final policies, token budget share per pass-rate bin (mean +- SE over seeds)")
     print("| policy trained with | bin | prompts | share, GRPO advantages | share, SoftmaxGRPO advantages |")

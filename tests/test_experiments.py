@@ -323,6 +323,9 @@ def test_compare_countdown3_end_to_end_with_pass_at_k(tmp_path, capsys, one_thre
     assert float(summary[0]["sampled_pass@1_vs_first_mean"]) == 0.0
     printed = capsys.readouterr().out
     assert "| softmax - grpo (paired, 95% t-interval) | 2 |" in printed and "pass@4" in printed
+    # an untrained tiny policy solves no 3-number problem: Table 3 has nothing to share out, and says so, once
+    # per run, without stopping the comparison (its tables and CSVs above are written)
+    assert printed.count("Table 3 skipped for this run") == 4 and "Table 3 skipped: no final policy" in printed
     assert os.path.exists(os.path.join(out, "countdown3.png")) == HAS_MATPLOTLIB
 
 

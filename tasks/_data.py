@@ -30,6 +30,7 @@ import os
 import random
 import re
 import stat
+import sys
 import zlib
 
 TEST_EVERY = 10
@@ -228,9 +229,15 @@ def _held_out(rows, key, holdout):
     return hash_split(rows, key) if holdout is None else ranked_holdout(rows, key, holdout)
 
 
-def _without_test_keys(train, test, key):
+def _without_test_keys(train, test, key, where):
+    """Drop the training rows whose key is also a test row's, and say how many (a surprise otherwise: a small
+    generated file can lose whole kinds of rows)."""
     test_keys = {row_key(row, key) for row in test}
-    return {"train": [row for row in train if row_key(row, key) not in test_keys], "test": test}
+    kept = [row for row in train if row_key(row, key) not in test_keys]
+    if len(kept) < len(train):
+        print(f"note: {where}: {len(train) - len(kept)} of {len(train)} training rows repeat a test row's prompt and "
+              "are left out of training", file=sys.stderr)
+    return {"train": kept, "test": test}
 
 
 def load_splits(data, fields, key, parse=None, *, columns=(), verl=None, holdout=None):
@@ -245,7 +252,7 @@ def load_splits(data, fields, key, parse=None, *, columns=(), verl=None, holdout
         for test_name in TEST_NAMES:
             test_path = os.path.join(data, test_name + ext)
             if os.path.exists(train_path) and os.path.exists(test_path):
-                return _without_test_keys(read(train_path), read(test_path), key)
+                return _without_test_keys(read(train_path), read(test_path), key, data)
     shards = sorted(os.path.join(folder, name) for folder, _, names in os.walk(data) for name in names
                     if SHARD.fullmatch(name))
     if not shards:
@@ -255,7 +262,7 @@ def load_splits(data, fields, key, parse=None, *, columns=(), verl=None, holdout
                     for row in read(shard)] for split in ("train", "test")}
     if not rows["test"]:
         return _held_out(rows["train"], key, holdout)
-    return _without_test_keys(rows["train"], rows["test"], key)
+    return _without_test_keys(rows["train"], rows["test"], key, data)
 
 
 def sample_rows(splits, split, n, seed, salt):

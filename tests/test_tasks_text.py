@@ -83,12 +83,16 @@ def test_gsm8k_rows_parse_and_solutions_score(gsm8k):
     assert gsm8k.examples("train", 5, seed=3) != gsm8k.examples("train", 5, seed=4)
 
 
-def test_gsm8k_folder_with_official_split(tmp_path):
+def test_gsm8k_folder_with_official_split(tmp_path, capsys):
     rows = gsm_rows(10)
     write_jsonl(tmp_path / "train.jsonl", rows[:8])
-    write_jsonl(tmp_path / "test.jsonl", rows[6:])  # rows 6 and 7 overlap: dropped from train
+    write_jsonl(tmp_path / "test.jsonl", rows[6:])  # rows 6 and 7 overlap: dropped from train, and said so
     task = get_task("gsm8k", data=tmp_path, rules="last_number")
     assert len(task.examples("train", None, 0)) == 6 and len(task.examples("test", None, 0)) == 4
+    assert f"note: {tmp_path}: 2 of 8 training rows repeat a test row's prompt" in capsys.readouterr().err
+    write_jsonl(tmp_path / "train.jsonl", rows[:6])
+    get_task("gsm8k", data=tmp_path, rules="last_number")
+    assert "note:" not in capsys.readouterr().err  # nothing dropped, nothing said
 
 
 @pytest.mark.parametrize("bad_line, message", [

@@ -159,9 +159,11 @@ def main(argv=None):
         result = None if args.rerun else compare.finished_run(argv_run)
         if result is None:
             result = train.main(argv_run)
+            minutes = f"{(time.time() - start) / 60:.1f}"
         else:
             print(f"reusing the finished run in {os.path.dirname(result['metrics_path'])} (--rerun trains it again)")
-        results[seed] = (result["metrics_path"], time.time() - start)
+            minutes = "reused"
+        results[seed] = (result["metrics_path"], minutes)
 
     table = []
     print(f"\nheld-out greedy eval, {EVAL_SIZE} prompts: value +- SE over the prompts")
@@ -175,11 +177,11 @@ def main(argv=None):
                   f"{row['pass@1']:.3f} +- {row['pass@1_se']:.3f} | {row['length']:.1f} |")
     print("\n| seed | reward gain | / SE | pass@1 gain | / SE | minutes |")
     print("|---|---|---|---|---|---|")
-    for seed, (metrics_path, seconds) in results.items():
+    for seed, (metrics_path, minutes) in results.items():
         rows = eval_rows(metrics_path)
         (reward, reward_se), (passed, passed_se) = gain(rows, "reward"), gain(rows, "pass@1")
         print(f"| {seed} | {reward:+.3f} +- {reward_se:.3f} | {ratio(reward, reward_se)} | {passed:+.3f} +- "
-              f"{passed_se:.3f} | {ratio(passed, passed_se)} | {seconds / 60:.1f} |")
+              f"{passed_se:.3f} | {ratio(passed, passed_se)} | {minutes} |")
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "smollm2_cpu.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))

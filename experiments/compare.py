@@ -143,7 +143,7 @@ def table3_over_runs(preset, runs, output_dir, extra, M=16):
     from experiments import table3_allocation
     rows = []
     for run in runs:
-        config = parse_args(run["argv"].split())
+        config = parse_args(run_argv(preset, run["config"], run["seed"], output_dir, extra))
         argv = ["--checkpoint", os.path.join(run["output_dir"], "latest"), "--task", config.task, "-M", str(M),
                 "--seed", str(run["seed"]), "--temperature", str(config.temperature),
                 "--output-dir", os.path.join(output_dir, f"{preset}_table3", f"{run['config']}-seed{run['seed']}")]

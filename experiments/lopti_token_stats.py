@@ -43,6 +43,7 @@ import torch
 import train
 from config import Config
 from experiments import pyplot
+from experiments.seed_stats import mean_sd_se
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
 from rollout import token_logprobs
 from softmax_grpo import METHODS, group_advantages
@@ -214,10 +215,9 @@ def over_seeds(fig3):
         return {r["seed"]: r[key] for r in fig3 if r["method"] == method and r["group"] == q
                 and not math.isnan(r[key])}
 
-    def summary(values):
-        mean = statistics.fmean(values) if values else math.nan
-        sd = statistics.stdev(values) if len(values) > 1 else math.nan
-        return len(values), mean, sd, sd / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    def summary(values):  # -> (n, mean, sd, se) with nan where a value is undefined (the CSV's convention)
+        mean, sd, se = mean_sd_se(values) if values else (math.nan, None, None)
+        return len(values), mean, math.nan if sd is None else sd, math.nan if se is None else se
 
     rows = []
     for method in dict.fromkeys(r["method"] for r in fig3):

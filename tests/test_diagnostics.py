@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tasks
-from experiments import compare, lopti_token_stats, table3_allocation
+from experiments import compare, lopti_token_stats, seed_stats, table3_allocation
 from model import load_policy
 from tiny import build_char_tokenizer, build_tiny_model, prompt_style
 from rollout import token_logprobs
@@ -223,7 +223,7 @@ def test_fig3_over_seeds_is_the_mean_and_std_of_the_per_seed_shares(checkpoint, 
 # compare.py
 
 def test_mean_std_and_paired_summary():
-    assert compare.mean_std([0.1, 0.3]) == f"0.200 +- {math.sqrt(0.02):.3f}"
+    assert seed_stats.mean_std([0.1, 0.3]) == f"0.200 +- {math.sqrt(0.02):.3f}"
     runs = [{"config": c, "seed": s, "before_pass@1": 0.1, "after_pass@1": a}
             for c, s, a in [("a", 0, 0.2), ("a", 1, 0.4), ("b", 0, 0.5), ("b", 1, 0.5)]]
     summary = compare.summarize(runs, ["a", "b"])

@@ -1,5 +1,5 @@
-"""Smoke tests and one substantive check per script: the ImageNet toy check, Fig. 1, plot_metrics, and compare.py's
-sampled pass@k, t-interval and countdown3 preset.
+"""Smoke tests and one substantive check per script: the ImageNet toy check, Fig. 1, plot_metrics, seed_stats.py's
+pass@k estimator and t-interval, and compare.py's countdown3 preset.
 
 Sizes are tiny (a few seconds in all); the default toy check itself takes ~2 minutes and is not run here.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import compare, fig1_prompt_weight, imagenet_toy, plot_metrics
+from experiments import compare, fig1_prompt_weight, imagenet_toy, plot_metrics, seed_stats
 from softmax_grpo import grpo_prompt_weight, maxrl_weight, prompt_weight
 from tests.stubs import SMALL_TRAIN
 
@@ -262,39 +262,39 @@ def test_plot_metrics_tolerates_key_variants_and_rejects_bad_lines(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# compare.py: sampled pass@k, the t-interval, the countdown3 preset end to end
+# seed_stats.py: the pass@k estimator and the t-interval; compare.py: the countdown3 preset end to end
 
 def test_unbiased_pass_at_k_by_hand_and_its_limit():
     """Chen et al. 2021: 1 - C(n-c, k) / C(n, k)."""
-    assert compare.pass_at_k(8, 1, 2) == pytest.approx(1 - 21 / 28)  # C(7,2) = 21, C(8,2) = 28: 0.25
-    assert compare.pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # only the one pair of the two failures fails
-    assert compare.pass_at_k(8, 3, 1) == pytest.approx(3 / 8)  # pass@1 = c / n
-    assert compare.pass_at_k(8, 0, 8) == 0.0 and compare.pass_at_k(8, 1, 8) == 1.0  # k = n: any pass at all
-    assert compare.pass_at_k(8, 6, 4) == 1.0  # fewer failures than k
+    assert seed_stats.pass_at_k(8, 1, 2) == pytest.approx(1 - 21 / 28)  # C(7,2) = 21, C(8,2) = 28: 0.25
+    assert seed_stats.pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # only the one pair of the two failures fails
+    assert seed_stats.pass_at_k(8, 3, 1) == pytest.approx(3 / 8)  # pass@1 = c / n
+    assert seed_stats.pass_at_k(8, 0, 8) == 0.0 and seed_stats.pass_at_k(8, 1, 8) == 1.0  # k = n: any pass at all
+    assert seed_stats.pass_at_k(8, 6, 4) == 1.0  # fewer failures than k
     # many samples: drawing without replacement from n = 10^6 with c = p n is the binomial 1 - (1 - p)^k
-    assert compare.pass_at_k(10 ** 6, 10 ** 5, 4) == pytest.approx(1 - 0.9 ** 4, rel=1e-5)
+    assert seed_stats.pass_at_k(10 ** 6, 10 ** 5, 4) == pytest.approx(1 - 0.9 ** 4, rel=1e-5)
     # monotone in k
-    values = [compare.pass_at_k(8, 2, k) for k in range(1, 9)]
+    values = [seed_stats.pass_at_k(8, 2, k) for k in range(1, 9)]
     assert all(a < b for a, b in zip(values, values[1:6])) and values[-1] == 1.0
-    assert compare.pass_ks(8) == [1, 2, 4, 8] and compare.pass_ks(6) == [1, 2, 4, 6]
+    assert seed_stats.pass_ks(8) == [1, 2, 4, 8] and seed_stats.pass_ks(6) == [1, 2, 4, 6]
     with pytest.raises(ValueError):
-        compare.pass_at_k(4, 5, 1)
+        seed_stats.pass_at_k(4, 5, 1)
     with pytest.raises(ValueError):
-        compare.pass_at_k(4, 1, 5)
+        seed_stats.pass_at_k(4, 1, 5)
 
 
 def test_t_quantile_and_interval():
     """Student's t 0.975 quantiles from the usual tables, and the closed forms for df 1 and 2."""
     for df, table in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423), (120, 1.9799)]:
-        assert compare.t_quantile(0.975, df) == pytest.approx(table, abs=2e-4)
-    assert compare.t_quantile(0.75, 1) == pytest.approx(1.0, abs=1e-6)  # Cauchy: tan(pi / 4)
-    assert compare.t_quantile(0.9, 2) == pytest.approx(0.8 / math.sqrt(2 * 0.9 * 0.1), abs=1e-6)  # closed form df 2
-    mean, se, (low, high) = compare.mean_se_interval([0.1, 0.2, 0.3, 0.4, 0.5])
+        assert seed_stats.t_quantile(0.975, df) == pytest.approx(table, abs=2e-4)
+    assert seed_stats.t_quantile(0.75, 1) == pytest.approx(1.0, abs=1e-6)  # Cauchy: tan(pi / 4)
+    assert seed_stats.t_quantile(0.9, 2) == pytest.approx(0.8 / math.sqrt(2 * 0.9 * 0.1), abs=1e-6)  # closed form df 2
+    mean, se, (low, high) = seed_stats.mean_se_interval([0.1, 0.2, 0.3, 0.4, 0.5])
     assert (mean, se) == pytest.approx((0.3, math.sqrt(0.025 / 5)))
     assert (low, high) == pytest.approx((0.3 - 2.7764 * se, 0.3 + 2.7764 * se), abs=1e-4)
-    assert compare.mean_se_interval([0.2]) == (0.2, None, None)
+    assert seed_stats.mean_se_interval([0.2]) == (0.2, None, None)
     with pytest.raises(ValueError):
-        compare.t_quantile(0.4, 3)
+        seed_stats.t_quantile(0.4, 3)
 
 
 def test_compare_countdown3_end_to_end_with_pass_at_k(tmp_path, capsys, one_thread):

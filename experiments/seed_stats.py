@@ -1,0 +1,80 @@
+"""Statistics over seeds and samples, for the comparison scripts (compare.py, lopti_token_stats.py): the unbiased
+pass@k estimator, mean +- standard error, and Student's t-intervals for paired differences (no scipy)."""
+import math
+import statistics
+
+
+def pass_at_k(n, c, k):
+    """The unbiased pass@k estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
+    HumanEval): with n samples of a prompt of which c pass, the chance that k of them drawn without replacement
+    include a pass, 1 - C(n-c, k) / C(n, k) (1 when fewer than k fail). Averaged over prompts it is an unbiased
+    estimate of the expected pass@k; pass@1 = c / n."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_ks(M):
+    """k = 1, 2, 4, ... up to M samples per prompt (M itself included)."""
+    ks = [2 ** i for i in range(M.bit_length()) if 2 ** i <= M]
+    return ks + ([M] if ks[-1] != M else [])
+
+
+def t_quantile(q, df):
+    """The q-quantile of Student's t with df degrees of freedom (q in (0.5, 1)), by bisection on its CDF
+    1/2 + int_0^t f (the t density f, integrated by Simpson's rule). No scipy: t_quantile(0.975, 4) = 2.776."""
+    if not 0.5 < q < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(t, n=2000):  # Simpson on [0, t], n even
+        f = [math.exp(log_c - (df + 1) / 2 * math.log1p((t * i / n) ** 2 / df)) for i in range(n + 1)]
+        return 0.5 + t / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < q:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < q else (low, mid)
+    return (low + high) / 2
+
+
+def mean_sd_se(values):
+    """(mean, sample std, standard error = std / sqrt(n)); std and SE are None for fewer than two values."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, None, None
+    sd = statistics.stdev(values)
+    return mean, sd, sd / math.sqrt(len(values))
+
+
+def mean_se_interval(values, level=0.95):
+    """(mean, standard error = sample std / sqrt(n), (low, high) two-sided t-interval with n - 1 df); a single
+    value has no SE or interval (None)."""
+    mean, _, se = mean_sd_se(values)
+    if se is None:
+        return mean, None, None
+    half = t_quantile(0.5 + level / 2, len(values) - 1) * se
+    return mean, se, (mean - half, mean + half)
+
+
+def mean_se(values):
+    """'mean +- SE'; a single value has no SE."""
+    mean, se, _ = mean_se_interval(values)
+    return f"{mean:.3f}" if se is None else f"{mean:.3f} +- {se:.3f}"
+
+
+def paired_text(values):
+    """'mean [low, high]' with the 95% t-interval; a single value has none."""
+    mean, _, interval = mean_se_interval(values)
+    return f"{mean:+.3f}" if interval is None else f"{mean:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+
+
+def mean_std(values):
+    """'mean +- std' with the sample std (n - 1); a single value has no std."""
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"

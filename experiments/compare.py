@@ -56,6 +56,7 @@ import statistics
 import time
 
 import train
+from checkpoint import RunError, read_metrics
 from config import parse_args
 from experiments import pyplot
 from experiments.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
@@ -102,9 +103,8 @@ def finished_run(argv_run):
     try:
         with open(os.path.join(checkpoint, "run.json")) as f:
             saved = json.load(f)
-        with open(metrics_path) as f:
-            evals = {row["step"]: row for row in map(json.loads, filter(str.strip, f)) if row.get("eval")}
-    except (OSError, ValueError):
+        evals = {row["step"]: row for row in read_metrics(metrics_path) if row.get("eval")}
+    except (OSError, ValueError, RunError):
         return None
     unchanged = all(saved.get(key) == getattr(config, key) for key in config.given - {
         "overwrite", "output_dir", "warm_start_cache", "threads", "keep_checkpoints", "save_every"})  # not the result
@@ -184,9 +184,7 @@ def table3_over_runs(preset, runs, output_dir, extra, M=16):
 
 def last_train_pass_rate(metrics_path, last=10):
     """Mean training-batch pass rate over the last `last` RL steps of a metrics.jsonl (None if no step ran)."""
-    with open(metrics_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rates = [r["pass_rate"] for r in rows if not r.get("eval")][-last:]
+    rates = [r["pass_rate"] for r in read_metrics(metrics_path) if not r.get("eval")][-last:]
     return sum(rates) / len(rates) if rates else None
 
 

@@ -38,6 +38,7 @@ import random
 import time
 
 import train
+from checkpoint import read_metrics
 from experiments import compare, plot_metrics
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
@@ -121,8 +122,7 @@ def write_data(folder, *, train_rows=2000, test_rows=EVAL_SIZE, seed=0):
 # The runs and the table
 # ---------------------------------------------------------------------------------------------------------------
 def eval_rows(metrics_path):
-    with open(metrics_path) as f:
-        return [row for row in map(json.loads, filter(str.strip, f)) if row.get("eval")]
+    return [row for row in read_metrics(metrics_path) if row.get("eval")]
 
 
 def gain(rows, key):

@@ -114,17 +114,23 @@ def finished_run(argv_run):
     return {"before": evals[0], "after": evals[config.steps], "metrics_path": metrics_path}
 
 
+def task_argv(config):
+    """The task flags of a run's settings for the diagnostics scripts (experiments.table3_allocation's
+    add_checkpoint_arguments): --task, each --task-option, --data."""
+    return (["--task", config.task] + [f"--task-option={key}={json.dumps(value)}"
+                                       for key, value in config.task_options.items()]
+            + (["--data", config.data] if config.data else []))
+
+
 def fig3_over_seeds(preset, seeds, output_dir, extra):
     """Lopti's Fig. 3 on each seed's final GRPO policy (experiments.lopti_token_stats with that run's task,
     temperature and clip), averaged over the seeds -> the rows of <output_dir>/<preset>_fig3/."""
     from experiments import lopti_token_stats
     config = parse_args(run_argv(preset, "grpo", seeds[0], output_dir, extra))
-    argv = ["--checkpoint", os.path.join(output_dir, preset, "grpo-seed{seed}", "latest"), "--task", config.task,
+    argv = ["--checkpoint", os.path.join(output_dir, preset, "grpo-seed{seed}", "latest"), *task_argv(config),
             "--seeds", ",".join(map(str, seeds)), "--num-prompts", str(FIG3_PROMPTS),
             "--temperature", str(config.temperature), "--clip-high", str(config.clip_high),
             "--output-dir", os.path.join(output_dir, f"{preset}_fig3")]
-    argv += [f"--task-option={key}={json.dumps(value)}" for key, value in config.task_options.items()]
-    argv += ["--data", config.data] if config.data else []
     argv += ["--lr", str(config.lr)] if "lr" in config.given else []  # else train.py's default for the model
     print(f"\n=== {preset}: Lopti Fig. 3 on the final GRPO policies: python -m experiments.lopti_token_stats "
           + " ".join(argv), flush=True)
@@ -144,11 +150,9 @@ def table3_over_runs(preset, runs, output_dir, extra, M=16):
     rows = []
     for run in runs:
         config = parse_args(run_argv(preset, run["config"], run["seed"], output_dir, extra))
-        argv = ["--checkpoint", os.path.join(run["output_dir"], "latest"), "--task", config.task, "-M", str(M),
+        argv = ["--checkpoint", os.path.join(run["output_dir"], "latest"), *task_argv(config), "-M", str(M),
                 "--seed", str(run["seed"]), "--temperature", str(config.temperature),
                 "--output-dir", os.path.join(output_dir, f"{preset}_table3", f"{run['config']}-seed{run['seed']}")]
-        argv += [f"--task-option={key}={json.dumps(value)}" for key, value in config.task_options.items()]
-        argv += ["--data", config.data] if config.data else []
         print(f"\n=== {preset} {run['config']} seed {run['seed']}: Table 3 on the final policy", flush=True)
         try:
             shares = {(r["bin"], r["method"]): r for r in table3_allocation.main(argv) if r["budget"] == "tokens"}

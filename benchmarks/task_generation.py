@@ -24,7 +24,7 @@ import tracemalloc
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tasks import MATH_DEADLINE_S, get_task, math_helper_process  # noqa: E402
-from tasks.countdown import solve  # noqa: E402
+from tasks.countdown_solver import solve  # noqa: E402
 
 MB = 1_000_000
 HOSTILE = {

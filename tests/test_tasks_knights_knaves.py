@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tasks import COMPACT_ALPHABET, get_task
-from tasks.knights_knaves import decode_compact, knight_tables, logic_rl_roles, parse_roles, solutions, truth_table
+from tasks.knights_knaves import decode_compact, logic_rl_roles, parse_roles
+from tasks.knights_knaves_logic import knight_tables, solutions, truth_table
 
 # Hand-solved puzzle: Alice says "Bob is a knave"; Bob says "Alice and I are knights".
 # Alice knight -> Bob knave -> Bob's claim is false, as a knave's must be: consistent.

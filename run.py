@@ -65,8 +65,7 @@ def print_settings(config):
         config.style = "compact"
         tiny.apply_cpu_defaults(config)
     if config.epochs and config.train_size:  # the steps --epochs sets (a data file's size is known once read)
-        config.steps = min(config.epochs * (config.train_size // config.prompts_per_step),
-                           config.steps if "steps" in config.given else math.inf)
+        config.steps = epoch_steps(config, config.train_size // config.prompts_per_step)
     print(json.dumps(config.saved(), indent=1, sort_keys=True))
     return config.saved()
 
@@ -120,11 +119,17 @@ def build_policy(config, *, log=print):
 # ---------------------------------------------------------------------------------------------------------------
 # The training prompts of each step
 # ---------------------------------------------------------------------------------------------------------------
+def epoch_steps(config, batches_per_epoch):
+    """The RL steps of --epochs: epochs x batches per epoch, or a --steps given, if fewer (verl stops at whichever
+    comes first)."""
+    return min(config.epochs * batches_per_epoch, config.steps if "steps" in config.given else math.inf)
+
+
 def training_prompts(task, tokenizer, config):
     """-> prompts(step): the step's prompts_per_step training examples. By default fresh draws seeded by (seed,
     step). With --epochs: a fixed set (train_size rows, or the whole data file), reshuffled each epoch, cut into
     len(set) // prompts_per_step batches per epoch (the last partial batch dropped, as verl does); config.steps is
-    set to epochs x batches (or a --steps given, if fewer: verl stops at whichever comes first). --max-prompt-length leaves out examples whose rendered prompt is longer (the set once;
+    set by epoch_steps. --max-prompt-length leaves out examples whose rendered prompt is longer (the set once;
     fresh draws are topped up from further draws of the same step)."""
     size = config.prompts_per_step
 
@@ -151,7 +156,7 @@ def training_prompts(task, tokenizer, config):
     if per_epoch == 0:
         raise RunError(f"--epochs: the training set has {len(pool)} usable prompts, fewer than --prompts-per-step "
                        f"{size}")
-    config.steps = min(config.epochs * per_epoch, config.steps if "steps" in config.given else math.inf)
+    config.steps = epoch_steps(config, per_epoch)
 
     def epoch_batch(step):
         epoch, batch = divmod(step - 1, per_epoch)

@@ -197,6 +197,9 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     at a time, then the head `logit_chunk` tokens at a time (chunked_logprobs).
     """
     width = completion_mask.shape[1]
+    if input_ids.shape[0] == 0:  # no rows: empty results of the right shape
+        empty = torch.zeros((0, width), device=input_ids.device)
+        return (empty, empty) if with_entropy else empty
     micro_batch = micro_batch or input_ids.shape[0]
     plain_head = has_plain_lm_head(model)  # else: the model's own logits, no chunked head of ours
     to_logits = float32_logits(model, plain_head, fp32_head)

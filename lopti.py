@@ -1,25 +1,30 @@
-"""Advantage Reweighting (AR) and Low-Probability Token Isolation (Lopti), Yang et al., arXiv 2505.12929.
+"""Advantage Reweighting (AR) and Low-Probability Token Isolation (Lopti), Yang et al.,
+arXiv 2505.12929.
 
-Why: the gradient of a token's log-prob with respect to the logits is onehot(o) - softmax(z), whose norm is
-at least sqrt(N/(N-1)) (1 - pi_o) and at most sqrt(2) (1 - pi_o) (Prop. 4.2). Low-probability tokens
-therefore dominate the update and can push high-probability tokens the wrong way. Two fixes:
+Why: the gradient of a token's log-prob with respect to the logits is onehot(o) - softmax(z), whose
+norm is at least sqrt(N/(N-1)) (1 - pi_o) and at most sqrt(2) (1 - pi_o) (Prop. 4.2).
+Low-probability tokens therefore dominate the update and can push high-probability tokens the wrong
+way. Two fixes:
 
-  AR     scale each token's advantage by alpha * p_old + (1 - alpha)         (the paper's AR equation)
-  Lopti  split the valid tokens by p_old < eta and update twice: low-probability tokens first, then the
-         high-probability ones (the paper's Lopti algorithm)
+  AR     scale each token's advantage by alpha * p_old + (1 - alpha)       (the paper's AR equation)
+  Lopti  split the valid tokens by p_old < eta and update twice: low-probability tokens first,
+         then the high-probability ones (the paper's Lopti algorithm)
 
 How a trainer uses this file (one optimisation step; see train.py):
 
-    token_adv = reweight_advantages(adv, old_token_probs, completion_mask, alpha)    # alpha = 0: identity
+    token_adv = reweight_advantages(adv, old_token_probs, completion_mask,
+                                    alpha)  # alpha = 0: identity
     for name, pass_adv, pass_mask in lopti_passes(token_adv, old_token_probs, completion_mask, eta):
         loss, stats = policy_loss(logprobs, old_logprobs, pass_adv, completion_mask,
                                   ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_mask=pass_mask)
-        loss.backward(); optimizer.step(); optimizer.zero_grad()   # logprobs recomputed for each pass
+        loss.backward(); optimizer.step(); optimizer.zero_grad()
+        # logprobs recomputed for each pass
 
-Both passes use the same old and reference log-probs (nothing is re-sampled or re-scored in between), so in
-pass 2 the ratio is pi_after_pass1 / pi_old and clipping bounds the cumulative move. The KL term is restricted
-to the pass's tokens, while the loss denominator stays the full completion_mask. "old_token_probs" is
-exp(old_logprobs): the sampled token's probability under the sampling policy, detached.
+Both passes use the same old and reference log-probs (nothing is re-sampled or re-scored in
+between), so in pass 2 the ratio is pi_after_pass1 / pi_old and clipping bounds the cumulative move.
+The KL term is restricted to the pass's tokens, while the loss denominator stays the full
+completion_mask. "old_token_probs" is exp(old_logprobs): the sampled token's probability under the
+sampling policy, detached.
 """
 import math
 
@@ -29,10 +34,12 @@ PASS_ORDERS = ("low-first", "high-first")
 
 
 def reweight_advantages(advantages, old_token_probs, completion_mask, alpha):
-    """Advantage Reweighting (Yang et al. 2505.12929, AR equation): A'_{i,t} = (alpha * p_old_{i,t} + 1 - alpha) A_i.
+    """Advantage Reweighting (Yang et al. 2505.12929, AR equation):
+    A'_{i,t} = (alpha * p_old_{i,t} + 1 - alpha) A_i.
 
-    advantages [B] or [B, T]; old_token_probs, completion_mask [B, T]. Returns [B, T] float32 token advantages,
-    zero outside the mask. Applies to positive and negative advantages alike; alpha = 0 is the identity.
+    advantages [B] or [B, T]; old_token_probs, completion_mask [B, T]. Returns [B, T] float32 token
+    advantages, zero outside the mask. Applies to positive and negative advantages alike; alpha = 0
+    is the identity.
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
@@ -41,18 +48,20 @@ def reweight_advantages(advantages, old_token_probs, completion_mask, alpha):
                          f"{tuple(old_token_probs.shape)} and {tuple(completion_mask.shape)}")
     if advantages.dim() == 1:
         advantages = advantages[:, None]
-    if advantages.shape[0] != old_token_probs.shape[0] or advantages.shape[1] not in (1, old_token_probs.shape[1]):
-        raise ValueError(f"advantages must have shape [B] or [B, T] = {tuple(old_token_probs.shape)}, "
-                         f"got {tuple(advantages.shape)}")
+    if (advantages.shape[0] != old_token_probs.shape[0]
+            or advantages.shape[1] not in (1, old_token_probs.shape[1])):
+        raise ValueError(f"advantages must have shape [B] or [B, T] = "
+                         f"{tuple(old_token_probs.shape)}, got {tuple(advantages.shape)}")
     scale = alpha * old_token_probs.float() + (1.0 - alpha)
     return torch.where(completion_mask.bool(), scale * advantages.float(), 0.0)
 
 
 def isolation_masks(old_token_probs, completion_mask, eta):
-    """Lopti's token split (Yang et al. 2505.12929, Lopti algorithm): low = valid & p_old < eta, high = the rest.
+    """Lopti's token split (Yang et al. 2505.12929, Lopti algorithm):
+    low = valid & p_old < eta, high = the rest.
 
-    old_token_probs, completion_mask [B, T]. Returns (low_mask, high_mask), bool [B, T], disjoint, and their
-    union is exactly the valid tokens.
+    old_token_probs, completion_mask [B, T]. Returns (low_mask, high_mask), bool [B, T], disjoint,
+    and their union is exactly the valid tokens.
     """
     if old_token_probs.shape != completion_mask.shape:
         raise ValueError(f"old_token_probs {tuple(old_token_probs.shape)} and completion_mask "
@@ -63,12 +72,14 @@ def isolation_masks(old_token_probs, completion_mask, eta):
 
 
 def lopti_passes(token_advantages, old_token_probs, completion_mask, eta, order="low-first"):
-    """The update passes of one Lopti step: list of (name, pass_advantages [B, T], pass_mask bool [B, T]).
+    """The update passes of one Lopti step: list of
+    (name, pass_advantages [B, T], pass_mask bool [B, T]).
 
-    eta <= 0 turns Lopti off: [("all", token_advantages, completion_mask)]. Otherwise two passes, low-probability
-    tokens first ("low-first", essential per the paper's ablation) or "high-first" for that ablation; each pass's
-    advantages are zeroed outside its mask. Both passes are always returned; an empty pass has zero gradient,
-    but an optimizer with momentum or weight decay still moves the weights, so a trainer may skip it.
+    eta <= 0 turns Lopti off: [("all", token_advantages, completion_mask)]. Otherwise two passes,
+    low-probability tokens first ("low-first", essential per the paper's ablation) or "high-first"
+    for that ablation; each pass's advantages are zeroed outside its mask. Both passes are always
+    returned; an empty pass has zero gradient, but an optimizer with momentum or weight decay still
+    moves the weights, so a trainer may skip it.
     """
     if order not in PASS_ORDERS:
         raise ValueError(f"unknown Lopti order {order!r}; choose from {', '.join(PASS_ORDERS)}")
@@ -77,7 +88,8 @@ def lopti_passes(token_advantages, old_token_probs, completion_mask, eta, order=
     if eta <= 0:
         return [("all", token_advantages, completion_mask)]
     if token_advantages.dim() != 2:
-        raise ValueError(f"token_advantages must be [B, T] (use reweight_advantages first), got {tuple(token_advantages.shape)}")
+        raise ValueError(f"token_advantages must be [B, T] (use reweight_advantages first), "
+                         f"got {tuple(token_advantages.shape)}")
     low_mask, high_mask = isolation_masks(old_token_probs, completion_mask, eta)
     passes = [("low", low_mask), ("high", high_mask)]
     if order == "high-first":
@@ -86,11 +98,15 @@ def lopti_passes(token_advantages, old_token_probs, completion_mask, eta, order=
 
 
 def logit_grad_norm_bounds(token_prob, vocab_size):
-    """Prop. 4.2 of Yang et al. 2505.12929: bounds on ||d log pi_o / d z|| = ||onehot(o) - softmax(z)||.
+    """Prop. 4.2 of Yang et al. 2505.12929: bounds on
+    ||d log pi_o / d z|| = ||onehot(o) - softmax(z)||.
 
-    token_prob: pi_o (float or tensor); vocab_size N >= 2. Returns (sqrt(N/(N-1)) (1 - pi_o), sqrt(2) (1 - pi_o)).
-    The lower bound is reached when the other N-1 tokens share 1 - pi_o equally, the upper when one token holds it.
+    token_prob: pi_o (float or tensor); vocab_size N >= 2.
+    Returns (sqrt(N/(N-1)) (1 - pi_o), sqrt(2) (1 - pi_o)).
+    The lower bound is reached when the other N-1 tokens share 1 - pi_o equally, the upper when one
+    token holds it.
     """
     if vocab_size < 2:
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
-    return math.sqrt(vocab_size / (vocab_size - 1)) * (1 - token_prob), math.sqrt(2.0) * (1 - token_prob)
+    return (math.sqrt(vocab_size / (vocab_size - 1)) * (1 - token_prob),
+            math.sqrt(2.0) * (1 - token_prob))

@@ -1,37 +1,39 @@
-"""RL fine-tuning of a causal LM with SoftmaxGRPO advantages, Advantage Reweighting and Lopti, top to bottom.
+"""RL fine-tuning of a causal LM with SoftmaxGRPO advantages, Advantage Reweighting and Lopti.
 
-    python train.py                      # offline default: tiny Llama, warm start, SoftmaxGRPO on Countdown (CPU)
-    python train.py --help               # every setting (config.py), with its default and the papers' value
+    python train.py                       # offline: tiny Llama, warm start, SoftmaxGRPO, Countdown
+    python train.py --help                # every setting (harness/config.py): default, paper value
     python train.py --resume runs/default # continue that run, with its saved settings
 
 One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
 
-    prompts    x_1 .. x_G                                  task.examples
-    rollouts   o_i1 .. o_iM ~ pi_theta(. | x_i)            collect_rollouts -> rollout.generate_rollouts
-    rewards    R_ij                                        task.reward
-    advantages A_ij = M softmax(R_i / tau)_j - 1           softmax_grpo.group_advantages (or GRPO's z-score, ...)
-    fix pi_old and pi_ref of the sampled tokens            update_policy, step 1
-    AR         A_ijt = (alpha p_old + 1 - alpha) A_ij      update_policy, step 2: lopti.reweight_advantages
-    for each Lopti pass (p_old < eta first, then the rest; one pass over all tokens without Lopti):
-        for each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), one optimizer step
+    prompts    x_1 .. x_G                              task.examples
+    rollouts   o_i1 .. o_iM ~ pi_theta(. | x_i)        collect_rollouts -> rollout.generate_rollouts
+    rewards    R_ij                                    task.reward
+    advantages A_ij = M softmax(R_i / tau)_j - 1       softmax_grpo.group_advantages (or GRPO's)
+    fix pi_old and pi_ref of the sampled tokens        update_policy #1
+    AR         A_ijt = (alpha p_old + 1 - alpha) A_ij  update_policy #2: lopti.reweight_advantages
+    for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
+        each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-Everything a reader may skip lives beside this file: config.py (the settings), run.py (resume, metrics, evals,
-checkpoints, Ctrl-C, building the policy), tiny.py (the offline tiny model), model.py (loading a model).
+The step (sections 1 and 2) uses only the lesson files beside this one. The loop (section 3) runs
+on harness/: the settings, the run's files, resume, evals, checkpoints, Ctrl-C, model loading, the
+tiny offline model; a reader of the algorithm may skip that folder.
 """
 import contextlib
 import sys
 
-import config as settings
+from harness import config as settings
 
 if __name__ == "__main__":
-    settings.load()  # --help, a bad flag or a conflicting --resume answer here, before torch loads (seconds)
+    # flags parsed once, before torch loads: --help and a bad flag answer at once
+    command_line = settings.load()
 
 import torch
 from tqdm import tqdm
 
-import run
+from harness import run
 from lopti import isolation_masks, lopti_passes, reweight_advantages
-from ppo import policy_loss
+from ppo import StepStats, policy_loss
 from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
@@ -42,203 +44,233 @@ def precision(device, dtype):
         else contextlib.nullcontext()
 
 
-def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks/step_time.py passes a real one
+def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks pass a real one
     return contextlib.nullcontext()
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Rollouts, rewards, group advantages
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock):
-    """M sampled completions per example, their task rewards and group advantages (DESIGN.md sections 2, 5).
-
-    -> (rollouts: rollout.Rollouts of B = len(examples) * M rows, rewards [B] float, advantages [B] float)."""
+    """M sampled completions per example, their task rewards and group advantages (DESIGN.md
+    sections 2, 5) -> (rollouts: rollout.Rollouts of B = len(examples) * M rows, rewards [B] float,
+    advantages [B] float)."""
     device = next(model.parameters()).device
     with clock("rollout"), precision(device, config.dtype):
-        rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
-                                     config.num_generations, max_new_tokens=config.max_new_tokens,
-                                     temperature=config.temperature, top_p=config.top_p,
-                                     mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
-                                     drop_finished_every=config.drop_finished_every)
+        rollouts = generate_rollouts(
+            model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
+            config.num_generations, max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature, top_p=config.top_p,
+            mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
+            drop_finished_every=config.drop_finished_every)
     with clock("reward+advantage"):
         rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
-                                for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())])
+                                for text, i in zip(rollouts.completions,
+                                                   rollouts.prompt_index.tolist())])
         if not torch.isfinite(rewards).all():
-            raise ValueError(f"task {task.name!r} returned a non-finite reward for the completion "
-                             f"{rollouts.completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r}")
+            raise ValueError(
+                f"task {task.name!r} returned a non-finite reward for the completion "
+                f"{rollouts.completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r}")
         group_rewards = rewards.view(len(examples), config.num_generations)  # [G, M]
-        lengths = rollouts.completion_mask.sum(1).view_as(group_rewards)      # reinforce_pp whitens over tokens
-        advantages = group_advantages(group_rewards, config.method, tau=config.tau, lengths=lengths).view(-1)  # [B]
+        lengths = rollouts.completion_mask.sum(1).view_as(group_rewards)  # reinforce_pp: tokens
+        advantages = group_advantages(group_rewards, config.method, tau=config.tau,
+                                      lengths=lengths).view(-1)  # [B]
     return rollouts, rewards, advantages
 
 
-# --------------------------------------------------------------------------------------------------------------
+def rollout_stats(task, rollouts, rewards, advantages, num_generations):
+    """The batch's metrics before the update: rewards, pass rate, zero-variance groups, lengths
+    (python floats)."""
+    group_rewards = rewards.view(-1, num_generations)  # [prompts, M]
+    return {"reward_mean": rewards.mean().item(),
+            "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
+            "zero_var_share": (group_rewards.max(1).values
+                               == group_rewards.min(1).values).float().mean().item(),
+            "adv_abs_mean": advantages.abs().mean().item(),
+            "response_length": rollouts.completion_mask.sum().item() / len(rewards),
+            "truncated_share": rollouts.truncated.float().mean().item()}
+
+
+# --------------------------------------------------------------------------------------------------
 # 2. The update: pi_old, AR, Lopti's passes, clipped-surrogate optimizer steps
-# --------------------------------------------------------------------------------------------------------------
-def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages, config, *,
-                  ref_model=None, old_logprobs=None, clock=no_clock):
-    """Train on one batch (Algorithm 1 after the advantages) -> stats (python floats; a metric not measured is
-    absent). input_ids, attention_mask [B, P+T]; completion_mask [B, T]; advantages [B]; old_logprobs [B, T] or
-    None (measured here)."""
+# --------------------------------------------------------------------------------------------------
+def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages,
+                  config, *, ref_model=None, old_logprobs=None, clock=no_clock):
+    """Train on one batch (Algorithm 1 after the advantages) -> stats (python floats). input_ids,
+    attention_mask [B, P+T]; completion_mask [B, T]; advantages [B]; old_logprobs [B, T] or None."""
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     mask, advantages = completion_mask.to(device).float(), advantages.to(device)
 
-    def logprobs_of(policy, rows, **kwargs):  # [rows, T] log-probs of the sampled tokens under logits / temperature
+    def logprobs_of(policy, rows, **kwargs):  # [rows, T] log-probs of the sampled tokens
         with clock("log-prob forward"), precision(device, config.dtype):
             return token_logprobs(policy, input_ids[rows], attention_mask[rows], mask[rows],
                                   temperature=config.temperature, micro_batch=config.micro_batch,
-                                  logit_chunk=config.logit_chunk, body_autocast=not config.logprob_fp32, **kwargs)
+                                  logit_chunk=config.logit_chunk,
+                                  body_autocast=not config.logprob_fp32, **kwargs)
 
-    # 1. pi_ref and pi_old of the sampled tokens, fixed before any update (rows that can get a gradient only)
-    active = (mask.any(1) & ((advantages != 0) | (ref_model is not None))).nonzero().squeeze(1)  # sorted row ids
+    # 1. pi_ref and pi_old of the sampled tokens, fixed before any update (rows with a gradient)
+    active = (mask.any(1) & ((advantages != 0) | (ref_model is not None))).nonzero().squeeze(1)
+    # Speed: when nothing reads p_old before the loss (no AR, no Lopti, one optimizer step), each
+    # forward's detached log-probs are pi_old, so no pi_old forward runs (docs/performance.md).
+    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
     with torch.no_grad():
         ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None))
-    # Speed: pi_old is the model before its first optimizer step, so that step's own forward can measure it. When
-    # nothing reads p_old before the loss (no AR, no Lopti, one optimizer step), each forward's detached log-probs
-    # serve and no pi_old forward runs; else, when the first step's rows fit one micro-batch, the pi_old forward
-    # keeps its graph and that step reuses it.
-    read_early = config.alpha > 0 or config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
-    reuse = config.mini_batches == 1 and len(active) <= config.micro_batch
-    first_forward = None
-    if old_logprobs is None and read_early:
-        old_logprobs = torch.zeros_like(mask)  # rows that get no gradient: p_old 1, never trained on
-        if len(active):
-            with torch.set_grad_enabled(reuse):
-                logprobs, entropy = logprobs_of(model, active, with_entropy=True)
-            old_logprobs[active] = logprobs.detach()
-            first_forward = (logprobs, entropy) if reuse else None
+        if old_logprobs is None and reads_p_old:  # rows without a gradient keep p_old 1
+            old_logprobs = torch.zeros_like(mask).index_put((active,), logprobs_of(model, active))
     old_logprobs = None if old_logprobs is None else old_logprobs.to(device)
-    old_probs = None if old_logprobs is None else old_logprobs.exp()  # p_old of each sampled token
+    old_probs = None if old_logprobs is None else old_logprobs.exp()  # [B, T] p_old of each token
 
     # 2. AR, once per batch: token advantages A_t = (alpha p_old + 1 - alpha) A
     token_adv = advantages[:, None] * mask if config.alpha == 0 else \
         reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
 
-    # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches optimizer steps
-    stats = run.StepStats()  # the loss's stats, summed on the device (run.py)
-    for name, pass_adv, pass_mask in lopti_passes(token_adv, old_probs, mask, config.lopti_eta, config.lopti_order):
+    # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches steps
+    stats = StepStats()  # the loss's stats, summed on the device (ppo.py)
+    for name, pass_adv, pass_mask in lopti_passes(token_adv, old_probs, mask, config.lopti_eta,
+                                                  config.lopti_order):
         trained = rows_with_gradient(pass_adv, pass_mask, kl=ref_model is not None)  # [B] bool
         for epoch in range(config.ppo_epochs):
-            for mini_batch in torch.arange(len(advantages), device=device).tensor_split(config.mini_batches):
-                rows = mini_batch[trained[mini_batch]]
-                if len(rows) == 0:  # nothing to learn from: no optimizer step (AdamW would still move the weights)
-                    continue
-                share = row_shares(mask, mini_batch, config.loss_agg, config.micro_batch)  # [B] row weights
+            for mini_batch, rows in mini_batches_with_gradient(trained, config.mini_batches):
+                share = row_shares(mask, mini_batch, config.loss_agg, config.micro_batch)
                 optimizer.zero_grad(set_to_none=True)
                 for micro in forward_chunks(rows, mini_batch, config):  # micro_batch rows at a time
-                    if first_forward is not None:  # the first optimizer step: the pi_old forward, graph and all
-                        logprobs, entropy = (t[torch.searchsorted(active, micro)] for t in first_forward)
-                        first_forward = None
-                    else:
-                        logprobs, entropy = logprobs_of(model, micro, with_entropy=True)
+                    logprobs, entropy = logprobs_of(model, micro, with_entropy=True)
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[micro]
                     loss, loss_stats = policy_loss(
                         logprobs, old, pass_adv[micro], mask[micro], clip_low=config.clip_low,
                         clip_high=config.clip_high, dual_clip=config.dual_clip,
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro], kl_coef=config.kl_coef,
-                        kl_clamp=config.kl_clamp, kl_mask=pass_mask[micro], loss_agg=config.loss_agg,
-                        norm_constant=config.max_new_tokens)
-                    (loss * share[micro].sum()).backward()  # summed over micro-batches: the mini-batch's loss
+                        kl_coef=config.kl_coef, kl_clamp=config.kl_clamp, kl_mask=pass_mask[micro],
+                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
+                        loss_agg=config.loss_agg, norm_constant=config.max_new_tokens)
+                    (loss * share[micro].sum()).backward()  # summed: the mini-batch's loss
                     stats.add(loss_stats, loss, entropy, mask[micro], weight=share[micro].sum())
-                stats.grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+                stats.grad_norms.append(
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
                 optimizer.step()
-    out = stats.result()
-    if config.lopti_eta > 0:  # share of the trained tokens in the low-probability pass
-        low, _ = isolation_masks(old_probs, mask, config.lopti_eta)
-        out["lopti_low_share"] = (low[active].sum() / mask[active].sum().clamp_min(1)).item()
-    return out
+    return {**stats.result(), **low_probability_share(old_probs, mask, active, config.lopti_eta)}
 
 
 def rows_with_gradient(pass_adv, pass_mask, *, kl):
-    """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of its tokens).
-    The others are skipped: their loss is 0 and constant, though they still count in the mini-batch's mean."""
+    """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of
+    its tokens). The others are skipped: their loss is 0 and constant, though they still count in
+    the mini-batch's mean."""
     return (pass_adv != 0).any(1) | (kl & pass_mask.any(1))
 
 
+def mini_batches_with_gradient(trained, count):
+    """The batch's rows in `count` contiguous mini-batches -> [(mini_batch, its rows with a
+    gradient)], leaving out a mini-batch with none: nothing to learn, so no optimizer step (AdamW
+    would still move the weights)."""
+    splits = torch.arange(len(trained), device=trained.device).tensor_split(count)
+    return [(mini_batch, mini_batch[trained[mini_batch]])
+            for mini_batch in splits if trained[mini_batch].any()]
+
+
 def row_shares(completion_mask, mini_batch, loss_agg, micro_batch):
-    """[B] each row's weight in its mini-batch's loss: its tokens / the mini-batch's tokens (token-mean), its tokens /
-    its micro-batch's tokens / the number of micro-batches (token-mean-per-micro-batch: the micro-batches are the
-    mini-batch's rows, micro_batch at a time, as verl forms them), else 1 / rows. Forward chunks' losses times their
-    rows' shares add up to the mini-batch's loss."""
+    """[B] each row's weight in its mini-batch's loss: its tokens / the mini-batch's tokens
+    (token-mean), its tokens / its micro-batch's tokens / the number of micro-batches
+    (token-mean-per-micro-batch: the micro-batches are the mini-batch's rows, micro_batch at a
+    time, as verl forms them), else 1 / rows. Forward chunks' losses times their rows' shares add
+    up to the mini-batch's loss."""
     share = torch.zeros(len(completion_mask), device=completion_mask.device)
     tokens = completion_mask[mini_batch].sum(1)
     if loss_agg == "token-mean":
         share[mini_batch] = tokens / tokens.sum().clamp_min(1)
     elif loss_agg == "token-mean-per-micro-batch":
         parts = tokens.split(micro_batch)
-        share[mini_batch] = torch.cat([part / part.sum().clamp_min(1) / len(parts) for part in parts])
+        share[mini_batch] = torch.cat([part / part.sum().clamp_min(1) / len(parts)
+                                       for part in parts])
     else:
         share[mini_batch] = 1.0 / len(mini_batch)
     return share
 
 
+def low_probability_share(old_probs, mask, active, eta):
+    """{"lopti_low_share": the share of the active rows' tokens in Lopti's low-probability pass};
+    {} without Lopti."""
+    if eta <= 0:
+        return {}
+    low, _ = isolation_masks(old_probs, mask, eta)
+    return {"lopti_low_share": (low[active].sum() / mask[active].sum().clamp_min(1)).item()}
+
+
 def forward_chunks(rows, mini_batch, config):
-    """The trained rows of a mini-batch, micro_batch at a time. token-mean-per-micro-batch: within each of the
-    mini-batch's own micro-batches, so that no chunk mixes two micro-batches' token means."""
+    """The trained rows of a mini-batch, micro_batch at a time. token-mean-per-micro-batch: within
+    each of the mini-batch's own micro-batches, so that no chunk mixes two micro-batches' token
+    means."""
     if config.loss_agg != "token-mean-per-micro-batch":
         return rows.split(config.micro_batch)
     chunks = [micro[torch.isin(micro, rows)] for micro in mini_batch.split(config.micro_batch)]
     return [chunk for chunk in chunks if len(chunk)]
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 3. The loop
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def train(config):
-    """Run config.steps RL steps (fresh, or continuing a run config.load resumed) -> {"before", "after",
-    "metrics_path"}."""
-    config = run.resolve(config)  # device and dtype for this machine
+    """Run config.steps RL steps (fresh, or continuing a run config.load resumed) -> {"before",
+    "after", "metrics_path"}."""
+    config, tokenizer, task, prompts = run.settle(config)  # every setting decided here, then frozen
     if config.dry_run:
         return run.print_settings(config)
-    with run.start(config) as state:  # the folder locked; a fresh run never overwrites one; Ctrl-C saves
-        model, tokenizer, task, ref_model = run.build_policy(config, log=tqdm.write)  # tiny model: warm start
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        eval_examples = task.examples("test", config.eval_size, seed=config.seed)
-        prompts = run.training_prompts(task, tokenizer, config)  # fresh each step, or --epochs over a fixed set
+    with run.start(config) as state:  # the folder locked, never over a run; Ctrl-C saves
+        model, ref_model = run.build_policy(config, tokenizer, task, log=tqdm.write)  # + warm start
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
+                                      weight_decay=config.weight_decay)
+        with run.input_errors():  # e.g. a data file with too few test rows: one line
+            eval_examples = task.examples("test", config.eval_size, seed=config.seed)
 
         def evaluate_now(samples):  # greedy pass@1 and mean reward on the held-out prompts
             with precision(model.device, config.dtype):
                 return evaluate(model, tokenizer, task, eval_examples, style=config.style,
                                 max_new_tokens=config.max_new_tokens, samples=samples)
 
-        state.begin(model, tokenizer, optimizer, evaluate_now)  # fresh: eval at step 0; resumed: state restored
-        for step in tqdm(range(state.step + 1, config.steps + 1), initial=state.step, total=config.steps, desc="RL"):
-            # --- 1. rollouts, rewards, group advantages -----------------------------------------------------------
-            for group in optimizer.param_groups:  # linear warm-up, then constant (no dependence on --steps)
+        state.begin(model, tokenizer, optimizer, evaluate_now)  # fresh: eval at step 0; or restored
+        for step in tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
+                         total=config.steps, desc="RL"):
+            # --- 1. rollouts, rewards, group advantages -------------------------------------------
+            for group in optimizer.param_groups:  # linear warm-up, then constant
                 group["lr"] = config.lr * min(1.0, step / (config.warmup_steps + 1))
             examples = prompts(step)  # the step's prompts_per_step training examples
-            rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples, config,
-                                                             clock=state.clock)
-            # --- 2. the update ------------------------------------------------------------------------------------
+            rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
+                                                             config, clock=state.clock)
+            # --- 2. the update --------------------------------------------------------------------
             stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                  rollouts.completion_mask, advantages, config, ref_model=ref_model, clock=state.clock)
-            # --- 3. metrics, held-out eval, checkpoint (run.py) ---------------------------------------------------
-            state.log({"step": step, **run.rollout_stats(task, rollouts, rewards, advantages, config.num_generations),
-                       **stats, "lr": optimizer.param_groups[0]["lr"]}, tokens=rollouts.completion_mask.sum().item())
+                                  rollouts.completion_mask, advantages, config, ref_model=ref_model,
+                                  clock=state.clock)
+            # --- 3. metrics, held-out eval, checkpoint (harness/run.py) ---------------------------
+            state.log({"step": step,
+                       **rollout_stats(task, rollouts, rewards, advantages, config.num_generations),
+                       **stats, "lr": optimizer.param_groups[0]["lr"]},
+                      tokens=rollouts.completion_mask.sum().item())
             if state.end_of_step(step):  # evals and saves when due; True after Ctrl-C (then saved)
                 break
         before, after = state.initial_eval, state.final_eval()
 
-    # --- before / after: held-out greedy eval of the initial and the final weights -----------------------------------
+    # --- before / after: held-out greedy eval of the initial and the final weights ----------------
     print(f"\n{f'held-out, greedy, {len(eval_examples)} prompts':<32}{'pass@1':>8}{'reward':>8}")
-    for label, result in [("before RL" + (" (after warm start)" if config.model == "tiny" else ""), before),
-                          (f"after RL (step {state.step})", after)]:
+    warm_start = " (after warm start)" if config.model == "tiny" else ""
+    for label, result in [(f"before RL{warm_start}", before), (f"after RL (step {state.step})",
+                                                              after)]:
         print(f"{label:<32}{result['pass@1']:>8.3f}{result['reward']:>8.3f}")
     print(f"metrics: {state.metrics_path}")
-    if state.stopped:
-        sys.exit(130)  # the shell's code for Ctrl-C, once the checkpoint is safe
+    if state.stopped:  # Ctrl-C, SIGTERM or SIGHUP, once the checkpoint is safe: the shell's code for it
+        sys.exit(128 + state.stopped)  # 130, 143, 129
     return {"before": before, "after": after, "metrics_path": state.metrics_path}
 
 
 def main(argv=None):
-    """`python train.py [flags]`: errors a user can act on are one line (bad input: exit 2; the run's files: 1)."""
+    """`python train.py [flags]`. argv: the flags (default: sys.argv), or a Config already loaded
+    from them. Errors a user can act on are one line (bad input: exit 2; the run's files: 1); any
+    other is a bug: its traceback."""
+    config = argv if isinstance(argv, settings.Config) else settings.load(argv)  # + a resumed run's
     try:
-        return train(settings.load(argv))  # flags, and a resumed run's saved settings
-    except (run.RunError, ValueError, OSError) as error:
+        return train(config)
+    except (settings.InputError, run.RunError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
-        sys.exit(2 if isinstance(error, ValueError) else 1)
+        sys.exit(2 if isinstance(error, settings.InputError) else 1)
 
 
 if __name__ == "__main__":
-    main()
+    main(command_line)

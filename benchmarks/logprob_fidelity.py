@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
-from model import load_policy  # noqa: E402
+from harness.model import load_policy  # noqa: E402
 from rollout import generate_rollouts, render_prompts, token_logprobs  # noqa: E402
 
 

@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
-from model import load_policy  # noqa: E402
+from harness.model import load_policy  # noqa: E402
+from harness.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 from rollout import generate_rollouts, render_prompts  # noqa: E402
 
 PRESETS = {
@@ -41,8 +42,11 @@ def main(argv=None):
     preset = PRESETS[args.preset]
     torch.set_num_threads(args.threads or preset["threads"])
     model_arg = args.model or preset["model"]
-    model, tokenizer = load_policy(model_arg,
-                                   alphabet=tasks.COMPACT_ALPHABET)
+    if model_arg == "tiny":  # random init, as train.py builds it before its warm start
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(tokenizer)
+    else:
+        model, tokenizer = load_policy(model_arg)
     if preset["model"] == "tiny":
         model.config._attn_implementation = "eager"  # as benchmarks/step_time.py: faster for tiny matrices
     task = tasks.get_task(preset["task"])

@@ -42,10 +42,10 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-import config as settings  # noqa: E402
-import run  # noqa: E402
+from harness import config as settings  # noqa: E402
+from harness import run  # noqa: E402
 import train  # noqa: E402
-from model import smollm2_gguf  # noqa: E402
+from harness.model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
 
 SMOLLM2_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
@@ -77,7 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--lopti-eta", type=float, default=0.5, help="eta of the Lopti side (paper: 0.5)")
     p.add_argument("--lopti-alpha", type=float, default=0.3, help="AR alpha of the Lopti side (paper: 0.3)")
     p.add_argument("--no-warm-start", action="store_true", help="tiny model from random init (all rewards 0)")
-    p.add_argument("--only", choices=("both", "ours", "trl"), default="both", help="one side (memory subprocess)")
+    p.add_argument("--only", choices=("both", "ours", "trl", "ours+lopti"), default="both",
+                   help="one side (memory subprocess), or our two sides without TRL")
     p.add_argument("--no-memory", action="store_true", help="skip the per-side memory subprocesses")
     p.add_argument("--profile", choices=("none", "torch", "cprofile"), default="none", help="profile our step")
     args, train_argv = p.parse_known_args(argv)
@@ -95,7 +96,7 @@ def parse_args(argv=None):
     args.targets = preset["targets"]
     if args.train.kl_coef > 0 or args.train.ppo_epochs != 1 or args.train.loss_agg != "token-mean":
         p.error("the comparison is defined for kl_coef 0, ppo_epochs 1, loss_agg token-mean (TRL: beta 0, dapo)")
-    args.train = run.resolve(args.train)  # --device/--dtype auto chosen
+    args.train = run.hardware(args.train)  # --device/--dtype auto chosen
     if args.train.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA device is visible (use --preset tiny-cpu)")
     if args.threads > 0:
@@ -133,11 +134,11 @@ def memory_mib(device):
 # --- The workload: task, prompts, the policy (as train.py builds it) -----------------------------------------------
 def build_workload(args):
     """-> (task, examples, model, tokenizer); one example list, sliced per step by every side."""
-    t = args.train
-    if args.no_warm_start:
-        t.warm_start_steps = 0
-    t.warm_start_cache = t.warm_start_cache or os.path.join("runs", "bench")  # computed once (minutes on a CPU)
-    model, tokenizer, task, _ = run.build_policy(t)  # as train.py: defaults, task, warm start
+    t = dataclasses.replace(args.train, warm_start_steps=0 if args.no_warm_start else args.train.warm_start_steps,
+                            warm_start_cache=args.train.warm_start_cache or os.path.join("runs", "bench"))
+    t, tokenizer, task, _ = run.settle(t)  # as train.py: the tiny model's defaults; the warm start cached (minutes)
+    args.train = t
+    model, _ = run.build_policy(t, tokenizer, task)
     if t.model == "tiny":
         model.config._attn_implementation = "eager"
     examples = task.examples("train", t.prompts_per_step * (args.warmup + args.steps), seed=t.seed)
@@ -349,7 +350,7 @@ def main(argv=None):
     sides = []
     if args.only != "trl":
         sides.append(make_our_side("ours, one pass", model, tokenizer, args.train, alpha=0.0, eta=0.0))
-    if args.only == "both":
+    if args.only in ("both", "ours+lopti"):
         sides.append(make_our_side(f"ours, Lopti eta {args.lopti_eta} AR {args.lopti_alpha}", model, tokenizer,
                                    args.train, alpha=args.lopti_alpha, eta=args.lopti_eta))
 
@@ -358,7 +359,7 @@ def main(argv=None):
             run_our_side(side, task, examples, args.device, step)
 
     trl_clock = None
-    if have_trl and args.only != "ours":
+    if have_trl and args.only in ("both", "trl"):
         trainer, trl_clock = make_trl_trainer(model, tokenizer, task, examples, args, our_sides)
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     del model  # every side holds its own copy; drop the template before measuring memory
@@ -371,7 +372,7 @@ def main(argv=None):
     else:
         for step in range(args.warmup + args.steps):
             our_sides(step)
-    if args.only != "both":
+    if args.only in ("ours", "trl"):
         seconds = sides[0]["seconds"] if sides else trl_clock.seconds
         print("RESULT " + json.dumps({"memory": [memory_mib(args.device)[0], before], "seconds": seconds}))
         return

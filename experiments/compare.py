@@ -56,9 +56,9 @@ import statistics
 import time
 
 import train
-from checkpoint import RunError, read_metrics
-from config import parse_args
-from experiments import pyplot
+from harness.checkpoint import RunError, read_metrics
+from harness.config import parse_args
+from experiments import pyplot, train_flags
 from experiments.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
 PRESETS = {
@@ -199,7 +199,7 @@ def sampled_pass_at_k(run_dir, ks=None, *, seed=0):
     import torch
 
     import tasks
-    from model import load_policy
+    from harness.model import load_policy
     from rollout import generate_rollouts, render_prompts
     checkpoint = os.path.join(run_dir, "latest")
     with open(os.path.join(checkpoint, "run.json")) as f:
@@ -347,6 +347,8 @@ def main(argv=None):
                              "--num-generations samples per prompt): 'auto' = k = 1, 2, 4, ... M; a comma list; "
                              "'off' = greedy pass@1 only")
     args, extra = parser.parse_known_args(argv)
+    extra = train_flags(parser, extra)
+    dry_run = "--dry-run" in extra  # each run's settings, then stop
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -372,6 +374,9 @@ def main(argv=None):
         for config in configs:
             argv_run = run_argv(args.preset, config, seed, args.output_dir, extra)
             print(f"\n=== {args.preset} {config} seed {seed}: python train.py {' '.join(argv_run)}", flush=True)
+            if dry_run:
+                train.main(argv_run)
+                continue
             start = time.time()
             result = None if args.rerun else finished_run(argv_run)
             reused = result is not None
@@ -396,6 +401,8 @@ def main(argv=None):
             runs.append({**row, "seconds": round(time.time() - start, 1), "reused": reused, "output_dir": run_dir,
                          "argv": " ".join(argv_run)})
             write_csv(os.path.join(args.output_dir, f"{args.preset}_runs.csv"), runs)  # so far: a stop keeps them
+    if dry_run:
+        return None
     summary = summarize(runs, configs)
     write_csv(os.path.join(args.output_dir, f"{args.preset}_summary.csv"), summary_rows(summary))
     reused = sum(r["reused"] for r in runs)

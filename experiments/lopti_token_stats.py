@@ -41,7 +41,7 @@ import statistics
 import torch
 
 import train
-from config import Config
+from harness.config import Config
 from experiments import pyplot
 from experiments.seed_stats import mean_sd_se
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups

@@ -38,8 +38,8 @@ import random
 import time
 
 import train
-from checkpoint import read_metrics
-from experiments import compare, plot_metrics
+from harness.checkpoint import read_metrics
+from experiments import compare, plot_metrics, train_flags
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
 SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax", "--tau", "0.1", "--steps", "60",
@@ -142,6 +142,8 @@ def main(argv=None):
     parser.add_argument("--output-dir", default="runs/smollm2_cpu")
     parser.add_argument("--rerun", action="store_true", help="train again a seed already finished in its folder")
     args, extra = parser.parse_known_args(argv)
+    extra = train_flags(parser, extra)
+    dry_run = "--dry-run" in extra  # each run's settings, then stop
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -155,6 +157,9 @@ def main(argv=None):
         argv_run = [*SETTINGS, "--data", data, "--seed", str(seed), "--output-dir",
                     os.path.join(args.output_dir, f"seed{seed}"), "--overwrite", *extra]
         print(f"\n=== seed {seed}: python train.py {' '.join(argv_run)}", flush=True)
+        if dry_run:
+            train.main(argv_run)
+            continue
         start = time.time()
         result = None if args.rerun else compare.finished_run(argv_run)
         if result is None:
@@ -165,6 +170,8 @@ def main(argv=None):
             minutes = "reused"
         results[seed] = (result["metrics_path"], minutes)
 
+    if dry_run:
+        return None
     table = []
     print(f"\nheld-out greedy eval, {EVAL_SIZE} prompts: value +- SE over the prompts")
     print("| seed | step | reward | pass@1 | length |")

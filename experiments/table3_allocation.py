@@ -30,9 +30,9 @@ import os
 import torch
 
 import tasks
-from config import Config, parse_task_option
-from model import load_policy
-from tiny import apply_cpu_defaults, prompt_style
+from harness.config import Config, parse_task_option
+from harness.model import load_policy
+from harness.tiny import apply_cpu_defaults, prompt_style
 from rollout import generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
@@ -64,7 +64,7 @@ def load_for_experiment(args, parser):
         defaults = Config(task=args.task, data=args.data,
                           task_options=dict(parse_task_option(text) for text in args.task_option))
         if style == "compact":
-            apply_cpu_defaults(defaults)
+            defaults = apply_cpu_defaults(defaults)
         task = tasks.get_task(defaults.task, data=defaults.data, **defaults.task_options)
         return model, tokenizer, style, task, defaults
     except ValueError as error:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tasks
-from model import smollm2_gguf
-from tiny import build_char_tokenizer, build_tiny_model
+from harness.model import smollm2_gguf
+from harness.tiny import build_char_tokenizer, build_tiny_model
 from rollout import generate_rollouts
 
 # train.py flags for a run that takes seconds: a 1-layer, 32-wide tiny Llama, no warm start, 2 prompts x 4 samples

@@ -14,8 +14,8 @@ import torch
 
 import tasks
 from experiments import compare, lopti_token_stats, seed_stats, table3_allocation
-from model import load_policy
-from tiny import build_char_tokenizer, build_tiny_model, prompt_style
+from harness.model import load_policy
+from harness.tiny import build_char_tokenizer, build_tiny_model, prompt_style
 from rollout import token_logprobs
 from softmax_grpo import group_advantages
 from tests.stubs import SMALL_TRAIN, DigitsTask

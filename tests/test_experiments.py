@@ -5,6 +5,7 @@ Sizes are tiny (a few seconds in all); the default toy check itself takes ~2 min
 """
 
 import csv
+import importlib
 import json
 import math
 import os
@@ -377,3 +378,32 @@ def test_smollm2_cpu_runs_its_seeds_on_the_tiny_model(tmp_path, capsys):
     with open(os.path.join(out, "data", "test.jsonl")) as f:
         assert len(f.readlines()) == smollm2_cpu.EVAL_SIZE
     assert os.path.exists(os.path.join(out, "smollm2_cpu.png")) == HAS_MATPLOTLIB
+
+
+@pytest.mark.parametrize("script", ["smollm2_cpu", "compare"])
+@pytest.mark.parametrize("flag", ["--seed", "--seed=2", "--overwrite", "--resume"])
+def test_a_flag_the_script_sets_for_each_run_is_refused(script, flag, tmp_path, capsys):
+    # `--seed 2` (meant: --seeds 2) used to reach every train.py run, where the last --seed won: seed 2 trained into
+    # seed0/ and seed1/ and labelled seed 0 and 1. Now one line, before anything runs.
+    module = importlib.import_module(f"experiments.{script}")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--output-dir", str(tmp_path / "out"), flag, *(["2"] if "=" not in flag and "seed" in flag
+                                                                     else [])])
+    assert exit_info.value.code == 2
+    assert f"{flag.split('=')[0]} is set by this script for each of its runs" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "out" / "seed0")
+
+
+def test_an_experiment_dry_run_prints_each_runs_settings(tmp_path, capsys):
+    from experiments import smollm2_cpu
+    out = tmp_path / "smol"
+    assert smollm2_cpu.main(["--seeds", "0,1", "--output-dir", str(out), "--model", "tiny", "--dry-run"]) is None
+    printed = capsys.readouterr().out
+    decoder, settings, at = json.JSONDecoder(), [], printed.find("{\n")
+    while at >= 0:
+        value, end = decoder.raw_decode(printed, at)
+        settings.append(value)
+        at = printed.find("{\n", end)
+    assert [s["seed"] for s in settings] == [0, 1]
+    assert [s["output_dir"] for s in settings] == [str(out / "seed0"), str(out / "seed1")]
+    assert not os.path.exists(out / "seed0" / "metrics.jsonl")

@@ -14,7 +14,7 @@ if importlib.util.find_spec("trl") is None:
     pytest.skip("TRL is not installed (pip install -r requirements-bench.txt)", allow_module_level=True)
 
 from lopti import reweight_advantages  # noqa: E402
-from tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
+from harness.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 from softmax_grpo import group_advantages  # noqa: E402
 from tasks import COMPACT_ALPHABET, get_task  # noqa: E402
 

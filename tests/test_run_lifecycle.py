@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import checkpoint
-import run as run_module
+from harness import checkpoint
+from harness import run as run_module
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
 
@@ -176,7 +176,7 @@ def test_a_missing_reference_policy_is_one_line(tmp_path, capsys):
 
 
 def test_an_interrupted_warm_start_save_leaves_no_cache(tmp_path, monkeypatch, capsys):
-    import tiny as model_module
+    from harness import tiny as model_module
 
     def fail(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -3,6 +3,7 @@ or a careless user would meet it. Every failure is one line naming the file, fla
 code (2: a flag, 1: the run's files)."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -10,8 +11,8 @@ import time
 import pytest
 import torch
 
-import checkpoint
-import config
+from harness import checkpoint
+from harness import config
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
 
@@ -62,6 +63,42 @@ def test_a_checkpoint_that_would_run_code_is_refused(finished_run, tmp_path, cap
     assert "refused" in err and "posix.mkdir" in err and not os.path.exists(canary)
 
 
+@pytest.mark.parametrize("where", ["config.json", "tokenizer_config.json"])
+def test_a_model_folder_that_ships_python_code_is_refused(finished_run, tmp_path, where):
+    # A save_pretrained folder whose config names its own code (auto_map -> evil.py). transformers would ask "run the
+    # custom code? [y/N]"; a "y" on stdin must change nothing: the folder is refused in one line, evil.py never runs.
+    folder = tmp_path / "model"
+    os.system(f"cp -r {finished_run}/checkpoint-4 {folder}")
+    canary = tmp_path / "canary"
+    (folder / "evil.py").write_text(f"open({str(canary)!r}, 'w').write('ran')\nfrom transformers import "
+                                    "LlamaForCausalLM as EvilModel, PreTrainedTokenizerFast as EvilTokenizer\n")
+    settings = json.loads((folder / where).read_text())
+    settings["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel", "AutoConfig": "evil.EvilModel",
+                            "AutoTokenizer": ["evil.EvilTokenizer", None]}
+    (folder / where).write_text(json.dumps(settings))
+    proc = subprocess.run([sys.executable, "train.py", "--model", str(folder), "--output-dir", str(tmp_path / "run"),
+                           "--steps", "1"], cwd=REPO, input="y\ny\n", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{where} names its own Python code (auto_map)" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not canary.exists()
+
+
+def test_every_load_passes_trust_remote_code_false(finished_run, monkeypatch):
+    # For a hub model the folder cannot be read first: transformers itself must refuse remote code.
+    import transformers
+    seen = []
+    for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
+        original = cls.from_pretrained.__func__
+
+        def recording(klass, *args, _original=original, **kwargs):
+            seen.append((klass.__name__, kwargs.get("trust_remote_code")))
+            return _original(klass, *args, **kwargs)
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(recording))
+    from harness.model import load_policy
+    load_policy(os.path.join(finished_run, "checkpoint-4"))
+    assert sorted(seen) == [("AutoModelForCausalLM", False), ("AutoTokenizer", False)]
+
+
 def test_trainer_state_holds_only_tensors_and_plain_values(finished_run):
     state = torch.load(os.path.join(finished_run, "latest", checkpoint.TRAINER_STATE), weights_only=True)
     assert set(state) >= {"step", "optimizer", "rng", "initial_eval"} and state["step"] == 4
@@ -95,19 +132,51 @@ def test_resuming_an_older_checkpoint_with_fewer_kept_never_prunes_what_it_write
 
 
 # --- 3. one run per folder -------------------------------------------------------------------------------------------
+def hold_lock(folder):
+    """Another process that takes the folder's lock as a run does (checkpoint.locked) and holds it: -> Popen."""
+    code = (f"import sys, time; sys.path.insert(0, {REPO!r})\nfrom harness.checkpoint import locked\n"
+            f"with locked({str(folder)!r}):\n    print('locked', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
 def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = hold_lock(out)
     try:
-        (out / checkpoint.LOCK).write_text(str(holder.pid))
         err = fails(capsys, ["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "1"])
-        assert f"in use by process {holder.pid}" in err and not (out / "metrics.jsonl").exists()
+        assert f"in use by process {holder.pid} on {socket.gethostname()}, started 20" in err
+        assert not (out / "metrics.jsonl").exists()
     finally:
         holder.kill()
         holder.wait()
-    run(out, "--steps", "1")  # its process is gone: the lock is stale and taken over
-    assert not (out / checkpoint.LOCK).exists()  # released at the end
+    run(out, "--steps", "1")  # its process is gone (killed: no clean-up of its own), so is its lock
+
+
+def test_a_lock_file_nobody_holds_is_no_lock(tmp_path):
+    # What a dead run leaves, even naming a live PID (a recycled one, or a process in another PID namespace):
+    # only a held flock refuses, so such a file neither blocks forever nor lets a second run in.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / checkpoint.LOCK).write_text(f"process {os.getppid()} on {socket.gethostname()}, started long ago\n")
+    run(out, "--steps", "1")
+    assert (out / "metrics.jsonl").exists()
+
+
+def test_runs_entering_the_lock_at_the_same_instant_get_it_once(tmp_path):
+    # 12 processes wait for the same instant, then all try the lock; whoever gets it holds it 2 s. Exactly one may
+    # enter (the old O_EXCL-then-write-the-PID lock let a second one in, reading the empty file as stale).
+    start_at = time.time() + 3.0
+    code = (f"import sys, time; sys.path.insert(0, {REPO!r})\nfrom harness.checkpoint import RunError, locked\n"
+            f"time.sleep(max(0.0, {start_at} - time.time()))\n"
+            f"try:\n    with locked({str(tmp_path)!r}):\n        print('entered', flush=True)\n"
+            f"        time.sleep(2)\nexcept RunError as error:\n    print('refused', error)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(12)]
+    outputs = [proc.communicate(timeout=60)[0] for proc in procs]
+    assert sum(out.startswith("entered") for out in outputs) == 1, outputs
+    assert sum(out.startswith("refused") and "is in use by" in out for out in outputs) == 11, outputs
 
 
 # --- 4. a full disk is one line, and leftovers of a kill are put right ----------------------------------------------
@@ -232,7 +301,7 @@ def test_data_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
     (["--task", "gsm8k"], "--task gsm8k needs --data"),
 ])
 def test_flags_are_checked_before_torch_loads(tmp_path, flags, message):
-    code = ("import sys; import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    print('torch' in sys.modules, e.code)")
     proc = subprocess.run([sys.executable, "-c", code, "--output-dir", str(tmp_path), *flags], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
@@ -241,7 +310,7 @@ def test_flags_are_checked_before_torch_loads(tmp_path, flags, message):
 
 
 def test_a_conflicting_resume_flag_is_exit_1_before_torch_loads(finished_run):
-    code = ("import sys; import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    print('torch' in sys.modules, e.code)")
     proc = subprocess.run([sys.executable, "-c", code, "--resume", finished_run, "--method", "grpo"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
@@ -287,7 +356,7 @@ def test_every_flag_appears_in_help_with_its_default():
 
 
 def test_a_missing_model_or_unreachable_hub_id_answers_before_torch_loads(tmp_path):
-    code = ("import sys; import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    print('torch' in sys.modules, e.code)")
     for model, message in [("./no/such/model", "model path does not exist"),
                            ("no-such-org/no-such-model", "not in the Hugging Face cache")]:

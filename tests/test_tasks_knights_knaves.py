@@ -318,7 +318,7 @@ def test_render_prompts_ends_the_chat_prompt_with_think_when_on(puzzles):
     import string
 
     from rollout import render_prompts
-    from tiny import build_char_tokenizer
+    from harness.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(string.printable)
     tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"

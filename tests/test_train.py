@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -16,9 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tasks
-import run as run_module
+from harness import run as run_module
 import train
-from config import Config
+from harness.config import Config
 from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask, tiny_policy_and_rollouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,13 +99,13 @@ def test_micro_batching_does_not_change_the_update(tmp_path):
     assert steps_1[0]["loss"] == pytest.approx(steps_8[0]["loss"], abs=1e-6)
 
 
-@pytest.mark.parametrize("flags,expected_no_grad", [([], 0), (["--ppo-epochs", "2"], 0), (["--mini-batches", "2"], 1),
-                                                    (["--alpha", "0.3", "--lopti-eta", "0.5"], 0),
+@pytest.mark.parametrize("flags,expected_no_grad", [([], 0), (["--ppo-epochs", "2"], 1), (["--mini-batches", "2"], 1),
+                                                    (["--alpha", "0.3", "--lopti-eta", "0.5"], 1),
                                                     (["--kl-coef", "0.1"], 1)])
 def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
-    # With one mini-batch whose rows fit one micro-batch (8 rows here), the pi_old forward keeps its graph and the
-    # first optimizer step reuses it: no no-grad pass, for AR, Lopti and later epochs alike. Several mini-batches need
-    # pi_old fixed before the first of them (one no-grad pass); kl_coef > 0 adds the reference model's pass.
+    # The speed rule: with no AR, no Lopti and one optimizer step nothing reads p_old before the loss, so the
+    # training forward's detached log-probs are pi_old and no no-grad pass runs. A second epoch or mini-batch, AR and
+    # Lopti read p_old first: one no-grad pi_old pass. kl_coef > 0 adds the reference model's pass.
     calls = []
     original = train.token_logprobs
 
@@ -117,14 +118,13 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
 
 
-@pytest.mark.parametrize("micro_batch", [3, 8], ids=["separate-no-grad-forward", "first-step-reuses-it"])
+@pytest.mark.parametrize("micro_batch", [3, 8], ids=["several-micro-batches", "one-micro-batch"])
 def test_pi_old_measured_in_the_update_equals_a_given_one(micro_batch):
     # AR + Lopti with one mini-batch: pi_old measured inside update_policy (old_logprobs=None) must give the update
-    # that a pi_old computed beforehand gives. Micro-batches of 3 rows: a separate no-grad forward; of 8: the 5 trained
-    # rows fit one micro-batch, so the first optimizer step reuses the pi_old forward's graph. Rows with advantage 0
-    # are never forwarded; rows whose tokens are all high-probability are forwarded for pi_old but not trained on in
-    # the low pass.
-    from tiny import build_tiny_model
+    # that a pi_old computed beforehand gives, whether the 5 trained rows take several micro-batches (3 rows) or one
+    # (8). Rows with advantage 0 are never forwarded; rows whose tokens are all high-probability are forwarded for
+    # pi_old but not trained on in the low pass.
+    from harness.tiny import build_tiny_model
     from rollout import token_logprobs
     tokenizer, model, r = tiny_policy_and_rollouts()
     advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
@@ -158,7 +158,7 @@ def test_token_mean_per_micro_batch_is_the_official_codes_loss():
     # log-probs; one SGD step of lr 1 moves the weights by minus that loss's gradient.
     from ppo import policy_loss
     from rollout import token_logprobs
-    from tiny import build_tiny_model
+    from harness.tiny import build_tiny_model
     tokenizer, _, r = tiny_policy_and_rollouts()
     r.completion_mask[1, 2:] = 0  # unequal lengths, so that the two aggregations differ
     r.attention_mask[1, -4:] = 0
@@ -187,12 +187,12 @@ def test_token_mean_per_micro_batch_is_the_official_codes_loss():
 
 # --- the training prompts -------------------------------------------------------------------------------------------
 def test_epochs_pass_over_a_fixed_set_once_each_reshuffled():
-    import run as run_module
-    from tiny import build_char_tokenizer
+    from harness import run as run_module
+    from harness.tiny import build_char_tokenizer
     task, tokenizer = DigitsTask(), build_char_tokenizer()
     config = Config(epochs=3, train_size=7, prompts_per_step=2, style="compact")
-    prompts = run_module.training_prompts(task, tokenizer, config)
-    assert config.steps == 3 * (7 // 2)  # the last partial batch of each epoch is dropped, as verl does
+    prompts, steps = run_module.training_prompts(task, tokenizer, config)
+    assert steps == 3 * (7 // 2)  # the last partial batch of each epoch is dropped, as verl does
     pool = [ex["x"] for ex in task.examples("train", 7, seed=0)]
     epochs = [[ex["x"] for step in range(1 + 3 * e, 4 + 3 * e) for ex in prompts(step)] for e in range(3)]
     for seen in epochs:  # no row twice within an epoch (the pool's own values may repeat: compare multisets)
@@ -200,19 +200,18 @@ def test_epochs_pass_over_a_fixed_set_once_each_reshuffled():
     assert epochs[0] != epochs[1]  # reshuffled
     assert [ex["x"] for ex in prompts(2)] == [ex["x"] for ex in prompts(2)]  # a resumed run sees the same batches
     capped = Config(epochs=3, train_size=7, prompts_per_step=2, steps=4, given=frozenset({"steps"}))
-    run_module.training_prompts(task, tokenizer, capped)
-    assert capped.steps == 4  # --steps stops it sooner, as verl's total_training_steps
+    assert run_module.training_prompts(task, tokenizer, capped)[1] == 4  # --steps stops it sooner, as verl's total_training_steps
 
 
 def test_max_prompt_length_leaves_out_longer_prompts():
-    import run as run_module
-    from tiny import build_char_tokenizer
+    from harness import run as run_module
+    from harness.tiny import build_char_tokenizer
     task, tokenizer = DigitsTask(), build_char_tokenizer()
     # DigitsTask's compact prompt is "<x>>" after <bos>: 3 tokens for x < 10, 4 for x < 100
     config = Config(prompts_per_step=4, max_prompt_length=3, style="compact")
-    batch = run_module.training_prompts(task, tokenizer, config)(1)
+    batch = run_module.training_prompts(task, tokenizer, config)[0](1)
     assert len(batch) == 4 and all(ex["x"] < 10 for ex in batch)
-    unfiltered = run_module.training_prompts(task, tokenizer, Config(prompts_per_step=4, style="compact"))(1)
+    unfiltered = run_module.training_prompts(task, tokenizer, Config(prompts_per_step=4, style="compact"))[0](1)
     assert unfiltered == task.examples("train", 4, seed=1)  # without the filter: the draws of before
 
 
@@ -257,6 +256,47 @@ def test_ctrl_c_saves_a_checkpoint_after_the_current_step(tmp_path, monkeypatch,
     assert os.path.realpath(os.path.join(out, "latest")) == os.path.realpath(os.path.join(out, "checkpoint-2"))
     state = torch.load(os.path.join(out, "latest", "trainer_state.pt"), weights_only=False)
     assert state["step"] == 2 and signal.getsignal(signal.SIGINT) is handler_before
+
+
+def start_a_long_run(out, *extra):
+    """`python train.py` (the tiny model on Countdown, 200 steps) in its own process, once its second step is logged."""
+    proc = subprocess.Popen([sys.executable, "train.py", "--output-dir", str(out), *SMALL, "--steps", "200",
+                             "--save-every", "1000", "--eval-every", "1000", *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = out / "metrics.jsonl", time.time() + 120
+    while not (metrics.exists() and metrics.read_text().count('"step"') >= 3):  # the step-0 eval + 2 steps
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, signum):
+    # What a scheduler's preemption, `docker stop` or a closed terminal sends, to a real run: the step finishes, a
+    # checkpoint is saved, the exit code is the shell's for that signal (128 + its number), and --resume goes on.
+    out = tmp_path / "run"
+    proc = start_a_long_run(out)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stderr
+    assert f"{signal.Signals(signum).name}: saving a checkpoint after this step (send again to abort)" in stdout
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl") if '"eval"' not in line]
+    assert steps == list(range(1, steps[-1] + 1)) and 2 <= steps[-1] < 200
+    assert os.path.realpath(out / "latest") == os.path.realpath(out / f"checkpoint-{steps[-1]}")
+    assert f"stopped at step {steps[-1]}; continue with --resume {out}" in stdout
+    resumed = subprocess.run([sys.executable, "train.py", "--resume", str(out), "--steps", str(steps[-1] + 1)],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0 and f"resumed from step {steps[-1]}" in resumed.stdout, resumed.stderr
+
+
+def test_a_second_sigterm_aborts_at_once(tmp_path):
+    out = tmp_path / "run"
+    proc = start_a_long_run(out, "--max-new-tokens", "32", "--prompts-per-step", "8")  # steps of ~1/2 s
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)  # two signals at once would arrive as one
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+    assert "SIGTERM: saving a checkpoint" in stdout and proc.returncode == -signal.SIGTERM  # died of the second
 
 
 # --- bad input: one line on stderr, exit code 2, no traceback ------------------------------------------------------
@@ -315,6 +355,102 @@ def test_bad_input_from_the_command_line(tmp_path):
     assert proc.stderr.strip() == f"train.py: error: model path does not exist: {tmp_path / 'missing.gguf'}"
 
 
+def test_a_bug_inside_the_loop_shows_its_traceback_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    # A learner's edit that trips a check inside the update is a bug, not bad input: Python's traceback reaches the
+    # terminal (pytest sees the exception itself, not SystemExit), with its frames in train.py, after one line that
+    # says the run's files are intact. The checkpoint of step 1 and its metrics survive, and --resume goes on.
+    original, calls = train.update_policy, []
+
+    def broken_at_step_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("token_advantages must be [B, T] (use reweight_advantages first), got (8,)")
+        return original(*args, **kwargs)
+    monkeypatch.setattr(train, "update_policy", broken_at_step_2)
+    out = str(tmp_path / "run")
+    with pytest.raises(ValueError, match="token_advantages must be") as error:
+        train.main(["--task", "digits", "--output-dir", out, *SMALL, "--steps", "3", "--save-every", "1"])
+    assert any(str(entry.path).endswith("train.py") for entry in error.traceback)
+    assert f"its files are intact: --resume {out} continues from checkpoint-1" in capsys.readouterr().err
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows if not r.get("eval")] == [1]
+    monkeypatch.setattr(train, "update_policy", original)
+    train.main(["--resume", out])
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows if not r.get("eval")] == [1, 2, 3]
+
+
+def test_a_bug_from_the_command_line_prints_a_traceback(tmp_path):
+    # The same through `python train.py`: a traceback naming the file and line, exit code 1 (Python's own). KL on
+    # every row, so that the random tiny model (all rewards 0) still computes a loss.
+    script = tmp_path / "broken.py"
+    script.write_text(f"import runpy, sys\nsys.path.insert(0, {REPO!r})\nimport ppo\n"
+                      "def broken(*args, **kwargs):\n    raise ValueError('a shape check tripped')\n"
+                      "ppo.policy_loss = broken\n"
+                      f"sys.argv = ['train.py', '--kl-coef', '0.1', '--output-dir', {str(tmp_path / 'run')!r}, "
+                      f"*{SMALL!r}]\n"
+                      f"runpy.run_path({os.path.join(REPO, 'train.py')!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+    assert "train.py\", line" in proc.stderr and "ValueError: a shape check tripped" in proc.stderr
+
+
+def test_settings_are_decided_once_before_the_run_and_frozen(tmp_path):
+    # run.settle decides what the flags left open (device, dtype, the tiny model's prompt style and CPU defaults,
+    # the reward rules, the initial policy's folder, the steps of --epochs) on a copy; nothing can change it after.
+    import dataclasses
+    from harness import config as settings
+    given = settings.load(["--epochs", "2", "--train-size", "5", "--prompts-per-step", "2", "--output-dir",
+                           str(tmp_path / "run")])
+    config, tokenizer, task, prompts = run_module.settle(given)
+    assert (config.device, config.dtype, config.style, config.rules) == ("cpu", "fp32", "compact", "compact")
+    assert (config.lr, config.max_new_tokens, config.threads, config.task_options) == (3e-4, 12, 1, {"num_count": 2})
+    assert config.steps == 2 * (5 // 2) and len(prompts(1)) == 2 and task.name == "countdown"
+    assert config.initial_policy.startswith(str(tmp_path / "run" / "warm_start-countdown"))
+    assert (given.steps, given.style, given.lr, given.device) == (100, "chat", 1e-6, "auto")  # untouched
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.steps = 3
+
+
+def test_python_train_py_reads_its_flags_and_a_resumed_run_once(tmp_path):
+    # `python train.py` parses the command line once (before torch loads): a note from reading --resume's folder
+    # (here: `latest` points nowhere) is printed once, not twice.
+    out = tmp_path / "run"
+    train.main(["--output-dir", str(out), *SMALL, "--steps", "2", "--save-every", "1", "--keep-checkpoints", "0"])
+    os.remove(out / "latest")
+    os.symlink("checkpoint-9", out / "latest")
+    proc = subprocess.run([sys.executable, "train.py", "--resume", str(out), "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("points to an incomplete checkpoint") == 1
+    assert json.loads(proc.stdout[proc.stdout.index("{"):])["steps"] == 2
+
+
+def test_the_step_uses_only_the_lesson_files():
+    # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/: copying the step
+    # takes rollout, softmax_grpo, lopti, ppo (and rollout's fast path), not the run's plumbing.
+    import ast
+    tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
+    origin = {}  # imported name -> module
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            origin.update({alias.asname or alias.name: node.module for alias in node.names})
+        elif isinstance(node, ast.Import):
+            origin.update({alias.asname or alias.name.split(".")[0]: alias.name for alias in node.names})
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    seen, todo, modules = set(), ["collect_rollouts", "update_policy"], set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        for node in ast.walk(functions[name]):
+            if isinstance(node, ast.Name) and node.id in functions and node.id not in seen:
+                todo.append(node.id)
+            elif isinstance(node, ast.Name) and node.id in origin:
+                modules.add(origin[node.id])
+    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo"}, modules
+    assert {"rows_with_gradient", "row_shares", "forward_chunks", "precision"} <= seen
+
+
 def test_the_embedded_default_learns(tmp_path):
     # `python train.py` end to end (warm start + 100 SoftmaxGRPO steps, ~2-3 CPU minutes): the issue's target is
     # >= +20 points of held-out greedy pass@1 from RL. Measured: 0.110 -> 0.570 on the reference machine.
@@ -325,8 +461,8 @@ def test_the_embedded_default_learns(tmp_path):
 
 def test_a_changed_task_option_gets_a_fresh_warm_start(tmp_path):
     # The warm-start cache is keyed by every setting it depends on: 3-number Countdown must not load a 2-number model.
-    from config import parse_args
-    from tiny import warm_start_dir, warm_start_settings
+    from harness.config import parse_args
+    from harness.tiny import warm_start_dir, warm_start_settings
     settings = lambda argv: warm_start_settings(parse_args(argv))  # noqa: E731
     two, three = settings(["--task", "countdown"]), settings(["--task", "countdown", "--task-option", "num_count=3"])
     assert warm_start_dir(tmp_path, two) != warm_start_dir(tmp_path, three)
@@ -335,7 +471,7 @@ def test_a_changed_task_option_gets_a_fresh_warm_start(tmp_path):
 
 def test_cli_choices_match_the_modules():
     # config.py spells three choice lists out so that --help needs no torch; they must equal the modules' own.
-    import config
+    from harness import config
     import lopti
     import ppo
     import softmax_grpo

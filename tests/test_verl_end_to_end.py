@@ -44,7 +44,7 @@ def workspace():
     """A short folder (Ray's socket paths have a length limit): model/ (a tiny Llama with a chat template, every
     printable character a token) and data/ (Countdown train.parquet and test.parquet, in verl's format)."""
     from integrations import verl_data
-    from tiny import build_char_tokenizer, build_tiny_model
+    from harness.tiny import build_char_tokenizer, build_tiny_model
     work = tempfile.mkdtemp(prefix="ve", dir="/tmp")
     tokenizer = build_char_tokenizer(string.printable)
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -1,8 +1,8 @@
 """A training run's lifecycle, beside train.py's loop: settings, the policy, metrics, evals, checkpoints, Ctrl-C.
 
-    config = resolve(config)                                # device and dtype for this machine
+    config, tokenizer, task, prompts = settle(config)       # every setting decided once, then frozen
     with start(config) as state:                            # the folder locked; fresh (never over a run) or resumed
-        model, tokenizer, task, ref_model = build_policy(config)
+        model, ref_model = build_policy(config, tokenizer, task)
         state.begin(model, tokenizer, optimizer, evaluate)  # fresh: eval at step 0; resumed: state restored
         for step in range(state.step + 1, config.steps + 1):
             ...                                             # the RL step (train.py)
@@ -11,7 +11,8 @@
                 break
 
 Every file is written atomically (checkpoint.py), so a kill, a full disk or a read-only folder never loses what was
-there; problems a user can act on are a RunError: one line naming the file and what to do. A reader of the RL
+there. Problems a user can act on are one line: a RunError (the run's files: exit 1) or an InputError (a flag, the
+model, the task or its data: exit 2), all raised before the first step except the disk's. A reader of the RL
 algorithm can skip this file.
 """
 import contextlib
@@ -23,6 +24,7 @@ import os
 import random
 import re
 import signal
+import sys
 import time
 from collections import defaultdict
 
@@ -31,78 +33,113 @@ import torch
 import transformers
 
 import tasks
-import tiny
-from checkpoint import (RunError, append_metrics, holds_a_run, later_checkpoints, load_trainer_state, locked,
-                        point_latest, read_metrics, recover, remove_run, restore_rng, rewrite_metrics, rng_state,
-                        save_checkpoint)
-from config import Config
-from model import load_policy
+from harness import tiny
+from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, existing_copy, holds_a_run,
+                                later_checkpoints, load_trainer_state, locked, point_latest, read_metrics, recover,
+                                remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
+from harness.config import Config, InputError
+from harness.model import load_policy, load_tokenizer
 from rollout import render_prompts
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each: finish the step, save, stop
+
+
+@contextlib.contextmanager
+def input_errors():
+    """Around what reads the user's input (the model, the task, its data): a ValueError there is an InputError, an
+    OSError a RunError, each one line. Used only before the first step: a ValueError in the loop is a bug in the
+    code and keeps its traceback."""
+    try:
+        yield
+    except (RunError, InputError):
+        raise
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    except OSError as error:
+        raise RunError(f"{error.filename + ': ' if error.filename else ''}{error.strerror or error}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Settings (config.load has merged a resumed run's); device and dtype
+# Settings: decided once, before the run starts (config.load has merged a resumed run's)
 # ---------------------------------------------------------------------------------------------------------------
-def resolve(config):
-    """A copy of config with --device/--dtype auto chosen for this machine (a resumed run's saved settings come from
-    config.load, which reads them before torch is imported)."""
-    config = dataclasses.replace(config)
-    config.device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {config.device}: this torch sees no CUDA device (torch {torch.__version__}); "
+def settle(config):
+    """Every setting the run needs, decided once and frozen -> (config, tokenizer, task, prompts(step)).
+
+    Decided here: --device/--dtype auto for this machine; for a fresh run, the prompt style from the tokenizer
+    (compact for the tiny character vocabulary, which then gets tiny.CPU_DEFAULTS where the flags left them open),
+    the task's reward rules and where the initial (reference) weights live; the step count of --epochs. With
+    --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name."""
+    config = hardware(config)
+    with input_errors():
+        try:
+            source = existing_copy(config.resume) if config.resume else config.model  # start() recovers it
+            tokenizer = None if config.dry_run else \
+                tiny.build_char_tokenizer() if source == "tiny" else load_tokenizer(source)
+        except ValueError as error:  # a resumed checkpoint is the run's own file: exit code 1, like the others
+            raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else
+                   error) from None
+        if not config.resume:
+            compact = config.model == "tiny" if tokenizer is None else tiny.prompt_style(tokenizer) == "compact"
+            config = dataclasses.replace(config, style="compact" if compact else "chat")
+            config = tiny.apply_cpu_defaults(config) if compact else config
+        if config.dry_run:  # the steps --epochs sets (a data file's size is known once read)
+            steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
+                config.train_size else config.steps
+            return dataclasses.replace(config, steps=steps), None, None, None
+        task = tasks.get_task(config.task, data=config.data, **config.task_options)
+        prompts, steps = training_prompts(task, tokenizer, config)
+    changes = dict(steps=steps, rules=getattr(task, "rules", None) if config.style == "chat" else "compact")
+    if not config.resume:
+        changes["initial_policy"] = tiny.initial_policy_dir(config) if config.model == "tiny" else \
+            os.path.abspath(config.model) if os.path.exists(config.model) else config.model
+    return dataclasses.replace(config, **changes), tokenizer, task, prompts
+
+
+def hardware(config):
+    """A copy of config with --device and --dtype "auto" decided for this machine (bf16 on CUDA, else fp32)."""
+    device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
-    config.dtype = config.dtype if config.dtype != "auto" else "bf16" if config.device.startswith("cuda") else "fp32"
-    return config
+    dtype = config.dtype if config.dtype != "auto" else "bf16" if device.startswith("cuda") else "fp32"
+    return dataclasses.replace(config, device=device, dtype=dtype)
 
 
 def print_settings(config):
-    """--dry-run: the resolved settings as JSON, without loading the model (a model other than "tiny" is taken to
+    """--dry-run: the settled settings as JSON, without loading the model (a model other than "tiny" is taken to
     be a chat model). -> the settings dict."""
-    if not config.resume and config.model == "tiny":
-        config.style = "compact"
-        tiny.apply_cpu_defaults(config)
-    if config.epochs and config.train_size:  # the steps --epochs sets (a data file's size is known once read)
-        config.steps = epoch_steps(config, config.train_size // config.prompts_per_step)
     print(json.dumps(config.saved(), indent=1, sort_keys=True))
     return config.saved()
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The policy, its task, the reference policy
+# The policy and the reference policy
 # ---------------------------------------------------------------------------------------------------------------
-def build_policy(config, *, log=print):
-    """Seed everything, load the policy (fresh: the tiny model's CPU defaults and warm start, tiny.py), build the
-    task and, when kl_coef > 0, the frozen reference policy. Fills in config.style, rules, initial_policy.
-    -> (model, tokenizer, task, ref_model or None)."""
+def build_policy(config, tokenizer, task, *, log=print):
+    """Seed everything, load the policy (a fresh tiny run: its warm start, tiny.py) and, when kl_coef > 0, the
+    frozen reference policy (the initial weights). -> (model, ref_model or None)."""
     transformers.utils.logging.disable_progress_bar()  # the loop's tqdm bar is the only one
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     np.random.seed(config.seed)
     device = torch.device(config.device)
     try:
-        model, tokenizer = load_policy(config.resume or config.model, device=device, tiny_hidden=config.tiny_hidden,
-                                       tiny_layers=config.tiny_layers, seed=config.seed)
+        if config.model == "tiny" and not config.resume:  # random init, then its warm start (below)
+            model = tiny.build_tiny_model(tokenizer, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers,
+                                          seed=config.seed).to(device)
+        else:
+            model, _ = load_policy(config.resume or config.model, device=device, tokenizer=tokenizer)
     except ValueError as error:  # a resumed checkpoint is the run's own file: exit code 1, like the others
-        raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else error) \
-            from None
-    if not config.resume:
-        config.style = tiny.prompt_style(tokenizer)
-        if config.style == "compact":  # the defaults hook: a CPU-sized character model (tiny.CPU_DEFAULTS)
-            tiny.apply_cpu_defaults(config)
+        raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else
+               InputError(str(error))) from None
     if config.threads:
         torch.set_num_threads(config.threads)
-    task = tasks.get_task(config.task, data=config.data, **config.task_options)
-    if not config.resume:
-        config.initial_policy = os.path.abspath(config.model) if os.path.exists(config.model) else config.model
-        if config.model == "tiny":
-            model, folder = tiny.prepare(config, model, tokenizer, task, log=log)
-            config.initial_policy = os.path.abspath(folder)
-        elif config.style == "chat" and not getattr(tokenizer, "chat_template", None):
-            log(f"note: {config.model} has no chat template; prompts are a plain-text User/Assistant conversation")
-    config.rules = getattr(task, "rules", None) if config.style == "chat" else "compact"
+    if not config.resume and config.model == "tiny":
+        model = tiny.prepare(config, model, tokenizer, task, log=log)
+    elif not config.resume and config.style == "chat" and not getattr(tokenizer, "chat_template", None):
+        log(f"note: {config.model} has no chat template; prompts are a plain-text User/Assistant conversation")
     log(f"task {task.name} (reward rules: {config.rules}), prompts: {config.style}, method {config.method}, "
         f"lr {config.lr:g}, max new tokens {config.max_new_tokens}")
     ref_model = None
@@ -113,7 +150,7 @@ def build_policy(config, *, log=print):
         except ValueError as error:
             raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
         ref_model.eval().requires_grad_(False)
-    return model, tokenizer, task, ref_model
+    return model, ref_model
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,11 +163,11 @@ def epoch_steps(config, batches_per_epoch):
 
 
 def training_prompts(task, tokenizer, config):
-    """-> prompts(step): the step's prompts_per_step training examples. By default fresh draws seeded by (seed,
-    step). With --epochs: a fixed set (train_size rows, or the whole data file), reshuffled each epoch, cut into
-    len(set) // prompts_per_step batches per epoch (the last partial batch dropped, as verl does); config.steps is
-    set by epoch_steps. --max-prompt-length leaves out examples whose rendered prompt is longer (the set once;
-    fresh draws are topped up from further draws of the same step)."""
+    """-> (prompts(step): the step's prompts_per_step training examples, the run's steps). By default fresh draws
+    seeded by (seed, step), for config.steps steps. With --epochs: a fixed set (train_size rows, or the whole data
+    file), reshuffled each epoch, cut into len(set) // prompts_per_step batches per epoch (the last partial batch
+    dropped, as verl does), for epoch_steps steps. --max-prompt-length leaves out examples whose rendered prompt is
+    longer (the set once; fresh draws are topped up from further draws of the same step)."""
     size = config.prompts_per_step
 
     def fits(examples):
@@ -150,52 +187,18 @@ def training_prompts(task, tokenizer, config):
                 examples += fits(task.examples("train", size, seed=seed))
                 draw += 1
             return examples[:size]
-        return fresh
+        return fresh, config.steps
     pool = fits(task.examples("train", config.train_size, seed=config.seed))
     per_epoch = len(pool) // size
     if per_epoch == 0:
         raise RunError(f"--epochs: the training set has {len(pool)} usable prompts, fewer than --prompts-per-step "
                        f"{size}")
-    config.steps = epoch_steps(config, per_epoch)
 
     def epoch_batch(step):
         epoch, batch = divmod(step - 1, per_epoch)
         order = random.Random(f"{config.seed}-epoch-{epoch}").sample(range(len(pool)), len(pool))
         return [pool[i] for i in order[batch * size:(batch + 1) * size]]
-    return epoch_batch
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Metrics of a step
-# ---------------------------------------------------------------------------------------------------------------
-class StepStats:
-    """Sums the loss's stats on the device, weighted by micro-batch share, and reads them once (no sync per
-    micro-batch). ratio_max is a max, grad_norm the mean over optimizer steps."""
-    def __init__(self):
-        self.sums, self.weight, self.grad_norms = {}, 0.0, []
-
-    def add(self, loss_stats, loss, entropy, mask, *, weight):
-        loss_stats = {**loss_stats, "loss": loss.detach(), "entropy": (entropy * mask).sum() / mask.sum().clamp_min(1)}
-        for key, value in loss_stats.items():
-            self.sums[key] = torch.maximum(self.sums.get(key, value), value) if key == "ratio_max" \
-                else self.sums.get(key, 0.0) + value * weight
-        self.weight = self.weight + weight
-
-    def result(self):
-        out = {key: (value if key == "ratio_max" else value / self.weight).item() for key, value in self.sums.items()}
-        if self.grad_norms:
-            out["grad_norm"] = torch.stack(self.grad_norms).mean().item()
-        return {**out, "optimizer_steps": len(self.grad_norms)}
-
-
-def rollout_stats(task, rollouts, rewards, advantages, num_generations):
-    """The batch's metrics before the update: rewards, pass rate, zero-variance groups, lengths."""
-    group_rewards = rewards.view(-1, num_generations)  # [prompts, M]
-    return {"reward_mean": rewards.mean().item(), "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
-            "zero_var_share": (group_rewards.max(1).values == group_rewards.min(1).values).float().mean().item(),
-            "adv_abs_mean": advantages.abs().mean().item(),
-            "response_length": rollouts.completion_mask.sum().item() / len(rewards),
-            "truncated_share": rollouts.truncated.float().mean().item()}
+    return epoch_batch, epoch_steps(config, per_epoch)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -204,7 +207,9 @@ def rollout_stats(task, rollouts, rewards, advantages, num_generations):
 @dataclasses.dataclass
 class RunState:
     """What the loop reads and calls: step (the last finished step), initial_eval, begin(), log(), end_of_step(),
-    final_eval(), clock (a phase timer for collect_rollouts / update_policy), stopped (Ctrl-C was pressed)."""
+    final_eval(), clock (a phase timer for collect_rollouts / update_policy), stopped (0, or the number of the
+    signal that stopped the run: Ctrl-C's SIGINT, or SIGTERM / SIGHUP from a scheduler, `docker stop`, a closed
+    terminal)."""
     config: Config
     model: object = None
     tokenizer: object = None
@@ -213,7 +218,7 @@ class RunState:
     step: int = 0
     initial_eval: dict = None
     last_eval: tuple = (None, None)   # (step, result) of the newest eval
-    stopped: bool = False
+    stopped: int = 0
     phase_seconds: dict = dataclasses.field(default_factory=lambda: defaultdict(float))
     step_started: float = 0.0
 
@@ -304,8 +309,9 @@ class RunState:
 def start(config):
     """Own the output folder for the block: a lock (one run per folder), what a kill left put right, and either a
     fresh start (refused where a run already is, unless --overwrite) or a resumed one (the checkpoints after the one
-    resumed are discarded, with a note). Yields the RunState; call its begin() once the policy is built. Ctrl-C
-    inside: the step finishes, a checkpoint is saved, the loop stops; a second Ctrl-C aborts."""
+    resumed are discarded, with a note). Yields the RunState; call its begin() once the policy is built. Ctrl-C,
+    SIGTERM or SIGHUP inside: the step finishes, a checkpoint is saved, the loop stops (train.py then exits with
+    128 + the signal's number, as the shell reports a process the signal ended); a second signal aborts at once."""
     try:
         os.makedirs(config.output_dir, exist_ok=True)
     except OSError as error:
@@ -313,8 +319,7 @@ def start(config):
     with locked(config.output_dir):
         recover(config.output_dir)
         if config.resume:
-            step = int(re.search(r"checkpoint-(\d+)", os.path.basename(config.resume)).group(1))
-            config.resume = os.path.join(config.output_dir, f"checkpoint-{step}")  # recover() may have renamed it
+            step = int(re.fullmatch(r"checkpoint-(\d+)", os.path.basename(config.resume)).group(1))
             later = later_checkpoints(config.output_dir, step)
             if later:  # `latest` now names the timeline going on, so no save below ever replaces what it points to
                 point_latest(config.output_dir, step)
@@ -328,13 +333,27 @@ def start(config):
             remove_run(config.output_dir)
         state = RunState(config)
 
-        def on_ctrl_c(signum, frame):
-            if state.stopped:
+        def on_stop_signal(signum, frame):
+            if state.stopped and signum == signal.SIGINT:
                 raise KeyboardInterrupt
-            state.stopped = True
-            print("\nCtrl-C: saving a checkpoint after this step (press again to abort)", flush=True)
-        previous = signal.signal(signal.SIGINT, on_ctrl_c)
+            if state.stopped:  # a second SIGTERM / SIGHUP: die of it now (the kernel releases the lock)
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            state.stopped = signum
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            print(f"\n{name}: saving a checkpoint after this step ({'press' if name == 'Ctrl-C' else 'send'} "
+                  "again to abort)", flush=True)
+        previous = {signum: signal.signal(signum, on_stop_signal) for signum in STOP_SIGNALS}
         try:
             yield state
+        except (RunError, InputError, KeyboardInterrupt):
+            raise
+        except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
+            saved = checkpoint_steps(config.output_dir)
+            print(f"\nthe run stopped in step {state.step + 1} on the error below; its files are intact"
+                  + (f": --resume {config.output_dir} continues from checkpoint-{saved[-1]}" if saved else ""),
+                  file=sys.stderr, flush=True)
+            raise
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

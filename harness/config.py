@@ -5,20 +5,22 @@
 
 A field's default is the value `python train.py` runs with; `paper` is what the papers' runs used (DESIGN.md
 section 8 lists every recipe's official values, and tests/test_recipes.py checks them). The tiny offline model
-changes four defaults for a CPU (tiny.CPU_DEFAULTS), only where the command line left them open. This file imports
-no torch, so `--help` and a bad flag answer at once.
+changes four defaults for a CPU (tiny.CPU_DEFAULTS), only where the command line left them open. A Config is frozen:
+run.settle decides every remaining setting once, before the run starts, and nothing changes it after (a changed copy
+is dataclasses.replace). This file imports no torch, so `--help` and a bad flag answer at once.
 """
 import argparse
 import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
 
 import tasks
-from checkpoint import RunError, load_run_settings, resolve_checkpoint
+from harness.checkpoint import RunError, load_run_settings, resolve_checkpoint
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
@@ -36,7 +38,12 @@ def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, r
     return field(default=default, metadata=metadata)
 
 
-@dataclass
+class InputError(ValueError):
+    """Bad input a user can fix (a flag, the model, the task or its data): train.py prints it as one line, exit 2.
+    A plain ValueError raised anywhere else is a bug and keeps its traceback."""
+
+
+@dataclass(frozen=True)
 class Config:
     # --- the policy and its task --------------------------------------------------------------------------------
     model: str = setting("tiny", "HF hub id, save_pretrained folder, .gguf file, 'tiny' (offline, tiny.py) or "
@@ -277,7 +284,7 @@ def load(argv=None, prog="train.py"):
         if config.resume:
             return resumed(config)
         if config.model != "tiny" and not config.dry_run:
-            from model import model_source  # torch-free: a missing path or an unreachable hub id fails here, at once
+            from harness.model import model_source  # torch-free: a missing path or an unreachable hub id fails here, at once
             model_source(config.model)
         return config
     except RunError as error:
@@ -302,7 +309,11 @@ def resumed(config, log=print):
     if set(saved) != keys:
         raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
                        f"{sorted(set(saved) - keys)}); resume from another checkpoint")
-    run_dir = os.path.dirname(checkpoint_dir)
+    run_dir, name = os.path.dirname(checkpoint_dir), os.path.basename(checkpoint_dir)
+    if not re.fullmatch(r"checkpoint-\d+(\.tmp|\.old)?", name):
+        raise RunError(f"--resume {config.resume}: a checkpoint folder must be named checkpoint-<step> inside its run "
+                       f"folder, got {name!r}")
+    checkpoint_dir = os.path.join(run_dir, name.split(".")[0])  # start's recover() renames a .tmp / .old into place
     if "output_dir" in config.given and os.path.realpath(config.output_dir) != run_dir:
         raise RunError(f"--output-dir {config.output_dir} conflicts with the run being resumed, which lives in "
                        f"{run_dir}; drop the flag")

@@ -3,7 +3,7 @@
     <output-dir>/metrics.jsonl               one JSON row per step, plus eval rows; appended, never truncated in place
     <output-dir>/checkpoint-<step>/          save_pretrained folder + trainer_state.pt + run.json (the run's settings)
     <output-dir>/latest -> checkpoint-<step> switched only once the checkpoint folder is complete
-    <output-dir>/.lock                       the PID of the run writing here (one run per folder)
+    <output-dir>/.lock                       flocked by the run writing here (one run per folder): host, PID, start
 
 Every write goes to a temporary name first and is renamed into place (`os.replace` is atomic on one file system);
 what a kill leaves behind (`*.tmp`, `*.old`) is put right at the next start. Checkpoints load no code: trainer_state.pt
@@ -18,6 +18,8 @@ import pickle
 import random
 import re
 import shutil
+import socket
+import time
 
 import numpy as np
 
@@ -37,51 +39,29 @@ class RunError(Exception):
 # ---------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def locked(output_dir):
-    """Hold <output_dir>/.lock (created with O_EXCL, holding our PID) for the block. A lock whose process is gone is
-    stale and taken over; a live one is a RunError naming its PID."""
+    """Hold <output_dir>/.lock for the block: an exclusive flock on its open descriptor, which the kernel gives to one
+    process at a time and releases when that process ends, however it ends (a kill -9 leaves no stale lock, and a
+    recycled PID means nothing). The file says who holds it (host, PID, start time); a second run is a RunError
+    naming them. The file itself stays: removing it would let two runs lock two different files."""
+    import fcntl  # POSIX only, like the rest of the run's files
     path = os.path.join(output_dir, LOCK)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            break
-        except FileExistsError:
-            holder = _lock_holder(path)
-            if holder is not None:
-                raise RunError(f"{output_dir} is in use by process {holder} (another train.py run writes there); wait "
-                               "for it to end, or use another --output-dir") from None
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)  # stale: its process is gone
-        except OSError as error:
-            raise RunError(f"cannot write in {output_dir}: {error.strerror or error}; use another --output-dir") \
-                from None
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise RunError(f"cannot write in {output_dir}: {error.strerror or error}; use another --output-dir") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"
+            raise RunError(f"{output_dir} is in use by {holder} (another train.py run writes there); wait for it to "
+                           "end, or use another --output-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode(), 0)
         yield
     finally:
-        if _lock_holder(path, alive_only=False) == os.getpid():
-            os.remove(path)
-
-
-def _lock_holder(path, *, alive_only=True):
-    """The PID in a lock file; with alive_only, None when that process no longer exists (or is this one: a lock
-    this process holds is released by `locked` before the next run in it starts)."""
-    try:
-        with open(path) as f:
-            pid = int(f.read().strip() or -1)
-    except (OSError, ValueError):
-        return None
-    if not alive_only:
-        return pid
-    if pid <= 0 or pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # alive, someone else's
-        pass
-    return pid
+        os.close(fd)  # releases the flock
 
 
 def holds_a_run(output_dir):
@@ -173,7 +153,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
 
 
 def save_policy_atomically(model, tokenizer, folder, info=None):
-    """save_pretrained into <folder>.tmp, then rename: a kill or a full disk never leaves a half-written folder."""
+    """save_pretrained into <folder>.tmp, then rename: a kill or a full disk never leaves a half-written folder (a
+    failure to write is a RunError)."""
     tmp = folder + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -186,7 +167,13 @@ def save_policy_atomically(model, tokenizer, folder, info=None):
         os.replace(tmp, folder)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(error.errno, f"could not write {folder}: {error.strerror or error}") from None
+        raise RunError(f"could not write {folder}: {error.strerror or error}") from None
+
+
+def existing_copy(checkpoint_dir):
+    """checkpoint_dir, or before recover() has run the complete .tmp / .old copy it would restore as checkpoint_dir."""
+    copies = [checkpoint_dir] + [checkpoint_dir + suffix for suffix in (".tmp", ".old")]
+    return next((path for path in copies if is_complete(path)), checkpoint_dir)
 
 
 def checkpoint_steps(output_dir):

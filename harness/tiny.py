@@ -1,11 +1,12 @@
 """The tiny offline default: a ~2M-parameter Llama with a character tokenizer, its CPU defaults, its warm start.
 
-`python train.py` needs no download: `model.load_policy("tiny")` builds a real `LlamaForCausalLM` from a
+`python train.py` needs no download: `build_tiny_model` builds a real `LlamaForCausalLM` from a
 `LlamaConfig` with a character-level tokenizer made with `tokenizers` and wrapped as a `PreTrainedTokenizerFast`,
 so generate / save_pretrained / from_pretrained are the ordinary Hugging Face code paths. Before RL it is
 warm-started by a short supervised phase on the task's own solutions (`warm_start`), stopped while its held-out
 pass@1 is still low so that RL has room to improve it. A reader of the RL code can skip this file.
 """
+import dataclasses
 import json
 import os
 import random
@@ -15,7 +16,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from checkpoint import save_policy_atomically
+from harness.checkpoint import save_policy_atomically
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 
@@ -69,13 +70,12 @@ def prompt_style(tokenizer):
 
 
 def apply_cpu_defaults(config):
-    """The defaults hook: CPU_DEFAULTS (and 2-number Countdown) for the settings the command line left open."""
-    for key, value in CPU_DEFAULTS.items():
-        if key not in config.given:
-            setattr(config, key, value)
+    """The defaults hook: a copy of config with CPU_DEFAULTS (and 2-number Countdown) for the settings the command
+    line left open."""
+    changes = {key: value for key, value in CPU_DEFAULTS.items() if key not in config.given}
     if config.task == "countdown":
-        config.task_options = {**COUNTDOWN_OPTIONS, **config.task_options}
-    return config
+        changes["task_options"] = {**COUNTDOWN_OPTIONS, **config.task_options}
+    return dataclasses.replace(config, **changes)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -128,7 +128,8 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
         with open(info_path) as f:
             info = json.load(f)
         log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps)")
-        cached = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=model.dtype).to(model.device)
+        cached = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=model.dtype,
+                                                      trust_remote_code=False).to(model.device)
         return cached, info
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -162,10 +163,16 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     return model, info
 
 
+def initial_policy_dir(config):
+    """Where a fresh tiny run's initial weights are kept (the reference policy of --kl-coef): its warm start's
+    cache folder, decided from the settings alone."""
+    return os.path.abspath(warm_start_dir(config.warm_start_cache or config.output_dir, warm_start_settings(config)))
+
+
 def prepare(config, model, tokenizer, task, *, log=print):
     """A fresh tiny run's initial policy: the cached warm start (trained now if missing), or the random init when
-    warm_start_steps is 0. -> (model, folder of the initial weights: the reference policy of --kl-coef)."""
-    folder = warm_start_dir(config.warm_start_cache or config.output_dir, warm_start_settings(config))
+    warm_start_steps is 0, kept in initial_policy_dir(config). -> the model."""
+    folder = initial_policy_dir(config)
     if config.warm_start_steps > 0:
         model, _ = warm_start(model, tokenizer, task, cache_dir=folder, max_steps=config.warm_start_steps,
                               target_pass=config.warm_start_target, max_new_tokens=config.max_new_tokens,
@@ -173,4 +180,4 @@ def prepare(config, model, tokenizer, task, *, log=print):
                               seed=config.seed, log=log)
     else:
         save_policy_atomically(model, tokenizer, folder)
-    return model, folder
+    return model

@@ -6,11 +6,13 @@ completion being the last T columns. `completion_mask` [B, T] marks the generate
 including the first EOS; the log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
+import math
 import statistics
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import GenerationConfig
 
 import fast_logprobs
 from fast_logprobs import cache_name, prefill_prompt_cache
@@ -172,10 +174,12 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
                       share_prefill=True, rollout_batch=None, drop_finished_every=None):
     """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
 
-    prompt_ids: list of token-id lists (see render_prompts). Sampling is plain
-    ancestral sampling at `temperature` (top_k off, no repetition penalty),
-    so p_old = softmax(logits / temperature) up to top_p. Randomness comes from
-    torch's global RNG: seed with torch.manual_seed for reproducible rollouts.
+    prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling
+    at `temperature` (top_k off, no repetition penalty), so p_old = softmax(logits / temperature)
+    up to top_p; greedy=True is plain argmax. Nothing else from the model folder's
+    generation_config.json applies (its min_new_tokens, no_repeat_ngram_size, min_p, num_beams, ...
+    would sample from another distribution than the one the PPO ratio assumes). Randomness comes
+    from torch's global RNG: seed with torch.manual_seed for reproducible rollouts.
     mask_truncated: zero the completion mask of rows that hit max_new_tokens without an EOS.
     share_prefill: run each prompt through the model once and copy its KV cache to
     its M rows (same samples, less compute; see prefill_prompt_cache). rollout_batch:
@@ -195,15 +199,21 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     generate_kwargs = dict(repetition_penalty=1.0, **sampling)
     prompts_per_call = len(prompt_ids) if rollout_batch is None \
         else max(1, rollout_batch // num_generations)
-    was_training = model.training
+    was_training, folder_config = model.training, model.generation_config
     model.eval()
-    parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call], num_generations,
-                                pad_id=pad_id, eos_id=eos_id, max_new_tokens=max_new_tokens,
-                                share_prefill=share_prefill,
-                                drop_finished_every=drop_finished_every,
-                                generate_kwargs=generate_kwargs)
-             for start in range(0, len(prompt_ids), prompts_per_call)]
-    model.train(was_training)
+    # generate fills every setting not given here from model.generation_config: a blank one instead
+    model.generation_config = GenerationConfig(pad_token_id=pad_id, eos_token_id=eos_id,
+                                               bos_token_id=folder_config.bos_token_id)
+    try:
+        parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call],
+                                    num_generations, pad_id=pad_id, eos_id=eos_id,
+                                    max_new_tokens=max_new_tokens, share_prefill=share_prefill,
+                                    drop_finished_every=drop_finished_every,
+                                    generate_kwargs=generate_kwargs)
+                 for start in range(0, len(prompt_ids), prompts_per_call)]
+    finally:
+        model.train(was_training)
+        model.generation_config = folder_config
     prompt_width = max(p.shape[1] for p, _, _ in parts)
     completion_width = max(c.shape[1] for _, _, c in parts)
     # Join the calls. Right-padding a completion with pad_id is what
@@ -299,10 +309,14 @@ def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens,
         rollouts = generate_rollouts(model, tokenizer,
                                      render_prompts(tokenizer, task, chunk, style), 1,
                                      max_new_tokens=max_new_tokens, greedy=True)
-        rewards += [task.reward(text, ex, style=style)
+        rewards += [float(task.reward(text, ex, style=style))
                     for text, ex in zip(rollouts.completions, chunk)]
         lengths += rollouts.completion_mask.sum(dim=1).tolist()
         completions += rollouts.completions
+    if not all(map(math.isfinite, rewards)):  # else the standard errors below are a NaN traceback
+        bad = next(text for text, r in zip(completions, rewards) if not math.isfinite(r))
+        raise ValueError(f"task {task.name!r} returned a non-finite reward for the completion "
+                         f"{bad!r}")
     if samples is not None:
         samples.extend(zip(completions, rewards))
     passed = [float(r >= task.pass_threshold) for r in rewards]

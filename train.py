@@ -227,8 +227,9 @@ def train(config):
                                 max_new_tokens=config.max_new_tokens, samples=samples)
 
         state.begin(model, tokenizer, optimizer, evaluate_now)  # fresh: eval at step 0; or restored
-        for step in tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
-                         total=config.steps, desc="RL"):
+        progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
+                        total=config.steps, desc="RL")
+        for step in progress:
             # --- 1. rollouts, rewards, group advantages -------------------------------------------
             for group in optimizer.param_groups:  # linear warm-up, then constant
                 group["lr"] = config.lr * min(1.0, step / (config.warmup_steps + 1))
@@ -240,23 +241,22 @@ def train(config):
                                   rollouts.completion_mask, advantages, config, ref_model=ref_model,
                                   clock=state.clock)
             # --- 3. metrics, held-out eval, checkpoint (harness/run.py) ---------------------------
-            state.log({"step": step,
-                       **rollout_stats(task, rollouts, rewards, advantages, config.num_generations),
-                       **stats, "lr": optimizer.param_groups[0]["lr"]},
-                      tokens=rollouts.completion_mask.sum().item())
+            batch = rollout_stats(task, rollouts, rewards, advantages, config.num_generations)
+            row = state.log({"step": step, **batch, **stats, "lr": optimizer.param_groups[0]["lr"]},
+                            tokens=rollouts.completion_mask.sum().item())
+            progress.set_postfix_str(run.progress_line(row))  # reward, pass rate, length, s/step
             if state.end_of_step(step):  # evals and saves when due; True after Ctrl-C (then saved)
                 break
         before, after = state.initial_eval, state.final_eval()
 
     # --- before / after: held-out greedy eval of the initial and the final weights ----------------
     print(f"\n{f'held-out, greedy, {len(eval_examples)} prompts':<32}{'pass@1':>8}{'reward':>8}")
-    warm_start = " (after warm start)" if config.model == "tiny" else ""
-    for label, result in [(f"before RL{warm_start}", before), (f"after RL (step {state.step})",
-                                                              after)]:
+    before_label = "before RL" + (" (after warm start)" if config.model == "tiny" else "")
+    for label, result in [(before_label, before), (f"after RL (step {state.step})", after)]:
         print(f"{label:<32}{result['pass@1']:>8.3f}{result['reward']:>8.3f}")
     print(f"metrics: {state.metrics_path}")
-    if state.stopped:  # Ctrl-C, SIGTERM or SIGHUP, once the checkpoint is safe: the shell's code for it
-        sys.exit(128 + state.stopped)  # 130, 143, 129
+    if state.stopped:  # Ctrl-C, SIGTERM or SIGHUP, once the checkpoint is safe:
+        sys.exit(128 + state.stopped)  # the shell's code for that signal (130, 143, 129)
     return {"before": before, "after": after, "metrics_path": state.metrics_path}
 
 

@@ -12,6 +12,7 @@ raise RunError: one line that names the file and what to do. torch is imported o
 so reading a run's settings (config.py) needs no torch.
 """
 import contextlib
+import errno
 import json
 import os
 import pickle
@@ -27,6 +28,7 @@ TRAINER_STATE = "trainer_state.pt"
 RUN_SETTINGS = "run.json"
 LOCK = ".lock"
 RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
+RUN_OUTPUTS = ("metrics.png",)  # drawn from a run's metrics (experiments.plot_metrics): --overwrite deletes it too
 MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 
 
@@ -53,7 +55,7 @@ def locked(output_dir):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"
+            holder = _holder_text(fd)
             raise RunError(f"{output_dir} is in use by {holder} (another train.py run writes there); wait for it to "
                            "end, or use another --output-dir") from None
         os.ftruncate(fd, 0)
@@ -64,6 +66,27 @@ def locked(output_dir):
         os.close(fd)  # releases the flock
 
 
+def lock_holder(output_dir):
+    """Who holds output_dir's lock (the text its holder wrote), or None when no live process holds it."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(output_dir, LOCK), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: nobody holds it (released at once, below)
+        return None
+    except BlockingIOError:
+        return _holder_text(fd)
+    finally:
+        os.close(fd)
+
+
+def _holder_text(fd):
+    """What the holder of a lock wrote in it: "process PID on HOST, started ..." (empty for an instant at its start)."""
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"
+
+
 def holds_a_run(output_dir):
     """The run files in output_dir (metrics.jsonl, latest, checkpoint-<step>/), sorted; [] when it holds none."""
     names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
@@ -72,7 +95,8 @@ def holds_a_run(output_dir):
 
 def remove_run(output_dir):
     """--overwrite: delete the run files of output_dir (not the tiny model's warm-start caches)."""
-    for name in holds_a_run(output_dir):
+    for name in holds_a_run(output_dir) + [name for name in RUN_OUTPUTS
+                                             if os.path.isfile(os.path.join(output_dir, name))]:
         path = os.path.join(output_dir, name)
         os.remove(path) if os.path.islink(path) or os.path.isfile(path) else shutil.rmtree(path)
 
@@ -142,9 +166,9 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
         point_latest(output_dir, step)  # atomic switch: `latest` is always a complete checkpoint
     except Exception as error:  # noqa: BLE001 -- whatever the writer raised, the run's files stay as they were
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise RunError(f"could not write checkpoint {final}: {reason}; free some disk space or use another "
-                       f"--output-dir ({latest} still points to the previous checkpoint)") from None
+        hint = disk_hint(error) or "; use another --output-dir"
+        kept = f" ({latest} still points to the previous checkpoint)" if os.path.lexists(latest) else ""
+        raise RunError(f"could not write checkpoint {final}: {reason(error)}{hint}{kept}") from None
     earlier = [s for s in checkpoint_steps(output_dir) if s < step]
     pruned = earlier[:-(keep - 1) or None] if keep > 0 else []  # never the one just written
     for name in later_checkpoints(output_dir, step) + [f"checkpoint-{s}" for s in pruned]:
@@ -153,9 +177,10 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
 
 
 def save_policy_atomically(model, tokenizer, folder, info=None):
-    """save_pretrained into <folder>.tmp, then rename: a kill or a full disk never leaves a half-written folder (a
-    failure to write is a RunError)."""
-    tmp = folder + ".tmp"
+    """save_pretrained into a temporary folder of this process, then rename: a kill or a full disk never leaves a
+    half-written folder (a failure to write is a RunError). When another run has meanwhile saved a complete
+    `folder` (two runs of a seed sweep computing the same warm start), its copy is kept and ours dropped."""
+    tmp = f"{folder}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
@@ -163,11 +188,35 @@ def save_policy_atomically(model, tokenizer, folder, info=None):
         if info is not None:
             with open(os.path.join(tmp, "warm_start.json"), "w") as f:
                 json.dump(info, f)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-    except OSError as error:
+        for attempt in range(2):
+            try:
+                os.rename(tmp, folder)  # fails when folder exists and is not empty: never replaces another's copy
+                return
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY) or attempt:
+                    raise
+            if os.path.isfile(os.path.join(folder, "warm_start.json" if info is not None else "config.json")):
+                shutil.rmtree(tmp, ignore_errors=True)  # complete: the other run's identical result
+                return
+            shutil.rmtree(folder, ignore_errors=True)  # an incomplete leftover
+    except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(f"could not write {folder}: {error.strerror or error}") from None
+        raise RunError(f"could not write {folder}: {reason(error)}{disk_hint(error)}") from None
+
+
+def reason(error):
+    """A failed write's cause in a few words: the OS's message, else the error's first line, else its type."""
+    return getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def disk_hint(error):
+    """What to do about a failed write, from its cause."""
+    code = getattr(error, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "; free some disk space or use another --output-dir"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "; the folder is not writable: use another --output-dir"
+    return ""
 
 
 def existing_copy(checkpoint_dir):
@@ -198,7 +247,10 @@ def resolve_checkpoint(path, log=print):
                         if re.fullmatch(r"checkpoint-\d+(\.tmp|\.old)?", name)
                         and is_complete(os.path.join(run_dir, name))]
             if not complete:
-                raise RunError(f"--resume {path}: no complete checkpoint in this folder; start the run again")
+                holder = lock_holder(run_dir)
+                raise RunError(f"--resume {path}: no complete checkpoint in this folder; " + (
+                    f"its run is still going ({holder}) and has saved none yet: wait for its first checkpoint"
+                    if holder else "start the run again"))
             newest = max(complete, key=lambda p: int(re.search(r"checkpoint-(\d+)", p).group(1)))
             log(f"note: {latest} is missing or points to an incomplete checkpoint; resuming from "
                 f"{os.path.basename(newest)}, the newest complete one")
@@ -249,6 +301,12 @@ def load_trainer_state(checkpoint_dir):
     for key, kind in TRAINER_STATE_KEYS.items():
         if not isinstance(state, dict) or not isinstance(state.get(key), kind):
             raise RunError(f"{path}: no valid {key!r} in it; {hint}")
+    named = re.fullmatch(r"checkpoint-(\d+)", os.path.basename(checkpoint_dir))
+    if isinstance(state["step"], bool) or state["step"] < 0 or (named and int(named.group(1)) != state["step"]):
+        raise RunError(f"{path}: its 'step' {state['step']!r} is not the step of {os.path.basename(checkpoint_dir)}"
+                       f"; {hint}")
+    if not all(isinstance(state["initial_eval"].get(key), (int, float)) for key in ("pass@1", "reward")):
+        raise RunError(f"{path}: no valid 'initial_eval' (pass@1, reward) in it; {hint}")
     return state
 
 

@@ -104,7 +104,7 @@ class Config:
     save_every: int = setting(50, "checkpoint every N steps", resumable=True)
     keep_checkpoints: int = setting(2, "newest checkpoints kept (0 = all)", resumable=True)
     seed: int = setting(0, "seed of the weights (tiny), prompts, sampling")
-    device: str = setting("auto", "auto = cuda if available, else cpu", resumable=True)
+    device: str = setting("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N, mps", resumable=True)
     dtype: str = setting("auto", "compute dtype; weights and AdamW stay fp32; auto = bf16 on CUDA, else fp32",
                          choices=("auto", "bf16", "fp32"), resumable=True)
     threads: int | None = setting(None, "CPU threads (tiny model: 1); none = torch's default", resumable=True)
@@ -128,12 +128,28 @@ class Config:
 
     # --- checks ---------------------------------------------------------------------------------------------------
     def validate(self):
-        """Raise ValueError naming the first bad setting as its flag, e.g. "--tau must be > 0"."""
+        """Raise ValueError naming the first bad setting as its flag, e.g. "--tau must be > 0". Types and choices
+        too: a resumed run's run.json is read back as JSON, where a setting may hold anything."""
+        hints = typing.get_type_hints(Config)
+        for f in dataclasses.fields(self):
+            value, kinds = getattr(self, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
+            if f.name == "given" or (value is None and type(None) in kinds):
+                continue
+            kind = next(k for k in kinds if k is not type(None))
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else \
+                isinstance(value, int) and not isinstance(value, bool) if kind is int else isinstance(value, kind)
+            if not ok:
+                raise ValueError(f"{flag_name(f.name)} must be {KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
+            choices = f.metadata.get("choices")
+            choices = choices() if callable(choices) else choices
+            if choices and value not in choices:
+                raise ValueError(f"{flag_name(f.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
         floats = ("tau", "alpha", "lopti_eta", "clip_low", "clip_high", "dual_clip", "kl_coef", "kl_clamp", "lr",
                   "weight_decay", "grad_clip", "temperature", "top_p", "warm_start_target")
         for name in floats:
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+            if value is not None and (isinstance(value, bool) or not (isinstance(value, (int, float))
+                                                                   and math.isfinite(value))):
                 raise ValueError(f"{flag_name(name)} must be a finite number, got {value!r}")
         for ok, message in [
                 (self.tau > 0, "--tau must be > 0"),
@@ -180,7 +196,11 @@ class Config:
                 (self.max_prompt_length is None or self.max_prompt_length >= 1, "--max-prompt-length must be >= 1"),
                 (self.data is not None or self.task not in tasks.NEEDS_DATA,
                  f"--task {self.task} needs --data (a data file or folder; docs/tasks.md)"),
-                (0 <= self.warm_start_target <= 1, "--warm-start-target must lie in [0, 1]")]:
+                (0 <= self.warm_start_target <= 1, "--warm-start-target must lie in [0, 1]"),
+                (not (self.resume and self.overwrite), "--resume continues a run and --overwrite deletes it: "
+                 "give one of them"),
+                (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(self.device)) is not None,
+                 f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")]:
             if not ok:
                 raise ValueError(message)
         return self
@@ -188,6 +208,9 @@ class Config:
     def saved(self):
         """What run.json keeps: every resolved setting, not the per-invocation ones (resume, dry_run, overwrite)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
+
+
+KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
 def flag_name(name):

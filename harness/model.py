@@ -37,7 +37,9 @@ def model_source(model_arg):
     the `gguf` package, a hub id that is neither in the Hugging Face cache nor reachable, a folder whose files ask
     to run their own Python code (no_remote_code). The keyword arguments always hold trust_remote_code=False."""
     path = smollm2_gguf() if model_arg == "smollm2" else os.path.expanduser(model_arg)
-    looks_like_path = path.startswith((".", "/", "~")) or path.endswith(".gguf") or os.path.exists(path)
+    first = path.split("/")[0]  # a hub id is "org/name"; runs/default/checkpoint-9 is a folder even when mistyped
+    looks_like_path = path.startswith((".", "/", "~")) or path.endswith(".gguf") or os.path.exists(path) \
+        or path.count("/") > 1 or (first != path and os.path.isdir(first))
     if looks_like_path and not os.path.exists(path):
         raise ValueError(f"model path does not exist: {model_arg}")
     kwargs = {"trust_remote_code": False}  # never run code from a model folder or the hub

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import sys
 import time
@@ -31,6 +30,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 import transformers
+from tqdm import tqdm
 
 import tasks
 from harness import tiny
@@ -42,6 +42,12 @@ from harness.model import load_policy, load_tokenizer
 from rollout import render_prompts
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
+def say(text):
+    """A line on stdout that does not collide with the loop's progress bar (tqdm.write)."""
+    tqdm.write(text)
+    sys.stdout.flush()
+
+
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each: finish the step, save, stop
 
@@ -84,10 +90,14 @@ def settle(config):
             compact = config.model == "tiny" if tokenizer is None else tiny.prompt_style(tokenizer) == "compact"
             config = dataclasses.replace(config, style="compact" if compact else "chat")
             config = tiny.apply_cpu_defaults(config) if compact else config
-        if config.dry_run:  # the steps --epochs sets (a data file's size is known once read)
+        if config.dry_run:  # the steps --epochs sets (a data file's size is known once read); the rules of a
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
-                config.train_size else config.steps
-            return dataclasses.replace(config, steps=steps), None, None, None
+                config.train_size else config.steps  # task without a data file (one with it is not read)
+            generated = config.data is None and config.task not in tasks.NEEDS_DATA
+            task = tasks.get_task(config.task, **config.task_options) if generated else None
+            rules = config.rules if task is None else getattr(task, "rules", None) if config.style == "chat" \
+                else "compact"
+            return dataclasses.replace(config, steps=steps, rules=rules), None, None, None
         task = tasks.get_task(config.task, data=config.data, **config.task_options)
         prompts, steps = training_prompts(task, tokenizer, config)
     changes = dict(steps=steps, rules=getattr(task, "rules", None) if config.style == "chat" else "compact")
@@ -109,9 +119,14 @@ def hardware(config):
 
 def print_settings(config):
     """--dry-run: the settled settings as JSON, without loading the model (a model other than "tiny" is taken to
-    be a chat model). -> the settings dict."""
-    print(json.dumps(config.saved(), indent=1, sort_keys=True))
-    return config.saved()
+    be a chat model; the tiny model's own settings are left out for it). -> the settings dict."""
+    shown = {key: value for key, value in config.saved().items()
+             if config.model == "tiny" or not key.startswith(("tiny_", "warm_start_"))}
+    print(json.dumps(shown, indent=1, sort_keys=True))
+    if config.model != "tiny":
+        print(f"note: nothing was loaded; what {config.model} needs on a GPU at these settings (memory, time): "
+              "docs/performance.md, \"One GPU\"", file=sys.stderr)
+    return shown
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,8 +155,10 @@ def build_policy(config, tokenizer, task, *, log=print):
         model = tiny.prepare(config, model, tokenizer, task, log=log)
     elif not config.resume and config.style == "chat" and not getattr(tokenizer, "chat_template", None):
         log(f"note: {config.model} has no chat template; prompts are a plain-text User/Assistant conversation")
-    log(f"task {task.name} (reward rules: {config.rules}), prompts: {config.style}, method {config.method}, "
-        f"lr {config.lr:g}, max new tokens {config.max_new_tokens}")
+    log(f"task {task.name} (reward rules: {config.rules}), prompts: {config.style}, method {config.method}"
+        + (f", AR alpha {config.alpha:g}" if config.alpha > 0 else "")
+        + (f", Lopti eta {config.lopti_eta:g} ({config.lopti_order})" if config.lopti_eta > 0 else "")
+        + f", lr {config.lr:g}, max new tokens {config.max_new_tokens}")
     ref_model = None
     if config.kl_coef > 0:
         try:
@@ -201,6 +218,13 @@ def training_prompts(task, tokenizer, config):
     return epoch_batch, epoch_steps(config, per_epoch)
 
 
+def progress_line(row):
+    """The progress bar's live numbers from a step's metrics row: mean reward, pass rate, mean completion length
+    (tokens), seconds per step."""
+    return (f"reward {row['reward_mean']:.3f}, pass {row['pass_rate']:.2f}, length {row['response_length']:.0f}, "
+            f"{row['rollout_s'] + row['update_s']:.2f} s/step")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The run's state: the folder, metrics, evals, checkpoints, Ctrl-C
 # ---------------------------------------------------------------------------------------------------------------
@@ -228,7 +252,8 @@ class RunState:
 
     def begin(self, model, tokenizer, optimizer, evaluate):
         """Fresh: metrics.jsonl begun with the held-out eval at step 0. Resumed: the optimizer, RNG states and step
-        from the checkpoint, metrics rows written after it dropped."""
+        from the checkpoint; only then, and only when there is a step to train, are the metrics rows written after
+        it dropped and `latest` pointed at it (a refused or empty resume changes nothing in the folder)."""
         self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
@@ -239,11 +264,21 @@ class RunState:
             except (ValueError, KeyError, RuntimeError) as error:
                 raise RunError(f"{self.config.resume}/trainer_state.pt: its optimizer state does not fit this model "
                                f"({type(error).__name__}); resume from another checkpoint") from None
-            restore_rng(saved["rng"])
+            try:
+                restore_rng(saved["rng"])
+            except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+                raise RunError(f"{self.config.resume}/trainer_state.pt: its RNG states are unusable "
+                               f"({type(error).__name__}); resume from another checkpoint") from None
             self.step, self.initial_eval = saved["step"], saved["initial_eval"]
             self.last_eval = (saved["step"], saved.get("last_eval"))
-            rewrite_metrics(self.metrics_path, [row for row in read_metrics(self.metrics_path, print)
-                                                if row["step"] <= self.step])  # rows after the checkpoint: dropped
+            if self.step < self.config.steps:  # it goes on: from here on it replaces any later timeline
+                later = later_checkpoints(self.config.output_dir, self.step)
+                if later:  # `latest` names the timeline going on, so no save ever replaces what it points to
+                    point_latest(self.config.output_dir, self.step)
+                    say(f"note: resuming from checkpoint-{self.step}: the later {', '.join(later)} of this run "
+                        "will be replaced from this run's first checkpoint on")
+                rewrite_metrics(self.metrics_path, [row for row in read_metrics(self.metrics_path, print)
+                                                    if row["step"] <= self.step])  # rows after it: dropped
             print(f"resumed from step {self.step} ({self.config.resume})"
                   + ("" if self.step < self.config.steps else f"; --steps {self.config.steps} is reached: nothing "
                      "to train (raise --steps to go on)"), flush=True)
@@ -261,12 +296,13 @@ class RunState:
             self.phase_seconds[name] += time.time() - start
 
     def log(self, row, *, tokens):
-        """Append one step's metrics (plus its timings) to metrics.jsonl."""
+        """Append one step's metrics (plus its timings) to metrics.jsonl. -> the row written."""
         elapsed = time.time() - self.step_started
         rollout = self.phase_seconds["rollout"] + self.phase_seconds["reward+advantage"]
-        append_metrics(self.metrics_path, {**row, "rollout_s": rollout, "update_s": elapsed - rollout,
-                                           "tokens_per_s": tokens / max(elapsed, 1e-9)})
+        row = {**row, "rollout_s": rollout, "update_s": elapsed - rollout, "tokens_per_s": tokens / max(elapsed, 1e-9)}
+        append_metrics(self.metrics_path, row)
         self.phase_seconds.clear()
+        return row
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
@@ -274,9 +310,9 @@ class RunState:
         self.last_eval = (step, self.evaluate(samples))
         append_metrics(self.metrics_path, {"step": step, "eval": True, **self.last_eval[1]})
         result = self.last_eval[1]
-        print(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}", flush=True)
+        say(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}")
         for completion, reward in samples[:shown]:
-            print(f"    reward {reward:.3f}  {completion[:160]!r}", flush=True)
+            say(f"    reward {reward:.3f}  {completion[:160]!r}")
         return result
 
     def end_of_step(self, step):
@@ -288,7 +324,7 @@ class RunState:
         if step % self.config.save_every == 0 or step == self.config.steps or self.stopped:
             self.save(step)
         if self.stopped:
-            print(f"stopped at step {step}; continue with --resume {self.config.output_dir}", flush=True)
+            say(f"stopped at step {step}; continue with --resume {self.config.output_dir}")
         self.step_started = time.time()
         return self.stopped
 
@@ -318,14 +354,7 @@ def start(config):
         raise RunError(f"cannot create --output-dir {config.output_dir}: {error.strerror or error}") from None
     with locked(config.output_dir):
         recover(config.output_dir)
-        if config.resume:
-            step = int(re.fullmatch(r"checkpoint-(\d+)", os.path.basename(config.resume)).group(1))
-            later = later_checkpoints(config.output_dir, step)
-            if later:  # `latest` now names the timeline going on, so no save below ever replaces what it points to
-                point_latest(config.output_dir, step)
-                print(f"note: resuming from checkpoint-{step}: the later {', '.join(later)} of this run will be "
-                      "replaced from this run's first checkpoint on", flush=True)
-        elif holds_a_run(config.output_dir):
+        if not config.resume and holds_a_run(config.output_dir):
             if not config.overwrite:
                 raise RunError(f"{config.output_dir} holds a run ({', '.join(holds_a_run(config.output_dir)[:3])}); "
                                f"continue it with --resume {config.output_dir}, pick another --output-dir, or pass "
@@ -341,8 +370,8 @@ def start(config):
                 os.kill(os.getpid(), signum)
             state.stopped = signum
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            print(f"\n{name}: saving a checkpoint after this step ({'press' if name == 'Ctrl-C' else 'send'} "
-                  "again to abort)", flush=True)
+            say(f"\n{name}: saving a checkpoint after this step ({'press' if name == 'Ctrl-C' else 'send'} "
+                "again to abort)")
         previous = {signum: signal.signal(signum, on_stop_signal) for signum in STOP_SIGNALS}
         try:
             yield state

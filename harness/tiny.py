@@ -16,7 +16,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.checkpoint import save_policy_atomically
+from harness.checkpoint import RunError, save_policy_atomically
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 
@@ -125,9 +125,9 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     """
     info_path = os.path.join(cache_dir, "warm_start.json")
     if os.path.exists(info_path):  # complete by construction: the folder is renamed into place when done
-        with open(info_path) as f:
-            info = json.load(f)
-        log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps)")
+        info = read_small_json(info_path)
+        log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps, on the warm "
+            "start's own held-out draw; the run's evals use another)")
         cached = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=model.dtype,
                                                       trust_remote_code=False).to(model.device)
         return cached, info
@@ -137,7 +137,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     log(f"warm start: supervised steps until held-out pass@1 >= {target_pass} (at most {max_steps}; cached in "
-        f"{cache_dir})")
+        f"{cache_dir}; its held-out draw is its own, the run's evals use another)")
     step, metrics, best, stale = 0, {"pass@1": 0.0, "reward": 0.0}, 0.0, 0
     while step < max_steps:
         input_ids, attention_mask, labels = sft_batch(tokenizer, task, rng.sample(pool, batch_size))
@@ -161,6 +161,22 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     info = {"steps": step, "pass@1": metrics["pass@1"], "reward": metrics["reward"], "loss": loss.item()}
     save_policy_atomically(model, tokenizer, cache_dir, info)
     return model, info
+
+
+def read_small_json(path, limit=1 << 20):
+    """A JSON object from a regular file of at most `limit` bytes; else a RunError naming the file (a cache folder
+    is not trusted to be what this code wrote: a link to /dev/zero or a FIFO must not hang or fill memory)."""
+    if not os.path.isfile(path) or os.path.getsize(path) > limit:
+        raise RunError(f"{path} is not a regular file of at most {limit} bytes; delete that warm-start folder")
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    try:
+        info = json.loads(data)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not {"steps", "pass@1"} <= set(info):
+        raise RunError(f"{path} is not a warm start's info; delete that warm-start folder")
+    return info
 
 
 def initial_policy_dir(config):

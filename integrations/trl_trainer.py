@@ -25,6 +25,7 @@ import torch
 from trl import GRPOTrainer
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root, from anywhere
+from harness.config import Config  # noqa: E402
 from lopti import reweight_advantages  # noqa: E402
 from softmax_grpo import METHODS, group_advantages  # noqa: E402
 
@@ -41,8 +42,10 @@ class SoftmaxGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, advantage_method="softmax", tau=0.1, ar_alpha=0.0, **kwargs):
         if advantage_method not in METHODS:
             raise ValueError(f"unknown advantage_method {advantage_method!r}; choose from {', '.join(METHODS)}")
-        if not 0.0 <= ar_alpha <= 1.0:
-            raise ValueError(f"ar_alpha must lie in [0, 1], got {ar_alpha!r}")
+        try:  # train.py's checks and messages (harness/config.py), at construction, not once training starts
+            Config(tau=tau, alpha=ar_alpha).validate()
+        except ValueError as error:
+            raise ValueError(f"SoftmaxGRPOTrainer(tau={tau!r}, ar_alpha={ar_alpha!r}): {error}") from None
         super().__init__(*args, **kwargs)
         self.advantage_method, self.tau, self.ar_alpha = advantage_method, tau, ar_alpha
         self._rewards_per_func = None

@@ -248,7 +248,17 @@ def prepare_config(config):
     the AR config class, this module and the repository in every Ray worker's environment."""
     from omegaconf import OmegaConf, open_dict
 
+    from harness.config import Config  # train.py's checks and messages, before verl starts anything
+
     eta = config.algorithm.get("lopti_eta", 0.0)
+    tau, alpha = config.algorithm.get("softmaxgrpo_tau"), config.actor_rollout_ref.actor.policy_loss.get("ar_alpha")
+    try:
+        Config(tau=0.1 if tau is None else tau, alpha=0.0 if alpha is None else alpha, lopti_eta=eta).validate()
+    except ValueError as error:
+        raise ValueError(f"{error} (here: algorithm.softmaxgrpo_tau={tau}, actor_rollout_ref.actor.policy_loss."
+                         f"ar_alpha={alpha}, algorithm.lopti_eta={eta})") from None
+    if eta >= 1:  # every token would be low-probability: the high pass empty, yet run as an actor update
+        raise ValueError(f"algorithm.lopti_eta must be < 1 (a probability; 0 = off), got {eta}")
     if eta > 0 and config.algorithm.get("lopti_order", "low-first") not in ("low-first", "high-first"):
         raise ValueError("algorithm.lopti_order must be low-first or high-first")
     with open_dict(config):

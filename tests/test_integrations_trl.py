@@ -109,3 +109,14 @@ def test_trl_trains_on_group_advantages_of_the_logged_rewards(tmp_path, advantag
         first = trainer.trained[0]
         valid = first["completion_mask"].bool()
         torch.testing.assert_close(first["old_per_token_logps"][valid], trainer.first_logps[valid], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("settings, message", [(dict(tau=0.0), "--tau must be > 0"),
+                                               (dict(ar_alpha=True), "--alpha must be a number, got True"),
+                                               (dict(ar_alpha=1.5), "--alpha must lie in [0, 1]")])
+def test_bad_settings_fail_when_the_trainer_is_built(settings, message):
+    # train.py's checks and messages, before TRL builds anything (tau <= 0 used to fail only once training started,
+    # ar_alpha=True was taken as 1.0)
+    from integrations.trl_trainer import SoftmaxGRPOTrainer
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        SoftmaxGRPOTrainer(model=None, **settings)

@@ -381,3 +381,21 @@ def test_verl_recipe_composes_validates_and_matches_design(name, nnodes):
         value = VERL_KEYS[key](config)
         assert value == (pytest.approx(official[key]) if isinstance(official[key], float) else official[key]), \
             f"{name}: {key} = {value!r}, DESIGN {official[key]!r}"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+algorithm.softmaxgrpo_tau=0"], "--tau must be > 0"),
+    (["+algorithm.softmaxgrpo_tau=-1"], "--tau must be > 0"),
+    (["+actor_rollout_ref.actor.policy_loss.ar_alpha=1.5"], "--alpha must lie in [0, 1]"),
+    (["+actor_rollout_ref.actor.policy_loss.ar_alpha=-1"], "--alpha must lie in [0, 1]"),
+    (["+algorithm.lopti_eta=5"], "--lopti-eta must lie in [0, 1]"),
+    (["+algorithm.lopti_eta=-0.5"], "--lopti-eta must lie in [0, 1]"),
+    (["+algorithm.lopti_eta=1"], "algorithm.lopti_eta must be < 1"),
+])
+def test_prepare_config_refuses_what_train_py_refuses(overrides, message):
+    # verl's own validate_config accepted all of these; eta < 0 silently turned Lopti off, eta >= 1 ran an empty pass
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        config = compose("ppo_trainer", overrides=overrides)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        verl_plugin.prepare_config(config)

@@ -90,3 +90,11 @@ def test_a_tiny_version_of_the_recipe_runs_one_step(name, tmp_path, digits_task)
     result = train.main(argv + TINY + extra)
     rows = [json.loads(line) for line in open(result["metrics_path"])]
     assert [r["step"] for r in rows if not r.get("eval")] == [1]
+
+
+def test_a_recipes_dry_run_names_its_rules_and_what_it_targets(capsys):
+    # it showed "rules": null beside task_options.rules, and the tiny model's settings for a Qwen run
+    settings = train.main(recipe_argv("lopti_kk_ar") + ["--dry-run"])
+    assert settings["rules"] == settings["task_options"]["rules"] == "logic_rl"
+    assert not [key for key in settings if key.startswith(("tiny_", "warm_start_"))]
+    assert 'docs/performance.md, "One GPU"' in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """rollout.py: the completion mask, left padding, generate_rollouts, and token_logprobs: the plain path against a
 hand computation, the fast path (fast_logprobs.py) against the plain path."""
+import copy
 import math
 from types import SimpleNamespace
 
@@ -104,6 +105,39 @@ def test_generate_rollouts_is_seeded_and_can_drop_truncated_rows(tiny):
     assert (b.completion_mask[a.truncated] == 0).all()
     assert torch.equal(b.completion_mask[~a.truncated], a.completion_mask[~a.truncated])
     assert b.completions == a.completions  # the text (and so the reward) of truncated rows is kept
+
+
+def test_a_model_folders_generation_config_never_changes_the_sampler(tiny, monkeypatch):
+    # A generation_config.json may ask for min_new_tokens (every completion ran to the length limit), n-gram
+    # blocking, min_p, typical_p, epsilon cutoffs, beams, a repetition penalty, ... : any of them samples from another
+    # distribution than softmax(logits / T), the one the PPO ratio assumes. Rollouts and the greedy eval must be
+    # the same as with a blank config, and generate may build no logits processor but temperature and top-p.
+    model, tokenizer = tiny
+    prompts = [tokenizer("4 4>8:")["input_ids"], tokenizer("3 5>8:")["input_ids"]]
+
+    def both(**sampling):
+        torch.manual_seed(5)
+        sampled = generate_rollouts(model, tokenizer, prompts, 8, max_new_tokens=8, **sampling)
+        greedy = generate_rollouts(model, tokenizer, prompts, 1, max_new_tokens=8, greedy=True)
+        return sampled.input_ids, greedy.input_ids
+    clean = both(top_p=0.9)
+    monkeypatch.setattr(model, "generation_config", copy.deepcopy(model.generation_config))  # the fixture's own
+    for key, value in dict(min_new_tokens=8, no_repeat_ngram_size=1, min_p=0.5, typical_p=0.2, epsilon_cutoff=0.2,
+                           eta_cutoff=0.2, num_beams=2, repetition_penalty=3.0, top_k=2, temperature=0.1,
+                           suppress_tokens=[tokenizer.eos_token_id], bad_words_ids=[[5]]).items():
+        setattr(model.generation_config, key, value)
+    built = []
+    original = type(model)._get_logits_processor
+
+    def recording(self, *args, **kwargs):
+        processors = original(self, *args, **kwargs)
+        built.append(sorted(type(p).__name__ for p in processors))
+        return processors
+    monkeypatch.setattr(type(model), "_get_logits_processor", recording)
+    configured = both(top_p=0.9)
+    assert all(torch.equal(a, b) for a, b in zip(clean, configured))
+    assert model.generation_config.min_new_tokens == 8  # the folder's own config is put back
+    assert built and all(set(names) <= {"TemperatureLogitsWarper", "TopPLogitsWarper"} for names in built), built
 
 
 def test_shared_prefill_gives_generate_the_same_logits(tiny):
@@ -536,3 +570,16 @@ def test_a_prompt_already_rendered_by_its_data_file_is_tokenized_as_it_is():
             return [{"role": "user", "content": example["q"]}]
     ids = render_prompts(tokenizer, Task(), [{"q": "x", "rendered_prompt": text}, {"q": "hi"}], "chat")
     assert tokenizer.decode(ids[0]) == text and tokenizer.decode(ids[1]) == "[hi]>"
+
+
+def test_a_non_finite_reward_in_the_eval_names_the_completion(tiny):
+    # was a statistics.stdev traceback with no word of the task or the completion
+    model, tokenizer = tiny
+
+    class NaNTask(EchoTask):
+        name = "nan"
+
+        def reward(self, completion, example, style="chat"):
+            return float("nan")
+    with pytest.raises(ValueError, match="task 'nan' returned a non-finite reward for the completion"):
+        evaluate(model, tokenizer, NaNTask(), [{"text": "4 4>8:"}], style="compact", max_new_tokens=4)

@@ -119,9 +119,9 @@ def test_a_kill_during_the_metrics_rewrite_leaves_the_old_file(finished_run, mon
 def test_a_half_written_last_row_is_dropped_with_a_warning(finished_run, capsys):
     with open(os.path.join(finished_run, "metrics.jsonl"), "a") as f:
         f.write('{"step": 5, "rew')  # disk full mid-write
-    train.main(["--resume", os.path.join(finished_run, "checkpoint-4")])
+    train.main(["--resume", os.path.join(finished_run, "checkpoint-4"), "--steps", "5"])
     assert "dropped a half-written last row" in capsys.readouterr().out
-    assert all(r["step"] <= 4 for r in rows_of(finished_run))
+    assert [r["step"] for r in rows_of(finished_run) if not r.get("eval")] == [1, 2, 3, 4, 5]
 
 
 def test_a_bad_row_in_the_middle_names_its_line(tmp_path):
@@ -195,3 +195,19 @@ def test_an_empty_lopti_pass_takes_no_optimizer_step(tmp_path):
     a, b = weights(tmp_path / "off" / "latest"), weights(tmp_path / "tiny_eta" / "latest")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["optimizer_steps"] for r in rows_of(tmp_path / "tiny_eta") if not r.get("eval")] == [1, 1]
+
+
+def test_two_runs_saving_the_same_warm_start_keep_one_copy(tmp_path):
+    # A seed sweep started at once: two runs compute the same warm start and both save it. The first complete copy
+    # stays; the second run's save is dropped without an error (it was identical), and no temporary folder is left.
+    from harness.tiny import build_char_tokenizer, build_tiny_model
+    tokenizer = build_char_tokenizer()
+    first, second = (build_tiny_model(tokenizer, hidden_size=32, num_layers=1, seed=seed) for seed in (0, 1))
+    folder = str(tmp_path / "warm_start-x")
+    checkpoint.save_policy_atomically(first, tokenizer, folder, {"steps": 1})
+    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2})
+    assert json.load(open(os.path.join(folder, "warm_start.json"))) == {"steps": 1}
+    assert os.listdir(tmp_path) == ["warm_start-x"]
+    os.remove(os.path.join(folder, "warm_start.json"))  # an incomplete leftover is replaced
+    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2})
+    assert json.load(open(os.path.join(folder, "warm_start.json"))) == {"steps": 2}

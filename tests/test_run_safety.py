@@ -1,6 +1,7 @@
 """A run that cannot be hijacked, overwritten or lost: each case below broke the run lifecycle before, as an attacker
 or a careless user would meet it. Every failure is one line naming the file, flag or process, with the right exit
 code (2: a flag, 1: the run's files)."""
+import glob
 import json
 import os
 import socket
@@ -155,6 +156,19 @@ def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path, c
     run(out, "--steps", "1")  # its process is gone (killed: no clean-up of its own), so is its lock
 
 
+def test_resuming_a_live_run_that_has_no_checkpoint_yet_names_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 0, "eval": true}\n')
+    holder = hold_lock(out)
+    try:
+        err = fails(capsys, ["--resume", str(out)])
+        assert f"its run is still going (process {holder.pid} on" in err and "wait for its first checkpoint" in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_lock_file_nobody_holds_is_no_lock(tmp_path):
     # What a dead run leaves, even naming a live PID (a recycled one, or a process in another PID namespace):
     # only a held flock refuses, so such a file neither blocks forever nor lets a second run in.
@@ -224,6 +238,10 @@ def test_a_dangling_latest_falls_back_to_the_newest_complete_checkpoint(finished
     (lambda s: {k: v for k, v in s.items() if k != "optimizer"}, "no valid 'optimizer'"),
     (lambda s: {**s, "step": "four"}, "no valid 'step'"),
     (lambda s: [1, 2], "no valid 'step'"),
+    (lambda s: {**s, "step": -5}, "its 'step' -5 is not the step of checkpoint-4"),  # trained at negative lr
+    (lambda s: {**s, "step": 2}, "its 'step' 2 is not the step of checkpoint-4"),
+    (lambda s: {**s, "initial_eval": {}}, "no valid 'initial_eval'"),
+    (lambda s: {**s, "rng": {"torch": 1}}, "its RNG states are unusable"),
 ])
 def test_a_trainer_state_without_its_keys_is_one_line(finished_run, capsys, damage, message):
     path = os.path.join(finished_run, "checkpoint-4", checkpoint.TRAINER_STATE)
@@ -237,6 +255,10 @@ def test_a_trainer_state_without_its_keys_is_one_line(finished_run, capsys, dama
     (lambda s: {k: v for k, v in s.items() if k != "tau"}, "missing ['tau']"),
     (lambda s: {**s, "num_generations": 0}, "--num-generations must be >= 2"),
     (lambda s: {**s, "tau": "hot"}, "run.json"),
+    (lambda s: {**s, "lr": True}, "--lr must be a number, got True"),  # trained at lr 1.0
+    (lambda s: {**s, "steps": "10"}, "--steps must be an integer, got '10'"),
+    (lambda s: {**s, "method": "nope"}, "--method must be one of softmax, grpo"),
+    (lambda s: {**s, "loss_agg": 3}, "--loss-agg must be text, got 3"),
 ])
 def test_saved_settings_pass_the_same_checks_as_flags(finished_run, capsys, damage, message):
     path = os.path.join(finished_run, "checkpoint-4", "run.json")
@@ -336,6 +358,27 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do(finished_run, capsy
     assert "--steps 3 is reached: nothing to train" in capsys.readouterr().out
 
 
+def test_resuming_an_older_checkpoint_with_nothing_to_train_changes_nothing(finished_run, capsys):
+    # --resume RUN/checkpoint-2 --steps 2 used to say "nothing to train" and delete the metrics of steps 3-4, whose
+    # checkpoint still exists, and point `latest` back at checkpoint-2.
+    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
+    train.main(["--resume", os.path.join(finished_run, "checkpoint-2"), "--steps", "2"])
+    assert "nothing to train" in capsys.readouterr().out
+    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
+    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
+
+
+def test_a_refused_resume_leaves_latest_and_the_metrics_alone(finished_run, capsys):
+    path = os.path.join(finished_run, "checkpoint-2", checkpoint.TRAINER_STATE)
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "optimizer": {"state": {}, "param_groups": []}}, path)  # fits no model
+    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
+    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-2"), "--steps", "6"])
+    assert "optimizer state does not fit" in err
+    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
+    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
+
+
 # --- 10. writes stay inside the folder given -------------------------------------------------------------------------
 def test_a_latest_pointing_into_another_folder_is_refused(finished_run, tmp_path, capsys):
     other = tmp_path / "other"
@@ -364,3 +407,33 @@ def test_a_missing_model_or_unreachable_hub_id_answers_before_torch_loads(tmp_pa
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")})
         assert proc.stdout.split() == ["False", "2"] and message in proc.stderr
+
+
+def test_overwrite_also_deletes_the_old_runs_picture(finished_run):
+    (open(os.path.join(finished_run, "metrics.png"), "wb")).write(b"\x89PNG old")
+    run(finished_run, "--steps", "1", "--overwrite")
+    assert not os.path.exists(os.path.join(finished_run, "metrics.png"))
+
+
+def test_the_settings_line_names_ar_and_lopti(tmp_path, capsys):
+    run(tmp_path / "run", "--steps", "1", "--alpha", "0.3", "--lopti-eta", "0.5")
+    assert "method softmax, AR alpha 0.3, Lopti eta 0.5 (low-first), lr" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["/dev/zero", "fifo", "not json"])
+def test_a_warm_start_cache_that_is_not_what_we_wrote_is_one_line(tmp_path, capsys, damage):
+    # The cached warm start's info file is read only if it is a small regular file holding its keys: a link to
+    # /dev/zero (which grew to 20 GB in 39 s), a FIFO (which hung) or garbage is one line naming it.
+    cache = tmp_path / "cache"
+    flags = ["--task", "countdown", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(cache), "--steps", "1"]
+    train.main([*flags, "--output-dir", str(tmp_path / "a")])
+    [info] = glob.glob(str(cache / "warm_start-*" / "warm_start.json"))
+    os.remove(info)
+    if damage == "/dev/zero":
+        os.symlink("/dev/zero", info)
+    elif damage == "fifo":
+        os.mkfifo(info)
+    else:
+        open(info, "w").write("{not json")
+    err = fails(capsys, [*flags, "--output-dir", str(tmp_path / "b")])
+    assert "warm_start.json" in err and "delete that warm-start folder" in err

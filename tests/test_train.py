@@ -299,6 +299,16 @@ def test_a_second_sigterm_aborts_at_once(tmp_path):
     assert "SIGTERM: saving a checkpoint" in stdout and proc.returncode == -signal.SIGTERM  # died of the second
 
 
+def test_the_progress_bar_shows_each_steps_numbers(tmp_path, capsys):
+    import re
+    _, steps, _, _ = run(tmp_path, "--steps", "2")
+    err = capsys.readouterr().err
+    shown = re.findall(r"reward (\d\.\d{3}), pass (\d\.\d{2}), length (\d+), \d+\.\d{2} s/step", err)
+    last = steps[-1]
+    assert shown and shown[-1] == (f"{last['reward_mean']:.3f}", f"{last['pass_rate']:.2f}",
+                                   f"{last['response_length']:.0f}")
+
+
 # --- bad input: one line on stderr, exit code 2, no traceback ------------------------------------------------------
 @pytest.mark.parametrize("flags,message", [
     (["--task", "nope"], "invalid choice: 'nope'"),
@@ -317,6 +327,9 @@ def test_a_second_sigterm_aborts_at_once(tmp_path):
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--mini-batches", "0"], "--mini-batches must lie in"),
     (["--resume", "no/such/run"], "--resume no/such/run: no such folder"),
+    (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
+    (["--resume", "no/such/run", "--overwrite"], "--resume continues a run and --overwrite deletes it"),
+    (["--model", "runs/default/checkpoint-999"], "model path does not exist: runs/default/checkpoint-999"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -261,7 +261,11 @@ class RunState:
             saved = load_trainer_state(self.config.resume)
             try:
                 optimizer.load_state_dict(saved["optimizer"])
-            except (ValueError, KeyError, RuntimeError) as error:
+                for param in model.parameters():  # load_state_dict checks counts, not shapes
+                    for name, value in optimizer.state.get(param, {}).items():
+                        if torch.is_tensor(value) and value.dim() and value.shape != param.shape:
+                            raise ValueError(f"{name} {tuple(value.shape)} for a parameter {tuple(param.shape)}")
+            except (ValueError, KeyError, RuntimeError, TypeError) as error:
                 raise RunError(f"{self.config.resume}/trainer_state.pt: its optimizer state does not fit this model "
                                f"({type(error).__name__}); resume from another checkpoint") from None
             try:

@@ -379,6 +379,17 @@ def test_a_refused_resume_leaves_latest_and_the_metrics_alone(finished_run, caps
     assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
 
 
+def test_an_optimizer_state_of_the_wrong_shapes_is_one_line(finished_run, capsys):
+    # load_state_dict accepts it (same parameter count); the first optimizer step would then fail in a traceback
+    path = os.path.join(finished_run, "checkpoint-4", checkpoint.TRAINER_STATE)
+    state = torch.load(path, weights_only=True)
+    first = next(iter(state["optimizer"]["state"].values()))
+    first["exp_avg"] = first["exp_avg"].reshape(-1)[:3].clone()
+    torch.save(state, path)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "optimizer state does not fit this model" in err
+
+
 # --- 10. writes stay inside the folder given -------------------------------------------------------------------------
 def test_a_latest_pointing_into_another_folder_is_refused(finished_run, tmp_path, capsys):
     other = tmp_path / "other"

@@ -270,6 +270,8 @@ def main(argv=None):
     except (settings.InputError, run.RunError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         sys.exit(2 if isinstance(error, settings.InputError) else 1)
+    except run.Stopped as stop:  # a signal before the first step: nothing to save
+        sys.exit(128 + stop.signum)
 
 
 if __name__ == "__main__":

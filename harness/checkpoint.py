@@ -196,12 +196,12 @@ def save_policy_atomically(model, tokenizer, folder, info=None):
                 if error.errno not in (errno.EEXIST, errno.ENOTEMPTY) or attempt:
                     raise
             if os.path.isfile(os.path.join(folder, "warm_start.json" if info is not None else "config.json")):
-                shutil.rmtree(tmp, ignore_errors=True)  # complete: the other run's identical result
-                return
+                return  # complete: the other run's identical result stays, ours goes (finally)
             shutil.rmtree(folder, ignore_errors=True)  # an incomplete leftover
     except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
-        shutil.rmtree(tmp, ignore_errors=True)
         raise RunError(f"could not write {folder}: {reason(error)}{disk_hint(error)}") from None
+    finally:  # also after a signal's Stopped: no half-written copy stays
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def reason(error):

@@ -42,6 +42,15 @@ from harness.model import load_policy, load_tokenizer
 from rollout import render_prompts
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
+class Stopped(BaseException):
+    """Ctrl-C, SIGTERM or SIGHUP before the run's first step (model loading, the warm start): nothing to save;
+    train.py exits with the signal's code. A BaseException, like KeyboardInterrupt, so no `except Exception`
+    swallows it."""
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def say(text):
     """A line on stdout that does not collide with the loop's progress bar (tqdm.write)."""
     tqdm.write(text)
@@ -374,6 +383,10 @@ def start(config):
                 os.kill(os.getpid(), signum)
             state.stopped = signum
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            if state.model is None:  # loading or warm-starting the policy: nothing to save yet, stop now
+                say(f"\n{name}: stopped before the first step; nothing was saved (the warm start is cached only "
+                    "once it ends)")
+                raise Stopped(signum)
             say(f"\n{name}: saving a checkpoint after this step ({'press' if name == 'Ctrl-C' else 'send'} "
                 "again to abort)")
         previous = {signum: signal.signal(signum, on_stop_signal) for signum in STOP_SIGNALS}

@@ -309,6 +309,25 @@ def test_the_progress_bar_shows_each_steps_numbers(tmp_path, capsys):
                                    f"{last['response_length']:.0f}")
 
 
+def test_sigterm_during_the_warm_start_stops_at_once_and_leaves_nothing(tmp_path):
+    # It used to act only once the warm start ended (69 s). Before the first step there is nothing to save: the run
+    # stops at once with the signal's code, no half-written warm start and no run files stay, and the same command
+    # starts again without --overwrite.
+    out = tmp_path / "run"
+    command = [sys.executable, "-u", "train.py", "--output-dir", str(out), "--warm-start-target", "1.0",
+               "--eval-size", "8", "--tiny-hidden", "64", "--tiny-layers", "2"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("warm start step 10:"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    started = time.time()
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and time.time() - started < 10
+    assert "SIGTERM: stopped before the first step; nothing was saved" in stdout
+    assert [name for name in os.listdir(out) if name != ".lock"] == []
+
+
 # --- bad input: one line on stderr, exit code 2, no traceback ------------------------------------------------------
 @pytest.mark.parametrize("flags,message", [
     (["--task", "nope"], "invalid choice: 'nope'"),

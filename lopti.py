@@ -1,5 +1,4 @@
-"""Advantage Reweighting (AR) and Low-Probability Token Isolation (Lopti), Yang et al.,
-arXiv 2505.12929.
+"""Advantage Reweighting (AR) and Low-Probability Token Isolation (Lopti), Yang et al. 2505.12929.
 
 Why: the gradient of a token's log-prob with respect to the logits is onehot(o) - softmax(z), whose
 norm is at least sqrt(N/(N-1)) (1 - pi_o) and at most sqrt(2) (1 - pi_o) (Prop. 4.2).
@@ -12,13 +11,13 @@ way. Two fixes:
 
 How a trainer uses this file (one optimisation step; see train.py):
 
-    token_adv = reweight_advantages(adv, old_token_probs, completion_mask,
-                                    alpha)  # alpha = 0: identity
+    # alpha = 0: identity
+    token_adv = reweight_advantages(adv, old_token_probs, completion_mask, alpha)
     for name, pass_adv, pass_mask in lopti_passes(token_adv, old_token_probs, completion_mask, eta):
+        # logprobs recomputed for each pass
         loss, stats = policy_loss(logprobs, old_logprobs, pass_adv, completion_mask,
                                   ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_mask=pass_mask)
         loss.backward(); optimizer.step(); optimizer.zero_grad()
-        # logprobs recomputed for each pass
 
 Both passes use the same old and reference log-probs (nothing is re-sampled or re-scored in
 between), so in pass 2 the ratio is pi_after_pass1 / pi_old and clipping bounds the cumulative move.

@@ -2,10 +2,9 @@
 
 Per token, with ratio = exp(logp - old_logp):
 
-    l = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))      clip-higher (DAPO)
-    l = min(l, -A * dual_clip)  where A < 0                                   optional dual clip
-    loss = aggregate(l + kl_coef * k3)                                        k3 = exp(ref-logp)
-                                                                                   - (ref-logp) - 1
+    l = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))    clip-higher (DAPO)
+    l = min(l, -A * dual_clip)  where A < 0                                 optional dual clip
+    loss = aggregate(l + kl_coef * k3)        k3 = exp(ref - logp) - (ref - logp) - 1
 
 Why is the loss ~0 on the first minibatch while training still moves?  Right after sampling,
 logp == old_logp, so ratio = 1 and l = -A on every token. Advantages sum to 0 within a group

@@ -11,6 +11,7 @@ is dataclasses.replace). This file imports no torch, so `--help` and a bad flag 
 """
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -130,27 +131,19 @@ class Config:
     def validate(self):
         """Raise ValueError naming the first bad setting as its flag, e.g. "--tau must be > 0". Types and choices
         too: a resumed run's run.json is read back as JSON, where a setting may hold anything."""
-        hints = typing.get_type_hints(Config)
         for f in dataclasses.fields(self):
-            value, kinds = getattr(self, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
-            if f.name == "given" or (value is None and type(None) in kinds):
+            value, kind, optional = getattr(self, f.name), *field_kind(f)
+            if f.name == "given" or (value is None and optional):
                 continue
-            kind = next(k for k in kinds if k is not type(None))
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else \
                 isinstance(value, int) and not isinstance(value, bool) if kind is int else isinstance(value, kind)
             if not ok:
                 raise ValueError(f"{flag_name(f.name)} must be {KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
-            choices = f.metadata.get("choices")
-            choices = choices() if callable(choices) else choices
+            if kind is float and not math.isfinite(value):
+                raise ValueError(f"{flag_name(f.name)} must be a finite number, got {value!r}")
+            choices = field_choices(f)
             if choices and value not in choices:
                 raise ValueError(f"{flag_name(f.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
-        floats = ("tau", "alpha", "lopti_eta", "clip_low", "clip_high", "dual_clip", "kl_coef", "kl_clamp", "lr",
-                  "weight_decay", "grad_clip", "temperature", "top_p", "warm_start_target")
-        for name in floats:
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not (isinstance(value, (int, float))
-                                                                   and math.isfinite(value))):
-                raise ValueError(f"{flag_name(name)} must be a finite number, got {value!r}")
         for ok, message in [
                 (self.tau > 0, "--tau must be > 0"),
                 (self.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
@@ -213,6 +206,24 @@ class Config:
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
+@functools.lru_cache(maxsize=1)
+def type_hints():
+    return typing.get_type_hints(Config)
+
+
+def field_kind(f):
+    """A Config field's type and whether it may be None: `int | None` -> (int, True)."""
+    hint = type_hints()[f.name]
+    kinds = typing.get_args(hint) or (hint,)
+    return next(k for k in kinds if k is not type(None)), type(None) in kinds
+
+
+def field_choices(f):
+    """A Config field's allowed values (its `choices`, called when it is read at parse time), or None."""
+    choices = f.metadata.get("choices")
+    return choices() if callable(choices) else choices
+
+
 def flag_name(name):
     return "--" + name.replace("_", "-") if name != "task_options" else "--task-option"
 
@@ -256,7 +267,6 @@ def build_parser(prog="train.py"):
     parser = argparse.ArgumentParser(prog=prog, description="RL fine-tuning with SoftmaxGRPO, AR and Lopti "
                                      "(train.py). Every flag is a field of config.Config.",
                                      usage="%(prog)s [--flag value ...]", argument_default=argparse.SUPPRESS)
-    hints = typing.get_type_hints(Config)
     for f in dataclasses.fields(Config):
         meta = f.metadata
         if not meta.get("flag", True):
@@ -266,8 +276,7 @@ def build_parser(prog="train.py"):
         help_text = f"{meta['help']} (default: {shown}" + (f"; paper: {meta['paper']})" if meta["paper"] is not None
                                                             else ")")
         names = [flag_name(f.name)] + ([meta["alias"]] if meta.get("alias") else [])
-        choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
-        kind = next((t for t in typing.get_args(hints[f.name]) if t is not type(None)), hints[f.name])
+        choices, (kind, _) = field_choices(f), field_kind(f)
         if kind is bool:
             parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
         elif kind is dict:
@@ -307,7 +316,7 @@ def load(argv=None, prog="train.py"):
         if config.resume:
             return resumed(config)
         if config.model != "tiny" and not config.dry_run:
-            from harness.model import model_source  # torch-free: a missing path or an unreachable hub id fails here, at once
+            from harness.model import model_source  # torch-free: a missing path or unreachable hub id fails here
             model_source(config.model)
         return config
     except RunError as error:

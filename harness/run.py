@@ -19,7 +19,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import math
 import os
 import random
 import signal
@@ -39,9 +38,13 @@ from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, exis
                                 remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
 from harness.config import Config, InputError
 from harness.model import load_policy, load_tokenizer
-from rollout import render_prompts
+from harness.prompts import epoch_steps, training_prompts
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
+SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each: finish the step, save, stop
+
+
 class Stopped(BaseException):
     """Ctrl-C, SIGTERM or SIGHUP before the run's first step (model loading, the warm start): nothing to save;
     train.py exits with the signal's code. A BaseException, like KeyboardInterrupt, so no `except Exception`
@@ -55,10 +58,6 @@ def say(text):
     """A line on stdout that does not collide with the loop's progress bar (tqdm.write)."""
     tqdm.write(text)
     sys.stdout.flush()
-
-
-SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each: finish the step, save, stop
 
 
 @contextlib.contextmanager
@@ -76,6 +75,17 @@ def input_errors():
         raise RunError(f"{error.filename + ': ' if error.filename else ''}{error.strerror or error}") from None
 
 
+@contextlib.contextmanager
+def policy_load_errors(config):
+    """Around loading the policy's tokenizer or weights: a resumed checkpoint is the run's own file (a RunError,
+    exit 1, like its other files), any other source is the user's input (an InputError, exit 2)."""
+    try:
+        yield
+    except ValueError as error:
+        raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else
+               InputError(str(error))) from None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Settings: decided once, before the run starts (config.load has merged a resumed run's)
 # ---------------------------------------------------------------------------------------------------------------
@@ -88,32 +98,30 @@ def settle(config):
     --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name."""
     config = hardware(config)
     with input_errors():
-        try:
+        with policy_load_errors(config):
             source = existing_copy(config.resume) if config.resume else config.model  # start() recovers it
             tokenizer = None if config.dry_run else \
                 tiny.build_char_tokenizer() if source == "tiny" else load_tokenizer(source)
-        except ValueError as error:  # a resumed checkpoint is the run's own file: exit code 1, like the others
-            raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else
-                   error) from None
         if not config.resume:
             compact = config.model == "tiny" if tokenizer is None else tiny.prompt_style(tokenizer) == "compact"
             config = dataclasses.replace(config, style="compact" if compact else "chat")
             config = tiny.apply_cpu_defaults(config) if compact else config
-        if config.dry_run:  # the steps --epochs sets (a data file's size is known once read); the rules of a
+        if config.dry_run:  # no data file is read: the steps --epochs sets from --train-size, a generated task only
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
-                config.train_size else config.steps  # task without a data file (one with it is not read)
+                config.train_size else config.steps
             generated = config.data is None and config.task not in tasks.NEEDS_DATA
             task = tasks.get_task(config.task, **config.task_options) if generated else None
-            rules = config.rules if task is None else getattr(task, "rules", None) if config.style == "chat" \
-                else "compact"
-            return dataclasses.replace(config, steps=steps, rules=rules), None, None, None
-        task = tasks.get_task(config.task, data=config.data, **config.task_options)
-        prompts, steps = training_prompts(task, tokenizer, config)
-    changes = dict(steps=steps, rules=getattr(task, "rules", None) if config.style == "chat" else "compact")
-    if not config.resume:
+            prompts = None
+        else:
+            task = tasks.get_task(config.task, data=config.data, **config.task_options)
+            prompts, steps = training_prompts(task, tokenizer, config)
+    changes = dict(steps=steps)
+    if task is not None:
+        changes["rules"] = getattr(task, "rules", None) if config.style == "chat" else "compact"
+    if not config.resume and not config.dry_run:
         changes["initial_policy"] = tiny.initial_policy_dir(config) if config.model == "tiny" else \
             os.path.abspath(config.model) if os.path.exists(config.model) else config.model
-    return dataclasses.replace(config, **changes), tokenizer, task, prompts
+    return (dataclasses.replace(config, **changes), tokenizer, None if config.dry_run else task, prompts)
 
 
 def hardware(config):
@@ -149,15 +157,12 @@ def build_policy(config, tokenizer, task, *, log=print):
     random.seed(config.seed)
     np.random.seed(config.seed)
     device = torch.device(config.device)
-    try:
+    with policy_load_errors(config):
         if config.model == "tiny" and not config.resume:  # random init, then its warm start (below)
             model = tiny.build_tiny_model(tokenizer, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers,
                                           seed=config.seed).to(device)
         else:
             model, _ = load_policy(config.resume or config.model, device=device, tokenizer=tokenizer)
-    except ValueError as error:  # a resumed checkpoint is the run's own file: exit code 1, like the others
-        raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else
-               InputError(str(error))) from None
     if config.threads:
         torch.set_num_threads(config.threads)
     if not config.resume and config.model == "tiny":
@@ -177,54 +182,6 @@ def build_policy(config, tokenizer, task, *, log=print):
             raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
         ref_model.eval().requires_grad_(False)
     return model, ref_model
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The training prompts of each step
-# ---------------------------------------------------------------------------------------------------------------
-def epoch_steps(config, batches_per_epoch):
-    """The RL steps of --epochs: epochs x batches per epoch, or a --steps given, if fewer (verl stops at whichever
-    comes first)."""
-    return min(config.epochs * batches_per_epoch, config.steps if "steps" in config.given else math.inf)
-
-
-def training_prompts(task, tokenizer, config):
-    """-> (prompts(step): the step's prompts_per_step training examples, the run's steps). By default fresh draws
-    seeded by (seed, step), for config.steps steps. With --epochs: a fixed set (train_size rows, or the whole data
-    file), reshuffled each epoch, cut into len(set) // prompts_per_step batches per epoch (the last partial batch
-    dropped, as verl does), for epoch_steps steps. --max-prompt-length leaves out examples whose rendered prompt is
-    longer (the set once; fresh draws are topped up from further draws of the same step)."""
-    size = config.prompts_per_step
-
-    def fits(examples):
-        if config.max_prompt_length is None:
-            return examples
-        lengths = [len(ids) for ids in render_prompts(tokenizer, task, examples, config.style)]
-        return [ex for ex, n in zip(examples, lengths) if n <= config.max_prompt_length]
-
-    if not config.epochs:
-        def fresh(step):
-            examples, draw = [], 0
-            while len(examples) < size:
-                if draw == 20:
-                    raise RunError(f"--max-prompt-length {config.max_prompt_length}: 20 draws of {size} prompts "
-                                   f"gave only {len(examples)} short enough; raise it")
-                seed = config.seed * 1_000_003 + step + 7_919 * draw  # draw 0: the seed of a run without the filter
-                examples += fits(task.examples("train", size, seed=seed))
-                draw += 1
-            return examples[:size]
-        return fresh, config.steps
-    pool = fits(task.examples("train", config.train_size, seed=config.seed))
-    per_epoch = len(pool) // size
-    if per_epoch == 0:
-        raise RunError(f"--epochs: the training set has {len(pool)} usable prompts, fewer than --prompts-per-step "
-                       f"{size}")
-
-    def epoch_batch(step):
-        epoch, batch = divmod(step - 1, per_epoch)
-        order = random.Random(f"{config.seed}-epoch-{epoch}").sample(range(len(pool)), len(pool))
-        return [pool[i] for i in order[batch * size:(batch + 1) * size]]
-    return epoch_batch, epoch_steps(config, per_epoch)
 
 
 def progress_line(row):

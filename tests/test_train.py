@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import tasks
 from harness import run as run_module
+from harness.prompts import training_prompts
 import train
 from harness.config import Config
 from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask, tiny_policy_and_rollouts
@@ -187,11 +188,10 @@ def test_token_mean_per_micro_batch_is_the_official_codes_loss():
 
 # --- the training prompts -------------------------------------------------------------------------------------------
 def test_epochs_pass_over_a_fixed_set_once_each_reshuffled():
-    from harness import run as run_module
     from harness.tiny import build_char_tokenizer
     task, tokenizer = DigitsTask(), build_char_tokenizer()
     config = Config(epochs=3, train_size=7, prompts_per_step=2, style="compact")
-    prompts, steps = run_module.training_prompts(task, tokenizer, config)
+    prompts, steps = training_prompts(task, tokenizer, config)
     assert steps == 3 * (7 // 2)  # the last partial batch of each epoch is dropped, as verl does
     pool = [ex["x"] for ex in task.examples("train", 7, seed=0)]
     epochs = [[ex["x"] for step in range(1 + 3 * e, 4 + 3 * e) for ex in prompts(step)] for e in range(3)]
@@ -200,18 +200,17 @@ def test_epochs_pass_over_a_fixed_set_once_each_reshuffled():
     assert epochs[0] != epochs[1]  # reshuffled
     assert [ex["x"] for ex in prompts(2)] == [ex["x"] for ex in prompts(2)]  # a resumed run sees the same batches
     capped = Config(epochs=3, train_size=7, prompts_per_step=2, steps=4, given=frozenset({"steps"}))
-    assert run_module.training_prompts(task, tokenizer, capped)[1] == 4  # --steps stops it sooner, as verl's total_training_steps
+    assert training_prompts(task, tokenizer, capped)[1] == 4  # --steps stops it sooner, as verl's total_training_steps
 
 
 def test_max_prompt_length_leaves_out_longer_prompts():
-    from harness import run as run_module
     from harness.tiny import build_char_tokenizer
     task, tokenizer = DigitsTask(), build_char_tokenizer()
     # DigitsTask's compact prompt is "<x>>" after <bos>: 3 tokens for x < 10, 4 for x < 100
     config = Config(prompts_per_step=4, max_prompt_length=3, style="compact")
-    batch = run_module.training_prompts(task, tokenizer, config)[0](1)
+    batch = training_prompts(task, tokenizer, config)[0](1)
     assert len(batch) == 4 and all(ex["x"] < 10 for ex in batch)
-    unfiltered = run_module.training_prompts(task, tokenizer, Config(prompts_per_step=4, style="compact"))[0](1)
+    unfiltered = training_prompts(task, tokenizer, Config(prompts_per_step=4, style="compact"))[0](1)
     assert unfiltered == task.examples("train", 4, seed=1)  # without the filter: the draws of before
 
 

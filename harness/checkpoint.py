@@ -166,9 +166,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
         point_latest(output_dir, step)  # atomic switch: `latest` is always a complete checkpoint
     except Exception as error:  # noqa: BLE001 -- whatever the writer raised, the run's files stay as they were
         shutil.rmtree(tmp, ignore_errors=True)
-        hint = disk_hint(error) or "; use another --output-dir"
         kept = f" ({latest} still points to the previous checkpoint)" if os.path.lexists(latest) else ""
-        raise RunError(f"could not write checkpoint {final}: {reason(error)}{hint}{kept}") from None
+        raise RunError(write_failed(f"checkpoint {final}", error) + kept) from None
     earlier = [s for s in checkpoint_steps(output_dir) if s < step]
     pruned = earlier[:-(keep - 1) or None] if keep > 0 else []  # never the one just written
     for name in later_checkpoints(output_dir, step) + [f"checkpoint-{s}" for s in pruned]:
@@ -199,24 +198,20 @@ def save_policy_atomically(model, tokenizer, folder, info=None):
                 return  # complete: the other run's identical result stays, ours goes (finally)
             shutil.rmtree(folder, ignore_errors=True)  # an incomplete leftover
     except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
-        raise RunError(f"could not write {folder}: {reason(error)}{disk_hint(error)}") from None
+        raise RunError(write_failed(folder, error, otherwise="")) from None
     finally:  # also after a signal's Stopped: no half-written copy stays
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def reason(error):
-    """A failed write's cause in a few words: the OS's message, else the error's first line, else its type."""
-    return getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def disk_hint(error):
-    """What to do about a failed write, from its cause."""
+def write_failed(what, error, *, otherwise="; use another --output-dir"):
+    """"could not write WHAT: its cause; what to do" for a failed write: the OS's message (else the error's first
+    line, else its type), then the remedy its cause calls for (`otherwise` when the cause is not the disk's)."""
+    cause = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
     code = getattr(error, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return "; free some disk space or use another --output-dir"
-    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return "; the folder is not writable: use another --output-dir"
-    return ""
+    remedy = "; free some disk space or use another --output-dir" if code in (errno.ENOSPC, errno.EDQUOT) else \
+        "; the folder is not writable: use another --output-dir" if code in (errno.EROFS, errno.EACCES, errno.EPERM) \
+        else otherwise
+    return f"could not write {what}: {cause}{remedy}"
 
 
 def existing_copy(checkpoint_dir):
@@ -318,8 +313,7 @@ def append_metrics(path, row):
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
     except OSError as error:
-        raise RunError(f"could not write {path}: {error.strerror or error}; free some disk space, then continue "
-                       "with --resume") from None
+        raise RunError(write_failed(path, error) + ", then continue with --resume") from None
 
 
 def read_metrics(path, warn=print):
@@ -353,8 +347,7 @@ def rewrite_metrics(path, rows):
             f.writelines(json.dumps(row) + "\n" for row in rows)
         os.replace(tmp, path)
     except OSError as error:
-        raise RunError(f"could not write {path}: {error.strerror or error}; free some disk space or use another "
-                       "--output-dir") from None
+        raise RunError(write_failed(path, error)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -56,9 +56,10 @@ import statistics
 import time
 
 import train
-from harness.checkpoint import RunError, read_metrics
+from harness.checkpoint import read_metrics
 from harness.config import parse_args
-from experiments import pyplot, train_flags
+from experiments import pyplot
+from experiments.runs import finished_run, train_flags
 from experiments.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
 PRESETS = {
@@ -90,28 +91,6 @@ def run_argv(preset, config, seed, output_dir, extra):
     return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, "--overwrite", *CPU_DEFAULTS,
             *spec["shared"], "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config],
             *extra]  # --overwrite: a comparison run again replaces its own runs
-
-
-def finished_run(argv_run):
-    """The result train.main would return for `argv_run` when its --output-dir already holds that run finished
-    (latest at the run's --steps, its held-out evals at step 0 and at the end, and every flag of argv_run equal in
-    its run.json but those that do not change the result: threads, checkpoint keeping); else None. Lets a
-    comparison grow by seeds without training the old ones again."""
-    config = parse_args(argv_run)
-    checkpoint = os.path.join(config.output_dir, "latest")
-    metrics_path = os.path.join(config.output_dir, "metrics.jsonl")
-    try:
-        with open(os.path.join(checkpoint, "run.json")) as f:
-            saved = json.load(f)
-        evals = {row["step"]: row for row in read_metrics(metrics_path) if row.get("eval")}
-    except (OSError, ValueError, RunError):
-        return None
-    unchanged = all(saved.get(key) == getattr(config, key) for key in config.given - {
-        "overwrite", "output_dir", "warm_start_cache", "threads", "keep_checkpoints", "save_every"})  # not the result
-    if not unchanged or os.path.basename(os.path.realpath(checkpoint)) != f"checkpoint-{config.steps}" \
-            or 0 not in evals or config.steps not in evals:
-        return None
-    return {"before": evals[0], "after": evals[config.steps], "metrics_path": metrics_path}
 
 
 def task_argv(config):

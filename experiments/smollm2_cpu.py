@@ -5,7 +5,7 @@
     python -m experiments.smollm2_cpu --seeds 0 --steps 20 --output-dir runs/smollm2_quick   # extra flags: train.py
 
 Each seed is `train.main([...])` with the settings below and your extra flags (last wins), into
-<output-dir>/seed<s>; a seed already finished there with the same flags is reused (experiments.compare.finished_run),
+<output-dir>/seed<s>; a seed already finished there with the same flags is reused (experiments.runs.finished_run),
 one with other flags is replaced (so give other flags another --output-dir). The held-out eval (greedy, EVAL_SIZE
 prompts, the same for every seed) runs before RL, every EVAL_EVERY steps and at the end; train.py logs each with its
 standard error over the prompts. The table gives reward and pass@1 (similarity >= 0.5) with their SEs, and the gain
@@ -39,7 +39,8 @@ import time
 
 import train
 from harness.checkpoint import read_metrics
-from experiments import compare, plot_metrics, train_flags
+from experiments import plot_metrics
+from experiments.runs import finished_run, train_flags
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
 SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax", "--tau", "0.1", "--steps", "60",
@@ -161,7 +162,7 @@ def main(argv=None):
             train.main(argv_run)
             continue
         start = time.time()
-        result = None if args.rerun else compare.finished_run(argv_run)
+        result = None if args.rerun else finished_run(argv_run)
         if result is None:
             result = train.main(argv_run)
             minutes = f"{(time.time() - start) / 60:.1f}"

@@ -218,8 +218,9 @@ def train(config):
         model, ref_model = run.build_policy(config, tokenizer, task, log=tqdm.write)  # + warm start
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
                                       weight_decay=config.weight_decay)
-        with run.input_errors():  # e.g. a data file with too few test rows: one line
+        with run.input_errors():  # too few test rows, a prompt longer than the context: one line
             eval_examples = task.examples("test", config.eval_size, seed=config.seed)
+            prompts = run.within_context(prompts, eval_examples, model, tokenizer, task, config)
 
         def evaluate_now(samples):  # greedy pass@1 and mean reward on the held-out prompts
             with precision(model.device, config.dtype):

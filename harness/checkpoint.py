@@ -6,13 +6,15 @@
     <output-dir>/.lock                       flocked by the run writing here (one run per folder): host, PID, start
 
 Every write goes to a temporary name first and is renamed into place (`os.replace` is atomic on one file system);
-what a kill leaves behind (`*.tmp`, `*.old`) is put right at the next start. Checkpoints load no code: trainer_state.pt
+what a kill leaves behind (a `checkpoint-<step>.tmp` holding the save's mark) is put right at the next start; a
+`.tmp` or `.old` copy without that mark is a user's, and stays. Checkpoints load no code: trainer_state.pt
 holds tensors and plain Python values only and is read with `torch.load(weights_only=True)`. Problems a user can act on
 raise RunError: one line that names the file and what to do. torch is imported only by the functions that need it,
 so reading a run's settings (config.py) needs no torch.
 """
 import contextlib
 import errno
+import filecmp
 import json
 import os
 import pickle
@@ -30,6 +32,7 @@ LOCK = ".lock"
 RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
 RUN_OUTPUTS = ("metrics.png",)  # drawn from a run's metrics (experiments.plot_metrics): --overwrite deletes it too
 MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
+SAVE_MARK = "saved_by_train.py"  # the first file a save writes: a checkpoint-<step>.tmp holding it is a save's own
 
 
 class RunError(Exception):
@@ -87,10 +90,19 @@ def _holder_text(fd):
     return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"
 
 
+def checkpoint_step(run_dir, name):
+    """The step of run_dir/name when it is one of the run's checkpoint folders: checkpoint-<step>, or the
+    checkpoint-<step>.tmp of a save (marked as its own) that a kill interrupted; else None."""
+    match = re.fullmatch(r"checkpoint-(\d+)(\.tmp)?", name)
+    if match and (not match.group(2) or os.path.isfile(os.path.join(run_dir, name, SAVE_MARK))):
+        return int(match.group(1))
+    return None
+
+
 def holds_a_run(output_dir):
     """The run files in output_dir (metrics.jsonl, latest, checkpoint-<step>/), sorted; [] when it holds none."""
     names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    return sorted(name for name in names if name in RUN_FILES or re.fullmatch(r"checkpoint-\d+(\.tmp|\.old)?", name))
+    return sorted(name for name in names if name in RUN_FILES or checkpoint_step(output_dir, name) is not None)
 
 
 def remove_run(output_dir):
@@ -107,14 +119,13 @@ def is_complete(folder):
 
 
 def recover(output_dir, log=print):
-    """Put right what a kill during a save left: a complete checkpoint-N.tmp or .old whose checkpoint-N is missing
-    becomes checkpoint-N, every other .tmp / .old is removed, and a `latest` that points nowhere is pointed at the
-    newest complete checkpoint."""
+    """Put right what a kill during a save left: a complete checkpoint-N.tmp of a save whose checkpoint-N is missing
+    becomes checkpoint-N, any other save's .tmp is removed, and a `latest` that points nowhere is pointed at the
+    newest complete checkpoint. Folders no save of this program marked are left alone."""
     for name in sorted(os.listdir(output_dir)):
-        match = re.fullmatch(r"(checkpoint-\d+)\.(tmp|old)", name)
-        if not match:
+        if not name.endswith(".tmp") or checkpoint_step(output_dir, name) is None:
             continue
-        leftover, final = os.path.join(output_dir, name), os.path.join(output_dir, match.group(1))
+        leftover, final = os.path.join(output_dir, name), os.path.join(output_dir, name[:-len(".tmp")])
         if is_complete(leftover) and not os.path.exists(final):
             os.replace(leftover, final)
             log(f"note: {final} restored from {name} (a save was interrupted)")
@@ -135,6 +146,8 @@ def point_latest(output_dir, step):
     with contextlib.suppress(FileNotFoundError):
         os.remove(latest + ".tmp")
     os.symlink(f"checkpoint-{step}", latest + ".tmp")
+    if os.path.isdir(latest) and not os.path.islink(latest):  # a run copied with cp -rL / scp -r: a twin folder
+        shutil.rmtree(latest)
     os.replace(latest + ".tmp", latest)
 
 
@@ -154,8 +167,14 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     import torch
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
+    if os.path.lexists(tmp) and checkpoint_step(output_dir, os.path.basename(tmp)) is None:
+        raise RunError(f"{tmp} is in the way of this run's next save and is not one of its own; move it elsewhere, "
+                       "then continue with --resume")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        with open(os.path.join(tmp, SAVE_MARK), "w") as f:  # first: recover() restores or removes only marked folders
+            f.write("a checkpoint written by train.py (harness/checkpoint.py)\n")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, os.path.join(tmp, TRAINER_STATE))
@@ -215,9 +234,10 @@ def write_failed(what, error, *, otherwise="; use another --output-dir"):
 
 
 def existing_copy(checkpoint_dir):
-    """checkpoint_dir, or before recover() has run the complete .tmp / .old copy it would restore as checkpoint_dir."""
-    copies = [checkpoint_dir] + [checkpoint_dir + suffix for suffix in (".tmp", ".old")]
-    return next((path for path in copies if is_complete(path)), checkpoint_dir)
+    """checkpoint_dir, or before recover() has run the complete .tmp copy it would restore as checkpoint_dir."""
+    tmp = checkpoint_dir + ".tmp"
+    marked = checkpoint_step(os.path.dirname(tmp), os.path.basename(tmp)) is not None
+    return tmp if not is_complete(checkpoint_dir) and marked and is_complete(tmp) else checkpoint_dir
 
 
 def checkpoint_steps(output_dir):
@@ -225,6 +245,20 @@ def checkpoint_steps(output_dir):
     names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
     steps = [int(m.group(1)) for m in map(re.compile(r"checkpoint-(\d+)$").match, names) if m]
     return sorted(s for s in steps if is_complete(os.path.join(output_dir, f"checkpoint-{s}")))
+
+
+def copied_latest(run_dir, log=print):
+    """The checkpoint-<step> a `latest` folder is a copy of (a run copied with cp -rL or scp -r turns the link into
+    a folder): the one whose trainer_state.pt is byte for byte the same. RunError if none is."""
+    twin = os.path.join(run_dir, "latest", TRAINER_STATE)
+    for step in reversed(checkpoint_steps(run_dir)):
+        candidate = os.path.join(run_dir, f"checkpoint-{step}")
+        if filecmp.cmp(twin, os.path.join(candidate, TRAINER_STATE), shallow=False):
+            log(f"note: {run_dir}/latest is a folder, not a link (a copied run): resuming from checkpoint-{step}, "
+                "its twin; the run's next checkpoint turns it back into a link")
+            return candidate
+    raise RunError(f"{run_dir}/latest is a folder that copies none of its checkpoint-<step> folders; resume from a "
+                   "checkpoint-<step> folder")
 
 
 def resolve_checkpoint(path, log=print):
@@ -237,10 +271,11 @@ def resolve_checkpoint(path, log=print):
         if os.path.lexists(latest) and os.path.dirname(os.path.realpath(latest)) != run_dir:
             raise RunError(f"{latest} points outside its run folder ({os.path.realpath(latest)}); resume from a "
                            "checkpoint-<step> folder instead")
+        if os.path.isdir(latest) and not os.path.islink(latest) and is_complete(latest):
+            return copied_latest(run_dir, log)
         if not is_complete(latest):
             complete = [os.path.join(run_dir, name) for name in os.listdir(run_dir)
-                        if re.fullmatch(r"checkpoint-\d+(\.tmp|\.old)?", name)
-                        and is_complete(os.path.join(run_dir, name))]
+                        if checkpoint_step(run_dir, name) is not None and is_complete(os.path.join(run_dir, name))]
             if not complete:
                 holder = lock_holder(run_dir)
                 raise RunError(f"--resume {path}: no complete checkpoint in this folder; " + (
@@ -316,31 +351,65 @@ def append_metrics(path, row):
         raise RunError(write_failed(path, error) + ", then continue with --resume") from None
 
 
-def read_metrics(path, warn=print):
-    """The rows of a metrics.jsonl, each a JSON object with an integer "step". A half-written last line (a kill or
-    a full disk mid-write) is dropped with a warning; a bad line elsewhere is a RunError naming its line number."""
-    if not os.path.exists(path):
-        return []
+def metrics_rows(path, warn=print):
+    """The rows of a metrics.jsonl, one at a time (memory bounded by one line, however long the file), each a JSON
+    object with an integer "step". A half-written last line (a kill or a full disk mid-write) is dropped with a
+    warning; a bad line elsewhere, or a path that is not a regular file, is a RunError naming it."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isfile(path):
+        raise RunError(f"{path} is not a regular file; move it away or use another --output-dir")
     with open(path, "rb") as f:
-        numbered = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
-    rows = []
-    for index, (number, line) in enumerate(numbered):
-        try:
-            row = json.loads(line[:MAX_METRICS_LINE + 1]) if len(line) <= MAX_METRICS_LINE else None
-        except ValueError:
-            row = None
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-        elif index < len(numbered) - 1 or isinstance(row, (dict, list)):  # not an interrupted write: corruption
-            raise RunError(f"{path}:{number}: not a metrics row (a JSON object with an integer \"step\"); fix or "
-                           "delete that line")
-        else:
-            warn(f"warning: {path}:{number}: dropped a half-written last row")
-    return rows
+        pending = None  # (line number, row or None): judged once we know whether a line follows it
+        for number, line in _bounded_lines(f):
+            if pending:
+                yield _metrics_row(path, *pending, last=False, warn=warn)
+            pending = (number, line)
+        if pending:
+            row = _metrics_row(path, *pending, last=True, warn=warn)
+            if row is not None:
+                yield row
+
+
+def _bounded_lines(f, chunk=1 << 16):
+    """(line number, bytes) for each non-blank line of a binary file; a line longer than MAX_METRICS_LINE comes as
+    None, skipped in chunks rather than read whole."""
+    number = 0
+    while True:
+        line = f.readline(MAX_METRICS_LINE + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_METRICS_LINE and not line.endswith(b"\n"):
+            while (rest := f.readline(chunk)) and not rest.endswith(b"\n"):
+                pass
+            line = None
+        if line is None or line.strip():
+            yield number, line
+
+
+def _metrics_row(path, number, line, *, last, warn):
+    try:
+        row = json.loads(line) if line is not None else None
+    except ValueError:
+        row = None
+    if isinstance(row, dict) and isinstance(row.get("step"), int):
+        return row
+    if not last or isinstance(row, (dict, list)):  # not an interrupted write: corruption
+        raise RunError(f"{path}:{number}: not a metrics row (a JSON object with an integer \"step\"); fix or "
+                       "delete that line")
+    warn(f"warning: {path}:{number}: dropped a half-written last row")
+    return None
+
+
+def read_metrics(path, warn=print):
+    """All rows of a metrics.jsonl as a list (see metrics_rows)."""
+    return list(metrics_rows(path, warn))
 
 
 def rewrite_metrics(path, rows):
-    """Replace the file with `rows`, atomically: a kill mid-write leaves the old file, never an empty one."""
+    """Replace the file with `rows` (an iterable; it may be read from the file itself, as the tmp file is written
+    beside it), atomically: a kill mid-write leaves the old file, never an empty one."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "w") as f:
@@ -348,6 +417,9 @@ def rewrite_metrics(path, rows):
         os.replace(tmp, path)
     except OSError as error:
         raise RunError(write_failed(path, error)) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)  # after a RunError from the rows themselves (a corrupt line)
 
 
 # ---------------------------------------------------------------------------------------------------------------

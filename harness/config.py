@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 
 import tasks
-from harness.checkpoint import RunError, load_run_settings, resolve_checkpoint
+from harness.checkpoint import RunError, checkpoint_step, load_run_settings, resolve_checkpoint
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
@@ -342,10 +342,10 @@ def resumed(config, log=print):
         raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
                        f"{sorted(set(saved) - keys)}); resume from another checkpoint")
     run_dir, name = os.path.dirname(checkpoint_dir), os.path.basename(checkpoint_dir)
-    if not re.fullmatch(r"checkpoint-\d+(\.tmp|\.old)?", name):
+    if checkpoint_step(run_dir, name) is None:
         raise RunError(f"--resume {config.resume}: a checkpoint folder must be named checkpoint-<step> inside its run "
                        f"folder, got {name!r}")
-    checkpoint_dir = os.path.join(run_dir, name.split(".")[0])  # start's recover() renames a .tmp / .old into place
+    checkpoint_dir = os.path.join(run_dir, f"checkpoint-{checkpoint_step(run_dir, name)}")  # recover() renames a .tmp
     if "output_dir" in config.given and os.path.realpath(config.output_dir) != run_dir:
         raise RunError(f"--output-dir {config.output_dir} conflicts with the run being resumed, which lives in "
                        f"{run_dir}; drop the flag")

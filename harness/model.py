@@ -12,7 +12,12 @@ import os
 import socket
 from urllib.parse import urlparse
 
-MAX_CONFIG_BYTES = 1 << 20  # a config.json larger than this is not read here
+MIB = 1 << 20
+FOLDER_FILE_LIMITS = {  # bytes: the small files of a model folder, each read whole (weights are memory-mapped)
+    "config.json": MIB, "generation_config.json": MIB, "special_tokens_map.json": MIB, "added_tokens.json": 16 * MIB,
+    "tokenizer_config.json": 16 * MIB, "chat_template.jinja": MIB // 4, "chat_template.json": MIB // 4,
+    "tokenizer.json": 256 * MIB, "vocab.json": 64 * MIB, "merges.txt": 64 * MIB, "tokenizer.model": 64 * MIB}
+MAX_CHAT_TEMPLATE = MIB // 4  # characters: real templates are 1-20 K; a huge one is a denial of service
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -44,6 +49,7 @@ def model_source(model_arg):
         raise ValueError(f"model path does not exist: {model_arg}")
     kwargs = {"trust_remote_code": False}  # never run code from a model folder or the hub
     if os.path.isdir(path):
+        bounded_files(path, model_arg)
         no_remote_code(path, model_arg)
     if path.endswith(".gguf"):
         missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
@@ -66,10 +72,29 @@ def load_tokenizer(model_arg):
     path, kwargs = model_source(model_arg)
     with one_line_load_errors(model_arg, kwargs):
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    templates = tokenizer.chat_template if isinstance(tokenizer.chat_template, dict) else \
+        {"": tokenizer.chat_template or ""}
+    if sum(len(str(template)) for template in templates.values()) > MAX_CHAT_TEMPLATE:
+        raise ValueError(f"{model_arg}: its chat template is over {MAX_CHAT_TEMPLATE} characters (real ones are "
+                         "a few thousand); this project does not render it")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"  # init_kwargs: kept by save_pretrained
     return tokenizer
+
+
+def bounded_files(folder, model_arg):
+    """A ValueError when one of the folder's small files (FOLDER_FILE_LIMITS, additional_chat_templates/) is not a
+    regular file within its size limit: a link to /dev/zero, a FIFO or a 200 MB chat template must not hang the
+    run or fill its memory."""
+    extra = os.path.join(folder, "additional_chat_templates")
+    names = list(FOLDER_FILE_LIMITS) + ([os.path.join("additional_chat_templates", name) for name in
+                                         os.listdir(extra)] if os.path.isdir(extra) else [])
+    for name in names:
+        path, limit = os.path.join(folder, name), FOLDER_FILE_LIMITS.get(name, MAX_CHAT_TEMPLATE)
+        if os.path.lexists(path) and (not os.path.isfile(path) or os.path.getsize(path) > limit):
+            raise ValueError(f"{model_arg}: {name} is not a regular file of at most {limit} bytes; this project "
+                             "reads only bounded files from a model folder")
 
 
 def no_remote_code(folder, model_arg):
@@ -77,8 +102,8 @@ def no_remote_code(folder, model_arg):
     (an `auto_map`): this project runs no code from a checkpoint or model folder."""
     for name in ("config.json", "tokenizer_config.json"):
         path = os.path.join(folder, name)
-        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
-            continue  # a missing or oversized file is transformers' to refuse
+        if not os.path.isfile(path):
+            continue  # bounded_files has checked the size of what is there
         try:
             with open(path, encoding="utf-8") as f:
                 settings = json.load(f)

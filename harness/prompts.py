@@ -1,11 +1,18 @@
 """The training prompts of each step: fresh draws by default, or --epochs over a fixed set, with
---max-prompt-length's filter (DESIGN.md section 4, "The training prompts"). run.settle calls training_prompts once, before the run starts;
-the loop asks prompts(step) for each step's examples, so a resumed run sees the batches of an uninterrupted one."""
+--max-prompt-length's filter (DESIGN.md section 4, "The training prompts"). run.settle calls training_prompts once,
+before the run starts; the loop asks prompts(step) for each step's examples, so a resumed run sees the batches of an
+uninterrupted one. within_context checks them (and the held-out prompts) against the loaded model."""
+import contextlib
 import math
 import random
+import signal
+import threading
 
 from harness.checkpoint import RunError
+from harness.config import InputError
 from rollout import render_prompts
+
+RENDER_SECONDS = 2.0  # + 10 ms a prompt, for one batch: a chat template renders a prompt in about a millisecond
 
 
 def epoch_steps(config, batches_per_epoch):
@@ -51,3 +58,52 @@ def training_prompts(task, tokenizer, config):
         order = random.Random(f"{config.seed}-epoch-{epoch}").sample(range(len(pool)), len(pool))
         return [pool[i] for i in order[batch * size:(batch + 1) * size]]
     return epoch_batch, epoch_steps(config, per_epoch)
+
+
+def within_context(prompts, eval_examples, model, tokenizer, task, config):
+    """prompts(step) and the held-out examples, checked against the model: each batch (the held-out one now, each
+    step's as it is drawn) is rendered under a time limit (a chat template that loops is stopped, not waited for)
+    and each prompt must leave --max-new-tokens positions of the model's context. Else one InputError naming the
+    prompt. -> prompts(step), checked."""
+    context = getattr(model.config, "max_position_embeddings", None)
+
+    def check(examples, where):
+        seconds = RENDER_SECONDS + 0.01 * len(examples)
+        with time_limit(seconds, f"rendering {where} took over {seconds:.1f} s: the chat template of "
+                                 f"{config.model} loops or is far too slow; fix or replace its chat_template"):
+            lengths = [len(ids) for ids in render_prompts(tokenizer, task, examples, config.style)]
+        for number, length in enumerate(lengths, start=1):
+            if context and length + config.max_new_tokens > context:
+                room = context - config.max_new_tokens
+                raise InputError(f"{where}: prompt {number} is {length} tokens; with --max-new-tokens "
+                                 f"{config.max_new_tokens} it needs {length + config.max_new_tokens} positions, and "
+                                 f"{config.model}'s context is {context}: "
+                                 + (f"shorter prompts (--max-prompt-length {room} leaves such training prompts out) "
+                                    "or a lower --max-new-tokens" if room > 0 else "lower --max-new-tokens"))
+
+    check(eval_examples, "the held-out prompts")
+
+    def checked(step):
+        examples = prompts(step)
+        check(examples, f"the training prompts of step {step}")
+        return examples
+    return checked
+
+
+@contextlib.contextmanager
+def time_limit(seconds, message):
+    """An InputError(message) if the block runs longer than `seconds` (SIGALRM: in the main thread only; elsewhere
+    the block runs unlimited)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        raise InputError(message)
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

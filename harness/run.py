@@ -34,11 +34,11 @@ from tqdm import tqdm
 import tasks
 from harness import tiny
 from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, existing_copy, holds_a_run,
-                                later_checkpoints, load_trainer_state, locked, point_latest, read_metrics, recover,
+                                later_checkpoints, load_trainer_state, locked, metrics_rows, point_latest, recover,
                                 remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
 from harness.config import Config, InputError
 from harness.model import load_policy, load_tokenizer
-from harness.prompts import epoch_steps, training_prompts
+from harness.prompts import epoch_steps, training_prompts, within_context
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
@@ -242,13 +242,13 @@ class RunState:
             self.step, self.initial_eval = saved["step"], saved["initial_eval"]
             self.last_eval = (saved["step"], saved.get("last_eval"))
             if self.step < self.config.steps:  # it goes on: from here on it replaces any later timeline
+                rewrite_metrics(self.metrics_path, (row for row in metrics_rows(self.metrics_path, print)
+                                                    if row["step"] <= self.step))  # rows after it: dropped
                 later = later_checkpoints(self.config.output_dir, self.step)
                 if later:  # `latest` names the timeline going on, so no save ever replaces what it points to
                     point_latest(self.config.output_dir, self.step)
                     say(f"note: resuming from checkpoint-{self.step}: the later {', '.join(later)} of this run "
                         "will be replaced from this run's first checkpoint on")
-                rewrite_metrics(self.metrics_path, [row for row in read_metrics(self.metrics_path, print)
-                                                    if row["step"] <= self.step])  # rows after it: dropped
             print(f"resumed from step {self.step} ({self.config.resume})"
                   + ("" if self.step < self.config.steps else f"; --steps {self.config.steps} is reached: nothing "
                      "to train (raise --steps to go on)"), flush=True)

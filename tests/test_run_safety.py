@@ -15,7 +15,8 @@ import torch
 from harness import checkpoint
 from harness import config
 import train
-from tests.stubs import SMALL_TRAIN as SMALL
+import tasks
+from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("digits_task")
@@ -82,6 +83,49 @@ def test_a_model_folder_that_ships_python_code_is_refused(finished_run, tmp_path
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{where} names its own Python code (auto_map)" in proc.stderr and len(proc.stderr.splitlines()) == 1
     assert not canary.exists()
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda f: (os.remove(f / "tokenizer_config.json"), os.symlink("/dev/zero", f / "tokenizer_config.json")),
+     "tokenizer_config.json is not a regular file of at most"),
+    (lambda f: os.mkfifo(f / "chat_template.jinja"), "chat_template.jinja is not a regular file"),
+    (lambda f: (f / "chat_template.jinja").write_text("{{ 'x' }}" * 40_000), "chat_template.jinja is not a regular"),
+    (lambda f: (f / "tokenizer_config.json").write_text(json.dumps(
+        {**json.loads((f / "tokenizer_config.json").read_text()), "chat_template": "{{ 'x' }}" * 40_000})),
+     "its chat template is over"),
+])
+def test_a_model_folder_with_an_endless_or_huge_file_is_refused_at_once(finished_run, tmp_path, capsys, damage,
+                                                                        message):
+    folder = tmp_path / "model"
+    os.system(f"cp -r {finished_run}/checkpoint-4 {folder}")
+    damage(folder)
+    start = time.time()
+    assert message in fails(capsys, ["--model", str(folder), "--output-dir", str(tmp_path / "run")], code=2)
+    assert time.time() - start < 30
+
+
+def test_a_chat_template_that_loops_is_stopped_in_seconds(digits_task):
+    import types
+    from harness import prompts, tiny
+    tokenizer = tiny.build_char_tokenizer()
+    tokenizer.chat_template = ("{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] }}"
+                               "{% endfor %}{% endfor %}")  # 10^10 iterations: hours
+    model = types.SimpleNamespace(config=types.SimpleNamespace(max_position_embeddings=128))
+    task, settings = DigitsTask(), config.Config(style="chat")
+    start = time.time()
+    with pytest.raises(config.InputError, match="rendering the held-out prompts took over 2.0 s"):
+        prompts.within_context(None, task.examples("test", 4, seed=0), model, tokenizer, task, settings)
+    assert time.time() - start < 10
+
+
+def test_a_prompt_longer_than_the_context_is_one_line(tmp_path, capsys, monkeypatch):
+    class LongPrompts(DigitsTask):
+        def prompt(self, example, style="chat"):  # BOS + 151 characters: more than the tiny model's 128 positions
+            return "9" * 150 + ">"
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: LongPrompts())
+    err = fails(capsys, ["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL], code=2)
+    assert "the held-out prompts: prompt 1 is 152 tokens; with --max-new-tokens 6 it needs 158 positions" in err
+    assert "--max-prompt-length 122" in err and not os.path.exists(tmp_path / "run" / "checkpoint-1")
 
 
 def test_every_load_passes_trust_remote_code_false(finished_run, monkeypatch):
@@ -215,22 +259,61 @@ def test_a_save_that_raises_any_error_is_one_line_and_leaves_no_tmp(finished_run
 
 
 def test_leftovers_of_a_kill_are_cleaned_at_the_next_start(finished_run):
-    os.makedirs(os.path.join(finished_run, "checkpoint-6.tmp"))  # a save killed half-way
-    os.makedirs(os.path.join(finished_run, "checkpoint-2.old"))  # an old-style re-save, killed after it finished
+    half = os.path.join(finished_run, "checkpoint-6.tmp")  # a save killed half-way: its mark, no run.json yet
+    os.makedirs(half)
+    open(os.path.join(half, checkpoint.SAVE_MARK), "w").close()
     train.main(["--resume", finished_run, "--steps", "5"])
-    assert not [name for name in os.listdir(finished_run) if name.endswith((".tmp", ".old"))]
+    assert not os.path.exists(half) and checkpoint.checkpoint_steps(finished_run) == [2, 4, 5]
+
+
+def test_copies_a_user_made_beside_the_checkpoints_are_left_alone(finished_run, capsys):
+    for name in ("checkpoint-2.old", "checkpoint-3.tmp", "checkpoint-4-best"):  # unmarked: not a save's leftovers
+        os.system(f"cp -r {finished_run}/checkpoint-4 {finished_run}/{name}")
+        os.remove(os.path.join(finished_run, name, checkpoint.SAVE_MARK))
+    os.system(f"rm -r {finished_run}/checkpoint-2")  # the .old's name would once have restored it
+    train.main(["--resume", finished_run, "--steps", "5"])
+    assert {"checkpoint-2.old", "checkpoint-3.tmp", "checkpoint-4-best"} <= set(os.listdir(finished_run))
+    assert checkpoint.checkpoint_steps(finished_run) == [4, 5] and "restored" not in capsys.readouterr().out
+    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-3.tmp"), "--steps", "6"])
+    assert "must be named checkpoint-<step>" in err
+
+
+def test_a_users_folder_in_the_way_of_a_save_stops_the_run_and_stays(finished_run, capsys):
+    os.makedirs(os.path.join(finished_run, "checkpoint-5.tmp", "mine"))
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "checkpoint-5.tmp is in the way of this run's next save" in err
+    assert os.path.isdir(os.path.join(finished_run, "checkpoint-5.tmp", "mine"))
 
 
 # --- 5. a kill between the two renames of a save -------------------------------------------------------------------
 def test_a_dangling_latest_falls_back_to_the_newest_complete_checkpoint(finished_run, capsys):
-    # the window of a re-save of step 4: checkpoint-4 moved to .old, the new copy still at .tmp, `latest` dangling
-    os.rename(os.path.join(finished_run, "checkpoint-4"), os.path.join(finished_run, "checkpoint-4.old"))
-    os.system(f"cp -r {finished_run}/checkpoint-4.old {finished_run}/checkpoint-4.tmp")
+    # the window of a re-save of step 4: the old checkpoint-4 deleted, the new one still at .tmp, `latest` dangling
+    os.system(f"cp -r {finished_run}/checkpoint-4 {finished_run}/checkpoint-4.tmp")
+    os.system(f"rm -r {finished_run}/checkpoint-4")
     train.main(["--resume", finished_run, "--steps", "5"])
     out = capsys.readouterr().out
     assert "the newest complete one" in out and "resumed from step 4" in out
     assert checkpoint.checkpoint_steps(finished_run) == [2, 4, 5]
     assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-5")
+
+
+def test_a_run_copied_with_its_links_followed_resumes_as_the_original(finished_run, tmp_path, capsys):
+    import shutil
+    copy = str(tmp_path / "copy")
+    shutil.copytree(finished_run, copy, symlinks=False)  # cp -rL, scp -r: `latest` becomes a folder
+    assert os.path.isdir(os.path.join(copy, "latest")) and not os.path.islink(os.path.join(copy, "latest"))
+    train.main(["--resume", copy, "--steps", "5"])
+    assert "resuming from checkpoint-4, its twin" in capsys.readouterr().out
+    assert os.path.realpath(os.path.join(copy, "latest")) == os.path.join(os.path.realpath(copy), "checkpoint-5")
+    train.main(["--resume", finished_run, "--steps", "5"])
+    timing = ("rollout_s", "update_s", "tokens_per_s")
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in timing} for line in open(f"{run}/metrics.jsonl")]
+            for run in (finished_run, copy)]
+    assert rows[0] == rows[1]
+    other = str(tmp_path / "other")
+    shutil.copytree(finished_run, other, symlinks=False)
+    torch.save({"not": "a twin"}, os.path.join(other, "latest", "trainer_state.pt"))
+    assert "copies none of its checkpoint-<step> folders" in fails(capsys, ["--resume", other, "--steps", "6"])
 
 
 # --- 6. files that parse but are wrong -------------------------------------------------------------------------------

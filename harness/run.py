@@ -106,11 +106,12 @@ def settle(config):
             compact = config.model == "tiny" if tokenizer is None else tiny.prompt_style(tokenizer) == "compact"
             config = dataclasses.replace(config, style="compact" if compact else "chat")
             config = tiny.apply_cpu_defaults(config) if compact else config
-        if config.dry_run:  # no data file is read: the steps --epochs sets from --train-size, a generated task only
+        config = task_file(config)
+        if config.dry_run:  # no data file is read (but a task file's): the steps --epochs sets from --train-size
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
                 config.train_size else config.steps
-            generated = config.data is None and config.task not in tasks.NEEDS_DATA
-            task = tasks.get_task(config.task, **config.task_options) if generated else None
+            built = tasks.is_task_file(config.task) or (config.data is None and config.task not in tasks.NEEDS_DATA)
+            task = tasks.get_task(config.task, data=config.data, **config.task_options) if built else None
             prompts = None
         else:
             task = tasks.get_task(config.task, data=config.data, **config.task_options)
@@ -122,6 +123,21 @@ def settle(config):
         changes["initial_policy"] = tiny.initial_policy_dir(config) if config.model == "tiny" else \
             os.path.abspath(config.model) if os.path.exists(config.model) else config.model
     return (dataclasses.replace(config, **changes), tokenizer, None if config.dry_run else task, prompts)
+
+
+def task_file(config):
+    """For a task file (tasks/custom.py): a copy of config holding the file's sha256. A resumed run's file must be
+    the one it started with, unless --task is given again (then the changed file is used, with a note)."""
+    if not tasks.is_task_file(config.task):
+        return config
+    digest = tasks.custom.file_sha256(tasks.custom.source_file(config.task))
+    if config.resume and digest != config.task_file_sha256:
+        if "task" not in config.given:
+            raise InputError(f"{config.task} changed since this run started (sha256 {config.task_file_sha256[:12]}"
+                             f"..., now {digest[:12]}...); restore it, or pass --task {config.task} again to resume "
+                             "with the changed file")
+        say(f"note: {config.task} changed since this run started; resuming with the changed file, as --task asks")
+    return dataclasses.replace(config, task_file_sha256=digest)
 
 
 def hardware(config):
@@ -351,6 +367,8 @@ def start(config):
             yield state
         except (RunError, InputError, KeyboardInterrupt):
             raise
+        except tasks.TaskError as error:  # a task file's reward returned no number: one line, like before the loop
+            raise InputError(str(error)) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)
             print(f"\nthe run stopped in step {state.step + 1} on the error below; its files are intact"

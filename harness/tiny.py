@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import zlib
 
 import torch
@@ -98,9 +99,10 @@ def sft_batch(tokenizer, task, examples):
 
 def warm_start_settings(config):
     """Everything the warm start depends on: the key of its cache folder (warm_start_dir)."""
-    return {key: getattr(config, key) for key in ("task", "task_options", "data", "seed", "tiny_hidden",
-                                                  "tiny_layers", "warm_start_steps", "warm_start_target",
-                                                  "max_new_tokens", "eval_size")}
+    settings = {key: getattr(config, key) for key in ("task", "task_options", "data", "seed", "tiny_hidden",
+                                                      "tiny_layers", "warm_start_steps", "warm_start_target",
+                                                      "max_new_tokens", "eval_size")}
+    return {**settings, "task_file_sha256": config.task_file_sha256} if config.task_file_sha256 else settings
 
 
 def warm_start_dir(cache_root, settings):
@@ -110,7 +112,8 @@ def warm_start_dir(cache_root, settings):
     new folder, so a 3-number Countdown run never loads a 2-number warm start.
     """
     tag = f"{zlib.crc32(json.dumps(settings, sort_keys=True, default=str).encode()):08x}"
-    name = f"warm_start-{settings['task']}-h{settings['tiny_hidden']}-l{settings['tiny_layers']}-{tag}"
+    task = re.sub(r"\W", "_", os.path.splitext(os.path.basename(settings["task"]))[0])  # a task file: its name
+    name = f"warm_start-{task}-h{settings['tiny_hidden']}-l{settings['tiny_layers']}-{tag}"
     return os.path.join(cache_root, name)
 
 
@@ -189,7 +192,10 @@ def prepare(config, model, tokenizer, task, *, log=print):
     """A fresh tiny run's initial policy: the cached warm start (trained now if missing), or the random init when
     warm_start_steps is 0, kept in initial_policy_dir(config). -> the model."""
     folder = initial_policy_dir(config)
-    if config.warm_start_steps > 0:
+    if config.warm_start_steps > 0 and not hasattr(task, "solution"):
+        log(f"note: task {task.name} has no solution(example, style): no warm start, the tiny model starts from "
+            "random weights and will learn little (give the task a solution to warm-start it)")
+    if config.warm_start_steps > 0 and hasattr(task, "solution"):
         model, _ = warm_start(model, tokenizer, task, cache_dir=folder, max_steps=config.warm_start_steps,
                               target_pass=config.warm_start_target, max_new_tokens=config.max_new_tokens,
                               eval_examples=task.examples("test", config.eval_size, seed=config.seed + 1),

@@ -19,6 +19,9 @@ so they have no entry here.
 A data file in verl's format (`prompt` chat messages + `reward_model.ground_truth`) is used verbatim by
 countdown, knights_knaves, gsm8k and deepmath: the chat prompt is the file's messages (tasks/_data.py).
 
+A task of your own lives in a file outside the package (`--task path/to/my_task.py`; tasks/custom.py fills in
+what it leaves out, tasks/template.py is a complete one).
+
 Every task object has: name, rules, pass_threshold, examples(split, n, seed), prompt(example, style),
 reward(completion, example, style), solution(example, style), reward_fn(completions, **columns); optionally
 assistant_prefill, a string rollout.render_prompts puts after the assistant header (knights_knaves' think_prefill).
@@ -26,7 +29,8 @@ assistant_prefill, a string rollout.render_prompts puts after the assistant head
 
 import inspect
 
-from tasks import countdown, deepmath, gsm8k, knights_knaves, text_match
+from tasks import countdown, custom, deepmath, gsm8k, knights_knaves, text_match
+from tasks.custom import TaskError, is_task_file
 from tasks._math import DEADLINE_S as MATH_DEADLINE_S, helper_process as math_helper_process
 from tasks._verify import COMPACT_ALPHABET
 
@@ -41,11 +45,15 @@ NEEDS_DATA = ("gsm8k", "deepmath", "text_match")  # the tasks that read a data f
 RULES = {"countdown": countdown.RULES, "knights_knaves": knights_knaves.RULES, "gsm8k": gsm8k.RULES,
          "deepmath": deepmath.RULES, "text_match": text_match.RULES}  # chat-style rule sets, default first
 
-__all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "NEEDS_DATA", "RULES", "TASKS", "get_task", "math_helper_process"]
+__all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "NEEDS_DATA", "RULES", "TASKS", "TaskError", "get_task",
+           "is_task_file", "math_helper_process"]
 
 
 def get_task(name, *, data=None, **options):
-    """Build the task `name`; `data` is a file path for the data-file tasks, `options` go to its factory."""
+    """Build the task `name` (or the task file / module `name`: tasks/custom.py); `data` is a file path for the
+    data-file tasks, `options` go to its factory."""
+    if name not in TASKS and is_task_file(name):
+        return custom.load(name, data=data, **options)
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(sorted(TASKS))}")
     factory = TASKS[name]

@@ -329,7 +329,7 @@ def test_sigterm_during_the_warm_start_stops_at_once_and_leaves_nothing(tmp_path
 
 # --- bad input: one line on stderr, exit code 2, no traceback ------------------------------------------------------
 @pytest.mark.parametrize("flags,message", [
-    (["--task", "nope"], "invalid choice: 'nope'"),
+    (["--task", "nope"], "or your own task file (path/to/task.py) or module (package.module), got 'nope'"),
     (["--method", "nope"], "invalid choice: 'nope'"),
     (["--tau", "0"], "--tau must be > 0"),
     (["--tau", "-1"], "--tau must be > 0"),

@@ -1,0 +1,168 @@
+"""A task of your own in one file (tasks/custom.py, tasks/template.py): what it may leave out, what it may not get
+wrong, and what a bug in it costs (a traceback into the file, nothing lost, a resume once it is fixed)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness import checkpoint
+import tasks
+import train
+from tests.stubs import SMALL_TRAIN as SMALL
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE, TEMPLATE_DATA = os.path.join(REPO, "tasks", "template.py"), os.path.join(REPO, "tasks", "template_qa.jsonl")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DIGITS_TASK = """
+import random
+
+class Digits:
+    def __init__(self, break_after):
+        self.calls, self.break_after = 0, break_after
+
+    def examples(self, split, n, seed):
+        rng = random.Random(f"{split}-{seed}")
+        return [{"prompt": f"{rng.randint(0, 99)}>"} for _ in range(n)]
+
+    def reward(self, completion, example, style="chat"):
+        self.calls += 1
+        if self.break_after is not None and self.calls > self.break_after:
+            return {BROKEN}
+        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+def make_task(data=None, break_after=None):
+    return Digits(break_after)
+"""
+
+
+def task_file(tmp_path, text, name="my_task.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def one_line(capsys, argv, code=2):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert exit_info.value.code == code and "Traceback" not in err and len(errors) == 1, err
+    return errors[0]
+
+
+# --- the template, as shipped -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task", [TEMPLATE, "tasks.template"])
+def test_the_template_trains_on_the_tiny_model(tmp_path, task):
+    result = train.main(["--task", task, "--data", TEMPLATE_DATA, "--output-dir", str(tmp_path / "run"), *SMALL,
+                         "--steps", "2"])
+    rows = [json.loads(line) for line in open(result["metrics_path"])]
+    assert [r["step"] for r in rows if not r.get("eval")] == [1, 2] and 0 <= result["after"]["pass@1"] <= 1
+    saved = json.load(open(tmp_path / "run" / "checkpoint-2" / "run.json"))
+    assert saved["task"] == (TEMPLATE if task.endswith(".py") else task) and saved["task_file_sha256"] == tasks.custom.file_sha256(TEMPLATE)
+
+
+def test_the_template_reward_by_hand_and_as_a_trl_reward_function():
+    task = tasks.get_task(TEMPLATE, data=TEMPLATE_DATA)
+    example = {"prompt": "what is 7 plus 5?", "answer": "12"}
+    assert [task.reward(c, example) for c in ("12", "I think\n12.", "<answer> 12 </answer>", "13", "")] == \
+        [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert task.reward_fn(["12", [{"role": "assistant", "content": "<answer>7</answer>"}]],
+                          prompts=["a", "b"], answer=["12", "8"]) == [1.0, 0.0]  # TRL passes dataset columns
+    assert task.pass_threshold == 1.0 and task.name == "exact_answer"
+    assert task.prompt(example, "compact") == "what is 7 plus 5:"
+
+
+# --- what a task may leave out ------------------------------------------------------------------------------------
+def test_a_reward_and_a_data_file_are_enough(tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
+    path = task_file(tmp_path, """
+        def make_task(data=None):
+            class Echo:
+                def reward(self, completion, example):
+                    return example["answer"] in completion
+            return Echo()
+        """)
+    task = tasks.get_task(path, data=str(data))
+    example = task.examples("train", 1, seed=0)[0]
+    assert task.prompt(example, "chat") == [{"role": "user", "content": example["prompt"]}]
+    assert task.reward(f"it is {example['answer']}", example) == 1.0 and task.pass_threshold == 1.0
+    assert task.name == "my_task" and task.rules == "custom" and not hasattr(task, "solution")
+    train.main(["--task", path, "--data", str(data), "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                "--warm-start-steps", "5"])
+    assert "has no solution(example, style): no warm start" in capsys.readouterr().out
+
+
+# --- what it may not get wrong: one line naming the file, before any training --------------------------------------
+@pytest.mark.parametrize("body,message", [
+    ("x = 1", "no make_task(data=None, **options) function"),
+    ("def make_task(data=None):\n    return object()", "which has no reward(completion, example, style) method"),
+    ("def make_task(data=None):\n    class T:\n        def reward(self, c, e, s='chat'):\n            return 1\n"
+     "    return T()", "the task has no examples(split, n, seed) method, so it needs --data"),
+    (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return 'yes' or sum("),
+     "reward() returned 'yes' (str)"),
+    (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return float('nan') or sum("),
+     "reward() returned nan (float)"),
+    (DIGITS_TASK.replace("{BROKEN}", "1").replace("def make_task(data=None, break_after=None)",
+                                                  "def make_task(break_after=None)"), "make_task takes no data="),
+])
+def test_a_task_file_that_breaks_the_protocol_is_one_line(tmp_path, capsys, body, message):
+    path = task_file(tmp_path, body)
+    err = one_line(capsys, ["--task", path, "--output-dir", str(tmp_path / "run"), *SMALL])
+    assert path in err and message in err
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+def test_a_missing_task_file_or_unknown_option_is_one_line_before_torch(tmp_path, capsys):
+    proc = subprocess.run([sys.executable, "train.py", "--task", "no/such_task.py"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == "train.py: error: --task no/such_task.py: no such file"
+    path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", "1"))
+    err = one_line(capsys, ["--task", path, "--task-option", "colour=3", "--output-dir", str(tmp_path / "r"), *SMALL])
+    assert "make_task takes no option(s) ['colour']" in err
+
+
+def test_the_dry_run_checks_a_task_file(tmp_path, capsys):
+    path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", "1"))
+    train.main(["--task", path, "--dry-run", *SMALL])
+    out = capsys.readouterr().out
+    shown = json.loads(out[out.index("{"):])
+    assert shown["task"] == path and shown["task_file_sha256"] == tasks.custom.file_sha256(path)
+    broken = task_file(tmp_path, "def make_task(data=None):\n    return 3\n", name="broken.py")
+    assert "has no reward" in one_line(capsys, ["--task", broken, "--dry-run"])
+
+
+# --- a bug in the file: its traceback, nothing lost, a resume once fixed -------------------------------------------
+def test_a_reward_that_raises_mid_run_shows_its_traceback_and_the_run_resumes_once_fixed(tmp_path):
+    # probe 2 rewards + step-0 eval 4 + step 1: 8 + step 2: 8 + its eval 4 = 26; the 29th raises, in step 3
+    path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", "1 / 0"))
+    out = str(tmp_path / "run")
+    command = [sys.executable, "train.py", "--task", path, "--task-option", "break_after=28", "--output-dir", out,
+               *SMALL, "--steps", "4", "--save-every", "2"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr
+    assert f'File "{path}"' in proc.stderr and "ZeroDivisionError" in proc.stderr  # the frame in the user's file
+    assert "the run stopped in step 3 on the error below" in proc.stderr
+    assert f"{path}: reward() raised ZeroDivisionError on the completion" in proc.stderr.splitlines()[-1]
+    assert checkpoint.checkpoint_steps(out) == [2]
+    with open(path, "w") as f:  # the fix
+        f.write(textwrap.dedent(DIGITS_TASK.replace("{BROKEN}", "0.0")))
+    resume = [sys.executable, "train.py", "--resume", out]
+    proc = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "changed since this run started" in proc.stderr, proc.stderr
+    proc = subprocess.run(resume + ["--task", path], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "resuming with the changed file" in proc.stdout, proc.stderr
+    assert checkpoint.checkpoint_steps(out) == [2, 4]
+
+
+def test_a_reward_that_turns_nan_mid_run_is_one_line_and_keeps_the_files(tmp_path, capsys):
+    path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", "float('nan')"))
+    out = str(tmp_path / "run")
+    err = one_line(capsys, ["--task", path, "--task-option", "break_after=28", "--output-dir", out, *SMALL,
+                            "--steps", "4", "--save-every", "2"])
+    assert "reward() returned nan (float)" in err and checkpoint.checkpoint_steps(out) == [2]
+    assert [r["step"] for r in checkpoint.read_metrics(os.path.join(out, "metrics.jsonl"))] == [0, 1, 2, 2]

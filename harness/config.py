@@ -208,6 +208,7 @@ class Config:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
 
 
+ADDED_SETTINGS = ("task_file_sha256",)  # settings newer than some run.json files: missing there means None (off)
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
@@ -345,6 +346,7 @@ def resumed(config, log=print):
     checkpoint_dir = resolve_checkpoint(config.resume, log)
     saved, path = load_run_settings(checkpoint_dir), os.path.join(checkpoint_dir, "run.json")
     keys = {f.name for f in dataclasses.fields(Config) if f.metadata.get("saved", True)}
+    saved = {**{key: None for key in ADDED_SETTINGS if key not in saved}, **saved}  # an older run.json: off
     if set(saved) != keys:
         raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
                        f"{sorted(set(saved) - keys)}); resume from another checkpoint")

@@ -166,3 +166,13 @@ def test_a_reward_that_turns_nan_mid_run_is_one_line_and_keeps_the_files(tmp_pat
                             "--steps", "4", "--save-every", "2"])
     assert "reward() returned nan (float)" in err and checkpoint.checkpoint_steps(out) == [2]
     assert [r["step"] for r in checkpoint.read_metrics(os.path.join(out, "metrics.jsonl"))] == [0, 1, 2, 2]
+
+
+def test_a_run_json_from_before_task_files_still_resumes(tmp_path):
+    out = tmp_path / "run"
+    train.main(["--task", "countdown", "--output-dir", str(out), *SMALL, "--steps", "2"])
+    settings_path = out / "checkpoint-2" / "run.json"
+    older = {k: v for k, v in json.loads(settings_path.read_text()).items() if k != "task_file_sha256"}
+    settings_path.write_text(json.dumps(older))
+    assert train.main(["--resume", str(out), "--steps", "3"])["after"] is not None
+    assert checkpoint.checkpoint_steps(str(out))[-1] == 3

@@ -76,3 +76,16 @@ def test_a_gguf_run_updates_saves_reloads_and_resumes(gguf_run):
     train.main(["--resume", os.path.join(gguf_run, "checkpoint-1")])
     strip = lambda rows: [{k: v for k, v in r.items() if k not in run_module.TIMING_KEYS} for r in rows]  # noqa: E731
     assert strip(metrics(gguf_run)) == strip(rows)
+
+
+def test_the_template_task_trains_smollm2(tmp_path):
+    # tasks/template.py as shipped, on a real chat model: its prompt through the chat template, its exact-match reward
+    smollm2_or_skip()
+    repo = os.path.dirname(HERE)
+    result = train.main(["--model", "smollm2", "--task", os.path.join(repo, "tasks", "template.py"), "--data",
+                         os.path.join(repo, "tasks", "template_qa.jsonl"), "--output-dir", str(tmp_path / "run"),
+                         "--steps", "1", "--prompts-per-step", "2", "-M", "4", "--max-new-tokens", "8",
+                         "--eval-size", "4", "--lr", "1e-5"])
+    rows = metrics(str(tmp_path / "run"))
+    assert [r["step"] for r in rows if not r.get("eval")] == [1] and 0 <= result["after"]["pass@1"] <= 1
+    assert rows[0]["eval"] and 0 <= rows[0]["reward"] <= 1

@@ -30,7 +30,8 @@ TRAINER_STATE = "trainer_state.pt"
 RUN_SETTINGS = "run.json"
 LOCK = ".lock"
 RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
-RUN_OUTPUTS = ("metrics.png",)  # drawn from a run's metrics (experiments.plot_metrics): --overwrite deletes it too
+RUN_OUTPUTS = ("metrics.png", "tensorboard", "wandb")  # drawn from its metrics (plot_metrics, --report-to): an
+# --overwrite deletes them too
 MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 SAVE_MARK = "saved_by_train.py"  # the first file a save writes: a checkpoint-<step>.tmp holding it is a save's own
 
@@ -108,7 +109,7 @@ def holds_a_run(output_dir):
 def remove_run(output_dir):
     """--overwrite: delete the run files of output_dir (not the tiny model's warm-start caches)."""
     for name in holds_a_run(output_dir) + [name for name in RUN_OUTPUTS
-                                             if os.path.isfile(os.path.join(output_dir, name))]:
+                                             if os.path.lexists(os.path.join(output_dir, name))]:
         path = os.path.join(output_dir, name)
         os.remove(path) if os.path.islink(path) or os.path.isfile(path) else shutil.rmtree(path)
 

@@ -29,6 +29,7 @@ METHODS = ("softmax", "grpo", "dr_grpo", "rloo", "maxrl", "reinforce", "reinforc
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
              "token-mean-per-micro-batch")
 LOPTI_ORDERS = ("low-first", "high-first")
+REPORTERS = ("tensorboard", "wandb")  # --report-to (harness/report.py)
 
 
 def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None):
@@ -117,6 +118,9 @@ class Config:
     resume: str | None = setting(None, "continue the run in this checkpoint or run folder, with its saved "
                                  "settings", saved=False)
     dry_run: bool = setting(False, "print the resolved settings as JSON and exit", saved=False)
+    report_to: str | None = setting(None, "also log to tensorboard and/or wandb, e.g. tensorboard,wandb "
+                                    "(harness/report.py); metrics.jsonl is always written", resumable=True)
+    wandb_run_id: str | None = setting(None, "the W&B run a resumed run continues", flag=False)
     # --- the tiny model and its supervised warm start (tiny.py) --------------------------------------------------
     tiny_hidden: int = setting(192, "tiny model: hidden size")
     tiny_layers: int = setting(4, "tiny model: layers")
@@ -197,6 +201,8 @@ class Config:
                 (0 <= self.warm_start_target <= 1, "--warm-start-target must lie in [0, 1]"),
                 (not (self.resume and self.overwrite), "--resume continues a run and --overwrite deletes it: "
                  "give one of them"),
+                (set((self.report_to or "").split(",")) <= {"", *REPORTERS},
+                 f"--report-to takes {' and/or '.join(REPORTERS)}, comma-separated, got {self.report_to!r}"),
                 (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(self.device)) is not None,
                  f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")]:
             if not ok:
@@ -208,7 +214,7 @@ class Config:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
 
 
-ADDED_SETTINGS = ("task_file_sha256",)  # settings newer than some run.json files: missing there means None (off)
+ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id")  # settings newer than some run.json files: missing there means None (off)
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 

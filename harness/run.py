@@ -24,6 +24,7 @@ import random
 import signal
 import sys
 import time
+import uuid
 from collections import defaultdict
 
 import numpy as np
@@ -32,7 +33,7 @@ import transformers
 from tqdm import tqdm
 
 import tasks
-from harness import tiny
+from harness import report, tiny
 from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, existing_copy, holds_a_run,
                                 later_checkpoints, load_trainer_state, locked, metrics_rows, point_latest, recover,
                                 remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
@@ -117,6 +118,8 @@ def settle(config):
             task = tasks.get_task(config.task, data=config.data, **config.task_options)
             prompts, steps = training_prompts(task, tokenizer, config)
     changes = dict(steps=steps)
+    if "wandb" in (config.report_to or "") and config.wandb_run_id is None:  # the W&B run a resume continues
+        changes["wandb_run_id"] = uuid.uuid4().hex[:8]
     if task is not None:
         changes["rules"] = getattr(task, "rules", None) if config.style == "chat" else "compact"
     if not config.resume and not config.dry_run:
@@ -227,6 +230,7 @@ class RunState:
     stopped: int = 0
     phase_seconds: dict = dataclasses.field(default_factory=lambda: defaultdict(float))
     step_started: float = 0.0
+    reporters: object = None          # --report-to's loggers (harness/report.py), open from begin() on
 
     @property
     def metrics_path(self):
@@ -270,6 +274,8 @@ class RunState:
                      "to train (raise --steps to go on)"), flush=True)
         else:
             rewrite_metrics(self.metrics_path, [])
+        self.reporters = report.open_reporters(self.config, self.step + 1 if self.config.resume else 0)
+        if not self.config.resume:
             self.initial_eval = self.eval_now(0)
         self.step_started = time.time()
 
@@ -287,6 +293,7 @@ class RunState:
         rollout = self.phase_seconds["rollout"] + self.phase_seconds["reward+advantage"]
         row = {**row, "rollout_s": rollout, "update_s": elapsed - rollout, "tokens_per_s": tokens / max(elapsed, 1e-9)}
         append_metrics(self.metrics_path, row)
+        self.reporters.row(row)
         self.phase_seconds.clear()
         return row
 
@@ -295,6 +302,8 @@ class RunState:
         samples = []
         self.last_eval = (step, self.evaluate(samples))
         append_metrics(self.metrics_path, {"step": step, "eval": True, **self.last_eval[1]})
+        self.reporters.row({"step": step, "eval": True, **self.last_eval[1]})
+        self.reporters.samples(step, samples)
         result = self.last_eval[1]
         say(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}")
         for completion, reward in samples[:shown]:
@@ -378,3 +387,5 @@ def start(config):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if state.reporters is not None:
+                state.reporters.close()

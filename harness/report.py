@@ -1,0 +1,99 @@
+"""--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
+
+metrics.jsonl stays the source of truth; each row written to it goes here too: a step's keys as `train/<key>`, an
+eval row's as `eval/<key>`, at the row's step, and at each eval a table of the first greedy completions with
+their rewards (`eval/samples`). Each logger is imported only when asked for, with a one-line error naming its pip
+command when missing:
+  tensorboard   torch's SummaryWriter into <output-dir>/tensorboard (`tensorboard --logdir <output-dir>`); a
+                resumed run writes a new event file there, whose purge_step hides the replaced timeline's steps
+  wandb         a W&B run in <output-dir>/wandb, whose id (run.json's wandb_run_id) a resumed run continues;
+                WANDB_MODE=offline writes it without a network (`wandb sync` uploads it later)
+"""
+import os
+
+from harness.config import InputError
+SAMPLES_LOGGED = 8  # greedy completions in each eval's table
+
+
+def requested(config):
+    """The reporters --report-to names, in order ("" = none)."""
+    return [name for name in (config.report_to or "").split(",") if name]
+
+
+def open_reporters(config, first_step):
+    """-> a Reporters writing from first_step (the first step this process logs: 0 fresh, k + 1 resumed)."""
+    writers = []
+    for name in requested(config):
+        if name == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise InputError("--report-to tensorboard needs: pip install tensorboard") from None
+            writers.append(TensorBoard(SummaryWriter(os.path.join(config.output_dir, "tensorboard"),
+                                                     purge_step=first_step or None)))
+        elif name == "wandb":
+            try:
+                import wandb
+            except ImportError:
+                raise InputError("--report-to wandb needs: pip install wandb") from None
+            run = wandb.init(project=os.environ.get("WANDB_PROJECT", "softmax-grpo-lopti"),
+                             name=os.path.basename(os.path.abspath(config.output_dir)), id=config.wandb_run_id,
+                             resume="allow", dir=config.output_dir, config=config.saved())
+            writers.append(WandB(wandb, run))
+    return Reporters(writers)
+
+
+class Reporters:
+    """Fan-out of metrics rows and eval samples to the open loggers."""
+
+    def __init__(self, writers):
+        self.writers = writers
+
+    def row(self, row):
+        prefix = "eval/" if row.get("eval") else "train/"
+        scalars = {prefix + key: float(value) for key, value in row.items() if key not in ("step", "eval")
+                   and isinstance(value, (int, float))}
+        for writer in self.writers:
+            writer.scalars(scalars, row["step"])
+
+    def samples(self, step, samples):
+        for writer in self.writers:
+            writer.samples(samples[:SAMPLES_LOGGED], step)
+
+    def close(self):
+        for writer in self.writers:
+            writer.close()
+
+
+class TensorBoard:
+    def __init__(self, writer):
+        self.writer = writer
+
+    def scalars(self, scalars, step):
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()  # a run being watched: each row visible at once
+
+    def samples(self, samples, step):
+        escaped = lambda text: repr(text[:300]).replace("|", "\\|")  # noqa: E731  (a | would end the cell)
+        table = "| reward | completion |\n|---|---|\n" + "".join(
+            f"| {reward:.3f} | {escaped(completion)} |\n" for completion, reward in samples)
+        self.writer.add_text("eval/samples", table, step)
+
+    def close(self):
+        self.writer.close()
+
+
+class WandB:
+    def __init__(self, wandb, run):
+        self.wandb, self.run = wandb, run
+
+    def scalars(self, scalars, step):
+        self.run.log(scalars, step=step)
+
+    def samples(self, samples, step):
+        table = self.wandb.Table(columns=["completion", "reward"], data=[[c, r] for c, r in samples])
+        self.run.log({"eval/samples": table}, step=step)
+
+    def close(self):
+        self.run.finish()

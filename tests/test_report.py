@@ -1,0 +1,83 @@
+"""--report-to (harness/report.py): TensorBoard's event files, read back with tensorboard's own reader, hold exactly
+metrics.jsonl's numbers; W&B in offline mode writes its run, which a resumed run continues."""
+import glob
+import json
+import os
+import sys
+
+import pytest
+
+from harness import checkpoint
+import train
+from tests.stubs import SMALL_TRAIN as SMALL
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def run(out, *extra):
+    return train.main(["--task", "countdown", "--output-dir", str(out), *SMALL, "--steps", "4", "--save-every", "2",
+                       *extra])
+
+
+def tensorboard_scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(folder, size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events, {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_holds_every_metrics_row(tmp_path):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    run(out, "--report-to", "tensorboard")
+    events, scalars = tensorboard_scalars(str(out / "tensorboard"))
+    rows = checkpoint.read_metrics(str(out / "metrics.jsonl"))
+    expected = {(("eval/" if r.get("eval") else "train/") + key, r["step"]): float(value) for r in rows
+                for key, value in r.items() if key not in ("step", "eval")}
+    got = {(tag, step): value for tag, values in scalars.items() for step, value in values.items()}
+    assert set(got) == set(expected) and len(expected) > 50
+    assert all(got[key] == pytest.approx(value, rel=1e-6, abs=1e-12) for key, value in expected.items())  # float32
+    assert "eval/samples/text_summary" in events.Tags()["tensors"]  # the completions table of each eval
+
+
+def test_a_resumed_run_replaces_the_later_steps_in_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    run(out, "--report-to", "tensorboard")
+    train.main(["--resume", str(out / "checkpoint-2"), "--steps", "4", "--seed", "0"])
+    _, scalars = tensorboard_scalars(str(out / "tensorboard"))
+    rows = [r for r in checkpoint.read_metrics(str(out / "metrics.jsonl")) if not r.get("eval")]
+    assert sorted(scalars["train/reward_mean"]) == [1, 2, 3, 4]  # each step once: purge_step hid the old 3, 4
+    assert [scalars["train/update_s"][r["step"]] for r in rows] == pytest.approx([r["update_s"] for r in rows])
+
+
+def test_wandb_offline_writes_its_run_and_a_resume_continues_it(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    run(out, "--report-to", "wandb", "--steps", "2")
+    run_id = json.load(open(out / "checkpoint-2" / "run.json"))["wandb_run_id"]
+    assert len(run_id) == 8 and glob.glob(str(out / "wandb" / "offline-run-*" / f"run-{run_id}.wandb"))
+    train.main(["--resume", str(out), "--steps", "3"])
+    assert len(glob.glob(str(out / "wandb" / "offline-run-*" / f"run-{run_id}.wandb"))) == 2  # the same run id
+
+
+def test_a_missing_logger_or_unknown_one_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    with pytest.raises(SystemExit) as exit_info:
+        run(tmp_path / "run", "--report-to", "tensorboard")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--report-to tensorboard needs: pip install tensorboard" in err
+    assert "Traceback" not in err
+    with pytest.raises(SystemExit):
+        run(tmp_path / "run2", "--report-to", "mlflow")
+    assert "--report-to takes tensorboard and/or wandb, comma-separated, got 'mlflow'" in capsys.readouterr().err
+
+
+def test_overwrite_deletes_the_old_loggers_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    run(out, "--report-to", "tensorboard", "--steps", "2")
+    run(out, "--steps", "2", "--overwrite")
+    assert not os.path.exists(out / "tensorboard")

@@ -14,9 +14,10 @@ Keys looked for (first match wins; matching ignores case, '-' vs '_', and a 'tra
   response length   response_length, completion_length, length      length, response_length
 Missing keys are skipped (a panel with nothing to show says so); `--extra a,b` adds panels for other keys
 (e.g. zero_var_share, grad_norm, lopti_low_share, adv_abs_mean, ratio_mean, tokens_per_s).
-Several files can be given to overlay runs (one colour per file, labelled by its folder).
+Several files can be given to overlay runs (one colour per file, labelled by its folder). A run folder stands for
+its metrics.jsonl, and a run still going can be drawn: its half-written last line is left out.
 
-Run:  python -m experiments.plot_metrics runs/default/metrics.jsonl [other/metrics.jsonl] [--output PNG]
+Run:  python -m experiments.plot_metrics runs/default [other-run-folder or metrics.jsonl ...] [--output PNG]
       [--panels reward,pass,length] [--smooth 5]
 Prints a first/last/min/max summary of every series; writes the PNG when matplotlib is installed
 (default: metrics.png next to the first file).
@@ -51,9 +52,16 @@ def normalize_key(key):
     return key
 
 
+def metrics_file(path):
+    """A run folder (its metrics.jsonl) or a metrics file."""
+    return os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
+
+
 def read_metrics(path):
-    """metrics.jsonl -> (train_rows, eval_rows), lists of dicts; bad lines raise ValueError naming file:line."""
-    if not os.path.exists(path):
+    """metrics.jsonl (or a run folder) -> (train_rows, eval_rows), lists of dicts; bad lines raise ValueError
+    naming file:line, except a last line without its newline: a run still going is writing it, so it is left out."""
+    path = metrics_file(path)
+    if not os.path.isfile(path):
         raise ValueError(f"metrics file not found: {path}")
     train_rows, eval_rows = [], []
     with open(path) as f:
@@ -63,6 +71,8 @@ def read_metrics(path):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
+                if not line.endswith("\n"):
+                    break  # being written now
                 raise ValueError(f"{path}:{line_number}: not valid JSON ({error.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
@@ -111,7 +121,8 @@ def moving_average(values, window):
 def collect(paths, extra_keys=()):
     """-> list of (panel title, list of (run label, series label, is_eval, key, steps, values, errors)); errors: the
     eval rows' <key>_se (train.py's held-out standard errors), None when absent."""
-    runs = [(os.path.basename(os.path.dirname(os.path.abspath(p))) or p, *read_metrics(p)) for p in paths]
+    runs = [(os.path.basename(os.path.dirname(os.path.abspath(metrics_file(p)))) or p, *read_metrics(p))
+            for p in paths]
     panels = PANELS + [(key, [(key, (key,), (key,))]) for key in extra_keys]
     result = []
     for title, series_specs in panels:
@@ -176,8 +187,9 @@ def plot(panels, path, smooth=1, multiple_runs=False):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Plot train.py metrics.jsonl files (reward, pass rate, clip, KL, ...).")
-    parser.add_argument("metrics", nargs="+", help="one or more metrics.jsonl files (several = overlay)")
-    parser.add_argument("--output", default=None, help="PNG path (default: metrics.png next to the first file)")
+    parser.add_argument("metrics", nargs="+", help="one or more run folders or metrics.jsonl files, finished or "
+                        "still running (several = overlay)")
+    parser.add_argument("--output", default=None, help="PNG path (default: metrics.png in the first run's folder)")
     parser.add_argument("--extra", default="", help="comma list of further keys to plot, e.g. zero_var_share,grad_norm")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window for training rows")
     parser.add_argument("--panels", default="", help="comma list of the panels to draw, by the start of their "
@@ -198,7 +210,8 @@ def main(argv=None):
                          + ", ".join(title for title, _ in panels))
         panels = [(title, found) for title, found in panels if any(title.lower().startswith(n) for n in wanted)]
     print_summary(panels)
-    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.metrics[0])), "metrics.png")
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(metrics_file(args.metrics[0]))),
+                                         "metrics.png")
     if plot(panels, output, args.smooth, multiple_runs=len(args.metrics) > 1):
         print(f"wrote {output}")
     return panels

@@ -262,6 +262,18 @@ def test_plot_metrics_tolerates_key_variants_and_rejects_bad_lines(tmp_path):
         plot_metrics.read_metrics(str(tmp_path / "bad.jsonl"))
 
 
+def test_plot_metrics_reads_a_run_folder_that_is_still_writing(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_metrics(run / "metrics.jsonl", synthetic_metrics())
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 11, "reward_me')  # the row train.py is writing at this instant
+    panels = dict(plot_metrics.main([str(run)]))
+    reward = [entry for entry in panels["reward"] if not entry[2]][0]
+    assert reward[0] == "run" and reward[4][-1] == 10  # the finished rows, labelled by the folder
+    assert (run / "metrics.png").exists() == HAS_MATPLOTLIB
+
+
 # ------------------------------------------------------------------------------------------------------------
 # seed_stats.py: the pass@k estimator and the t-interval; compare.py: the countdown3 preset end to end
 

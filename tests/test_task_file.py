@@ -176,3 +176,10 @@ def test_a_run_json_from_before_task_files_still_resumes(tmp_path):
     settings_path.write_text(json.dumps(older))
     assert train.main(["--resume", str(out), "--steps", "3"])["after"] is not None
     assert checkpoint.checkpoint_steps(str(out))[-1] == 3
+
+
+def test_resuming_a_run_whose_task_file_is_gone_is_one_line(tmp_path, capsys):
+    path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", "1"))
+    train.main(["--task", path, "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "2"])
+    os.rename(path, path + ".moved")
+    assert f"--task {path}: no such file" in one_line(capsys, ["--resume", str(tmp_path / "run"), "--steps", "3"])

@@ -24,6 +24,9 @@ Presets (method flags; everything else is train.py's default unless listed):
   countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
              ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values; then Lopti's Fig. 3 on each seed's final
              GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-diagnostics skips it)
+  countdown3-tuning  issue 30's fair tuning grid on the countdown3 prompts (experiments.referee_tuning): grpo-M<M>
+             for M 4, 8, 16 and softmax-M<M>-tau<tau> for tau 0.05, 0.1, 0.3, 1.0, each with 512 // M prompts per
+             step (512 samples per step in every cell); pass@k from 16 samples per held-out prompt in every cell
   countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
   kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
              paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
@@ -62,6 +65,24 @@ from experiments import pyplot
 from experiments.runs import finished_run, train_flags
 from experiments.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
+TUNING_MS, TUNING_TAUS, TUNING_SAMPLES = (8, 4, 16), (0.1, 0.05, 0.3, 1.0), 512  # samples/step = prompts x M
+
+
+def tuning_configs():
+    """The countdown3-tuning grid: GRPO over M, SoftmaxGRPO over M x tau, prompts x M = 512 samples per step in every
+    cell (the countdown3 budget). The cells of train.py's countdown3 recipe (M 8, tau 0.1) come first in each seed
+    and keep all their checkpoints, for Table 3 at steps 50, 100, 150 (experiments.referee_table3)."""
+    configs = {}
+    for M in TUNING_MS:
+        budget = ["-M", str(M), "--prompts-per-step", str(TUNING_SAMPLES // M)]
+        keep = ["--keep-checkpoints", "0"] if M == 8 else []
+        configs[f"grpo-M{M}"] = ["--method", "grpo", *budget, *keep]
+        for tau in TUNING_TAUS:
+            configs[f"softmax-M{M}-tau{tau}"] = ["--method", "softmax", "--tau", str(tau), *budget,
+                                                 *(keep if tau == 0.1 else [])]
+    return configs
+
+
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
@@ -75,6 +96,10 @@ PRESETS = {
                                                        "--steps", "150", "--method", "grpo"],
                              configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
                                       "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
+    # issue 30's fair tuning grid (experiments.referee_tuning): the same grid and budget for both methods
+    "countdown3-tuning": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
+                                                        "--steps", "150"],
+                              configs=tuning_configs(), pass_samples=16),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
                configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
@@ -171,10 +196,10 @@ def last_train_pass_rate(metrics_path, last=10):
     return sum(rates) / len(rates) if rates else None
 
 
-def sampled_pass_at_k(run_dir, ks=None, *, seed=0):
-    """pass@k of a run's final policy (<run_dir>/latest) on its held-out prompts: M = --num-generations samples per
-    prompt at the training temperature and top-p, then the unbiased estimator averaged over prompts.
-    -> ({"sampled_pass@k": value for k in ks}, M). ks: default pass_ks(M)."""
+def sampled_pass_at_k(run_dir, ks=None, *, seed=0, samples=None):
+    """pass@k of a run's final policy (<run_dir>/latest) on its held-out prompts: M = samples (default: the run's
+    --num-generations) per prompt at the training temperature and top-p, then the unbiased estimator averaged over
+    prompts. -> ({"sampled_pass@k": value for k in ks}, M). ks: default pass_ks(M)."""
     import torch
 
     import tasks
@@ -187,7 +212,7 @@ def sampled_pass_at_k(run_dir, ks=None, *, seed=0):
     model, tokenizer = load_policy(checkpoint, device=device)
     task = tasks.get_task(saved["task"], data=saved["data"], **saved["task_options"])
     examples = task.examples("test", saved["eval_size"], seed=saved["seed"])  # the held-out prompts train.py scores
-    M = saved["num_generations"]
+    M = samples or saved["num_generations"]
     ks = pass_ks(M) if ks is None else [k for k in ks if k <= M]
     torch.manual_seed(seed)
     rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, saved["style"]), M,
@@ -371,7 +396,8 @@ def main(argv=None):
                    "train_pass_rate_last10": round(last_train_pass_rate(result["metrics_path"]) or 0.0, 4)}
             if args.pass_k != "off":
                 sampled_start = time.time()
-                sampled, M = sampled_pass_at_k(run_dir, ks, seed=seed)
+                sampled, M = sampled_pass_at_k(run_dir, ks, seed=seed,
+                                               samples=PRESETS[args.preset].get("pass_samples"))
                 row.update({key: round(value, 4) for key, value in sampled.items()}, samples_per_prompt=M,
                            sampled_seconds=round(time.time() - sampled_start, 1))
                 print(f"sampled on the held-out prompts, M={M} per prompt: "

@@ -146,16 +146,19 @@ def main(argv=None):
     parser.add_argument("--output-dir", default="runs/referees")
     parser.add_argument("--select", default="after_pass@1", choices=METRICS,
                         help="the metric whose mean picks each method's best cell")
+    parser.add_argument("--configs", default=None, help="comma-separated subset of the grid's cells")
     parser.add_argument("--summary-only", action="store_true", help="train nothing: the grid of the runs in "
                         "<output-dir>/countdown3-tuning_runs.csv (e.g. while the sweep still runs)")
     args, extra = parser.parse_known_args(argv)
     csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
     if not args.summary_only:
-        compare.main(["--preset", PRESET, "--seeds", args.seeds, "--output-dir", args.output_dir, *extra])
+        compare.main(["--preset", PRESET, "--seeds", args.seeds, "--output-dir", args.output_dir, *extra]
+                     + (["--configs", args.configs] if args.configs else []))
     if not os.path.exists(csv_path):
         parser.error(f"{csv_path}: no runs yet (run without --summary-only first)")
     cells = grid(read_runs(csv_path))
-    total = len(compare.PRESETS[PRESET]["configs"]) * len([s for s in args.seeds.split(",") if s.strip()])
+    configs = args.configs.split(",") if args.configs else compare.PRESETS[PRESET]["configs"]
+    total = len(configs) * len([s for s in args.seeds.split(",") if s.strip()])
     rows = report(cells, args.select, total)
     compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_grid.csv"), rows)
     png = os.path.join(args.output_dir, f"{PRESET}_grid.png")

@@ -1,0 +1,88 @@
+"""Issue 30's scripts, each on a tiny setting (what the papers' referees asked; numbers: docs/results.md).
+
+eq4_monte_carlo: the simulated mean against the exact omega within a derived tolerance, and the same data rejecting
+a wrong weight; referee_tuning: the grid's bookkeeping by hand, and the sweep end to end on a very small run."""
+import csv
+import os
+
+import pytest
+
+from experiments import eq4_monte_carlo, referee_tuning
+from softmax_grpo import grpo_prompt_weight
+from tests.stubs import SMALL_TRAIN
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 4: Eq. (4) by Monte Carlo
+
+def test_eq4_monte_carlo_mean_matches_the_exact_weight_and_rejects_a_wrong_one(tmp_path, one_thread):
+    """Under Eq. (4) each point's z = (MC mean - omega) / SE is ~N(0, 1); 9 points x 2 configs at |z| < 4.5 fail
+    by chance with probability < 18 * 7e-6 (and the seed is fixed). GRPO's weight on the same draws must be far off:
+    the check can fail."""
+    rows = eq4_monte_carlo.main(["--configs", "8:0.1,4:1.0", "--groups", "4000", "--points", "9",
+                                 "--output-dir", str(tmp_path)])
+    assert len(rows) == 18 and all(abs(r["z"]) < 4.5 for r in rows)
+    assert len(read_csv(tmp_path / "eq4_monte_carlo.csv")) == 18
+    wrong = [abs(r["mc_mean"] - grpo_prompt_weight(r["p"], r["M"])) / r["mc_se"] for r in rows if r["M"] == 8]
+    assert max(wrong) > 10  # M = 8, tau = 0.1 at small p: omega ~ 6, GRPO's ~ 2.4
+
+
+def test_eq4_group_update_is_the_score_formula_by_hand(one_thread):
+    """One group's autograd update equals (1/M) sum_i A_i (y_i - p) written out (the score of a Bernoulli logit)."""
+    import torch
+
+    from softmax_grpo import group_advantages
+    g = torch.Generator().manual_seed(3)
+    updates = eq4_monte_carlo.group_updates(0.3, 4, 0.5, 5, g)
+    g = torch.Generator().manual_seed(3)
+    answers = (torch.rand(5, 4, generator=g, dtype=torch.float64) < 0.3).double()
+    by_hand = (group_advantages(answers, "softmax", tau=0.5).double() * (answers - 0.3)).mean(1)
+    torch.testing.assert_close(updates, by_hand)
+
+
+def test_eq4_bad_configs_are_one_line(capsys):
+    with pytest.raises(SystemExit):
+        eq4_monte_carlo.main(["--configs", "8-0.1"])
+    assert "--configs" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 1: the tuning grid
+
+def test_tuning_grid_has_the_same_budget_in_every_cell():
+    configs = referee_tuning.compare.PRESETS["countdown3-tuning"]["configs"]
+    assert len(configs) == 3 + 3 * 4
+    for name, flags in configs.items():
+        M, prompts = int(flags[flags.index("-M") + 1]), int(flags[flags.index("--prompts-per-step") + 1])
+        assert M * prompts == 512, name
+        assert referee_tuning.cell_of(name)[1] == M
+
+
+def test_tuning_best_cells_and_paired_difference_by_hand(capsys):
+    runs = [{"config": c, "seed": s, "after_pass@1": v} for c, vals in
+            [("grpo-M8", [0.10, 0.20]), ("grpo-M4", [0.15, 0.16]), ("softmax-M8-tau0.1", [0.30, 0.10]),
+             ("softmax-M4-tau1.0", [0.40, 0.30])] for s, v in enumerate(vals)]
+    cells = referee_tuning.grid(runs)
+    assert referee_tuning.best(cells, "softmax", "after_pass@1")["config"] == "softmax-M4-tau1.0"
+    assert referee_tuning.best(cells, "grpo", "after_pass@1")["config"] == "grpo-M4"  # 0.155 > 0.150
+    a, b = (referee_tuning.best(cells, m, "after_pass@1") for m in ("softmax", "grpo"))
+    assert referee_tuning.paired(a, b, "after_pass@1") == pytest.approx([0.25, 0.14])
+    referee_tuning.report(cells, "after_pass@1", total=30)
+    out = capsys.readouterr().out
+    assert "8 of 30 runs done" in out and "softmax-M4-tau1.0) - best GRPO (grpo-M4)" in out and "+0.195" in out
+
+
+def test_tuning_sweep_end_to_end_then_summary_only(tmp_path, capsys, one_thread):
+    out = str(tmp_path)
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-M8,softmax-M4-tau1.0", "--pass-k",
+                         "1,4", *SMALL_TRAIN, "--eval-size", "2", "--steps", "1"])
+    rows = read_csv(os.path.join(out, "countdown3-tuning_grid.csv"))
+    assert [r["config"] for r in rows] == ["grpo-M8", "softmax-M4-tau1.0"]
+    assert "2 of 2 runs done" in capsys.readouterr().out
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--summary-only"])
+    assert "2 of 15 runs done" in capsys.readouterr().out  # the whole grid's count without --configs

@@ -86,3 +86,63 @@ def test_tuning_sweep_end_to_end_then_summary_only(tmp_path, capsys, one_thread)
     assert "2 of 2 runs done" in capsys.readouterr().out
     referee_tuning.main(["--seeds", "0", "--output-dir", out, "--summary-only"])
     assert "2 of 15 runs done" in capsys.readouterr().out  # the whole grid's count without --configs
+
+
+# ------------------------------------------------------------------------------------------------------------
+# items 5-7: the Lopti referee's quartile measurements
+
+def test_quartile_gradients_add_up_to_train_py_gradient_with_kl(one_thread):
+    """sum_q G_q must be -grad of ppo.policy_loss (token-mean surrogate + beta k3) on the same on-policy batch: the
+    weights w = A + beta (pi_ref / pi - 1) are that loss's coefficients of grad log pi (a sign slip fails here)."""
+    import copy
+
+    import torch
+
+    from experiments import referee_lopti
+    from experiments.lopti_token_stats import probability_groups
+    from ppo import policy_loss
+    from rollout import token_logprobs
+    from tests.stubs import tiny_policy_and_rollouts
+    _, model, rollouts = tiny_policy_and_rollouts()
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    batch = (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask)
+    mask = batch[2].float()
+    advantages = torch.tensor([1.0, -0.5, 0.0, -0.5, 0.3, 0.3, -0.6, 0.0])
+    with torch.no_grad():
+        logprobs, ref_logprobs = token_logprobs(model, *batch), token_logprobs(ref, *batch)
+    weights = referee_lopti.token_weights(advantages, logprobs, ref_logprobs, mask, 0.5)
+    groups = probability_groups(logprobs.exp(), mask.bool())
+    sums = referee_lopti.quartile_gradients(model, batch, weights, groups, temperature=1.0, micro_batch=3)
+    current = token_logprobs(model, *batch)
+    loss, _ = policy_loss(current, current.detach(), advantages, mask, ref_logprobs=ref_logprobs, kl_coef=0.5)
+    expected = -torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
+    torch.testing.assert_close(sums.sum(0), expected, rtol=1e-4, atol=1e-7)
+    assert (sums.norm(dim=1) > 0).all()
+
+
+def test_lopti_verdict_reads_the_interval():
+    from experiments.referee_lopti import verdict
+    assert verdict([0.10, 0.12, 0.11]).endswith("the dominance claim holds")
+    assert verdict([0.9, 1.1, 1.0]).endswith("the dominance claim fails")
+    assert verdict([0.1, 0.9, 0.5]).startswith("undecided")
+
+
+def test_referee_lopti_end_to_end_before_and_after(tmp_path, digits_task, capsys):
+    import train
+    from experiments import referee_lopti
+    run = str(tmp_path / "run")
+    train.main(["--task", "digits", *SMALL_TRAIN, "--steps", "2", "--output-dir", run])
+    common = ["--checkpoint", os.path.join(run, "latest"), "--task", "digits", "--num-prompts", "3", "-M", "4",
+              "--seeds", "0,1", "--token-samples", "2", "--max-new-tokens", "6", "--beta", "0.1"]
+    rows, cosines, verdicts = referee_lopti.main([*common, "--output-dir", str(tmp_path / "after")])
+    assert sorted({r["beta"] for r in rows}) == [0.0, 0.1]  # pi_ref: the run's initial policy
+    assert len(rows) == 2 * 2 * 4 and len(cosines) == 2 * 2 * 12
+    for r in rows:
+        assert 0 <= r["share_of_full_norm"] <= 1 + 1e-6 and -1 - 1e-6 <= r["cos_with_full"] <= 1 + 1e-6
+    assert "pi_ref" in capsys.readouterr().out
+    rows, _, verdicts = referee_lopti.main([*common, "--initial", "--output-dir", str(tmp_path / "before")])
+    assert {r["beta"] for r in rows} == {0.0} and set(verdicts) == {0.0}
+    assert len(read_csv(tmp_path / "before" / "referee_lopti.csv")) == 2 * 4

@@ -27,6 +27,9 @@ Presets (method flags; everything else is train.py's default unless listed):
   countdown3-tuning  issue 30's fair tuning grid on the countdown3 prompts (experiments.referee_tuning): grpo-M<M>
              for M 4, 8, 16 and softmax-M<M>-tau<tau> for tau 0.05, 0.1, 0.3, 1.0, each with 512 // M prompts per
              step (512 samples per step in every cell); pass@k from 16 samples per held-out prompt in every cell
+  countdown3-eq2  issue 30's Eq. (2) runs on the countdown3 prompts (experiments.referee_clipping): for grpo and
+             softmax (tau 0.1): eq2 (--kl-coef 0 --ppo-epochs 1 --mini-batches 1 --clip-low 0.999 --clip-high
+             1000), recipe (--kl-coef 1e-3), recipe-2mb (--kl-coef 1e-3 --mini-batches 2)
   countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
   kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
              paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
@@ -83,6 +86,14 @@ def tuning_configs():
     return configs
 
 
+# Eq. (2) exactly: one epoch, one mini-batch (on-policy: the ratio is 1), no KL, the clip bounds out of reach;
+# the papers' clipped, KL-regularised recipe (SoftmaxGRPO's: one mini-batch, so on-policy too); and it with the
+# AR/Lopti runs' 2 mini-batches, whose second optimizer step is off-policy, so that the clip can act
+EQ2_CONFIGS = {"eq2": ["--kl-coef", "0", "--ppo-epochs", "1", "--mini-batches", "1", "--clip-low", "0.999",
+                       "--clip-high", "1000"],
+               "recipe": ["--kl-coef", "1e-3"], "recipe-2mb": ["--kl-coef", "1e-3", "--mini-batches", "2"]}
+
+
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
@@ -100,6 +111,13 @@ PRESETS = {
     "countdown3-tuning": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
                                                         "--steps", "150"],
                               configs=tuning_configs(), pass_samples=16),
+    # issue 30's Eq. (2) question (experiments.referee_clipping): the unclipped objective vs the clipped recipes
+    "countdown3-eq2": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
+                                                     "--steps", "150"],
+                           configs={f"{method}-{name}": [*method_flags, *flags]
+                                    for method, method_flags in (("grpo", ["--method", "grpo"]),
+                                                                 ("softmax", ["--method", "softmax", "--tau", "0.1"]))
+                                    for name, flags in EQ2_CONFIGS.items()}, pass_samples=16),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
                configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],

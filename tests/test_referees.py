@@ -146,3 +146,31 @@ def test_referee_lopti_end_to_end_before_and_after(tmp_path, digits_task, capsys
     rows, _, verdicts = referee_lopti.main([*common, "--initial", "--output-dir", str(tmp_path / "before")])
     assert {r["beta"] for r in rows} == {0.0} and set(verdicts) == {0.0}
     assert len(read_csv(tmp_path / "before" / "referee_lopti.csv")) == 2 * 4
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 2: Eq. (2) exactly vs the clipped recipe
+
+def test_eq2_run_has_ratio_one_and_equals_the_clipped_run_row_for_row(tmp_path, capsys, monkeypatch, one_thread):
+    """One epoch, one mini-batch, no KL: the ratio is exactly 1 at every step, so the clip bounds cannot matter and
+    the eq2 run must equal the sweep's run of the same method (clip 0.2 / 0.28) in every training row; with two
+    mini-batches the second step is off-policy and the ratio leaves 1. The digits stub task (graded rewards, so
+    an untrained model's groups differ) stands in for Countdown, whose task options it ignores."""
+    import tasks
+    from experiments import referee_clipping
+    from tests.stubs import DigitsTask
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None, num_count=3: DigitsTask())
+    out = str(tmp_path)
+    small = [*SMALL_TRAIN, "--eval-size", "2", "--steps", "2", "--pass-k", "1", "--prompts-per-step", "4",
+             "--task", "digits"]
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-M8", *small])
+    runs, rows = referee_clipping.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-eq2,grpo-recipe-2mb",
+                                        *small])
+    printed = capsys.readouterr().out
+    assert "grpo-eq2 seed 0 vs countdown3-tuning grpo-M8 (clip 0.2/0.28): identical in every training row" in printed
+    eq2 = {r["config"]: r for r in runs}
+    series = {c: referee_clipping.activity(os.path.join(eq2[c]["output_dir"], "metrics.jsonl")) for c in eq2}
+    assert referee_clipping.ratio_is_one(series["grpo-eq2"])
+    assert not referee_clipping.ratio_is_one(series["grpo-recipe-2mb"])
+    assert series["grpo-recipe-2mb"]["kl"] and not series["grpo-eq2"]["kl"]
+    assert "grpo-recipe-2mb - grpo-eq2 (1 seeds)" in printed

@@ -163,19 +163,21 @@ def fig3_over_seeds(preset, seeds, output_dir, extra):
         return None
 
 
-def table3_over_runs(preset, runs, output_dir, extra, M=16):
+def table3_over_runs(preset, runs, output_dir, extra, M=16, checkpoint="latest", label=None):
     """Table 3's per-difficulty view on every run's final policy (experiments.table3_allocation, -M 16 so that the
     bin [0, .1) holds more than p = 0): the share of the token budget sum |A| len of each pass-rate bin under GRPO's
     and SoftmaxGRPO's advantages, both scoring the same samples. Prints, per trained config, mean +- SE over seeds
-    of each share and of the hardest bin's paired difference; writes <output_dir>/<preset>_table3.csv."""
+    of each share and of the hardest bin's paired difference; writes <output_dir>/<label>.csv (label: default
+    <preset>_table3). checkpoint: the run's checkpoint folder to score (e.g. checkpoint-50; default its final)."""
     from experiments import table3_allocation
+    label = label or f"{preset}_table3"
     rows = []
     for run in runs:
         config = parse_args(run_argv(preset, run["config"], run["seed"], output_dir, extra))
-        argv = ["--checkpoint", os.path.join(run["output_dir"], "latest"), *task_argv(config), "-M", str(M),
+        argv = ["--checkpoint", os.path.join(run["output_dir"], checkpoint), *task_argv(config), "-M", str(M),
                 "--seed", str(run["seed"]), "--temperature", str(config.temperature),
-                "--output-dir", os.path.join(output_dir, f"{preset}_table3", f"{run['config']}-seed{run['seed']}")]
-        print(f"\n=== {preset} {run['config']} seed {run['seed']}: Table 3 on the final policy", flush=True)
+                "--output-dir", os.path.join(output_dir, label, f"{run['config']}-seed{run['seed']}")]
+        print(f"\n=== {preset} {run['config']} seed {run['seed']}: Table 3 on {checkpoint}", flush=True)
         try:
             shares = {(r["bin"], r["method"]): r for r in table3_allocation.main(argv) if r["budget"] == "tokens"}
         except SystemExit:  # its one-line error is printed: e.g. every group had equal rewards, nothing to share
@@ -189,8 +191,9 @@ def table3_over_runs(preset, runs, output_dir, extra, M=16):
     if not rows:
         print(f"\n{preset}: Table 3 skipped: no final policy had a group with unequal rewards")
         return rows
-    write_csv(os.path.join(output_dir, f"{preset}_table3.csv"), rows)
-    print(f"\n{preset}: Table 3 on the final policies, token budget share per pass-rate bin (mean +- SE over seeds)")
+    write_csv(os.path.join(output_dir, f"{label}.csv"), rows)
+    print(f"\n{preset}: Table 3 on {checkpoint} of each run, token budget share per pass-rate bin (mean +- SE "
+          "over seeds)")
     print("| policy trained with | bin | prompts | share, GRPO advantages | share, SoftmaxGRPO advantages |")
     print("|---|---|---|---|---|")
     for trained in dict.fromkeys(r["config"] for r in rows):

@@ -174,3 +174,30 @@ def test_eq2_run_has_ratio_one_and_equals_the_clipped_run_row_for_row(tmp_path, 
     assert not referee_clipping.ratio_is_one(series["grpo-recipe-2mb"])
     assert series["grpo-recipe-2mb"]["kl"] and not series["grpo-eq2"]["kl"]
     assert "grpo-recipe-2mb - grpo-eq2 (1 seeds)" in printed
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 3: Table 3 at several points of training
+
+def test_table3_at_steps_over_seeds(tmp_path, capsys, monkeypatch, one_thread):
+    """Both recipe runs keep every checkpoint; Table 3 on each of two steps gives shares summing to 1 per run,
+    estimator and step, and counts what is not trained yet."""
+    import tasks
+    from experiments import referee_table3
+    from tests.stubs import DigitsTask
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None, num_count=3: DigitsTask())
+    out = str(tmp_path)
+    small = [*SMALL_TRAIN, "--eval-size", "2", "--steps", "2", "--prompts-per-step", "4", "--task", "digits",
+             "--save-every", "1"]
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-M8,softmax-M8-tau0.1",
+                         "--pass-k", "off", *small])
+    rows = referee_table3.main(["--seeds", "0,1", "--steps", "1,2", "--output-dir", out, "-M", "4", *SMALL_TRAIN,
+                                "--task", "digits"])  # the runs' flags, for their task and temperature
+    assert "2 of 4 runs have checkpoint-1" in capsys.readouterr().out  # seed 1 not trained
+    assert {(r["step"], r["config"]) for r in rows} == {(s, c) for s in (1, 2) for c in referee_table3.CONFIGS}
+    for step in (1, 2):
+        for config in referee_table3.CONFIGS:
+            mine = [r for r in rows if r["step"] == step and r["config"] == config]
+            for key in ("share_grpo_advantages", "share_softmax_advantages"):
+                assert sum(r[key] for r in mine) == pytest.approx(1, abs=1e-3)
+    assert len(read_csv(os.path.join(out, "countdown3-tuning_table3_steps.csv"))) == len(rows)

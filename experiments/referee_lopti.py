@@ -8,8 +8,9 @@ parameter gradients and their directions, and logits- vs parameter-gradient norm
 
 Per seed: the first --num-prompts held-out prompts x M rollouts at --temperature (experiments.table3_allocation's
 sample_groups), GRPO advantages (--method), p_old the sampled tokens' probabilities under the checkpoint. The
-tokens are those train.py trains (train.rows_with_gradient): every completion token of the rows with A != 0, and
-with beta > 0 of every row (the KL acts on all); they are cut into four equal-count quartiles of p_old
+tokens are those train.py trains without KL (train.rows_with_gradient): every completion token of the rows with
+A != 0, for both beta (with KL train.py also trains the A = 0 rows on the KL alone; they are left out, so that both
+beta measure the same tokens); they are cut into four equal-count quartiles of p_old
 (lopti_token_stats.probability_groups; Q1 lowest). Each quantity with beta = 0 and with --beta (the papers' 1e-3):
   5. the token weight w_t = (pi / pi_old) A I_trust + beta (pi_ref / pi - 1), the coefficient of grad log pi_t in
      -grad of train.py's loss (ppo.policy_loss: clipped surrogate + beta k3, whose gradient is (1 - pi_ref/pi)
@@ -18,7 +19,7 @@ with beta > 0 of every row (the KL acts on all); they are cut into four equal-co
      only beta = 0 is measured (before RL the two are the same). Mean and median |w| per quartile.
   6. G_q = grad_theta (1/N) sum_{t in q} w_t log pi_t with w detached (N: every completion token of the batch,
      train.py's token-mean): the quartile's SUMMED parameter gradient; G = sum_q G_q is train.py's (unclipped)
-     gradient. Per quartile ||G_q||, its share ||G_q|| / ||G||, cos(G_q, G) and the 4 x 4 cosines between quartiles.
+     gradient on those tokens. Per quartile ||G_q||, its share ||G_q|| / ||G||, cos(G_q, G) and the 4 x 4 cosines between quartiles.
   7. per token, on --token-samples tokens drawn from each quartile: the logits-gradient norm |w| ||e_o - softmax||
      (Prop. 4.2's quantity, lopti_token_stats.logit_gradient_norms) and the parameter-gradient norm
      |w| ||grad_theta log pi_t|| (one backward per token); their means per quartile.
@@ -141,7 +142,9 @@ def measure(model, tokenizer, style, task, ref_model, args, *, seed, max_new_tok
     generator = torch.Generator().manual_seed(seed)
     rows, cosines = [], []
     for beta in (0.0, args.beta) if ref_model is not None and args.beta > 0 else (0.0,):  # pi_ref = pi: no KL
-        trained = train.rows_with_gradient(advantages[:, None] * mask, mask, kl=beta > 0)  # [B] as train.py
+        # the same tokens for both beta: the rows with A != 0 (with KL, train.py also trains the A = 0 rows, whose
+        # w is beta (pi_ref / pi - 1) alone, ~1e-3 of |A|: left out, so that both beta measure the same tokens)
+        trained = train.rows_with_gradient(advantages[:, None] * mask, mask, kl=False)  # [B]
         token_mask = mask.bool() & trained[:, None]
         groups = probability_groups(logprobs.exp().cpu(), token_mask.cpu()).to(device)
         weights = token_weights(advantages, logprobs, ref_logprobs, mask, beta)
@@ -232,6 +235,8 @@ def plot(path, rows, title):
                                        and not math.isnan(r[key])]) for q in quartiles]
             ax.errorbar([q + 0.08 * i for q in quartiles], [m for m, _, _ in stats], yerr=[se or 0 for _, se, _ in stats],
                         marker="o", capsize=3, label=f"beta = {beta:g}")
+        if key != "mean_abs_w":
+            ax.set_yscale("log")
         ax.set_xticks(quartiles, [f"Q{q}" for q in quartiles])
         ax.set_xlabel("p_old quartile (Q1 lowest)")
         ax.set_title(label, fontsize=9)

@@ -60,7 +60,7 @@ def plot(path, rows, title):
     plt = pyplot("the PNG; the CSV has the numbers")
     if plt is None or not rows:
         return False
-    fig, axes = plt.subplots(1, len(CONFIGS), figsize=(5.2 * len(CONFIGS), 3.6), sharey=True)
+    fig, axes = plt.subplots(1, len(CONFIGS), figsize=(5.2 * len(CONFIGS) + 2.4, 3.6), sharey=True)
     steps = sorted({r["step"] for r in rows})
     for ax, config in zip(axes, CONFIGS):
         for b, name in enumerate(BIN_NAMES):
@@ -75,7 +75,7 @@ def plot(path, rows, title):
         ax.set_xticks(steps)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of the token budget (mean ± SE)")
-    axes[-1].legend(fontsize=6)
+    axes[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

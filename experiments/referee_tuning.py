@@ -125,9 +125,11 @@ def plot(path, cells, title):
             values[i, j] = mean
             labels[i][j] = f"{mean:.3f}" + ("" if se is None else f"\n±{se:.3f}") + f"\n(n={len(c[key])})"
         image = ax.imshow(values, cmap="viridis", aspect="auto")
+        low, high = np.nanmin(values), np.nanmax(values)
         for i in range(len(rows)):
             for j in range(len(Ms)):
-                ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=7, color="white")
+                bright = high > low and (values[i, j] - low) / (high - low) > 0.6  # viridis turns yellow
+                ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=7, color="black" if bright else "white")
         ax.set_xticks(range(len(Ms)), [f"M={M}" for M in Ms])
         ax.set_yticks(range(len(rows)), [f"tau={r}" if r != "GRPO" else "GRPO" for r in rows])
         ax.set_title(compare.metric_label(key) + " (mean ± SE over seeds)", fontsize=9)

@@ -64,7 +64,7 @@ def simulate(configs, ps, groups, seed):
 
 def summarize(rows):
     """Print per (M, tau): the largest |z| and the share of 95% intervals that hold the exact omega."""
-    print(f"| M | tau | points | max abs z | 95% intervals holding exact omega | omega at the smallest p: exact, MC |")
+    print("| M | tau | points | max abs z | 95% intervals holding exact omega | omega at the smallest p: exact, MC |")
     print("|---|---|---|---|---|---|")
     for M, tau in dict.fromkeys((r["M"], r["tau"]) for r in rows):
         mine = [r for r in rows if (r["M"], r["tau"]) == (M, tau)]

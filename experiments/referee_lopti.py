@@ -19,7 +19,8 @@ beta measure the same tokens); they are cut into four equal-count quartiles of p
      only beta = 0 is measured (before RL the two are the same). Mean and median |w| per quartile.
   6. G_q = grad_theta (1/N) sum_{t in q} w_t log pi_t with w detached (N: every completion token of the batch,
      train.py's token-mean): the quartile's SUMMED parameter gradient; G = sum_q G_q is train.py's (unclipped)
-     gradient on those tokens. Per quartile ||G_q||, its share ||G_q|| / ||G||, cos(G_q, G) and the 4 x 4 cosines between quartiles.
+     gradient on those tokens. Per quartile ||G_q||, its share ||G_q|| / ||G||, cos(G_q, G) and the 4 x 4
+     cosines between quartiles.
   7. per token, on --token-samples tokens drawn from each quartile: the logits-gradient norm |w| ||e_o - softmax||
      (Prop. 4.2's quantity, lopti_token_stats.logit_gradient_norms) and the parameter-gradient norm
      |w| ||grad_theta log pi_t|| (one backward per token); their means per quartile.
@@ -210,9 +211,12 @@ def summarize(rows, cosines):
                   + " | ".join(interval_text([r[key] for r in cells if not math.isnan(r[key])]) for key in keys)
                   + " |")
         pairs = [(q, r) for q in range(1, NUM_GROUPS + 1) for r in range(q + 1, NUM_GROUPS + 1)]
-        print("cosines between the quartiles' summed gradients: " + ", ".join(
-            f"Q{q}-Q{r} {interval_text([c['cos'] for c in cosines if c['beta'] == beta and c['quartile'] == q and c['with'] == r])}"
-            for q, r in pairs))
+        cos = {}
+        for c in cosines:
+            if c["beta"] == beta:
+                cos.setdefault((c["quartile"], c["with"]), []).append(c["cos"])
+        print("cosines between the quartiles' summed gradients: "
+              + ", ".join(f"Q{q}-Q{r} {interval_text(cos[(q, r)])}" for q, r in pairs))
         norm = {(r["seed"], r["quartile"]): r["summed_grad_norm"] for r in mine}
         ratios = [norm[(s, 4)] / norm[(s, 1)] for s in seeds]
         verdicts[beta] = verdict(ratios)
@@ -233,8 +237,8 @@ def plot(path, rows, title):
         for i, beta in enumerate(dict.fromkeys(r["beta"] for r in rows)):
             stats = [mean_se_interval([r[key] for r in rows if r["beta"] == beta and r["quartile"] == q
                                        and not math.isnan(r[key])]) for q in quartiles]
-            ax.errorbar([q + 0.08 * i for q in quartiles], [m for m, _, _ in stats], yerr=[se or 0 for _, se, _ in stats],
-                        marker="o", capsize=3, label=f"beta = {beta:g}")
+            ax.errorbar([q + 0.08 * i for q in quartiles], [m for m, _, _ in stats],
+                        yerr=[se or 0 for _, se, _ in stats], marker="o", capsize=3, label=f"beta = {beta:g}")
         if key != "mean_abs_w":
             ax.set_yscale("log")
         ax.set_xticks(quartiles, [f"Q{q}" for q in quartiles])
@@ -299,8 +303,8 @@ def main(argv=None):
                          "more prompts")
         rows += measured[0]
         cosines += measured[1]
-        print(f"seed {seed}: {args.checkpoint}" + (f" (pi_ref {ref})" if ref else "") + f", {args.num_prompts} prompts x M={args.M}, {measured[2]} completion "
-              f"tokens", flush=True)
+        print(f"seed {seed}: {args.checkpoint}" + (f" (pi_ref {ref})" if ref else "")
+              + f", {args.num_prompts} prompts x M={args.M}, {measured[2]} completion tokens", flush=True)
     verdicts = summarize(rows, cosines)
     os.makedirs(args.output_dir, exist_ok=True)
     write_csv(os.path.join(args.output_dir, "referee_lopti.csv"), rows)

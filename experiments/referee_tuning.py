@@ -125,7 +125,7 @@ def plot(path, cells, title):
             values[i, j] = mean
             labels[i][j] = f"{mean:.3f}" + ("" if se is None else f"\n±{se:.3f}") + f"\n(n={len(c[key])})"
         image = ax.imshow(values, cmap="viridis", aspect="auto")
-        low, high = np.nanmin(values), np.nanmax(values)
+        low, high = (np.nanmin(values), np.nanmax(values)) if not np.isnan(values).all() else (0.0, 0.0)
         for i in range(len(rows)):
             for j in range(len(Ms)):
                 bright = high > low and (values[i, j] - low) / (high - low) > 0.6  # viridis turns yellow

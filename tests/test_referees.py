@@ -136,16 +136,17 @@ def test_referee_lopti_end_to_end_before_and_after(tmp_path, digits_task, capsys
     run = str(tmp_path / "run")
     train.main(["--task", "digits", *SMALL_TRAIN, "--steps", "2", "--output-dir", run])
     common = ["--checkpoint", os.path.join(run, "latest"), "--task", "digits", "--num-prompts", "3", "-M", "4",
-              "--seeds", "0,1", "--token-samples", "2", "--max-new-tokens", "6", "--beta", "0.1"]
-    rows, cosines, verdicts = referee_lopti.main([*common, "--output-dir", str(tmp_path / "after")])
+              "--token-samples", "2", "--max-new-tokens", "6", "--beta", "0.1"]
+    rows, cosines, verdicts = referee_lopti.main([*common, "--seeds", "0,1", "--output-dir", str(tmp_path / "after")])
     assert sorted({r["beta"] for r in rows}) == [0.0, 0.1]  # pi_ref: the run's initial policy
     assert len(rows) == 2 * 2 * 4 and len(cosines) == 2 * 2 * 12
     for r in rows:
         assert 0 <= r["share_of_full_norm"] <= 1 + 1e-6 and -1 - 1e-6 <= r["cos_with_full"] <= 1 + 1e-6
     assert "pi_ref" in capsys.readouterr().out
-    rows, _, verdicts = referee_lopti.main([*common, "--initial", "--output-dir", str(tmp_path / "before")])
-    assert {r["beta"] for r in rows} == {0.0} and set(verdicts) == {0.0}
-    assert len(read_csv(tmp_path / "before" / "referee_lopti.csv")) == 2 * 4
+    rows, _, verdicts = referee_lopti.main([*common, "--seeds", "0", "--initial", "--output-dir",
+                                            str(tmp_path / "before")])
+    assert {r["beta"] for r in rows} == {0.0} and set(verdicts) == {0.0} and "no verdict" in verdicts[0.0]
+    assert len(read_csv(tmp_path / "before" / "referee_lopti.csv")) == 4
 
 
 # ------------------------------------------------------------------------------------------------------------

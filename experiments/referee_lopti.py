@@ -303,12 +303,12 @@ def main(argv=None):
                          "more prompts")
         rows += measured[0]
         cosines += measured[1]
+        os.makedirs(args.output_dir, exist_ok=True)  # the seeds so far: a long measurement stopped keeps them
+        write_csv(os.path.join(args.output_dir, "referee_lopti.csv"), rows)
+        write_csv(os.path.join(args.output_dir, "referee_lopti_cosines.csv"), cosines)
         print(f"seed {seed}: {args.checkpoint}" + (f" (pi_ref {ref})" if ref else "")
               + f", {args.num_prompts} prompts x M={args.M}, {measured[2]} completion tokens", flush=True)
     verdicts = summarize(rows, cosines)
-    os.makedirs(args.output_dir, exist_ok=True)
-    write_csv(os.path.join(args.output_dir, "referee_lopti.csv"), rows)
-    write_csv(os.path.join(args.output_dir, "referee_lopti_cosines.csv"), cosines)
     drew = plot(os.path.join(args.output_dir, "referee_lopti.png"), rows,
                 f"{pattern}: per p_old quartile, seeds {args.seeds} (mean ± SE)")
     print(f"wrote {args.output_dir}/referee_lopti.csv, referee_lopti_cosines.csv"

@@ -13,7 +13,8 @@ run is reused), for GRPO and SoftmaxGRPO (tau 0.1) each:
   recipe      the papers' clipped, KL-regularised surrogate as SoftmaxGRPO runs it: clip 0.2 / 0.28, k3 KL 1e-3 to the
               initial policy, one mini-batch (ppo_mini_batch_size = train_batch_size): also on-policy, so on a
               fp32 CPU its only difference from eq2 is the KL term (on a GPU, rollout-vs-trainer log-prob noise
-              also moves the ratio off 1).
+              also moves the ratio off 1). The recipe's other settings (its loss aggregation, top-p 0.999) stay
+              at train.py's, as in every countdown3 run.
   recipe-2mb  the recipe with the AR/Lopti runs' 2 mini-batches: the second optimizer step is off-policy, so the
               clip can act.
 Printed: per config, over training, the clipped-token fractions (low: A < 0 and ratio < 1 - 0.2; high: A > 0 and

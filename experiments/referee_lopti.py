@@ -282,6 +282,7 @@ def main(argv=None):
         parser.error("need at least one seed, --beta >= 0 and --token-samples >= 1")
     pattern, ref_pattern = args.checkpoint, args.ref_checkpoint
     rows, cosines = [], []
+    loaded = {}  # (policy, pi_ref) -> what load_for_experiment and load_policy gave: loaded once, not per seed
     for seed in seeds:
         checkpoint = pattern.replace("{seed}", str(seed))
         initial = initial_policy(checkpoint)
@@ -289,13 +290,16 @@ def main(argv=None):
             parser.error(f"--initial: {checkpoint} has no run.json naming its initial policy")
         args.checkpoint = initial if args.initial else checkpoint
         ref = None if args.initial else ref_pattern.replace("{seed}", str(seed)) if ref_pattern else initial
-        model, tokenizer, style, task, defaults = load_for_experiment(args, parser)
-        ref_model = None
-        if ref:
-            try:
-                ref_model, _ = load_policy(ref, device=args.device)
-            except ValueError as error:
-                parser.error(f"pi_ref: {error}")
+        if (args.checkpoint, ref) not in loaded:
+            loaded.clear()  # one policy and one reference in memory at a time (a 135M model: ~0.5 GB each)
+            ref_model = None
+            if ref:
+                try:
+                    ref_model, _ = load_policy(ref, device=args.device)
+                except ValueError as error:
+                    parser.error(f"pi_ref: {error}")
+            loaded[(args.checkpoint, ref)] = (*load_for_experiment(args, parser), ref_model)
+        model, tokenizer, style, task, defaults, ref_model = loaded[(args.checkpoint, ref)]
         measured = measure(model, tokenizer, style, task, ref_model, args, seed=seed,
                            max_new_tokens=args.max_new_tokens or defaults.max_new_tokens)
         if measured is None:

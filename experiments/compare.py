@@ -24,6 +24,12 @@ Presets (method flags; everything else is train.py's default unless listed):
   countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
              ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values; then Lopti's Fig. 3 on each seed's final
              GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-diagnostics skips it)
+  countdown3-tuning  issue 30's fair tuning grid on the countdown3 prompts (experiments.referee_tuning): grpo-M<M>
+             for M 4, 8, 16 and softmax-M<M>-tau<tau> for tau 0.05, 0.1, 0.3, 1.0, each with 512 // M prompts per
+             step (512 samples per step in every cell); pass@k from 16 samples per held-out prompt in every cell
+  countdown3-eq2  issue 30's Eq. (2) runs on the countdown3 prompts (experiments.referee_clipping): for grpo and
+             softmax (tau 0.1): eq2 (--kl-coef 0 --ppo-epochs 1 --mini-batches 1 --clip-low 0.999 --clip-high
+             1000), recipe (--kl-coef 1e-3), recipe-2mb (--kl-coef 1e-3 --mini-batches 2)
   countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
   kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
              paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
@@ -62,6 +68,32 @@ from experiments import pyplot
 from experiments.runs import finished_run, train_flags
 from experiments.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
+TUNING_MS, TUNING_TAUS, TUNING_SAMPLES = (8, 4, 16), (0.1, 0.05, 0.3, 1.0), 512  # samples/step = prompts x M
+
+
+def tuning_configs():
+    """The countdown3-tuning grid: GRPO over M, SoftmaxGRPO over M x tau, prompts x M = 512 samples per step in every
+    cell (the countdown3 budget). The cells of train.py's countdown3 recipe (M 8, tau 0.1) come first in each seed
+    and keep all their checkpoints, for Table 3 at steps 50, 100, 150 (experiments.referee_table3)."""
+    configs = {}
+    for M in TUNING_MS:
+        budget = ["-M", str(M), "--prompts-per-step", str(TUNING_SAMPLES // M)]
+        keep = ["--keep-checkpoints", "0"] if M == 8 else []
+        configs[f"grpo-M{M}"] = ["--method", "grpo", *budget, *keep]
+        for tau in TUNING_TAUS:
+            configs[f"softmax-M{M}-tau{tau}"] = ["--method", "softmax", "--tau", str(tau), *budget,
+                                                 *(keep if tau == 0.1 else [])]
+    return configs
+
+
+# Eq. (2) exactly: one epoch, one mini-batch (on-policy: the ratio is 1), no KL, the clip bounds out of reach;
+# the papers' clipped, KL-regularised recipe (SoftmaxGRPO's: one mini-batch, so on-policy too); and it with the
+# AR/Lopti runs' 2 mini-batches, whose second optimizer step is off-policy, so that the clip can act
+EQ2_CONFIGS = {"eq2": ["--kl-coef", "0", "--ppo-epochs", "1", "--mini-batches", "1", "--clip-low", "0.999",
+                       "--clip-high", "1000"],
+               "recipe": ["--kl-coef", "1e-3"], "recipe-2mb": ["--kl-coef", "1e-3", "--mini-batches", "2"]}
+
+
 PRESETS = {
     "countdown": dict(task="countdown", shared=[],
                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
@@ -75,6 +107,17 @@ PRESETS = {
                                                        "--steps", "150", "--method", "grpo"],
                              configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
                                       "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
+    # issue 30's fair tuning grid (experiments.referee_tuning): the same grid and budget for both methods
+    "countdown3-tuning": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
+                                                        "--steps", "150"],
+                              configs=tuning_configs(), pass_samples=16),
+    # issue 30's Eq. (2) question (experiments.referee_clipping): the unclipped objective vs the clipped recipes
+    "countdown3-eq2": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
+                                                     "--steps", "150"],
+                           configs={f"{method}-{name}": [*method_flags, *flags]
+                                    for method, method_flags in (("grpo", ["--method", "grpo"]),
+                                                                 ("softmax", ["--method", "softmax", "--tau", "0.1"]))
+                                    for name, flags in EQ2_CONFIGS.items()}, pass_samples=16),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
                configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
@@ -120,19 +163,21 @@ def fig3_over_seeds(preset, seeds, output_dir, extra):
         return None
 
 
-def table3_over_runs(preset, runs, output_dir, extra, M=16):
+def table3_over_runs(preset, runs, output_dir, extra, M=16, checkpoint="latest", label=None):
     """Table 3's per-difficulty view on every run's final policy (experiments.table3_allocation, -M 16 so that the
     bin [0, .1) holds more than p = 0): the share of the token budget sum |A| len of each pass-rate bin under GRPO's
     and SoftmaxGRPO's advantages, both scoring the same samples. Prints, per trained config, mean +- SE over seeds
-    of each share and of the hardest bin's paired difference; writes <output_dir>/<preset>_table3.csv."""
+    of each share and of the hardest bin's paired difference; writes <output_dir>/<label>.csv (label: default
+    <preset>_table3). checkpoint: the run's checkpoint folder to score (e.g. checkpoint-50; default its final)."""
     from experiments import table3_allocation
+    label = label or f"{preset}_table3"
     rows = []
     for run in runs:
         config = parse_args(run_argv(preset, run["config"], run["seed"], output_dir, extra))
-        argv = ["--checkpoint", os.path.join(run["output_dir"], "latest"), *task_argv(config), "-M", str(M),
+        argv = ["--checkpoint", os.path.join(run["output_dir"], checkpoint), *task_argv(config), "-M", str(M),
                 "--seed", str(run["seed"]), "--temperature", str(config.temperature),
-                "--output-dir", os.path.join(output_dir, f"{preset}_table3", f"{run['config']}-seed{run['seed']}")]
-        print(f"\n=== {preset} {run['config']} seed {run['seed']}: Table 3 on the final policy", flush=True)
+                "--output-dir", os.path.join(output_dir, label, f"{run['config']}-seed{run['seed']}")]
+        print(f"\n=== {preset} {run['config']} seed {run['seed']}: Table 3 on {checkpoint}", flush=True)
         try:
             shares = {(r["bin"], r["method"]): r for r in table3_allocation.main(argv) if r["budget"] == "tokens"}
         except SystemExit:  # its one-line error is printed: e.g. every group had equal rewards, nothing to share
@@ -146,8 +191,9 @@ def table3_over_runs(preset, runs, output_dir, extra, M=16):
     if not rows:
         print(f"\n{preset}: Table 3 skipped: no final policy had a group with unequal rewards")
         return rows
-    write_csv(os.path.join(output_dir, f"{preset}_table3.csv"), rows)
-    print(f"\n{preset}: Table 3 on the final policies, token budget share per pass-rate bin (mean +- SE over seeds)")
+    write_csv(os.path.join(output_dir, f"{label}.csv"), rows)
+    print(f"\n{preset}: Table 3 on {checkpoint} of each run, token budget share per pass-rate bin (mean +- SE "
+          "over seeds)")
     print("| policy trained with | bin | prompts | share, GRPO advantages | share, SoftmaxGRPO advantages |")
     print("|---|---|---|---|---|")
     for trained in dict.fromkeys(r["config"] for r in rows):
@@ -171,10 +217,10 @@ def last_train_pass_rate(metrics_path, last=10):
     return sum(rates) / len(rates) if rates else None
 
 
-def sampled_pass_at_k(run_dir, ks=None, *, seed=0):
-    """pass@k of a run's final policy (<run_dir>/latest) on its held-out prompts: M = --num-generations samples per
-    prompt at the training temperature and top-p, then the unbiased estimator averaged over prompts.
-    -> ({"sampled_pass@k": value for k in ks}, M). ks: default pass_ks(M)."""
+def sampled_pass_at_k(run_dir, ks=None, *, seed=0, samples=None):
+    """pass@k of a run's final policy (<run_dir>/latest) on its held-out prompts: M = samples (default: the run's
+    --num-generations) per prompt at the training temperature and top-p, then the unbiased estimator averaged over
+    prompts. -> ({"sampled_pass@k": value for k in ks}, M). ks: default pass_ks(M)."""
     import torch
 
     import tasks
@@ -187,7 +233,7 @@ def sampled_pass_at_k(run_dir, ks=None, *, seed=0):
     model, tokenizer = load_policy(checkpoint, device=device)
     task = tasks.get_task(saved["task"], data=saved["data"], **saved["task_options"])
     examples = task.examples("test", saved["eval_size"], seed=saved["seed"])  # the held-out prompts train.py scores
-    M = saved["num_generations"]
+    M = samples or saved["num_generations"]
     ks = pass_ks(M) if ks is None else [k for k in ks if k <= M]
     torch.manual_seed(seed)
     rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, saved["style"]), M,
@@ -371,7 +417,8 @@ def main(argv=None):
                    "train_pass_rate_last10": round(last_train_pass_rate(result["metrics_path"]) or 0.0, 4)}
             if args.pass_k != "off":
                 sampled_start = time.time()
-                sampled, M = sampled_pass_at_k(run_dir, ks, seed=seed)
+                sampled, M = sampled_pass_at_k(run_dir, ks, seed=seed,
+                                               samples=PRESETS[args.preset].get("pass_samples"))
                 row.update({key: round(value, 4) for key, value in sampled.items()}, samples_per_prompt=M,
                            sampled_seconds=round(time.time() - sampled_start, 1))
                 print(f"sampled on the held-out prompts, M={M} per prompt: "

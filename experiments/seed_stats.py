@@ -1,5 +1,6 @@
 """Statistics over seeds and samples, for the comparison scripts (compare.py, lopti_token_stats.py): the unbiased
 pass@k estimator, mean +- standard error, and Student's t-intervals for paired differences (no scipy)."""
+import functools
 import math
 import statistics
 
@@ -22,6 +23,7 @@ def pass_ks(M):
     return ks + ([M] if ks[-1] != M else [])
 
 
+@functools.lru_cache(maxsize=None)  # ~0.5 s of pure-Python bisection per call; the scripts ask for a few (q, df)
 def t_quantile(q, df):
     """The q-quantile of Student's t with df degrees of freedom (q in (0.5, 1)), by bisection on its CDF
     1/2 + int_0^t f (the t density f, integrated by Simpson's rule). No scipy: t_quantile(0.975, 4) = 2.776."""

@@ -1,0 +1,163 @@
+"""The SoftmaxGRPO referee's clipping-and-KL question (issue 30, item 2): how active are the clip and the KL over
+training, and what does the exact Eq. (2) objective give against the clipped recipe, on the same seeds?
+
+    OMP_NUM_THREADS=1 python -m experiments.referee_clipping            # seeds 0,1,2 -> runs/referees (18 runs)
+    python -m experiments.referee_clipping --summary-only               # the runs finished so far
+
+The runs are experiments.compare's preset countdown3-eq2 (countdown3's prompts, warm starts and budget; a finished
+run is reused), for GRPO and SoftmaxGRPO (tau 0.1) each:
+  eq2         Eq. (2) exactly: one epoch, one mini-batch, no KL, the clip bounds out of reach (0.999, 1000). With one
+              optimizer step per batch the update is on-policy: train.py takes pi_old as the detached log-probs of
+              the same forward, so the ratio is exactly 1 at the only step (checked below from metrics.jsonl: a
+              token-mean ratio of 1 with a maximum of 1 means every ratio is 1), and a clip can never act.
+  recipe      the papers' clipped, KL-regularised surrogate as SoftmaxGRPO runs it: clip 0.2 / 0.28, k3 KL 1e-3 to the
+              initial policy, one mini-batch (ppo_mini_batch_size = train_batch_size): also on-policy, so on a
+              fp32 CPU its only difference from eq2 is the KL term (on a GPU, rollout-vs-trainer log-prob noise
+              also moves the ratio off 1). The recipe's other settings (its loss aggregation, top-p 0.999) stay
+              at train.py's, as in every countdown3 run.
+  recipe-2mb  the recipe with the AR/Lopti runs' 2 mini-batches: the second optimizer step is off-policy, so the
+              clip can act.
+Printed: per config, over training, the clipped-token fractions (low: A < 0 and ratio < 1 - 0.2; high: A > 0 and
+ratio > 1.28; train.py's metrics.jsonl), the ratio's spread (token-mean ratio and its maximum per step) and the KL;
+the paired differences recipe - eq2 and recipe-2mb - eq2 (same seed: same warm start and prompts) of held-out
+greedy pass@1 and sampled pass@1 / pass@16 with 95% t-intervals; and whether each eq2 run equals, row for row, the
+same seed's countdown3-tuning run with the same method at M 8 (train.py's defaults: the clip bounds are the only
+difference, and they must not matter when the ratio is 1). Writes <output-dir>/countdown3-eq2_activity.csv and,
+with matplotlib, countdown3-eq2_activity.png. Numbers: docs/results.md.
+"""
+import argparse
+import csv
+import os
+import statistics
+
+from experiments import compare, pyplot
+from experiments.referee_tuning import METRICS
+from experiments.seed_stats import paired_text
+from harness.checkpoint import read_metrics
+
+PRESET = "countdown3-eq2"
+ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
+SWEEP_CELL = {"grpo": "grpo-M8", "softmax": "softmax-M8-tau0.1"}  # the same train.py run but the clip bounds
+COMPARED = ("reward_mean", "pass_rate", "zero_var_share", "pg_loss", "grad_norm", "entropy")
+
+
+def read_runs(path):
+    """<output-dir>/countdown3-eq2_runs.csv -> [{config, seed, output_dir, metric: float}]."""
+    with open(path) as f:
+        return [{"config": r["config"], "seed": int(r["seed"]), "output_dir": r["output_dir"],
+                 **{key: float(r[key]) for key in METRICS if r.get(key) not in (None, "")}}
+                for r in csv.DictReader(f)]
+
+
+def activity(metrics_path):
+    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]} (missing keys: none)."""
+    rows = [r for r in read_metrics(metrics_path) if not r.get("eval")]
+    return {key: [(r["step"], r[key]) for r in rows if key in r] for key in ACTIVITY}
+
+
+def ratio_is_one(series):
+    """Every step's token-mean ratio and maximum ratio are 1 (then every ratio is 1: none above, mean 1)."""
+    return bool(series["ratio_mean"]) and all(v == 1.0 for _, v in series["ratio_mean"] + series["ratio_max"])
+
+
+def same_run(metrics_a, metrics_b):
+    """(equal?, largest difference) over the training rows' COMPARED keys of two metrics.jsonl."""
+    rows_a, rows_b = ([r for r in read_metrics(path) if not r.get("eval")] for path in (metrics_a, metrics_b))
+    if len(rows_a) != len(rows_b):
+        return False, float("inf")
+    diffs = [abs(a[key] - b[key]) for a, b in zip(rows_a, rows_b) for key in COMPARED if key in a and key in b]
+    return max(diffs, default=0.0) == 0.0, max(diffs, default=0.0)
+
+
+def report(runs, output_dir):
+    """Print the activity table, the eq2 checks and the paired differences -> activity CSV rows."""
+    rows = []
+    print(f"\n{PRESET}: clip and KL activity over training (mean over steps and seeds; max over them in brackets)")
+    print("| config | seeds | clip low | clip high | token-mean ratio | max ratio | KL | ratio exactly 1 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for config in compare.PRESETS[PRESET]["configs"]:
+        mine = [r for r in runs if r["config"] == config]
+        if not mine:
+            continue
+        series = [activity(os.path.join(r["output_dir"], "metrics.jsonl")) for r in mine]
+        cells = []
+        for key in ACTIVITY:
+            values = [v for s in series for _, v in s[key]]
+            cells.append(f"{statistics.fmean(values):.4g} [{max(values):.4g}]" if values else "-")
+        ones = sum(ratio_is_one(s) for s in series)
+        print(f"| {config} | {len(mine)} | " + " | ".join(cells) + f" | {ones} of {len(mine)} runs |")
+        for r, s in zip(mine, series):
+            for key in ACTIVITY:
+                rows += [{"config": config, "seed": r["seed"], "key": key, "step": step, "value": value}
+                         for step, value in s[key]]
+    for r in (r for r in runs if r["config"].endswith("-eq2")):
+        method = r["config"].split("-")[0]
+        twin = os.path.join(output_dir, "countdown3-tuning", f"{SWEEP_CELL[method]}-seed{r['seed']}", "metrics.jsonl")
+        if os.path.exists(twin):
+            equal, diff = same_run(os.path.join(r["output_dir"], "metrics.jsonl"), twin)
+            print(f"{r['config']} seed {r['seed']} vs countdown3-tuning {SWEEP_CELL[method]} (clip 0.2/0.28): "
+                  + ("identical in every training row" if equal else f"differs, largest difference {diff:.3g}"))
+    print("\npaired by seed, 95% t-interval")
+    for method in ("grpo", "softmax"):
+        base = {r["seed"]: r for r in runs if r["config"] == f"{method}-eq2"}
+        for other in ("recipe", "recipe-2mb"):
+            mine = [r for r in runs if r["config"] == f"{method}-{other}" and r["seed"] in base]
+            if not mine:
+                continue
+            print(f"{method}-{other} - {method}-eq2 ({len(mine)} seeds): " + "; ".join(
+                f"{compare.metric_label(key)} {paired_text([r[key] - base[r['seed']][key] for r in mine])}"
+                for key in METRICS if all(key in r and key in base[r["seed"]] for r in mine)))
+    return rows
+
+
+def plot(path, rows, title):
+    plt = pyplot("the PNG; the CSV has the numbers")
+    if plt is None or not rows:
+        return False
+    fig, axes = plt.subplots(1, len(ACTIVITY), figsize=(3.4 * len(ACTIVITY), 3.2))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    for ax, key in zip(axes, ACTIVITY):
+        for i, config in enumerate(configs):
+            by_step = {}
+            for r in rows:
+                if r["config"] == config and r["key"] == key:
+                    by_step.setdefault(r["step"], []).append(r["value"])
+            if by_step:
+                steps = sorted(by_step)
+                ax.plot(steps, [statistics.fmean(by_step[s]) for s in steps], color=f"C{i}", lw=1,
+                        linestyle="-" if config.startswith("softmax") else "--", label=config)
+        ax.set_title(key + " (mean over seeds)", fontsize=9)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                     epilog="Any other flag is passed to experiments.compare (and so to train.py).")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--output-dir", default="runs/referees")
+    parser.add_argument("--summary-only", action="store_true", help="train nothing: the runs in "
+                        "<output-dir>/countdown3-eq2_runs.csv")
+    args, extra = parser.parse_known_args(argv)
+    csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
+    if not args.summary_only:
+        compare.main(["--preset", PRESET, "--seeds", args.seeds, "--output-dir", args.output_dir, *extra])
+    if not os.path.exists(csv_path):
+        parser.error(f"{csv_path}: no runs yet (run without --summary-only first)")
+    runs = read_runs(csv_path)
+    rows = report(runs, args.output_dir)
+    compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_activity.csv"), rows)
+    drew = plot(os.path.join(args.output_dir, f"{PRESET}_activity.png"), rows,
+                f"{PRESET}: clip fractions, ratio, KL over training ({len(runs)} runs; solid softmax, dashed grpo)")
+    print(f"wrote {args.output_dir}/{PRESET}_activity.csv" + (f" and {PRESET}_activity.png" if drew else ""))
+    return runs, rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Issue 30's scripts, each on a tiny setting (what the papers' referees asked; numbers: docs/results.md).
+
+eq4_monte_carlo: the simulated mean against the exact omega within a derived tolerance, and the same data rejecting
+a wrong weight; referee_tuning: the grid's bookkeeping by hand, and the sweep end to end on a very small run."""
+import csv
+import os
+
+import pytest
+
+from experiments import eq4_monte_carlo, referee_tuning
+from softmax_grpo import grpo_prompt_weight
+from tests.stubs import SMALL_TRAIN
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 4: Eq. (4) by Monte Carlo
+
+def test_eq4_monte_carlo_mean_matches_the_exact_weight_and_rejects_a_wrong_one(tmp_path, one_thread):
+    """Under Eq. (4) each point's z = (MC mean - omega) / SE is ~N(0, 1); 9 points x 2 configs at |z| < 4.5 fail
+    by chance with probability < 18 * 7e-6 (and the seed is fixed). GRPO's weight on the same draws must be far off:
+    the check can fail."""
+    rows = eq4_monte_carlo.main(["--configs", "8:0.1,4:1.0", "--groups", "4000", "--points", "9",
+                                 "--output-dir", str(tmp_path)])
+    assert len(rows) == 18 and all(abs(r["z"]) < 4.5 for r in rows)
+    assert len(read_csv(tmp_path / "eq4_monte_carlo.csv")) == 18
+    wrong = [abs(r["mc_mean"] - grpo_prompt_weight(r["p"], r["M"])) / r["mc_se"] for r in rows if r["M"] == 8]
+    assert max(wrong) > 10  # M = 8, tau = 0.1 at small p: omega ~ 6, GRPO's ~ 2.4
+
+
+def test_eq4_group_update_is_the_score_formula_by_hand(one_thread):
+    """One group's autograd update equals (1/M) sum_i A_i (y_i - p) written out (the score of a Bernoulli logit)."""
+    import torch
+
+    from softmax_grpo import group_advantages
+    g = torch.Generator().manual_seed(3)
+    updates = eq4_monte_carlo.group_updates(0.3, 4, 0.5, 5, g)
+    g = torch.Generator().manual_seed(3)
+    answers = (torch.rand(5, 4, generator=g, dtype=torch.float64) < 0.3).double()
+    by_hand = (group_advantages(answers, "softmax", tau=0.5).double() * (answers - 0.3)).mean(1)
+    torch.testing.assert_close(updates, by_hand)
+
+
+def test_eq4_bad_configs_are_one_line(capsys):
+    with pytest.raises(SystemExit):
+        eq4_monte_carlo.main(["--configs", "8-0.1"])
+    assert "--configs" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 1: the tuning grid
+
+def test_tuning_grid_has_the_same_budget_in_every_cell():
+    configs = referee_tuning.compare.PRESETS["countdown3-tuning"]["configs"]
+    assert len(configs) == 3 + 3 * 4
+    for name, flags in configs.items():
+        M, prompts = int(flags[flags.index("-M") + 1]), int(flags[flags.index("--prompts-per-step") + 1])
+        assert M * prompts == 512, name
+        assert referee_tuning.cell_of(name)[1] == M
+
+
+def test_tuning_best_cells_and_paired_difference_by_hand(capsys):
+    runs = [{"config": c, "seed": s, "after_pass@1": v} for c, vals in
+            [("grpo-M8", [0.10, 0.20]), ("grpo-M4", [0.15, 0.16]), ("softmax-M8-tau0.1", [0.30, 0.10]),
+             ("softmax-M4-tau1.0", [0.40, 0.30])] for s, v in enumerate(vals)]
+    cells = referee_tuning.grid(runs)
+    assert referee_tuning.best(cells, "softmax", "after_pass@1")["config"] == "softmax-M4-tau1.0"
+    assert referee_tuning.best(cells, "grpo", "after_pass@1")["config"] == "grpo-M4"  # 0.155 > 0.150
+    a, b = (referee_tuning.best(cells, m, "after_pass@1") for m in ("softmax", "grpo"))
+    assert referee_tuning.paired(a, b, "after_pass@1") == pytest.approx([0.25, 0.14])
+    referee_tuning.report(cells, "after_pass@1", total=30)
+    out = capsys.readouterr().out
+    assert "8 of 30 runs done" in out and "softmax-M4-tau1.0) - best GRPO (grpo-M4)" in out and "+0.195" in out
+
+
+def test_tuning_sweep_end_to_end_then_summary_only(tmp_path, capsys, one_thread):
+    out = str(tmp_path)
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-M8,softmax-M4-tau1.0", "--pass-k",
+                         "1,4", *SMALL_TRAIN, "--eval-size", "2", "--steps", "1"])
+    rows = read_csv(os.path.join(out, "countdown3-tuning_grid.csv"))
+    assert [r["config"] for r in rows] == ["grpo-M8", "softmax-M4-tau1.0"]
+    assert "2 of 2 runs done" in capsys.readouterr().out
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--summary-only"])
+    assert "2 of 15 runs done" in capsys.readouterr().out  # the whole grid's count without --configs
+
+
+# ------------------------------------------------------------------------------------------------------------
+# items 5-7: the Lopti referee's quartile measurements
+
+def test_quartile_gradients_add_up_to_train_py_gradient_with_kl(one_thread):
+    """sum_q G_q must be -grad of ppo.policy_loss (token-mean surrogate + beta k3) on the same on-policy batch: the
+    weights w = A + beta (pi_ref / pi - 1) are that loss's coefficients of grad log pi (a sign slip fails here)."""
+    import copy
+
+    import torch
+
+    from experiments import referee_lopti
+    from experiments.lopti_token_stats import probability_groups
+    from ppo import policy_loss
+    from rollout import token_logprobs
+    from tests.stubs import tiny_policy_and_rollouts
+    _, model, rollouts = tiny_policy_and_rollouts()
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    batch = (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask)
+    mask = batch[2].float()
+    advantages = torch.tensor([1.0, -0.5, 0.0, -0.5, 0.3, 0.3, -0.6, 0.0])
+    with torch.no_grad():
+        logprobs, ref_logprobs = token_logprobs(model, *batch), token_logprobs(ref, *batch)
+    weights = referee_lopti.token_weights(advantages, logprobs, ref_logprobs, mask, 0.5)
+    groups = probability_groups(logprobs.exp(), mask.bool())
+    sums = referee_lopti.quartile_gradients(model, batch, weights, groups, temperature=1.0, micro_batch=3)
+    current = token_logprobs(model, *batch)
+    loss, _ = policy_loss(current, current.detach(), advantages, mask, ref_logprobs=ref_logprobs, kl_coef=0.5)
+    expected = -torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
+    torch.testing.assert_close(sums.sum(0), expected, rtol=1e-4, atol=1e-7)
+    assert (sums.norm(dim=1) > 0).all()
+
+
+def test_lopti_verdict_reads_the_interval():
+    from experiments.referee_lopti import verdict
+    assert verdict([0.10, 0.12, 0.11]).endswith("the dominance claim holds")
+    assert verdict([0.9, 1.1, 1.0]).endswith("the dominance claim fails")
+    assert verdict([0.1, 0.9, 0.5]).startswith("undecided")
+
+
+def test_referee_lopti_end_to_end_before_and_after(tmp_path, digits_task, capsys):
+    import train
+    from experiments import referee_lopti
+    run = str(tmp_path / "run")
+    train.main(["--task", "digits", *SMALL_TRAIN, "--steps", "2", "--output-dir", run])
+    common = ["--checkpoint", os.path.join(run, "latest"), "--task", "digits", "--num-prompts", "3", "-M", "4",
+              "--token-samples", "2", "--max-new-tokens", "6", "--beta", "0.1"]
+    rows, cosines, verdicts = referee_lopti.main([*common, "--seeds", "0,1", "--output-dir", str(tmp_path / "after")])
+    assert sorted({r["beta"] for r in rows}) == [0.0, 0.1]  # pi_ref: the run's initial policy
+    assert len(rows) == 2 * 2 * 4 and len(cosines) == 2 * 2 * 12
+    for r in rows:
+        assert 0 <= r["share_of_full_norm"] <= 1 + 1e-6 and -1 - 1e-6 <= r["cos_with_full"] <= 1 + 1e-6
+    assert "pi_ref" in capsys.readouterr().out
+    rows, _, verdicts = referee_lopti.main([*common, "--seeds", "0", "--initial", "--output-dir",
+                                            str(tmp_path / "before")])
+    assert {r["beta"] for r in rows} == {0.0} and set(verdicts) == {0.0} and "no verdict" in verdicts[0.0]
+    assert len(read_csv(tmp_path / "before" / "referee_lopti.csv")) == 4
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 2: Eq. (2) exactly vs the clipped recipe
+
+def test_eq2_run_has_ratio_one_and_equals_the_clipped_run_row_for_row(tmp_path, capsys, monkeypatch, one_thread):
+    """One epoch, one mini-batch, no KL: the ratio is exactly 1 at every step, so the clip bounds cannot matter and
+    the eq2 run must equal the sweep's run of the same method (clip 0.2 / 0.28) in every training row; with two
+    mini-batches the second step is off-policy and the ratio leaves 1. The digits stub task (graded rewards, so
+    an untrained model's groups differ) stands in for Countdown, whose task options it ignores."""
+    import tasks
+    from experiments import referee_clipping
+    from tests.stubs import DigitsTask
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None, num_count=3: DigitsTask())
+    out = str(tmp_path)
+    small = [*SMALL_TRAIN, "--eval-size", "2", "--steps", "2", "--pass-k", "1", "--prompts-per-step", "4",
+             "--task", "digits"]
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-M8", *small])
+    runs, rows = referee_clipping.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-eq2,grpo-recipe-2mb",
+                                        *small])
+    printed = capsys.readouterr().out
+    assert "grpo-eq2 seed 0 vs countdown3-tuning grpo-M8 (clip 0.2/0.28): identical in every training row" in printed
+    eq2 = {r["config"]: r for r in runs}
+    series = {c: referee_clipping.activity(os.path.join(eq2[c]["output_dir"], "metrics.jsonl")) for c in eq2}
+    assert referee_clipping.ratio_is_one(series["grpo-eq2"])
+    assert not referee_clipping.ratio_is_one(series["grpo-recipe-2mb"])
+    assert series["grpo-recipe-2mb"]["kl"] and not series["grpo-eq2"]["kl"]
+    assert "grpo-recipe-2mb - grpo-eq2 (1 seeds)" in printed
+
+
+# ------------------------------------------------------------------------------------------------------------
+# item 3: Table 3 at several points of training
+
+def test_table3_at_steps_over_seeds(tmp_path, capsys, monkeypatch, one_thread):
+    """Both recipe runs keep every checkpoint; Table 3 on each of two steps gives shares summing to 1 per run,
+    estimator and step, and counts what is not trained yet."""
+    import tasks
+    from experiments import referee_table3
+    from tests.stubs import DigitsTask
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None, num_count=3: DigitsTask())
+    out = str(tmp_path)
+    small = [*SMALL_TRAIN, "--eval-size", "2", "--steps", "2", "--prompts-per-step", "4", "--task", "digits",
+             "--save-every", "1"]
+    referee_tuning.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-M8,softmax-M8-tau0.1",
+                         "--pass-k", "off", *small])
+    rows = referee_table3.main(["--seeds", "0,1", "--steps", "1,2", "--output-dir", out, "-M", "4", *SMALL_TRAIN,
+                                "--task", "digits"])  # the runs' flags, for their task and temperature
+    assert "2 of 4 runs have checkpoint-1" in capsys.readouterr().out  # seed 1 not trained
+    assert {(r["step"], r["config"]) for r in rows} == {(s, c) for s in (1, 2) for c in referee_table3.CONFIGS}
+    for step in (1, 2):
+        for config in referee_table3.CONFIGS:
+            mine = [r for r in rows if r["step"] == step and r["config"] == config]
+            for key in ("share_grpo_advantages", "share_softmax_advantages"):
+                assert sum(r[key] for r in mine) == pytest.approx(1, abs=1e-3)
+    assert len(read_csv(os.path.join(out, "countdown3-tuning_table3_steps.csv"))) == len(rows)

@@ -82,9 +82,14 @@ class Shape:
         """Keys and values of one position in every layer."""
         return 2 * self.layers * self.kv_heads * self.dim * dtype_bytes
 
-    def attention_flops(self, queries, context):
-        """QK^T and attention x V for `queries` positions that each see `context` keys (2 FLOPs per MAC)."""
-        return 4 * self.layers * self.heads * self.dim * queries * context
+    def attention_flops(self, keys):
+        """QK^T and attention x V over `keys` (query, key) pairs in all (2 FLOPs per multiply-add)."""
+        return 4 * self.layers * self.heads * self.dim * keys
+
+
+def causal_keys(queries, first):
+    """(query, key) pairs of `queries` consecutive positions under a causal mask, the first seeing `first` keys."""
+    return queries * first + queries * (queries - 1) // 2
 
 
 def shape_of(config):
@@ -253,7 +258,7 @@ def prefill_floor(shape, work, peaks):
     """Each distinct prompt once, all but its last token (generate's first decode step feeds that one)."""
     b = DTYPE_BYTES[work.dtype]
     tokens = [p - 1 for p in work.prompt_lengths]
-    flops = sum(2 * shape.body_matmul_params * n + shape.attention_flops(n, n) / 2 for n in tokens)  # causal: half
+    flops = sum(2 * shape.body_matmul_params * n + shape.attention_flops(causal_keys(n, 1)) for n in tokens)
     bytes_moved = (shape.body_matmul_params * b + sum(tokens) * shape.kv_bytes_per_token(b))
     return floor_of(flops, bytes_moved, peaks)
 
@@ -268,7 +273,7 @@ def decode_floor(shape, work, peaks):
     for t in range(steps):
         running = [c for c, n in zip(contexts, work.completion_lengths) if n > t]
         context = sum(running) + t * len(running)  # keys each running row attends to (prompt + t generated)
-        step_flops = per_token * len(running) + shape.attention_flops(1, 1) * context
+        step_flops = per_token * len(running) + shape.attention_flops(context)
         step_bytes = weights + context * shape.kv_bytes_per_token(b)
         seconds += peaks.floor(step_flops, step_bytes)
         flops, bytes_moved = flops + step_flops, bytes_moved + step_bytes
@@ -277,10 +282,12 @@ def decode_floor(shape, work, peaks):
 
 
 def forward_flops(shape, forward):
-    """One forward: the distinct prompts' body once, each row's completion tokens through body + head."""
-    prompt = sum(2 * shape.body_matmul_params * p + shape.attention_flops(p, p) / 2 for p in forward.prompt_lengths)
-    completion = sum(2 * (shape.body_matmul_params + shape.head_params) * n + shape.attention_flops(n, p + n / 2)
-                     for p, n in zip(forward.row_prompt_lengths, forward.completion_lengths))  # token i sees p + i
+    """One forward: each distinct prompt but its last token once (the shared-prompt cache), then each row's
+    completion positions (prompt's last token .. the completion's last but one) through body + LM head."""
+    prompt = sum(2 * shape.body_matmul_params * (p - 1) + shape.attention_flops(causal_keys(p - 1, 1))
+                 for p in forward.prompt_lengths)
+    completion = sum(2 * (shape.body_matmul_params + shape.head_params) * n + shape.attention_flops(causal_keys(n, p))
+                     for p, n in zip(forward.row_prompt_lengths, forward.completion_lengths))
     return prompt + completion
 
 

@@ -163,6 +163,8 @@ def probe(device, dtype="fp32", *, sizes=None, copy_mib=None, repeats=5):
     target = torch.empty_like(source)
     bandwidth = 2 * source.numel() * 4 / best_seconds(lambda: target.copy_(source), device, repeats)
     threads = "" if device.type == "cuda" else f", {torch.get_num_threads()} thread(s)"
+    del a, b, source, target
+    forget_peak_memory(device)
     return Peaks(flops, bandwidth, f"probe on {device.type}{threads}: best {dtype} matmul of "
                                    f"{'/'.join(map(str, sizes))}^3, {copy_mib} MiB copy")
 
@@ -183,6 +185,20 @@ def width_rates(shape, device, dtype, peaks, *, decode_rows, train_tokens):
         parts.append(f"{what} [{rows} x {shape.hidden}] @ [{shape.hidden} x {shape.intermediate}] "
                      f"{rate / 1e9:.0f} GFLOP/s ({rate / peaks.flops:.0%} of the peak)")
     return "matmul rate at the model's width: " + "; ".join(parts)
+
+
+def forget_peak_memory(device):
+    """Reset the peak-memory mark the probe raised (CUDA's allocator peak; VmHWM on Linux), so that a benchmark's
+    peak memory stays its own."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux: reset VmHWM to the current RSS
+    except OSError:
+        pass
 
 
 def peaks_for(device, dtype, *, gpu=None, tflops=None, gbps=None):

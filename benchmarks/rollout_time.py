@@ -8,7 +8,9 @@ One torch thread by default (--threads): on a shared 2-core machine two threads 
 Three variants run alternately in one process on the same prompts and seeds, after one unmeasured warm-up round:
 each prompt prefilled M times (share_prefill=False, as before), prefilled once (the default), and prefilled once
 with finished rows dropped every --drop-every tokens. Prints medians, their ratio to the first, and the share of
-completion slots after EOS (what a single generate call decodes for nothing: it runs until the last row stops).
+completion slots after EOS (what a single generate call decodes for nothing: it runs until the last row stops),
+and each variant's time against the floor of the rollout (benchmarks/floor.py: prefill + decode of the rows still
+running, peaks from a probe on this machine at the benchmark's thread count).
 """
 import argparse
 import os
@@ -20,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
+from benchmarks import floor  # noqa: E402
 from harness.model import load_policy  # noqa: E402
 from harness.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 from rollout import generate_rollouts, render_prompts  # noqa: E402
@@ -54,6 +57,8 @@ def main(argv=None):
     variants = {"prefill M times per prompt": dict(share_prefill=False), "shared prefill": dict(),
                 f"shared + drop finished every {args.drop_every}": dict(drop_finished_every=args.drop_every)}
     seconds = {name: [] for name in variants}
+    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[next(model.parameters()).dtype]
+    peaks = floor.peaks_for("cpu", dtype)
     for round_index in range(args.repeats + 1):
         for name, options in variants.items():
             torch.manual_seed(round_index)
@@ -66,10 +71,17 @@ def main(argv=None):
     print(f"{args.preset}: {model_arg}, {preset['prompts']} prompts x M {preset['M']} x {preset['tokens']} new tokens, "
           f"prompt width {rollouts.input_ids.shape[1] - mask.shape[1]}, {torch.get_num_threads()} thread(s)")
     print(f"completion slots after EOS: {1 - mask.sum().item() / mask.numel():.0%} (last round, width {mask.shape[1]})")
+    # the floor of the last round's lengths (all variants sample alike: the same lengths in distribution)
+    floors = floor.step_floors(floor.shape_of(model.config),
+                               floor.Workload(*floor.rollout_lengths(rollouts, preset["M"]), dtype=dtype), peaks)
+    rollout_floor = floors["prefill"].seconds + floors["decode"].seconds
+    print(f"floor: prefill {floors['prefill'].seconds:.4f} s ({floors['prefill'].bound}), decode "
+          f"{floors['decode'].seconds:.4f} s ({floors['decode'].bound}, finished rows not decoded) | "
+          f"{peaks.flops / 1e12:.3f} TFLOP/s, {peaks.bandwidth / 1e9:.1f} GB/s ({peaks.source})")
     first = statistics.median(seconds[next(iter(variants))])
     for name, values in seconds.items():
         print(f"{name:36s}{statistics.median(values):8.3f} s  x{statistics.median(values) / first:.2f}"
-              f"  (median of {args.repeats})")
+              f"  {statistics.median(values) / rollout_floor:6.1f} x its floor  (median of {args.repeats})")
 
 if __name__ == "__main__":
     main()

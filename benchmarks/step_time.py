@@ -165,7 +165,8 @@ def our_step(side, task, examples, device):
         with clock("update+forward"):
             train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
                                 rollouts.completion_mask, advantages, side["update_config"], clock=clock)
-    side["floor_measured"].append(floor.measured_phases({**seconds, **inner, "update_policy": seconds["update+forward"]}))
+    clocked = {**seconds, **inner, "update_policy": seconds["update+forward"]}
+    side["floor_measured"].append(floor.measured_phases(clocked))
     side["workloads"].append(floor.workload_of(rollouts, side["rollout_config"].num_generations, record,
                                                side["rollout_config"].dtype))
     seconds["update"] = seconds.pop("update+forward") - seconds["log-prob forward"]

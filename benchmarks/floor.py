@@ -208,6 +208,8 @@ def peaks_for(device, dtype, *, gpu=None, tflops=None, gbps=None):
     if name is not None:
         row = KNOWN_GPUS[name]
         peaks = Peaks(row[dtype], row["bandwidth"], f"{name} datasheet, {dtype} dense")
+    elif tflops and gbps:
+        return Peaks(tflops * 1e12, gbps * 1e9, "given")
     else:
         peaks = probe(device, dtype)
     if tflops or gbps:

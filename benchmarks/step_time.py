@@ -316,11 +316,22 @@ def report(args, n_params, sides, trl_clock, memory):
     if sides:
         print("rows forwarded by ours (the others have advantage 0, so zero gradient at beta 0; TRL forwards all): "
               + ", ".join(f"{100 * median_after_warmup(s['rows'], args.warmup):.0f}% ({s['name']})" for s in sides))
+    update_floors = []
     for side in sides:  # each phase against its floor: medians over the measured steps
         floors = floor.median_floors([floor.step_floors(args.shape, w, args.peaks)
                                       for w in side["workloads"][args.warmup:] or side["workloads"]])
         measured = floor.median_phases(side["floor_measured"][args.warmup:] or side["floor_measured"])
         print("\n" + floor.format_report(measured, floors, args.peaks, title=f"{side['name']} vs floor"))
+        update_floors.append((measured["update"] + measured.get("no-grad forwards", 0.0),
+                              sum(floors[p].seconds for p in ("no-grad forwards", "forward+backward",
+                                                              "optimizer step"))))
+        if t.fast_generate:  # paid once per run and shape, in the first (warm-up) step
+            compile_seconds = side["floor_measured"][0]["rollout"] - measured["rollout"]
+            print(f"fast generate's compilation: {compile_seconds:.1f} s (the first step's rollout minus the median)")
+    if len(update_floors) == 2 and update_floors[0][1]:  # Lopti's second pass against one pass's floor
+        (_, one_floor), (lopti_measured, lopti_floor) = update_floors
+        print(f"Lopti's update (pi_old forward, two passes, their steps): floor {lopti_floor / one_floor:.2f} x the "
+              f"one-pass update's floor; measured {lopti_measured:.3f} s = {lopti_measured / one_floor:.1f} x it")
     if sides and args.device.type == "cpu":  # why a FLOP-bound phase stays above its floor
         work = sides[0]["workloads"][-1]
         tokens = max((sum(f.completion_lengths) for f in work.forwards if f.trains), default=64)

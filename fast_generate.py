@@ -17,7 +17,9 @@ torch.multinomial call per step on the same RNG), only the forward that produces
 numbers equal up to float rounding (tests/test_fast_generate.py: greedy and seeded samples token for token).
 Costs: compilation, once per run and per shape (batch rows, cache length; the cache length is rounded up to
 CACHE_BUCKET so that prompts of other widths reuse it); a static cache is read to its full length at every step
-(masked), and it cannot drop finished rows (config refuses --fast-generate with --drop-finished-every).
+(masked), it cannot drop finished rows (config refuses --fast-generate with --drop-finished-every), and it stays
+allocated on the model between steps (the training forward runs beside it: peak memory grows by its size, rows x
+cache length x the KV bytes of a position). The eval's greedy generate keeps the plain path (other shapes).
 Numbers: benchmarks/rollout_time.py, docs/performance.md.
 """
 import torch

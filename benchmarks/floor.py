@@ -147,7 +147,7 @@ def best_seconds(fn, device, repeats):
     return best
 
 
-def probe(device, dtype="fp32", *, sizes=None, copy_mib=None, repeats=5):
+def probe(device, dtype="fp32", *, sizes=None, copy_mib=None, repeats=8):
     """Peaks measured here: the best rate of `repeats` square matmuls at `dtype` over a few `sizes` (a CPU's best
     is not always the largest), and the best of copies of a `copy_mib` MiB tensor (read + write). On a CPU they
     run on torch's current thread count; on a shared machine the load lowers them (the floor then too)."""
@@ -156,9 +156,10 @@ def probe(device, dtype="fp32", *, sizes=None, copy_mib=None, repeats=5):
     copy_mib = copy_mib or (1024 if device.type == "cuda" else 256)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     flops = 0.0
-    for size in sizes:
+    for size in sizes:  # as many repeats of a small size as of the largest one's FLOPs: a fair chance at the best
         a, b = (torch.randn(size, size, device=device, dtype=torch_dtype) for _ in range(2))
-        flops = max(flops, 2 * size ** 3 / best_seconds(lambda: a @ b, device, repeats))
+        count = repeats * max(1, (sizes[-1] // size) ** 3 // 8)
+        flops = max(flops, 2 * size ** 3 / best_seconds(lambda: a @ b, device, count))
     source = torch.empty(copy_mib * 2**20 // 4, device=device)
     target = torch.empty_like(source)
     bandwidth = 2 * source.numel() * 4 / best_seconds(lambda: target.copy_(source), device, repeats)

@@ -1,23 +1,27 @@
 """The physical floor of each phase of an RL step: the least time its FLOPs and its bytes allow on a device.
 
     python benchmarks/floor.py --shape qwen2.5-0.5b --gpu H200       # 64 prompts x M 8 x 256 tokens, bf16
-    python benchmarks/floor.py --shape smollm2-135m --probe --dtype fp32 --prompts 4 -M 4 --prompt-tokens 115 ...
+    python benchmarks/floor.py --shape smollm2-135m --device cpu --dtype fp32 --prompts 4 -M 4 --prompt-tokens 115
 
-A phase cannot take less than max(FLOPs / peak FLOP rate, bytes moved / peak bandwidth). The counts (one forward
-token = 2 FLOPs per matmul weight, DESIGN-free textbook accounting; the backward = twice the forward):
+A phase cannot take less than max(FLOPs / peak FLOP rate, bytes moved / peak bandwidth). The counts (a token costs
+2 FLOPs per matmul weight, the LM head included even when tied; attention 2 x 2 FLOPs per head dimension for each
+(query, key) pair; the backward twice the forward):
   prefill       each distinct prompt once (the shared prefill), all but its last token: the body's matmuls and
-                attention; bytes: the weights once and the prompts' KV cache written.
+                attention; bytes: the body's weights once and the prompts' KV cache written.
   decode        per step t, only the rows still running (a finished row is not decoded): FLOPs of one token per row
                 (body + LM head + attention over its context) against bytes of the weights + every running row's
                 KV cache read; the step's floor is the larger of the two, summed over t.
   forwards      the no-grad log-prob forwards (pi_old, a reference model): each distinct prompt of the forwarded
                 rows once (the shared-prompt forward), then each row's completion tokens (LM head on those only).
-  fwd+bwd       the same count x 3 for every forward that trains (each micro-batch of each Lopti pass).
+  fwd+bwd       the same count x 3 for every forward that trains (each micro-batch of each Lopti pass); bytes: the
+                weights read three times.
   optimizer     bytes: AdamW reads parameter, gradient, both moments and writes parameter and moments, fp32 each
                 (28 bytes per parameter per optimizer step).
-Tokens are the real ones (no padding), as the run sampled them. Peaks: a short probe on this machine (the largest
-of a few big matmuls at the dtype, a big tensor copy counted as read + write), or KNOWN_GPUS, overridable.
-What the benchmarks measure goes next to it with format_report (measured s, floor s, ratio, the step's total).
+Left out (a floor may only leave work out): norms, rotary, softmax and other elementwise work, activations' traffic,
+the loss, gradient clipping, rewards (no floor: Python on the host). Tokens are the real ones (no padding), as the
+run sampled them. Peaks: a short probe on this machine (the best rate of a few square matmuls at the dtype, a big
+tensor copy counted as read + write), or KNOWN_GPUS, overridable. What the benchmarks measure goes next to it with
+format_report (measured s, floor s, ratio, the step's total); recorded() collects a step's shapes as it runs.
 """
 import argparse
 import contextlib

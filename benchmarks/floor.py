@@ -156,7 +156,7 @@ def probe(device, dtype="fp32", *, sizes=None, copy_mib=None, repeats=8):
     is not always the largest), and the best of copies of a `copy_mib` MiB tensor (read + write). On a CPU they
     run on torch's current thread count; on a shared machine the load lowers them (the floor then too)."""
     device = torch.device(device)
-    sizes = sizes or ((4096, 8192) if device.type == "cuda" else (256, 512, 1024))
+    sizes = sizes or ((4096, 8192) if device.type == "cuda" else (128, 256, 512, 1024))
     copy_mib = copy_mib or (1024 if device.type == "cuda" else 256)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     flops = 0.0

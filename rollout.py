@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
+import fast_generate
 import fast_logprobs
 from fast_logprobs import cache_name, prefill_prompt_cache
 
@@ -126,14 +127,18 @@ class Rollouts:
 
 
 def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
-                       share_prefill, drop_finished_every, generate_kwargs):
+                       share_prefill, drop_finished_every, generate_kwargs, fast=False):
     """HF generate for all rows of `prompt_ids` ->
     (prompt ids [N*M, P], prompt mask, completion ids [N*M, T]).
 
     drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS
     (and their KV cache) out of the batch before going on; a single generate call keeps decoding
     finished rows until the last row stops. None: one generate call for all max_new_tokens.
+    fast: the same call with a static KV cache and a compiled decode step (fast_generate.py).
     """
+    if fast and drop_finished_every:
+        raise ValueError("fast generate keeps every row in its static cache: "
+                         "no drop_finished_every")
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
     cache = None
@@ -148,8 +153,11 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
         segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
+        cache_options = {cache_name(model): cache} if not fast else \
+            fast_generate.generate_options(model, cache, len(input_ids), input_ids.shape[1],
+                                           max_new_tokens)  # the same samples, faster
         output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                **{cache_name(model): cache}, max_new_tokens=segment,
+                                **cache_options, max_new_tokens=segment,
                                 pad_token_id=pad_id, eos_token_id=eos_id,
                                 return_dict_in_generate=True, **generate_kwargs)
         new_ids = output.sequences[:, input_ids.shape[1]:]
@@ -171,7 +179,8 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens,
                       temperature=1.0, top_p=1.0, greedy=False, mask_truncated=False,
-                      share_prefill=True, rollout_batch=None, drop_finished_every=None):
+                      share_prefill=True, rollout_batch=None, drop_finished_every=None,
+                      fast_generate=False):
     """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
 
     prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling
@@ -189,6 +198,8 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     drop_finished_every: stop decoding rows that reached EOS every
     that many tokens (see sample_completions); the same distribution,
     but other random draws than one call (fewer rows per sampling step).
+    fast_generate: a static KV cache and a compiled decode step in the same generate call (the same
+    samples up to float rounding; compiled once per run and shape: see fast_generate.py).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
@@ -209,7 +220,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
                                     num_generations, pad_id=pad_id, eos_id=eos_id,
                                     max_new_tokens=max_new_tokens, share_prefill=share_prefill,
                                     drop_finished_every=drop_finished_every,
-                                    generate_kwargs=generate_kwargs)
+                                    generate_kwargs=generate_kwargs, fast=fast_generate)
                  for start in range(0, len(prompt_ids), prompts_per_call)]
     finally:
         model.train(was_training)

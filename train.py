@@ -62,7 +62,7 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             config.num_generations, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, top_p=config.top_p,
             mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
-            drop_finished_every=config.drop_finished_every)
+            drop_finished_every=config.drop_finished_every, fast_generate=config.fast_generate)
     with clock("reward+advantage"):
         rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
                                 for text, i in zip(rollouts.completions,

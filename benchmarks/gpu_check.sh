@@ -1,29 +1,43 @@
 #!/usr/bin/env bash
 # One prepared GPU check: one H200 (or any CUDA GPU), no network, under 8 minutes. Prints and saves under $OUT:
-#   1. the GPU, torch and transformers versions;
+#   1. the GPU, torch and transformers versions, and its peaks probed (bf16 matmul, copy) next to the datasheet's;
 #   2. `python train.py` (the tiny offline default) on CUDA to completion: its before/after table and wall time;
 #   3. a randomly initialised model with Qwen2.5-0.5B's shape (built from a config, no download), bf16:
-#      64 prompts x M=8 x 256 tokens, one pass and AR + Lopti: s/step, completion tokens/s, peak GPU memory;
-#   4. the same shape at 1.5B, one pass (the SoftmaxGRPO Countdown recipe's model size).
+#      64 prompts x M=8 x 256 tokens, one pass, with --fast-generate (static KV cache + CUDA graphs; its compile
+#      time) and AR + Lopti: s/step, completion tokens/s, peak GPU memory, each phase against its floor;
+#   4. the same shape at 1.5B, one pass (the SoftmaxGRPO Countdown recipe's model size), against its floor;
+#   5. the datasheet floor of both shapes (benchmarks/floor.py) for the record.
 # Usage: bash benchmarks/gpu_check.sh            OUT=runs/gpu_check by default; bash benchmarks/gpu_check.sh --help
-set -euo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,8p' "$0"; exit 0; fi
+set -uo pipefail
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,10p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output; a failure does not stop the rest
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" 2>&1 | grep -v "it/s" | tee "$OUT/$name.txt"
+  local rc=${PIPESTATUS[0]}
+  [[ $rc -eq 0 ]] || echo "$name: exit $rc (124: over its $limit s)" | tee -a "$OUT/$name.txt"
+}
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
+  python -c "from benchmarks import floor; import torch; name = floor.known_gpu(torch.cuda.get_device_name());
+p = floor.probe('cuda', 'bf16'); print(f'probe: {p.flops / 1e12:.0f} TFLOP/s bf16, {p.bandwidth / 1e9:.0f} GB/s copy;',
+'datasheet:', floor.KNOWN_GPUS.get(name, 'not in floor.KNOWN_GPUS'))"
 } 2>&1 | tee "$OUT/gpu.txt"
 start=$SECONDS
-timeout 200 python train.py --device cuda --output-dir "$OUT/tiny" 2>&1 | grep -v "it/s" | tail -8 | tee "$OUT/tiny.txt"
+step tiny 90 python train.py --device cuda --output-dir "$OUT/tiny"
 echo "tiny default on CUDA: $((SECONDS - start)) s wall" | tee -a "$OUT/tiny.txt"
-timeout 150 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3 2>&1 \
-  | tee "$OUT/qwen2.5-0.5b.txt"
-timeout 90 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 2 --lopti 2>&1 \
-  | tee "$OUT/qwen2.5-0.5b-lopti.txt"
-timeout 120 python benchmarks/random_model_step.py --shape qwen2.5-1.5b --device cuda --steps 2 --micro-batch 8 2>&1 \
-  | tee "$OUT/qwen2.5-1.5b.txt"
-grep -h "RESULT\|after RL\|before RL\|wall" "$OUT"/*.txt
+step qwen2.5-0.5b 90 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3
+step qwen2.5-0.5b-fast 130 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3 \
+  --fast-generate
+step qwen2.5-0.5b-lopti 60 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 2 --lopti
+step qwen2.5-1.5b 80 python benchmarks/random_model_step.py --shape qwen2.5-1.5b --device cuda --steps 2 --micro-batch 8
+for shape in qwen2.5-0.5b qwen2.5-1.5b; do
+  python benchmarks/floor.py --shape "$shape" --device cuda --dtype bf16 2>&1 | tee "$OUT/floor-$shape.txt"
+done
+grep -h "RESULT\|after RL\|before RL\|wall\|compilation\|^step \|exit" "$OUT"/*.txt
+echo "total: $((SECONDS - start)) s"

@@ -8,13 +8,16 @@ shape (layers, width, vocabulary) and the token counts, not on what the weights 
 so every completion runs to --max-new-tokens: the worst case for rollout time and memory. Rewards are a graded
 function of the completion text (so groups differ and every row is trained on, as with a real reward). The step is
 train.collect_rollouts + train.update_policy, exactly as train.py calls them; prints s/step (median), completion
-tokens/s and peak GPU memory (peak RSS on a CPU).
+tokens/s and peak GPU memory (peak RSS on a CPU), then each phase against its floor (benchmarks/floor.py: the GPU's
+datasheet peaks when its name is in floor.KNOWN_GPUS, else a probe).
 """
 import argparse
+import functools
 import os
 import statistics
 import sys
 import time
+from collections import defaultdict
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -22,6 +25,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import train  # noqa: E402
+from benchmarks import floor  # noqa: E402
+from benchmarks.step_time import sync, timed  # noqa: E402
 from harness.config import Config  # noqa: E402
 
 SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "test" is for CPU smoke tests
@@ -76,6 +81,11 @@ def main(argv=None):
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--rollout-batch", type=int, default=None)
     p.add_argument("--lopti", action="store_true", help="AR (alpha 0.3) + Lopti (eta 0.5) instead of one pass")
+    p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
+    p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
+    p.add_argument("--fast-generate", action="store_true", help="static KV cache + compiled decode (fast_generate.py)")
+    p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
+                   help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape)
@@ -84,24 +94,35 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     config = Config(style="compact", num_generations=args.M, max_new_tokens=args.max_new_tokens,
                     rollout_batch=args.rollout_batch, method="softmax", tau=0.1, dtype=dtype,
-                    micro_batch=args.micro_batch, alpha=0.3 if args.lopti else 0.0, lopti_eta=0.5 if args.lopti else 0.0)
-    seconds, tokens = [], []
+                    micro_batch=args.micro_batch, alpha=0.3 if args.lopti else 0.0,
+                    lopti_eta=0.5 if args.lopti else 0.0, fast_generate=args.fast_generate)
+    device = torch.device(args.device)
+    peaks = floor.peaks_for(device, dtype, gpu=args.gpu, tflops=args.peak_tflops, gbps=args.peak_gbps)  # before the run: the probe's tensors are gone by then
+    seconds, tokens, phases, floors = [], [], [], []
     for step in range(args.steps + 1):
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
+        clocked = defaultdict(float)
+        clock = functools.partial(timed, clocked, device)
+        sync(device)
         start = time.perf_counter()
-        rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task,
-                                                               task.examples("train", args.prompts, step),
-                                                               config)
-        stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                    rollouts.completion_mask, advantages, config)
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
+        with floor.recorded(clock, optimizer) as record:
+            rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task,
+                                                                   task.examples("train", args.prompts, step),
+                                                                   config, clock=clock)
+            with clock("update_policy"):
+                stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                            rollouts.completion_mask, advantages, config)
+        sync(device)
         if step > 0:  # the first step warms up kernels and the allocator
             seconds.append(time.perf_counter() - start)
             tokens.append(rollouts.completion_mask.sum().item())
-        print(f"step {step}: {time.perf_counter() - start:.2f} s, reward {rewards.mean():.3f}, "
-              f"optimizer steps {stats['optimizer_steps']}", flush=True)
+            phases.append(floor.measured_phases(clocked))
+            floors.append(floor.step_floors(floor.shape_of(model.config),
+                                            floor.workload_of(rollouts, args.M, record, dtype), peaks))
+        compiling = " (warm-up: kernels, allocator" + (", fast generate's compilation)" if args.fast_generate
+                                                         else ")") if step == 0 else ""
+        print(f"step {step}: {time.perf_counter() - start:.2f} s{compiling}, rollout {clocked['rollout']:.2f} s, "
+              f"reward {rewards.mean():.3f}, optimizer steps {stats['optimizer_steps']}", flush=True)
+        first_rollout = clocked["rollout"] if step == 0 else first_rollout
     if args.device.startswith("cuda"):
         peak = f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB ({torch.cuda.get_device_name()})"
     else:
@@ -109,9 +130,15 @@ def main(argv=None):
             peak = "peak RSS " + next(f"{int(line.split()[1]) / 2**20:.2f} GiB" for line in f if line.startswith("VmHWM"))
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} prompts x M={args.M}"
-          f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'} | "
+          f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'}"
+          f"{' | fast generate' if args.fast_generate else ''} | "
           f"{statistics.median(seconds):.2f} s/step | {statistics.median(tokens) / statistics.median(seconds):.0f} "
           f"completion tokens/s | {peak}")
+    print(floor.format_report(floor.median_phases(phases), floor.median_floors(floors), peaks,
+                              title=f"{args.shape} vs floor (median)"))
+    if args.fast_generate:  # paid once per run and shape
+        print(f"fast generate's compilation: {first_rollout - floor.median_phases(phases)['rollout']:.1f} s "
+              "(the warm-up step's rollout minus the median)")
 
 
 if __name__ == "__main__":

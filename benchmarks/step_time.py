@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from harness import config as settings  # noqa: E402
 from harness import run  # noqa: E402
 import train  # noqa: E402
+from benchmarks import floor  # noqa: E402
 from harness.model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
 
@@ -81,6 +82,10 @@ def parse_args(argv=None):
                    help="one side (memory subprocess), or our two sides without TRL")
     p.add_argument("--no-memory", action="store_true", help="skip the per-side memory subprocesses")
     p.add_argument("--profile", choices=("none", "torch", "cprofile"), default="none", help="profile our step")
+    p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
+                   help="the floor's peaks from this datasheet (default: the CUDA device's, else a probe)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
+    p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
     args, train_argv = p.parse_known_args(argv)
     preset = PRESETS[args.preset]
     for key in ("steps", "warmup", "threads"):
@@ -152,13 +157,18 @@ def our_step(side, task, examples, device):
     train.collect_rollouts + train.update_policy, as train.py main() calls them; their clock hook times the
     phases rollout, reward+advantage and log-prob forward; update = the rest of update_policy."""
     model, tokenizer, optimizer = side["model"], side["tokenizer"], side["optimizer"]
-    seconds = defaultdict(float)
+    seconds, inner = defaultdict(float), defaultdict(float)  # the phases; what floor.recorded times inside them
     clock = functools.partial(timed, seconds, device)
-    rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, side["rollout_config"],
-                                                     clock=clock)
-    with clock("update+forward"):
-        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
-                            advantages, side["update_config"], clock=clock)
+    with floor.recorded(functools.partial(timed, inner, device), optimizer) as record:
+        rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, side["rollout_config"],
+                                                         clock=clock)
+        with clock("update+forward"):
+            train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                rollouts.completion_mask, advantages, side["update_config"], clock=clock)
+    clocked = {**seconds, **inner, "update_policy": seconds["update+forward"]}
+    side["floor_measured"].append(floor.measured_phases(clocked))
+    side["workloads"].append(floor.workload_of(rollouts, side["rollout_config"].num_generations, record,
+                                               side["rollout_config"].dtype))
     seconds["update"] = seconds.pop("update+forward") - seconds["log-prob forward"]
     completion_mask = rollouts.completion_mask
     rows = ((advantages != 0) & (completion_mask.sum(1) > 0)).float().mean().item()  # the rows update_policy forwards
@@ -171,7 +181,7 @@ def make_our_side(name, model, tokenizer, train_args, *, alpha, eta):
     update_config = dataclasses.replace(train_args, alpha=alpha, lopti_eta=eta)
     return dict(name=name, model=model, tokenizer=tokenizer, optimizer=optimizer, G=train_args.prompts_per_step,
                 rollout_config=train_args, update_config=update_config,
-                seconds=[], phases=[], tokens=[], rows=[])
+                seconds=[], phases=[], tokens=[], rows=[], floor_measured=[], workloads=[])
 
 
 def run_our_side(side, task, examples, device, step):
@@ -306,6 +316,31 @@ def report(args, n_params, sides, trl_clock, memory):
     if sides:
         print("rows forwarded by ours (the others have advantage 0, so zero gradient at beta 0; TRL forwards all): "
               + ", ".join(f"{100 * median_after_warmup(s['rows'], args.warmup):.0f}% ({s['name']})" for s in sides))
+    update_floors = []
+    for side in sides:  # each phase against its floor: medians over the measured steps
+        floors = floor.median_floors([floor.step_floors(args.shape, w, args.peaks)
+                                      for w in side["workloads"][args.warmup:] or side["workloads"]])
+        measured = floor.median_phases(side["floor_measured"][args.warmup:] or side["floor_measured"])
+        print("\n" + floor.format_report(measured, floors, args.peaks, title=f"{side['name']} vs floor"))
+        update_floors.append((measured["update"] + measured.get("no-grad forwards", 0.0),
+                              sum(floors[p].seconds for p in ("no-grad forwards", "forward+backward",
+                                                              "optimizer step"))))
+        if t.fast_generate:  # paid once per run and shape, in the first (warm-up) step
+            compile_seconds = side["floor_measured"][0]["rollout"] - measured["rollout"]
+            print(f"fast generate's compilation: {compile_seconds:.1f} s (the first step's rollout minus the median)")
+    if len(update_floors) == 2 and update_floors[0][1]:  # Lopti's second pass against one pass's floor
+        (_, one_floor), (lopti_measured, lopti_floor) = update_floors
+        print(f"Lopti's update (pi_old forward, two passes, their steps): floor {lopti_floor / one_floor:.2f} x the "
+              f"one-pass update's floor; measured {lopti_measured:.3f} s = {lopti_measured / one_floor:.1f} x it")
+    if sides and args.device.type == "cpu":  # why a FLOP-bound phase stays above its floor
+        work = sides[0]["workloads"][-1]
+        tokens = max((sum(f.completion_lengths) for f in work.forwards if f.trains), default=64)
+        print(floor.width_rates(args.shape, args.device, t.dtype, args.peaks,
+                                decode_rows=len(work.completion_lengths), train_tokens=tokens))
+    if trl_clock is not None and sides:
+        total = sum(f.seconds for f in floor.median_floors([floor.step_floors(args.shape, w, args.peaks)
+                                                           for w in sides[0]["workloads"]]).values())
+        print(f"TRL GRPOTrainer step / the one-pass floor: {med['TRL GRPOTrainer'] / total:.1f}")
     unit = "peak CUDA allocated" if args.device.type == "cuda" else "peak RSS"
     for side, (peak, before) in memory.items():
         print(f"memory, {side} alone ({unit}): {peak:.0f} MiB, {peak - before:+.0f} MiB above the pre-step level")
@@ -362,6 +397,9 @@ def main(argv=None):
     if have_trl and args.only in ("both", "trl"):
         trainer, trl_clock = make_trl_trainer(model, tokenizer, task, examples, args, our_sides)
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    args.shape = floor.shape_of(model.config)
+    args.peaks = None if args.only in ("ours", "trl") else floor.peaks_for(  # (a memory subprocess: no probe)
+        args.device, args.train.dtype, gpu=args.gpu, tflops=args.peak_tflops, gbps=args.peak_gbps)  # run's threads
     del model  # every side holds its own copy; drop the template before measuring memory
     if args.device.type == "cuda":
         torch.cuda.empty_cache()

@@ -93,6 +93,8 @@ class Config:
                                         resumable=True)
     drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (faster "
                                               "when lengths vary; same distribution, other random draws)")
+    fast_generate: bool = setting(False, "static KV cache + compiled decode step in generate (CUDA graphs on a GPU; "
+                                  "same samples; compiles once per run: fast_generate.py)", resumable=True)
     # --- the training prompts ---------------------------------------------------------------------------------------
     epochs: int | None = setting(None, "passes over a fixed training set: epochs x rows // prompts-per-step steps "
                                  "(--steps, if given, stops it sooner, as verl); none = fresh prompts every step",
@@ -173,6 +175,8 @@ class Config:
                 (self.logit_chunk >= 1, "--logit-chunk must be >= 1"),
                 (self.drop_finished_every is None or self.drop_finished_every >= 1,
                  "--drop-finished-every must be >= 1"),
+                (not (self.fast_generate and self.drop_finished_every), "--fast-generate keeps every row in its "
+                 "static cache: give it or --drop-finished-every, not both"),
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
                 (self.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),

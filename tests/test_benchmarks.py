@@ -1,5 +1,6 @@
-"""The benchmark scripts run: the GPU check's shell script parses and answers --help, and its random-model step
-runs on a CPU at a tiny shape (the GPU numbers themselves come from benchmarks/gpu_check.sh on a GPU)."""
+"""The benchmark scripts run: the GPU check's shell script parses and answers --help, its random-model step
+runs on a CPU at a tiny shape, step_time.py and floor.py print each phase against its floor (the GPU numbers
+themselves come from benchmarks/gpu_check.sh on a GPU)."""
 import os
 import subprocess
 
@@ -20,6 +21,28 @@ def test_gpu_check_script_parses_and_answers_help():
 @pytest.mark.parametrize("extra", [[], ["--lopti"]])
 def test_random_model_step_on_a_cpu(capsys, extra):
     random_model_step.main(["--shape", "test", "--device", "cpu", "--steps", "1", "--prompts", "2", "-M", "2",
-                            "--max-new-tokens", "4", *extra])
-    result = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT")]
+                            "--max-new-tokens", "4", "--peak-tflops", "0.1", "--peak-gbps", "10", *extra])
+    out = capsys.readouterr().out
+    result = [line for line in out.splitlines() if line.startswith("RESULT")]
     assert len(result) == 1 and "s/step" in result[0] and "peak RSS" in result[0]
+    assert "test vs floor (median)" in out and "0.100 TFLOP/s, 10.0 GB/s (given)" in out
+
+
+def test_step_time_prints_each_phase_against_its_floor(capsys, one_thread):
+    """Our two sides on a 1-layer tiny model at init (no TRL, no memory subprocesses): the floor table per side."""
+    from benchmarks import step_time
+    step_time.main(["--only", "ours+lopti", "--no-memory", "--no-warm-start", "--steps", "1", "--warmup", "0",
+                    "--tiny-hidden", "32", "--tiny-layers", "1", "--prompts-per-step", "2", "-M", "2",
+                    "--max-new-tokens", "4", "--peak-tflops", "0.05", "--peak-gbps", "5"])
+    out = capsys.readouterr().out
+    assert out.count("vs floor") == 2 and "  prefill" in out and "  decode" in out
+    assert "peaks: 0.050 TFLOP/s, 5.0 GB/s (given)" in out
+    step_rows = [line.split() for line in out.splitlines() if line.startswith("step ")]
+    assert len(step_rows) == 2 and all(float(row[1]) > 0 and float(row[2]) > 0 for row in step_rows)
+
+
+def test_floor_alone_for_a_known_shape_and_gpu(capsys):
+    from benchmarks import floor
+    floor.main(["--shape", "qwen2.5-0.5b", "--gpu", "H200", "--lopti"])
+    out = capsys.readouterr().out
+    assert "494M params" in out and "no-grad forwards" in out and "H200 datasheet, bf16 dense" in out

@@ -1,0 +1,113 @@
+"""fast_generate.py: the static KV cache filled from the shared prefill and the compiled decode step give the same
+completions as rollout.py's plain generate call: greedy token for token, and sampled token for token under the same
+seed (generate draws the same torch.multinomial per step either way; only the logits' forward changes, by float
+rounding). Also: the completion mask, EOS handling and --rollout-batch are unchanged, and the compiled step is
+compiled once and reused (the cache of a shape is kept). The compiled tests are slow (inductor compiles on the CPU:
+minutes on a shared machine)."""
+import pytest
+import torch
+
+import fast_generate
+import tasks
+from harness.config import Config
+from harness.tiny import build_char_tokenizer, build_tiny_model
+from rollout import generate_rollouts
+from tests.stubs import smollm2_or_skip
+
+
+def tiny_setup():
+    """A 1-layer, 32-wide tiny Llama at init, three prompts of different lengths (left padding)."""
+    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    prompts = [tokenizer(text)["input_ids"] for text in ("12 5>7:", "3>9:", "45 6 7>1:")]
+    return tokenizer, model, prompts
+
+
+def both_paths(model, tokenizer, prompts, seed, **options):
+    """(plain, fast) Rollouts of the same prompts under the same seed."""
+    result = []
+    for fast in (False, True):
+        torch.manual_seed(seed)
+        result.append(generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=fast,
+                                        **options))
+    return result
+
+
+def assert_same(plain, fast):
+    assert torch.equal(plain.input_ids, fast.input_ids)
+    assert torch.equal(plain.attention_mask, fast.attention_mask)
+    assert torch.equal(plain.completion_mask, fast.completion_mask)
+    assert torch.equal(plain.truncated, fast.truncated) and plain.completions == fast.completions
+
+
+@pytest.fixture
+def eager(monkeypatch, one_thread):
+    """The static cache alone: no compile_config, so generate runs its forward eagerly (no compile on a CPU)."""
+    monkeypatch.setattr(fast_generate, "compile_config", lambda device, mode=None: None)
+
+
+@pytest.mark.parametrize("options", [dict(greedy=True), dict(), dict(rollout_batch=4), dict(temperature=0.7)])
+def test_static_cache_from_the_shared_prefill_samples_alike(eager, options):
+    tokenizer, model, prompts = tiny_setup()
+    for seed in range(2):
+        plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
+        assert_same(plain, fast)
+
+
+def test_static_cache_length_is_bucketed_and_kept(eager):
+    tokenizer, model, prompts = tiny_setup()
+    both_paths(model, tokenizer, prompts, 0)
+    both_paths(model, tokenizer, prompts[:1] * 3, 1)  # other prompt width, same rows: the same 64-long cache
+    caches = model._fast_generate_caches
+    assert len(caches) == 1 and next(iter(caches))[:2] == (12, fast_generate.CACHE_BUCKET)
+
+
+def test_eos_rows_end_alike(eager):
+    """A model that says EOS often: rows finish at different steps, padding after EOS, mask to the EOS."""
+    tokenizer, model, prompts = tiny_setup()
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] *= 0  # (tied) a flat EOS logit: sampled now and then
+    plain, fast = both_paths(model, tokenizer, prompts, 3)
+    assert_same(plain, fast)
+    lengths = fast.completion_mask.sum(1)
+    assert (lengths < 8).any(), "no row stopped: the test would not test EOS handling"
+
+
+def test_fast_generate_with_drop_finished_is_refused():
+    with pytest.raises(ValueError, match="--fast-generate keeps every row"):
+        Config(fast_generate=True, drop_finished_every=4).validate()
+    tokenizer, model, prompts = tiny_setup()
+    with pytest.raises(ValueError, match="static cache"):
+        generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=4, fast_generate=True, drop_finished_every=2)
+
+
+def test_compile_mode_follows_the_device():
+    assert fast_generate.compile_mode("cuda") == "reduce-overhead" and fast_generate.compile_mode("cpu") == "default"
+    config = fast_generate.compile_config("cpu")
+    assert config._compile_all_devices and config.fullgraph and config.dynamic is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])  # on a CPU reduce-overhead compiles without graphs
+def test_compiled_decode_step_samples_alike(one_thread, monkeypatch, mode):
+    tokenizer, model, prompts = tiny_setup()
+    monkeypatch.setattr(fast_generate, "compile_mode", lambda device: mode)
+    for seed, options in ((0, dict(greedy=True)), (1, dict()), (2, dict(temperature=0.7))):
+        plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
+        assert_same(plain, fast)
+    assert getattr(model, "_compiled_call", None) is not None, "generate did not compile its decode step"
+    assert model._last_compile_config.mode == mode
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_and_seeded_samples_token_for_token():
+    from harness.model import load_policy
+    smollm2_or_skip()
+    model, tokenizer = load_policy("smollm2")
+    task = tasks.get_task("countdown")
+    from rollout import render_prompts
+    prompts = render_prompts(tokenizer, task, task.examples("train", 2, seed=0), "chat")
+    for seed, options in ((0, dict(greedy=True)), (1, dict())):
+        plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
+        assert_same(plain, fast)
+    assert getattr(model, "_compiled_call", None) is not None

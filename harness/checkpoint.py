@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from harness.model import save_policy
+
 TRAINER_STATE = "trainer_state.pt"
 RUN_SETTINGS = "run.json"
 LOCK = ".lock"
@@ -156,7 +158,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
+        save_policy(model, tmp)  # a LoRA policy: its adapters only (harness/model.py)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, os.path.join(tmp, TRAINER_STATE))
         with open(os.path.join(tmp, RUN_SETTINGS), "w") as f:  # written last: the folder is complete once it exists

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import tasks
 from harness.checkpoint import RunError, load_run_settings, resolve_checkpoint
+from harness.memory import parse_size
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
@@ -29,6 +30,7 @@ METHODS = ("softmax", "grpo", "dr_grpo", "rloo", "maxrl", "reinforce", "reinforc
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
              "token-mean-per-micro-batch")
 LOPTI_ORDERS = ("low-first", "high-first")
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # attention + MLP
 
 
 def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None):
@@ -81,6 +83,15 @@ class Config:
     micro_batch: int = setting(64, "rows per forward/backward (memory only)", resumable=True)
     logit_chunk: int = setting(1024, "tokens whose float32 logits exist at once (memory only)", resumable=True)
     logprob_fp32: bool = setting(False, "score log-probs with a float32 forward under bf16 (no ratio noise)")
+    # --- memory: what fits the card (harness/model.py, harness/memory.py; docs/performance.md) ---------------------
+    gradient_checkpointing: bool = setting(False, "recompute each layer's activations in backward (HF's; less memory, "
+                                           "more compute; the training forward then runs without shared prompts)",
+                                           resumable=True)
+    lora_rank: int = setting(0, "train LoRA adapters of this rank (peft) instead of every weight; 0 = full fine-tuning")
+    lora_alpha: float | None = setting(None, "LoRA scale: the update is alpha/rank * B A; none = 2 x rank")
+    lora_targets: str = setting(LORA_TARGETS, "comma-separated module names that get LoRA adapters (Llama/Qwen names)")
+    memory_budget: str | None = setting(None, "--dry-run: the card's memory (e.g. 24GB): the settings that fit it",
+                                        saved=False, resumable=True)
     # --- rollouts (rollout.py) ------------------------------------------------------------------------------------
     max_new_tokens: int = setting(1024, "completion length limit (tiny model: 12)", paper="256-4096")
     temperature: float = setting(1.0, "sampling temperature", paper="1.0 SoftmaxGRPO, 0.7 Lopti")
@@ -165,6 +176,12 @@ class Config:
                  "--mini-batches must lie in [1, prompts-per-step * num-generations]"),
                 (self.micro_batch >= 1, "--micro-batch must be >= 1"),
                 (self.logit_chunk >= 1, "--logit-chunk must be >= 1"),
+                (self.lora_rank >= 0, "--lora-rank must be >= 0 (0 = full fine-tuning)"),
+                (self.lora_alpha is None or self.lora_alpha > 0, "--lora-alpha must be > 0"),
+                (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
+                 f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
+                (self.memory_budget is None or parse_size(self.memory_budget) is not None,
+                 f"--memory-budget must look like 24GB, 80GiB or 512MB, got {self.memory_budget!r}"),
                 (self.drop_finished_every is None or self.drop_finished_every >= 1,
                  "--drop-finished-every must be >= 1"),
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,

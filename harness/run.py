@@ -37,7 +37,8 @@ from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, exis
                                 later_checkpoints, load_trainer_state, locked, point_latest, read_metrics, recover,
                                 remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
 from harness.config import Config, InputError
-from harness.model import load_policy, load_tokenizer
+from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
+                           without_adapters)
 from harness.prompts import epoch_steps, training_prompts
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
@@ -161,8 +162,9 @@ def build_policy(config, tokenizer, task, *, log=print):
         if config.model == "tiny" and not config.resume:  # random init, then its warm start (below)
             model = tiny.build_tiny_model(tokenizer, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers,
                                           seed=config.seed).to(device)
-        else:
-            model, _ = load_policy(config.resume or config.model, device=device, tokenizer=tokenizer)
+        else:  # a resumed LoRA run: its base (the initial weights), then its adapters (below)
+            source = config.initial_policy if config.resume and config.lora_rank else config.resume or config.model
+            model, _ = load_policy(source, device=device, tokenizer=tokenizer)
     if config.threads:
         torch.set_num_threads(config.threads)
     if not config.resume and config.model == "tiny":
@@ -173,15 +175,30 @@ def build_policy(config, tokenizer, task, *, log=print):
         + (f", AR alpha {config.alpha:g}" if config.alpha > 0 else "")
         + (f", Lopti eta {config.lopti_eta:g} ({config.lopti_order})" if config.lopti_eta > 0 else "")
         + f", lr {config.lr:g}, max new tokens {config.max_new_tokens}")
+    model = memory_options(config, model)  # after the warm start: LoRA trains on the RL step only
     ref_model = None
-    if config.kl_coef > 0:
+    if config.kl_coef > 0 and config.lora_rank:  # the policy with its adapters off: no second copy of the weights
+        ref_model = without_adapters(model)
+    elif config.kl_coef > 0:
         try:
             ref_model = copy.deepcopy(model) if not config.resume else load_policy(config.initial_policy,
                                                                                    device=device)[0]
         except ValueError as error:
             raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
+    if ref_model is not None:
         ref_model.eval().requires_grad_(False)
     return model, ref_model
+
+
+def memory_options(config, model):
+    """The policy with --lora-rank's adapters (fresh, or the resumed checkpoint's) and --gradient-checkpointing."""
+    if config.lora_rank:
+        with policy_load_errors(config):
+            model = load_adapters(model, config.resume) if config.resume else \
+                add_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
+    if config.gradient_checkpointing:
+        enable_checkpointing(model)
+    return model
 
 
 def progress_line(row):

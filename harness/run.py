@@ -32,7 +32,7 @@ import transformers
 from tqdm import tqdm
 
 import tasks
-from harness import tiny
+from harness import memory, tiny
 from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, existing_copy, holds_a_run,
                                 later_checkpoints, load_trainer_state, locked, point_latest, read_metrics, recover,
                                 remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
@@ -144,7 +144,25 @@ def print_settings(config):
     if config.model != "tiny":
         print(f"note: nothing was loaded; what {config.model} needs on a GPU at these settings (memory, time): "
               "docs/performance.md, \"One GPU\"", file=sys.stderr)
+    print_memory_plan(config)
     return shown
+
+
+def print_memory_plan(config):
+    """--dry-run's memory plan (harness/memory.py) on stderr, from the model's config alone; with --memory-budget,
+    the settings that fit it. A model whose config cannot be read here (offline, not cached) gets a note instead."""
+    try:
+        shape = memory.model_shape(config)
+    except (ValueError, OSError, KeyError) as error:
+        print(f"note: no memory plan: the config of {config.model} could not be read ({str(error).splitlines()[0]})",
+              file=sys.stderr)
+        return
+    prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
+    plan = memory.memory_plan(shape, config, prompt_length)
+    budget = memory.parse_size(config.memory_budget) if config.memory_budget else None
+    fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+    print(memory.plan_text(plan, budget, fit) + ("" if config.max_prompt_length else
+          f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """What makes a run fit a smaller card: activation checkpointing, LoRA adapters with a free reference, the memory
 plan. Each option must leave the numbers alone (checkpointing: the same log-probs and gradients; LoRA's reference:
 the base model's log-probs) and do what it says (LoRA: only the adapters train; the plan: its hand count)."""
+import dataclasses
 import json
 import os
 
@@ -186,3 +187,119 @@ def test_a_lora_target_the_model_lacks_is_one_line(tmp_path, digits_task, capsys
 def test_bad_memory_settings_are_one_line(field, value, message):
     with pytest.raises(ValueError, match=message):
         Config(**{field: value}).validate()
+
+
+# --- the memory plan ------------------------------------------------------------------------------------------------
+from harness import memory  # noqa: E402
+
+SMALL_SHAPE = memory.ModelShape(hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4, vocab=10,
+                                tied=True)
+
+
+def test_parameter_counts_are_the_models_own():
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    # by hand: embedding 10 x 8; per layer q, o 8 x 8, k, v 8 x 4, gate, up, down 8 x 16, two norms of 8; final norm
+    assert SMALL_SHAPE.parameters() == 80 + 2 * (2 * 64 + 2 * 32 + 3 * 128 + 16) + 8 == 1272
+    for config_class, model_class in [(LlamaConfig, LlamaForCausalLM), (Qwen2Config, Qwen2ForCausalLM)]:
+        for tied in (True, False):
+            config = config_class(vocab_size=50, hidden_size=16, intermediate_size=40, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+            model = model_class(config)
+            assert memory.shape_from_config(config).parameters() == sum(p.numel() for p in model.parameters())
+            lora = add_lora(model, 3, None, "q_proj,k_proj,down_proj")
+            adapters = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+            assert memory.shape_from_config(config).lora_parameters(3, "q_proj,k_proj,down_proj") == adapters
+
+
+def test_the_plan_by_hand():
+    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32",
+                    device="cpu")
+    plan = memory.memory_plan(SMALL_SHAPE, config, prompt_length=3)
+    N = 1272
+    assert (plan["weights"], plan["gradients"], plan["optimizer"], plan["reference"]) == (4 * N, 4 * N, 8 * N, 0)
+    # KV cache: 2 (k, v) x 2 layers x 1 kv head x 4 dims x 2 rows x (3 + 2) positions x 4 bytes
+    assert plan["kv_cache"] == 2 * 2 * 4 * 2 * 5 * 4 == 640
+    # per token and layer: 16 H fp32 + 4 bytes x (3 x 8 (q) + 2 x 4 (k, v) + 4 x 16 (MLP)) = 128 + 384 = 512 bytes;
+    # shared prompt: 1 prompt x 3 + 2 rows x 2 = 7 tokens per layer, and each row's k, v over the prompt
+    # (4 bytes x 2 x 4 x 2 rows x 3); the final norm's input and output: 8 H bytes x the same 7 tokens
+    assert plan["activations"] == 2 * (512 * 7 + 4 * 2 * 4 * 2 * 3) + 8 * 8 * 7 == 8000
+    assert plan["logit_chunk"] == 3 * 4 * 10 * 4
+    checkpointed = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, gradient_checkpointing=True), 3)
+    # every row's 5 tokens: each layer's input (4 H bytes) kept, one layer's 512 bytes per token recomputed
+    assert checkpointed["activations"] == 4 * 8 * 10 * 2 + 512 * 10 + 8 * 8 * 10
+    lora = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, lora_rank=2, kl_coef=0.1), 3)
+    adapters = 2 * 2 * ((8 + 8) + (8 + 4) + (8 + 4) + (8 + 8) + 2 * (8 + 16) + (16 + 8))  # 2 layers, rank 2
+    assert (lora["weights"], lora["gradients"], lora["reference"]) == (4 * (N + adapters), 4 * adapters, 0)
+    full_kl = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, kl_coef=0.1), 3)
+    assert full_kl["reference"] == 4 * N  # a second fp32 copy
+    assert plan["peak"] == 16 * N + max(640 + plan["sampling_logits"], 8000 + plan["logit_chunk"])
+
+
+def test_the_planned_activations_are_the_tensors_autograd_saves(one_thread):
+    # Count the bytes of every tensor autograd keeps for backward (each storage once, weights left out) in a
+    # training forward of the tiny model, with and without shared prompts; the plan's formula within 15%.
+    from harness.tiny import build_char_tokenizer, build_tiny_model
+    model = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2).train()
+    shape = memory.shape_from_config(model.config)
+    P, T, M, rows = 24, 16, 4, 8
+    torch.manual_seed(0)
+    ids = torch.cat([torch.randint(4, 20, (rows // M, P)).repeat_interleave(M, 0), torch.randint(4, 20, (rows, T))], 1)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for checkpointing in (False, True):
+        if checkpointing:
+            enable_checkpointing(model)
+        saved = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            token_logprobs(model, ids, torch.ones_like(ids), torch.ones(rows, T), logit_chunk=4)
+        config = Config(prompts_per_step=rows // M, num_generations=M, max_new_tokens=T, micro_batch=rows,
+                        logit_chunk=4, dtype="fp32", device="cpu", gradient_checkpointing=checkpointing)
+        planned = memory.memory_plan(shape, config, P)["activations"]
+        counted = sum(saved.values())
+        if checkpointing:  # one layer's tensors, recomputed in backward, are not saved in the forward
+            H, I = shape.hidden, shape.intermediate  # 4 heads of H / 4, no GQA: q = kv = H
+            planned -= (16 * H + 4 * (3 * H + 2 * H + 4 * I)) * rows * (P + T)
+        assert abs(planned / counted - 1) < 0.15, (checkpointing, planned, counted)
+
+
+def test_a_budget_gets_the_least_change_that_fits_or_a_clear_no():
+    config = Config(model="Qwen/Qwen2.5-1.5B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, kl_coef=1e-3, dtype="bf16", device="cuda")
+    shape = memory.QWEN25["qwen2.5-1.5b"]
+    plan = memory.memory_plan(shape, config, 1024)
+    assert plan["peak"] > 24e9
+    changes, fitted = memory.fitting_settings(shape, config, 1024, 80e9)
+    assert changes == {} and fitted["peak"] == plan["peak"]  # an 80 GB card: as it is
+    changes, fitted = memory.fitting_settings(shape, config, 1024, 24e9)
+    assert changes and fitted["peak"] <= 24e9
+    assert memory.memory_plan(shape, dataclasses.replace(config, **changes), 1024)["peak"] == fitted["peak"]
+    changes, smallest = memory.fitting_settings(memory.QWEN25["qwen2.5-7b"], config, 1024, 8e9)
+    assert changes is None and smallest["peak"] > 8e9
+    text = memory.plan_text(smallest, 8e9, (changes, smallest))
+    assert "does not fit" in text
+
+
+@pytest.mark.parametrize("text, size", [("24GB", 24e9), ("24GiB", 24 * 2**30), ("80G", 80 * 2**30),
+                                        ("512mb", 512e6), ("1.5TB", 1.5e12), ("lots", None), ("0GB", None)])
+def test_sizes_read_as_a_card_is_labelled(text, size):
+    assert memory.parse_size(text) == size
+
+
+def test_the_dry_run_plans_without_loading_weights(tmp_path, capsys, monkeypatch):
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the dry run loaded weights")
+    monkeypatch.setattr(model_module, "load_policy", no_weights)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_weights)
+    settings = train.main(["--dry-run", "--output-dir", str(tmp_path), "--memory-budget", "1MB",
+                           "--gradient-checkpointing"])
+    err = capsys.readouterr().err
+    assert settings["gradient_checkpointing"] and "memory plan (estimated" in err and "does not fit" in err
+    train.main(["--dry-run", "--output-dir", str(tmp_path), "--model", "Qwen/Qwen2.5-0.5B-Instruct",
+                "--max-prompt-length", "256", "--memory-budget", "24GB"])
+    err = capsys.readouterr().err
+    assert "494.0M parameters" in err and "budget 24.0 GB: fits" in err

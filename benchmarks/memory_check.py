@@ -1,0 +1,217 @@
+"""The memory plan (harness/memory.py) against a measured peak: one RL step's rollout and update phases.
+
+    python benchmarks/memory_check.py --model smollm2 --prompts 4 -M 4 --max-new-tokens 32      # one setting
+    python benchmarks/memory_check.py --model smollm2 --gradient-checkpointing                   # the same, checkpointed
+    python benchmarks/memory_check.py --table smollm2-cpu          # the docs' settings, each in a fresh process
+    python benchmarks/memory_check.py --model qwen2.5-0.5b --device cuda --prompts 64 -M 8 --max-new-tokens 256
+
+Models: tiny (tiny.py's Llama at --tiny-hidden/--tiny-layers, random init), smollm2 (the real weights), or a random
+model with a Qwen2.5 shape (benchmarks/random_model_step.py's). Prompts are --prompt-digits random digits (words for
+the Qwen shapes); the reward is graded, so every row trains. The step is train.collect_rollouts + update_policy, as
+train.py runs them, after one warm-up step (so AdamW's state exists, as in every step but the first). Measured: on
+CUDA, torch's peak allocated memory per phase; on a CPU, the peak RSS per phase (/proc/self/clear_refs resets it)
+minus the RSS of the process before its weights (the RSS after loading them, malloc_trim'med, less their bytes).
+Predicted: memory_plan with the measured prompt width and --max-new-tokens.
+"""
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import train  # noqa: E402
+from harness import memory, run  # noqa: E402
+from harness.config import Config  # noqa: E402
+
+TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a card"): flags on top of the base
+    "tiny-cpu": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
+                  "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64"],
+                 [[], ["--gradient-checkpointing"], ["--micro-batch", "16"], ["--lora-rank", "16", "--kl-coef", "0.01"],
+                  ["-M", "16", "--prompts", "8"], ["--kl-coef", "0.01"]]),
+    "smollm2-cpu": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
+                     "--max-new-tokens", "32", "--micro-batch", "16"],
+                    [[], ["--gradient-checkpointing"], ["--micro-batch", "4"], ["--max-new-tokens", "64"],
+                     ["-M", "8", "--prompts", "2"], ["--lora-rank", "16", "--kl-coef", "0.01"], ["--kl-coef", "0.01"],
+                     ["--rollout-batch", "4"]]),
+}
+
+
+# glibc's default raises its mmap threshold as big blocks are freed, so freed tensors then stay in the heap and the
+# RSS counts them; a fixed threshold maps each big tensor on its own, and the RSS follows the live tensors (what the
+# plan counts, and what torch.cuda.max_memory_allocated reports on a GPU). Set before the process starts.
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+class DigitsTask:
+    """Prompts of random digits; reward = the share of even digits in the completion (graded, in [0, 1])."""
+    name, pass_threshold = "even_digits", 0.5
+
+    def __init__(self, digits):
+        self.digits = digits
+
+    def examples(self, split, n, seed):
+        rng = random.Random(f"{split}-{seed}")
+        return [{"text": "".join(rng.choice("0123456789") for _ in range(self.digits))} for _ in range(n)]
+
+    def prompt(self, example, style="compact"):
+        return example["text"] + ">"
+
+    def reward(self, completion, example, style="compact"):
+        digits = [c for c in completion if c.isdigit()]
+        return sum(int(c) % 2 == 0 for c in digits) / max(len(digits), 1)
+
+
+def rss_bytes(field):
+    with open("/proc/self/status") as f:  # Linux only
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def reset_peak(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the last phase freed goes back: RSS = live memory
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+
+
+def peak(device, baseline):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - baseline
+    return rss_bytes("VmHWM") - baseline
+
+
+def build(args, config):
+    """-> (model with the run's memory options, reference model or None, tokenizer, task)."""
+    from harness import tiny
+    if args.model == "tiny":
+        tokenizer = tiny.build_char_tokenizer()
+        model = tiny.build_tiny_model(tokenizer, hidden_size=args.tiny_hidden, num_layers=args.tiny_layers)
+        task = DigitsTask(args.prompt_digits)
+    elif args.model == "smollm2":
+        from harness.model import load_policy
+        model, tokenizer = load_policy("smollm2")
+        task = DigitsTask(args.prompt_digits)
+    else:
+        from benchmarks.random_model_step import GradedTask, build as build_shape
+        model, tokenizer = build_shape(args.model)
+        task = GradedTask()
+    model = run.memory_options(config, model.to(args.device))
+    reference = None
+    if config.kl_coef > 0:  # as run.build_policy: the adapters-off view (LoRA) or a frozen copy
+        import copy
+        from harness.model import without_adapters
+        reference = (without_adapters(model) if config.lora_rank else copy.deepcopy(model)).eval()
+        reference.requires_grad_(False)
+    return model.train(), reference, tokenizer, task
+
+
+def measure(args):
+    """One setting in this process -> a dict of predicted and measured bytes (printed as JSON)."""
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+                    max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
+                    dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
+                    gradient_checkpointing=args.gradient_checkpointing, lr=1e-5).validate()
+    if not args.device.startswith("cuda"):
+        before_weights = None
+    model, reference, tokenizer, task = build(args, config)
+    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if args.device.startswith("cuda"):
+        baseline = 0  # torch's allocator counts only tensors: the weights are part of the plan
+    else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give back what loading freed (a .gguf's dequantization)
+        before_weights = rss_bytes("VmRSS") - weight_bytes
+        baseline = before_weights
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
+    phases, seconds, widths = {}, {}, None
+    for step in range(2):  # step 0 allocates AdamW's state; step 1 is measured
+        reset_peak(args.device)
+        start = time.perf_counter()
+        rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task,
+                                                               task.examples("train", args.prompts, step), config)
+        phases["rollout"], seconds["rollout"] = peak(args.device, baseline), time.perf_counter() - start
+        reset_peak(args.device)
+        start = time.perf_counter()
+        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
+                            advantages, config, ref_model=reference)
+        phases["update"], seconds["update"] = peak(args.device, baseline), time.perf_counter() - start
+        width = rollouts.completion_mask.shape[1]
+        widths = (rollouts.input_ids.shape[1] - width, width, rollouts.completion_mask.sum(1).mean().item())
+    shape = memory.shape_from_config(model.config)
+    plan = memory.memory_plan(shape, dataclasses.replace(config, max_new_tokens=widths[1]), widths[0])
+    return {"model": args.model, "setting": " ".join(args.setting), "prompt_tokens": widths[0],
+            "completion_tokens": widths[1], "mean_completion": widths[2], "weights_measured": weight_bytes,
+            "plan": {k: v for k, v in plan.items() if k != "assumed"},
+            "measured": {"rollout_peak": phases["rollout"], "update_peak": phases["update"],
+                         "peak": max(phases.values())},
+            "seconds": seconds, "baseline": baseline,
+            "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype, "device": args.device}
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="tiny", help="tiny, smollm2, or a shape of benchmarks/random_model_step.py")
+    p.add_argument("--tiny-hidden", type=int, default=192)
+    p.add_argument("--tiny-layers", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("-M", type=int, default=4)
+    p.add_argument("--prompt-digits", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--rollout-batch", type=int, default=None)
+    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--lora-rank", type=int, default=0)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--table", choices=sorted(TABLES), help="run the docs' settings, each in a fresh process")
+    p.add_argument("--setting", nargs="*", default=[], help=argparse.SUPPRESS)  # the label of a table row
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if not args.table:
+        print("RESULT " + json.dumps(measure(args)), flush=True)
+        return
+    base, settings = TABLES[args.table]
+    extra = [] if args.threads is None else ["--threads", str(args.threads)]
+    print("| setting | predicted peak (rollout / update) | measured peak (rollout / update) | error | s/step |")
+    print("|---|---|---|---|---|")
+    for setting in settings:
+        command = [sys.executable, os.path.abspath(__file__), *base, *setting, *extra, "--device", args.device,
+                   "--setting", *(setting or ["base"])]
+        proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC})
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"| {' '.join(setting) or 'base'} | failed: {proc.stderr.strip().splitlines()[-1:]} |||")
+            continue
+        r = json.loads(lines[0][7:])
+        mib = lambda x: f"{x / 2**20:,.0f}"  # noqa: E731
+        plan, got = r["plan"], r["measured"]
+        print(f"| {' '.join(setting) or 'base'} (P {r['prompt_tokens']}, T {r['completion_tokens']}) | "
+              f"{mib(plan['peak'])} ({mib(plan['rollout_peak'])} / {mib(plan['update_peak'])}) MiB | "
+              f"{mib(got['peak'])} ({mib(got['rollout_peak'])} / {mib(got['update_peak'])}) MiB | "
+              f"{plan['peak'] / got['peak'] - 1:+.0%} | {r['seconds']['rollout'] + r['seconds']['update']:.1f} |",
+              flush=True)
+        with open(os.environ.get("MEMORY_CHECK_LOG", os.devnull), "a") as f:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -27,3 +27,19 @@ timeout 90 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device 
 timeout 120 python benchmarks/random_model_step.py --shape qwen2.5-1.5b --device cuda --steps 2 --micro-batch 8 2>&1 \
   | tee "$OUT/qwen2.5-1.5b.txt"
 grep -h "RESULT\|after RL\|before RL\|wall" "$OUT"/*.txt
+
+# ---- memory plan vs measured (issue 28; benchmarks/memory_check.py) ------------------------------------------------
+# The peak GPU memory of one RL step (rollout and update phases, after a warm-up step) of random models with Qwen2.5
+# 0.5B and 1.5B shapes, with and without --gradient-checkpointing, printed next to harness/memory.py's plan.
+for shape in qwen2.5-0.5b qwen2.5-1.5b; do
+  for ckpt in "" --gradient-checkpointing; do
+    timeout 150 python benchmarks/memory_check.py --model "$shape" --device cuda --prompts 16 -M 8 \
+      --prompt-digits 0 --max-new-tokens 256 --micro-batch 8 $ckpt 2>&1 | grep RESULT \
+      | python -c "import json, sys; r = json.loads(sys.stdin.read()[7:]); p, m = r['plan'], r['measured']; \
+print(f\"MEMORY {r['model']} ${ckpt:-(no checkpointing)}: planned {p['peak'] / 2**30:.2f} GiB \
+(rollout {p['rollout_peak'] / 2**30:.2f}, update {p['update_peak'] / 2**30:.2f}), measured {m['peak'] / 2**30:.2f} \
+GiB (rollout {m['rollout_peak'] / 2**30:.2f}, update {m['update_peak'] / 2**30:.2f}), s/step \
+{sum(r['seconds'].values()):.1f}\")" | tee -a "$OUT/memory.txt" || echo "MEMORY $shape $ckpt: failed" | tee -a "$OUT/memory.txt"
+  done
+done
+# ---- end of the memory block ---------------------------------------------------------------------------------------

@@ -180,12 +180,55 @@ def parser():
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--table", choices=sorted(TABLES), help="run the docs' settings, each in a fresh process")
+    p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
     p.add_argument("--setting", nargs="*", default=[], help=argparse.SUPPRESS)  # the label of a table row
     return p
 
 
+def recipe_config(path):
+    """A recipe's settings (recipes/*.sh: the flags of its args=( ... ) block, as tests/test_recipes.py reads them)
+    on a CUDA card in bf16."""
+    import re
+    import shlex
+    from harness.config import parse_args
+    block = re.search(r"^args=\($(.*?)^\)$", open(path).read(), re.S | re.M).group(1)
+    block = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), block)
+    argv = [token for line in block.splitlines() for token in shlex.split(line, comments=True)]
+    return dataclasses.replace(parse_args(argv), dtype="bf16", device="cuda")
+
+
+def card_table(cards=(24, 48, 80)):
+    """docs/performance.md's per-card table: for each paper recipe's shape, the largest Qwen2.5 size the plan fits
+    on each card, full-parameter and LoRA (rank 16), with the fewest changes fitting_settings finds."""
+    import glob
+    recipes = sorted(p for p in glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                       "recipes", "*.sh")) if "verl_" not in p)
+    print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
+        f"{card} GB full | {card} GB LoRA" for card in cards) + " |")
+    print("|---|" + "---|" * 2 * len(cards))
+    for path in recipes:
+        config = recipe_config(path)
+        P = config.max_prompt_length or memory.PROMPT_GUESS["chat"]
+        cells = []
+        for card in cards:
+            for lora in (False, True):
+                base = dataclasses.replace(config, lora_rank=16) if lora else config
+                best = "none"
+                for name, shape in memory.QWEN25.items():  # smallest to largest
+                    changes, _ = memory.fitting_settings(shape, base, P, card * 1e9, lora=False)
+                    if changes is not None:
+                        best = name.split("-")[1].upper() + (" (ckpt)" if changes.get("gradient_checkpointing")
+                                                              else "")
+                cells.append(best)
+        name = os.path.basename(path)[:-3]
+        print(f"| {name} ({config.prompts_per_step} x {config.num_generations}, {P} + {config.max_new_tokens}) | "
+              + " | ".join(cells) + " |")
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
+    if args.cards:
+        return card_table()
     if not args.table:
         print("RESULT " + json.dumps(measure(args)), flush=True)
         return

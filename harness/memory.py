@@ -191,16 +191,16 @@ PARTS = ("weights", "gradients", "optimizer", "reference", "kv_cache", "sampling
          "logit_chunk", "optimizer_step")
 
 
-def fitting_settings(shape, config, prompt_length, budget):
+def fitting_settings(shape, config, prompt_length, budget, *, lora=True):
     """The least change of the memory settings that brings the plan's peak under `budget` bytes -> (changes dict,
     plan), or (None, the smallest plan tried). Tried in order: smaller micro-batches and rollout batches, then
-    activation checkpointing, then LoRA (rank 16 on the default targets) with each of those."""
+    activation checkpointing, then (lora=True) LoRA of rank 16 on the default targets with each of those."""
     rows = config.prompts_per_step * config.num_generations
     micro_batches = sorted({m for m in (config.micro_batch, 16, 8, 4, 2, 1) if m <= config.micro_batch}, reverse=True)
     rollout_batches = sorted({r for r in (config.rollout_batch or rows, 256, 128, 64, 32, 16)
                               if config.num_generations <= r <= (config.rollout_batch or rows)}, reverse=True)
     levels = [{}, {"gradient_checkpointing": True}]
-    if not config.lora_rank:
+    if lora and not config.lora_rank:
         levels += [{"lora_rank": 16}, {"lora_rank": 16, "gradient_checkpointing": True}]
     smallest = None
     for level in levels:

@@ -4,6 +4,7 @@
     python benchmarks/memory_check.py --model smollm2 --gradient-checkpointing                   # the same, checkpointed
     python benchmarks/memory_check.py --table smollm2-cpu          # the docs' settings, each in a fresh process
     python benchmarks/memory_check.py --model qwen2.5-0.5b --device cuda --prompts 64 -M 8 --max-new-tokens 256
+    python benchmarks/memory_check.py --cards                      # docs' per-card table of the recipes (planned)
 
 Models: tiny (tiny.py's Llama at --tiny-hidden/--tiny-layers, random init), smollm2 (the real weights), or a random
 model with a Qwen2.5 shape (benchmarks/random_model_step.py's). Prompts are --prompt-digits random digits (words for
@@ -153,7 +154,7 @@ def measure(args):
         widths = (rollouts.input_ids.shape[1] - width, width, rollouts.completion_mask.sum(1).mean().item())
     shape = memory.shape_from_config(model.config)
     plan = memory.memory_plan(shape, dataclasses.replace(config, max_new_tokens=widths[1]), widths[0])
-    return {"model": args.model, "setting": " ".join(args.setting), "prompt_tokens": widths[0],
+    return {"model": args.model, "setting": args.setting, "prompt_tokens": widths[0],
             "completion_tokens": widths[1], "mean_completion": widths[2], "weights_measured": weight_bytes,
             "plan": {k: v for k, v in plan.items() if k != "assumed"},
             "measured": {"rollout_peak": phases["rollout"], "update_peak": phases["update"],
@@ -180,8 +181,9 @@ def parser():
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--table", choices=sorted(TABLES), help="run the docs' settings, each in a fresh process")
+    p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
-    p.add_argument("--setting", nargs="*", default=[], help=argparse.SUPPRESS)  # the label of a table row
+    p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
     return p
 
 
@@ -225,33 +227,55 @@ def card_table(cards=(24, 48, 80)):
               + " | ".join(cells) + " |")
 
 
+def table_row(r, plan):
+    mib = lambda x: f"{x / 2**20:,.0f}"  # noqa: E731
+    got = r["measured"]
+    return (f"| {r['setting'] or 'base'} (P {r['prompt_tokens']}, T {r['completion_tokens']}) | "
+            f"{mib(plan['peak'])} ({mib(plan['rollout_peak'])} / {mib(plan['update_peak'])}) | "
+            f"{mib(got['peak'])} ({mib(got['rollout_peak'])} / {mib(got['update_peak'])}) | "
+            f"{plan['peak'] / got['peak'] - 1:+.0%} | {r['seconds']['rollout']:.1f} + {r['seconds']['update']:.1f} |")
+
+
+def replan(table, log):
+    """The table again from a MEMORY_CHECK_LOG file, each prediction recomputed with today's harness/memory.py."""
+    base, settings = TABLES[table]
+    for index, line in enumerate(open(log)):
+        r = json.loads(line)
+        r["setting"] = r["setting"] or " ".join(settings[index])  # (logs written before labels were kept)
+        args = parser().parse_args(base + ([] if r["setting"] in ("", "base") else r["setting"].split()))
+        config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+                        max_new_tokens=r["completion_tokens"], rollout_batch=args.rollout_batch,
+                        micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
+                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing)
+        shape = memory.model_shape(dataclasses.replace(config, model=args.model, tiny_hidden=args.tiny_hidden,
+                                                       tiny_layers=args.tiny_layers))
+        print(table_row(r, memory.memory_plan(shape, config, r["prompt_tokens"])))
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     if args.cards:
         return card_table()
+    if args.replan:
+        return replan(args.table, args.replan)
     if not args.table:
         print("RESULT " + json.dumps(measure(args)), flush=True)
         return
     base, settings = TABLES[args.table]
     extra = [] if args.threads is None else ["--threads", str(args.threads)]
-    print("| setting | predicted peak (rollout / update) | measured peak (rollout / update) | error | s/step |")
+    print("| setting | planned peak (rollout / update), MiB | measured peak (rollout / update), MiB | plan error "
+          "| s: rollout + update |")
     print("|---|---|---|---|---|")
     for setting in settings:
         command = [sys.executable, os.path.abspath(__file__), *base, *setting, *extra, "--device", args.device,
-                   "--setting", *(setting or ["base"])]
+                   "--setting=" + (" ".join(setting) or "base")]
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC})
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
             print(f"| {' '.join(setting) or 'base'} | failed: {proc.stderr.strip().splitlines()[-1:]} |||")
             continue
         r = json.loads(lines[0][7:])
-        mib = lambda x: f"{x / 2**20:,.0f}"  # noqa: E731
-        plan, got = r["plan"], r["measured"]
-        print(f"| {' '.join(setting) or 'base'} (P {r['prompt_tokens']}, T {r['completion_tokens']}) | "
-              f"{mib(plan['peak'])} ({mib(plan['rollout_peak'])} / {mib(plan['update_peak'])}) MiB | "
-              f"{mib(got['peak'])} ({mib(got['rollout_peak'])} / {mib(got['update_peak'])}) MiB | "
-              f"{plan['peak'] / got['peak'] - 1:+.0%} | {r['seconds']['rollout'] + r['seconds']['update']:.1f} |",
-              flush=True)
+        print(table_row(r, r["plan"]), flush=True)
         with open(os.environ.get("MEMORY_CHECK_LOG", os.devnull), "a") as f:
             f.write(json.dumps(r) + "\n")
 

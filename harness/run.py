@@ -18,6 +18,7 @@ algorithm can skip this file.
 import contextlib
 import copy
 import dataclasses
+import importlib.util
 import json
 import os
 import random
@@ -206,6 +207,18 @@ def build_policy(config, tokenizer, task, *, log=print):
     if ref_model is not None:
         ref_model.eval().requires_grad_(False)
     return model, ref_model
+
+
+def adamw_class(config):
+    """torch.optim.AdamW, or for --optimizer adamw8bit torchao's AdamW8bit: the same update with each moment kept in
+    8 bits per weight plus a float32 scale per block of 256 (optional: pip install torchao; torch.compile'd, so its
+    first step compiles, minutes on a CPU)."""
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW
+    if importlib.util.find_spec("torchao") is None:
+        raise InputError("--optimizer adamw8bit needs torchao: pip install torchao")
+    from torchao.optim import AdamW8bit
+    return AdamW8bit
 
 
 def memory_options(config, model):

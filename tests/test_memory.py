@@ -303,3 +303,51 @@ def test_the_dry_run_plans_without_loading_weights(tmp_path, capsys, monkeypatch
                 "--max-prompt-length", "256", "--memory-budget", "24GB"])
     err = capsys.readouterr().err
     assert "494.0M parameters" in err and "budget 24.0 GB: fits" in err
+
+
+# --- 8-bit AdamW (torchao, optional) ---------------------------------------------------------------------------------
+def test_adamw8bit_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypatch):
+    from harness import run as run_module
+    real = run_module.importlib.util.find_spec
+    monkeypatch.setattr(run_module.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "torchao" else real(name, *args))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                    "--optimizer", "adamw8bit"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "train.py: error: --optimizer adamw8bit needs torchao: pip install torchao"
+
+
+def test_the_plan_of_8bit_moments():
+    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32", device="cpu",
+                    optimizer="adamw8bit")
+    # two moments of 1 byte per weight, plus one float32 scale per block of 256 weights each
+    assert memory.memory_plan(SMALL_SHAPE, config, 3)["optimizer"] == int(2 * (1 + 4 / 256) * 1272)
+
+
+@pytest.mark.slow
+def test_adamw8bit_keeps_8bit_moments_tracks_adamw_and_resumes_exactly(tmp_path, digits_task):
+    # torch.compile's first step takes minutes on a CPU: slow
+    pytest.importorskip("torchao", reason="--optimizer adamw8bit needs torchao")
+    runs = {}
+    for name in ("adamw", "adamw8bit"):
+        out = tmp_path / name
+        train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "4", "--save-every", "2",
+                    "--keep-checkpoints", "0", "--optimizer", name])
+        runs[name] = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
+    state = torch.load(tmp_path / "adamw8bit" / "latest" / "trainer_state.pt", weights_only=True)["optimizer"]
+    moments = [value for param_state in state["state"].values() for key, value in param_state.items()
+               if key.startswith("exp_avg")]
+    assert moments and all(type(m).__name__ == "OptimState8bit" and m.codes.dtype == torch.uint8 for m in moments)
+    initial = AutoModelForCausalLM.from_pretrained(tmp_path / "adamw" / "checkpoint-2").state_dict()
+    moved = sum((runs["adamw"][k] - initial[k]).abs().sum() for k in initial)
+    apart = sum((runs["adamw8bit"][k] - runs["adamw"][k]).abs().sum() for k in initial)
+    assert apart < 0.1 * moved  # 8-bit moments: the same steps up to quantization
+    rows = (tmp_path / "adamw8bit" / "metrics.jsonl").read_text()
+    train.main(["--resume", str(tmp_path / "adamw8bit" / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = AutoModelForCausalLM.from_pretrained(tmp_path / "adamw8bit" / "latest").state_dict()
+    assert all(torch.equal(resumed[k], v) for k, v in runs["adamw8bit"].items())
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((tmp_path / "adamw8bit" / "metrics.jsonl").read_text()) == strip(rows)

@@ -181,6 +181,7 @@ def parser():
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--table", choices=sorted(TABLES), help="run the docs' settings, each in a fresh process")
+    p.add_argument("--skip", type=int, default=0, help="with --table: start at this setting (0 = the first)")
     p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
@@ -266,7 +267,7 @@ def main(argv=None):
     print("| setting | planned peak (rollout / update), MiB | measured peak (rollout / update), MiB | plan error "
           "| s: rollout + update |")
     print("|---|---|---|---|---|")
-    for setting in settings:
+    for setting in settings[args.skip:]:
         command = [sys.executable, os.path.abspath(__file__), *base, *setting, *extra, "--device", args.device,
                    "--setting=" + (" ".join(setting) or "base")]
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC})

@@ -177,11 +177,14 @@ def memory_plan(shape, config, prompt_length):
         "sampling_logits": 3 * 4 * shape.vocab * generate_rows,  # float32 logits, scaled, softmax of one token
         "activations": layer_activations + 8 * H * tokens + autocast_copies,  # + the final norm's input and output
         "logit_chunk": logit_chunk,
+        "head_gradients": 0 if config.lora_rank else 8 * shape.vocab * H,  # fp32 [V, H] gradients of the LM head and the embedding, each
+        # made whole in backward before it is added to .grad (tied or not)
         "optimizer_step": 4 * trained if config.device.startswith("cuda") else 0,  # foreach AdamW's temporary
     }
     held = plan["weights"] + plan["gradients"] + plan["optimizer"] + plan["reference"]
     plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"]
-    plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"], plan["optimizer_step"])
+    plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"],
+                                     plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters())
@@ -189,7 +192,7 @@ def memory_plan(shape, config, prompt_length):
 
 
 PARTS = ("weights", "gradients", "optimizer", "reference", "kv_cache", "sampling_logits", "activations",
-         "logit_chunk", "optimizer_step")
+         "logit_chunk", "head_gradients", "optimizer_step")
 
 
 def fitting_settings(shape, config, prompt_length, budget, *, lora=True):

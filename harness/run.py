@@ -218,7 +218,18 @@ def adamw_class(config):
     if importlib.util.find_spec("torchao") is None:
         raise InputError("--optimizer adamw8bit needs torchao: pip install torchao")
     from torchao.optim import AdamW8bit
-    return AdamW8bit
+
+    class AdamW8bitFloatLR(AdamW8bit):  # torchao wants lr as a tensor; the loop's warm-up sets a float
+        def step(self, closure=None):
+            rates = [group["lr"] for group in self.param_groups]
+            for group in self.param_groups:
+                group["lr"] = torch.as_tensor(group["lr"], dtype=torch.float32)
+            try:
+                return super().step(closure)
+            finally:  # the metrics and the checkpoint read a plain float
+                for group, rate in zip(self.param_groups, rates):
+                    group["lr"] = float(rate)
+    return AdamW8bitFloatLR
 
 
 def memory_options(config, model):

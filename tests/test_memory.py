@@ -232,7 +232,8 @@ def test_the_plan_by_hand():
     assert (lora["weights"], lora["gradients"], lora["reference"]) == (4 * (N + adapters), 4 * adapters, 0)
     full_kl = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, kl_coef=0.1), 3)
     assert full_kl["reference"] == 4 * N  # a second fp32 copy
-    assert plan["peak"] == 16 * N + max(640 + plan["sampling_logits"], 8000 + plan["logit_chunk"])
+    assert plan["head_gradients"] == 2 * 4 * 10 * 8 and lora["head_gradients"] == 0  # the [V, H] ones, fp32
+    assert plan["peak"] == 16 * N + max(640 + plan["sampling_logits"], 8000 + plan["logit_chunk"] + 640)
 
 
 def test_the_planned_activations_are_the_tensors_autograd_saves(one_thread):

@@ -217,7 +217,7 @@ def train(config):
     with run.start(config) as state:  # the folder locked, never over a run; Ctrl-C saves
         model, ref_model = run.build_policy(config, tokenizer, task, log=tqdm.write)  # + warm start
         trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-        AdamW = run.adamw_class(config)  # torch's (or --optimizer adamw8bit: torchao's, 8-bit moments)
+        AdamW = run.adamw_class(config)  # torch's (--optimizer adamw8bit: torchao's, 8-bit moments)
         optimizer = AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
         with run.input_errors():  # e.g. a data file with too few test rows: one line
             eval_examples = task.examples("test", config.eval_size, seed=config.seed)

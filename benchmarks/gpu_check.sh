@@ -39,7 +39,8 @@ for shape in qwen2.5-0.5b qwen2.5-1.5b; do
 print(f\"MEMORY {r['model']} ${ckpt:-(no checkpointing)}: planned {p['peak'] / 2**30:.2f} GiB \
 (rollout {p['rollout_peak'] / 2**30:.2f}, update {p['update_peak'] / 2**30:.2f}), measured {m['peak'] / 2**30:.2f} \
 GiB (rollout {m['rollout_peak'] / 2**30:.2f}, update {m['update_peak'] / 2**30:.2f}), s/step \
-{sum(r['seconds'].values()):.1f}\")" | tee -a "$OUT/memory.txt" || echo "MEMORY $shape $ckpt: failed" | tee -a "$OUT/memory.txt"
+{sum(r['seconds'].values()):.1f}\")" | tee -a "$OUT/memory.txt" \
+      || echo "MEMORY $shape $ckpt: failed" | tee -a "$OUT/memory.txt"
   done
 done
 # ---- end of the memory block ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The memory plan (harness/memory.py) against a measured peak: one RL step's rollout and update phases.
 
     python benchmarks/memory_check.py --model smollm2 --prompts 4 -M 4 --max-new-tokens 32      # one setting
-    python benchmarks/memory_check.py --model smollm2 --gradient-checkpointing                   # the same, checkpointed
+    python benchmarks/memory_check.py --model smollm2 --gradient-checkpointing               # the same, checkpointed
     python benchmarks/memory_check.py --table smollm2-cpu          # the docs' settings, each in a fresh process
     python benchmarks/memory_check.py --model qwen2.5-0.5b --device cuda --prompts 64 -M 8 --max-new-tokens 256
     python benchmarks/memory_check.py --cards                      # docs' per-card table of the recipes (planned)
@@ -160,7 +160,8 @@ def measure(args):
             "measured": {"rollout_peak": phases["rollout"], "update_peak": phases["update"],
                          "peak": max(phases.values())},
             "seconds": seconds, "baseline": baseline,
-            "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype, "device": args.device}
+            "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype,
+            "device": args.device}
 
 
 def parser():

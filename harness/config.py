@@ -90,8 +90,8 @@ class Config:
     lora_rank: int = setting(0, "train LoRA adapters of this rank (peft) instead of every weight; 0 = full fine-tuning")
     lora_alpha: float | None = setting(None, "LoRA scale: the update is alpha/rank * B A; none = 2 x rank")
     lora_targets: str = setting(LORA_TARGETS, "comma-separated module names that get LoRA adapters (Llama/Qwen names)")
-    optimizer: str = setting("adamw", "adamw8bit: AdamW with 8-bit moments (torchao; 2 bytes per trained weight, not 8)",
-                             choices=("adamw", "adamw8bit"))
+    optimizer: str = setting("adamw", "adamw8bit: AdamW with 8-bit moments (torchao; 2 bytes per trained weight, "
+                             "not 8)", choices=("adamw", "adamw8bit"))
     memory_budget: str | None = setting(None, "--dry-run: the card's memory (e.g. 24GB): the settings that fit it",
                                         saved=False, resumable=True)
     # --- rollouts (rollout.py) ------------------------------------------------------------------------------------

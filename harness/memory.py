@@ -177,8 +177,8 @@ def memory_plan(shape, config, prompt_length):
         "sampling_logits": 3 * 4 * shape.vocab * generate_rows,  # float32 logits, scaled, softmax of one token
         "activations": layer_activations + 8 * H * tokens + autocast_copies,  # + the final norm's input and output
         "logit_chunk": logit_chunk,
-        "head_gradients": 0 if config.lora_rank else 8 * shape.vocab * H,  # fp32 [V, H] gradients of the LM head and the embedding, each
-        # made whole in backward before it is added to .grad (tied or not)
+        # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
+        "head_gradients": 0 if config.lora_rank else 8 * shape.vocab * H,
         "optimizer_step": 4 * trained if config.device.startswith("cuda") else 0,  # foreach AdamW's temporary
     }
     held = plan["weights"] + plan["gradients"] + plan["optimizer"] + plan["reference"]

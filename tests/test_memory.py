@@ -171,7 +171,8 @@ def test_lora_without_peft_is_one_line(tmp_path, digits_task, capsys, monkeypatc
     with pytest.raises(SystemExit) as exit_info:
         lora_run(tmp_path / "run", "--steps", "1")
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == "train.py: error: --lora-rank needs peft: pip install peft"
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line == "train.py: error: --lora-rank needs peft: pip install peft"
 
 
 def test_a_lora_target_the_model_lacks_is_one_line(tmp_path, digits_task, capsys):

@@ -171,7 +171,7 @@ def memory_plan(shape, config, prompt_length):
         "weights": weights,
         "gradients": 4 * trained,
         "optimizer": int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained),  # AdamW's moments:
-        # fp32, or 8-bit codes with a float32 scale per block of 256
+        # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
         "reference": 4 * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
         "kv_cache": compute * 2 * L * kv * generate_rows * (P + T),
         "sampling_logits": 3 * 4 * shape.vocab * generate_rows,  # float32 logits, scaled, softmax of one token

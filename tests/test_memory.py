@@ -336,11 +336,11 @@ def test_adamw8bit_keeps_8bit_moments_tracks_adamw_and_resumes_exactly(tmp_path,
     for name in ("adamw", "adamw8bit"):
         out = tmp_path / name
         train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "4", "--save-every", "2",
-                    "--keep-checkpoints", "0", "--optimizer", name])
+                    "--keep-checkpoints", "0", "--optimizer", name, "--tiny-hidden", "64"])  # MLP: 12 288 weights
         runs[name] = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
     state = torch.load(tmp_path / "adamw8bit" / "latest" / "trainer_state.pt", weights_only=True)["optimizer"]
     moments = [value for param_state in state["state"].values() for key, value in param_state.items()
-               if key.startswith("exp_avg")]
+               if key.startswith("exp_avg") and value.numel() >= 4096]  # torchao keeps smaller tensors' in fp32
     assert moments and all(type(m).__name__ == "OptimState8bit" and m.codes.dtype == torch.uint8 for m in moments)
     initial = AutoModelForCausalLM.from_pretrained(tmp_path / "adamw" / "checkpoint-2").state_dict()
     moved = sum((runs["adamw"][k] - initial[k]).abs().sum() for k in initial)

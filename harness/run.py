@@ -154,7 +154,7 @@ def print_memory_plan(config):
     the settings that fit it. A model whose config cannot be read here (offline, not cached) gets a note instead."""
     try:
         shape = memory.model_shape(config)
-    except (ValueError, OSError, KeyError) as error:
+    except (ValueError, OSError, KeyError, AttributeError) as error:  # AttributeError: not a Llama-style config
         print(f"note: no memory plan: the config of {config.model} could not be read ({str(error).splitlines()[0]})",
               file=sys.stderr)
         return

@@ -92,7 +92,7 @@ def peak(device, baseline):
 
 
 def build(args, config):
-    """-> (model with the run's memory options, reference model or None, tokenizer, task)."""
+    """-> (model with the run's memory options, tokenizer, task)."""
     from harness import tiny
     if args.model == "tiny":
         tokenizer = tiny.build_char_tokenizer()
@@ -106,14 +106,16 @@ def build(args, config):
         from benchmarks.random_model_step import GradedTask, build as build_shape
         model, tokenizer = build_shape(args.model)
         task = GradedTask()
-    model = run.memory_options(config, model.to(args.device))
-    reference = None
-    if config.kl_coef > 0:  # as run.build_policy: the adapters-off view (LoRA) or a frozen copy
-        import copy
-        from harness.model import without_adapters
-        reference = (without_adapters(model) if config.lora_rank else copy.deepcopy(model)).eval()
-        reference.requires_grad_(False)
-    return model.train(), reference, tokenizer, task
+    return run.memory_options(config, model.to(args.device)).train(), tokenizer, task
+
+
+def reference_of(model, config):
+    """As run.build_policy: the adapters-off view (LoRA) or a frozen copy with --kl-coef, else None."""
+    if config.kl_coef <= 0:
+        return None
+    import copy
+    from harness.model import without_adapters
+    return (without_adapters(model) if config.lora_rank else copy.deepcopy(model)).eval().requires_grad_(False)
 
 
 def measure(args):
@@ -126,16 +128,14 @@ def measure(args):
                     max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
                     gradient_checkpointing=args.gradient_checkpointing, lr=1e-5).validate()
-    if not args.device.startswith("cuda"):
-        before_weights = None
-    model, reference, tokenizer, task = build(args, config)
+    model, tokenizer, task = build(args, config)
     weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if args.device.startswith("cuda"):
         baseline = 0  # torch's allocator counts only tensors: the weights are part of the plan
     else:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # give back what loading freed (a .gguf's dequantization)
-        before_weights = rss_bytes("VmRSS") - weight_bytes
-        baseline = before_weights
+        baseline = rss_bytes("VmRSS") - weight_bytes
+    reference = reference_of(model, config)  # after the baseline: the plan counts its copy
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     phases, seconds, widths = {}, {}, None

@@ -353,3 +353,12 @@ def test_adamw8bit_keeps_8bit_moments_tracks_adamw_and_resumes_exactly(tmp_path,
     strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
                           for line in text.splitlines()]
     assert strip((tmp_path / "adamw8bit" / "metrics.jsonl").read_text()) == strip(rows)
+
+
+def test_memory_check_runs_on_a_cpu(capsys):
+    from benchmarks import memory_check
+    memory_check.main(["--model", "test", "--prompts", "2", "-M", "2", "--max-new-tokens", "4", "--micro-batch", "2",
+                       "--kl-coef", "0.1"])
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["plan"]["reference"] > 0 and result["measured"]["peak"] > 0 and result["completion_tokens"] == 4

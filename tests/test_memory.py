@@ -62,7 +62,8 @@ def test_a_checkpointed_run_updates_like_one_without(tmp_path, digits_task):
 def test_smollm2_checkpointing_gives_the_same_logprobs_and_gradients():
     smollm2_or_skip()
     model, tokenizer = load_policy("smollm2")
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                       add_generation_prompt=True))["input_ids"]
                for text in ("Name a prime number.", "Hi")]
     from rollout import generate_rollouts
     torch.manual_seed(0)

@@ -216,8 +216,9 @@ def train(config):
         return run.print_settings(config)
     with run.start(config) as state:  # the folder locked, never over a run; Ctrl-C saves
         model, ref_model = run.build_policy(config, tokenizer, task, log=tqdm.write)  # + warm start
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
-                                      weight_decay=config.weight_decay)
+        trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        AdamW = run.adamw_class(config)  # torch's (--optimizer adamw8bit: torchao's, 8-bit moments)
+        optimizer = AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
         with run.input_errors():  # too few test rows, a prompt longer than the context: one line
             eval_examples = task.examples("test", config.eval_size, seed=config.seed)
             prompts = run.within_context(prompts, eval_examples, model, tokenizer, task, config)

@@ -6,10 +6,11 @@
 #      64 prompts x M=8 x 256 tokens, one pass, with --fast-generate (static KV cache + CUDA graphs; its compile
 #      time) and AR + Lopti: s/step, completion tokens/s, peak GPU memory, each phase against its floor;
 #   4. the same shape at 1.5B, one pass (the SoftmaxGRPO Countdown recipe's model size), against its floor;
-#   5. the datasheet floor of both shapes (benchmarks/floor.py) for the record.
+#   5. the datasheet floor of both shapes (benchmarks/floor.py) for the record;
+#   6. while the 8 minutes last: both shapes' peak memory with and without --gradient-checkpointing, next to the plan.
 # Usage: bash benchmarks/gpu_check.sh            OUT=runs/gpu_check by default; bash benchmarks/gpu_check.sh --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,10p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,11p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT"
@@ -39,5 +40,26 @@ step qwen2.5-1.5b 80 python benchmarks/random_model_step.py --shape qwen2.5-1.5b
 for shape in qwen2.5-0.5b qwen2.5-1.5b; do
   python benchmarks/floor.py --shape "$shape" --device cuda --dtype bf16 2>&1 | tee "$OUT/floor-$shape.txt"
 done
+# ---- memory plan vs measured (issue 28; benchmarks/memory_check.py) ------------------------------------------------
+# The peak GPU memory of one RL step (rollout and update phases, after a warm-up step) of random models with Qwen2.5
+# 0.5B and 1.5B shapes, with and without --gradient-checkpointing, printed next to harness/memory.py's plan.
+for shape in qwen2.5-0.5b qwen2.5-1.5b; do
+  for ckpt in "" --gradient-checkpointing; do
+    left=$((470 - SECONDS))  # what the 8-minute budget leaves: the memory runs come last and fit into it
+    if (( left < 30 )); then
+      echo "MEMORY $shape $ckpt: skipped (the 8-minute budget is spent)" | tee -a "$OUT/memory.txt"
+      continue
+    fi
+    timeout $((left < 100 ? left : 100)) python benchmarks/memory_check.py --model "$shape" --device cuda \
+      --prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8 $ckpt 2>&1 | grep RESULT \
+      | python -c "import json, sys; r = json.loads(sys.stdin.read()[7:]); p, m = r['plan'], r['measured']; \
+print(f\"MEMORY {r['model']} ${ckpt:-(no checkpointing)}: planned {p['peak'] / 2**30:.2f} GiB \
+(rollout {p['rollout_peak'] / 2**30:.2f}, update {p['update_peak'] / 2**30:.2f}), measured {m['peak'] / 2**30:.2f} \
+GiB (rollout {m['rollout_peak'] / 2**30:.2f}, update {m['update_peak'] / 2**30:.2f}), s/step \
+{sum(r['seconds'].values()):.1f}\")" | tee -a "$OUT/memory.txt" \
+      || echo "MEMORY $shape $ckpt: failed" | tee -a "$OUT/memory.txt"
+  done
+done
+# ---- end of the memory block ---------------------------------------------------------------------------------------
 grep -h "RESULT\|after RL\|before RL\|wall\|compilation\|^step \|exit" "$OUT"/*.txt
 echo "total: $((SECONDS - start)) s"

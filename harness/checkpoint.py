@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from harness.model import save_policy
+
 TRAINER_STATE = "trainer_state.pt"
 RUN_SETTINGS = "run.json"
 LOCK = ".lock"
@@ -176,7 +178,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
         os.makedirs(tmp)
         with open(os.path.join(tmp, SAVE_MARK), "w") as f:  # first: recover() restores or removes only marked folders
             f.write("a checkpoint written by train.py (harness/checkpoint.py)\n")
-        model.save_pretrained(tmp)
+        save_policy(model, tmp)  # a LoRA policy: its adapters only (harness/model.py)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, os.path.join(tmp, TRAINER_STATE))
         with open(os.path.join(tmp, RUN_SETTINGS), "w") as f:  # written last: the folder is complete once it exists

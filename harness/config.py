@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import tasks
 from harness.checkpoint import RunError, checkpoint_step, load_run_settings, resolve_checkpoint
+from harness.memory import parse_size
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
@@ -30,6 +31,7 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
              "token-mean-per-micro-batch")
 LOPTI_ORDERS = ("low-first", "high-first")
 REPORTERS = ("tensorboard", "wandb")  # --report-to (harness/report.py)
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # attention + MLP
 
 
 def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None):
@@ -84,6 +86,17 @@ class Config:
     micro_batch: int = setting(64, "rows per forward/backward (memory only)", resumable=True)
     logit_chunk: int = setting(1024, "tokens whose float32 logits exist at once (memory only)", resumable=True)
     logprob_fp32: bool = setting(False, "score log-probs with a float32 forward under bf16 (no ratio noise)")
+    # --- memory: what fits the card (harness/model.py, harness/memory.py; docs/performance.md) ---------------------
+    gradient_checkpointing: bool = setting(False, "recompute each layer's activations in backward (HF's; less memory, "
+                                           "more compute; the training forward then runs without shared prompts)",
+                                           resumable=True)
+    lora_rank: int = setting(0, "train LoRA adapters of this rank (peft) instead of every weight; 0 = full fine-tuning")
+    lora_alpha: float | None = setting(None, "LoRA scale: the update is alpha/rank * B A; none = 2 x rank")
+    lora_targets: str = setting(LORA_TARGETS, "comma-separated module names that get LoRA adapters (Llama/Qwen names)")
+    optimizer: str = setting("adamw", "adamw8bit: AdamW with 8-bit moments (torchao; 2 bytes per trained weight, "
+                             "not 8)", choices=("adamw", "adamw8bit"))
+    memory_budget: str | None = setting(None, "--dry-run: the card's memory (e.g. 24GB): the settings that fit it",
+                                        saved=False, resumable=True)
     # --- rollouts (rollout.py) ------------------------------------------------------------------------------------
     max_new_tokens: int = setting(1024, "completion length limit (tiny model: 12)", paper="256-4096")
     temperature: float = setting(1.0, "sampling temperature", paper="1.0 SoftmaxGRPO, 0.7 Lopti")
@@ -173,6 +186,12 @@ class Config:
                  "--mini-batches must lie in [1, prompts-per-step * num-generations]"),
                 (self.micro_batch >= 1, "--micro-batch must be >= 1"),
                 (self.logit_chunk >= 1, "--logit-chunk must be >= 1"),
+                (self.lora_rank >= 0, "--lora-rank must be >= 0 (0 = full fine-tuning)"),
+                (self.lora_alpha is None or self.lora_alpha > 0, "--lora-alpha must be > 0"),
+                (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
+                 f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
+                (self.memory_budget is None or parse_size(self.memory_budget) is not None,
+                 f"--memory-budget must look like 24GB, 80GiB or 512MB, got {self.memory_budget!r}"),
                 (self.drop_finished_every is None or self.drop_finished_every >= 1,
                  "--drop-finished-every must be >= 1"),
                 (not (self.fast_generate and self.drop_finished_every), "--fast-generate keeps every row in its "
@@ -218,7 +237,9 @@ class Config:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
 
 
-ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id")  # settings newer than some run.json files: missing there means None (off)
+# Settings newer than some run.json files: missing there, each takes its default (off: the run as it was saved).
+ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
+                  "lora_alpha", "lora_targets", "optimizer", "fast_generate")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
@@ -356,7 +377,8 @@ def resumed(config, log=print):
     checkpoint_dir = resolve_checkpoint(config.resume, log)
     saved, path = load_run_settings(checkpoint_dir), os.path.join(checkpoint_dir, "run.json")
     keys = {f.name for f in dataclasses.fields(Config) if f.metadata.get("saved", True)}
-    saved = {**{key: None for key in ADDED_SETTINGS if key not in saved}, **saved}  # an older run.json: off
+    defaults = {f.name: f.default for f in dataclasses.fields(Config) if f.name in ADDED_SETTINGS}
+    saved = {**{key: defaults[key] for key in ADDED_SETTINGS if key not in saved}, **saved}  # an older run.json
     if set(saved) != keys:
         raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
                        f"{sorted(set(saved) - keys)}); resume from another checkpoint")

@@ -168,3 +168,115 @@ def host_answers(host, timeout):
         return True
     except OSError:
         return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Memory options: activation checkpointing, LoRA adapters (peft, optional). docs/performance.md, "What fits a card"
+# ---------------------------------------------------------------------------------------------------------------
+def enable_checkpointing(model):
+    """HF's own activation checkpointing of every decoder layer, non-reentrant: each layer keeps only its input and
+    recomputes the rest in backward. Checkpointed layers drop the KV cache, so the training forward is then the plain
+    one over every row's prompt (fast_logprobs.completion_features); no-grad forwards and generate are unchanged."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x; gradient_checkpointing_enable before
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def require_peft():
+    """peft is optional: imported only for LoRA; a one-line ValueError naming the pip command when missing."""
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError("--lora-rank needs peft: pip install peft")
+
+
+def add_lora(model, rank, alpha, targets):
+    """LoRA adapters (peft) of `rank` on the modules named in `targets` ("q_proj,v_proj"), in place; every other
+    weight frozen. -> the same HF model with peft's layers inside, so the lesson's code runs on it unchanged. Each
+    adapter starts at B = 0: the policy starts as the base model exactly. alpha: None = 2 x rank."""
+    require_peft()
+    from peft import LoraConfig, inject_adapter_in_model
+    names = targets.split(",")
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if "lm_head" in names:  # the float32 head (fast_logprobs.float32_logits) reads the head's weight directly
+        raise ValueError("--lora-targets: lm_head cannot take an adapter here (the log-probs' float32 head reads "
+                         "its weight directly)")
+    if [name for name in names if name not in present]:
+        raise ValueError(f"--lora-targets: {model.config.model_type} has no module named "
+                         f"{', '.join(name for name in names if name not in present)}")
+    config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=names, lora_dropout=0.0, bias="none")
+    model = inject_adapter_in_model(config, model)  # sets model.peft_config and freezes the rest
+    for name, param in model.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    return model
+
+
+def is_lora(model):
+    """True for a policy with LoRA adapters (add_lora / load_adapters)."""
+    return bool(getattr(model, "peft_config", None))
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # with adapter_config.json: PEFT's own format (PeftModel loads it)
+
+
+def save_policy(model, folder):
+    """A checkpoint's weights: the adapters alone for a LoRA policy (save_adapters), else save_pretrained."""
+    save_adapters(model, folder) if is_lora(model) else model.save_pretrained(folder)
+
+
+def save_adapters(model, folder):
+    """The LoRA weights and their LoraConfig into `folder`, in PEFT's format (megabytes, not the model)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+    os.makedirs(folder, exist_ok=True)
+    weights = {"base_model.model." + key: value.detach().contiguous()
+               for key, value in get_peft_model_state_dict(model).items()}
+    save_file(weights, os.path.join(folder, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    model.peft_config["default"].save_pretrained(folder)
+
+
+def load_adapters(model, folder):
+    """save_adapters' folder into the base `model`, trainable, in place -> model. One-line ValueErrors."""
+    require_peft()
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+    try:
+        config = LoraConfig.from_pretrained(folder)
+        weights = {key.removeprefix("base_model.model."): value
+                   for key, value in load_file(os.path.join(folder, ADAPTER_WEIGHTS)).items()}
+    except Exception as error:  # a missing or corrupt file: safetensors, json and peft each raise their own
+        raise ValueError(f"{folder}: no readable LoRA adapters ({type(error).__name__})") from None
+    model = inject_adapter_in_model(config, model)
+    result = set_peft_model_state_dict(model, weights)
+    expected = {key for key in model.state_dict() if ".lora_" in key}
+    if result.unexpected_keys or len(weights) != len(expected):
+        raise ValueError(f"{folder}: its LoRA adapters do not fit this model")
+    for name, param in model.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    return model
+
+
+def without_adapters(model):
+    """The base model inside a LoRA policy: the same modules, each LoRA layer replaced by the layer it wraps. Its
+    tensors are the policy's own (nothing copied), so it is the policy with its adapters off: --kl-coef's frozen
+    reference, free. With peft's layers gone, what remains is a plain HF model (merge_adapters folds them first)."""
+    import copy
+
+    from peft.tuners.lora import LoraLayer
+    shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
+    view = copy.deepcopy(model, memo=shared)  # new module objects around the same tensors
+    for name, module in list(view.named_modules()):
+        if isinstance(module, LoraLayer):
+            parent, _, child = name.rpartition(".")
+            setattr(view.get_submodule(parent), child, module.get_base_layer())
+    del view.peft_config
+    return view
+
+
+def merge_adapters(model):
+    """A LoRA policy with each adapter folded into its weight (W + alpha/r * B A) -> a plain HF model that
+    save_pretrained writes and transformers loads without peft. Changes `model` in place."""
+    from peft.tuners.lora import LoraLayer
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            module.merge()
+    return without_adapters(model)

@@ -18,6 +18,7 @@ algorithm can skip this file.
 import contextlib
 import copy
 import dataclasses
+import importlib.util
 import json
 import os
 import random
@@ -33,12 +34,13 @@ import transformers
 from tqdm import tqdm
 
 import tasks
-from harness import report, tiny
+from harness import memory, report, tiny
 from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, existing_copy, holds_a_run,
                                 later_checkpoints, load_trainer_state, locked, metrics_rows, point_latest, recover,
                                 remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
 from harness.config import Config, InputError
-from harness.model import load_policy, load_tokenizer
+from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
+                           without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
@@ -162,7 +164,25 @@ def print_settings(config):
     if config.model != "tiny":
         print(f"note: nothing was loaded; what {config.model} needs on a GPU at these settings (memory, time): "
               "docs/performance.md, \"One GPU\"", file=sys.stderr)
+    print_memory_plan(config)
     return shown
+
+
+def print_memory_plan(config):
+    """--dry-run's memory plan (harness/memory.py) on stderr, from the model's config alone; with --memory-budget,
+    the settings that fit it. A model whose config cannot be read here (offline, not cached) gets a note instead."""
+    try:
+        shape = memory.model_shape(config)
+    except (ValueError, OSError, KeyError, AttributeError) as error:  # AttributeError: not a Llama-style config
+        print(f"note: no memory plan: the config of {config.model} could not be read ({str(error).splitlines()[0]})",
+              file=sys.stderr)
+        return
+    prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
+    plan = memory.memory_plan(shape, config, prompt_length)
+    budget = memory.parse_size(config.memory_budget) if config.memory_budget else None
+    fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+    print(memory.plan_text(plan, budget, fit) + ("" if config.max_prompt_length else
+          f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,8 +200,9 @@ def build_policy(config, tokenizer, task, *, log=print):
         if config.model == "tiny" and not config.resume:  # random init, then its warm start (below)
             model = tiny.build_tiny_model(tokenizer, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers,
                                           seed=config.seed).to(device)
-        else:
-            model, _ = load_policy(config.resume or config.model, device=device, tokenizer=tokenizer)
+        else:  # a resumed LoRA run: its base (the initial weights), then its adapters (below)
+            source = config.initial_policy if config.resume and config.lora_rank else config.resume or config.model
+            model, _ = load_policy(source, device=device, tokenizer=tokenizer)
     if config.threads:
         torch.set_num_threads(config.threads)
     if not config.resume and config.model == "tiny":
@@ -192,15 +213,53 @@ def build_policy(config, tokenizer, task, *, log=print):
         + (f", AR alpha {config.alpha:g}" if config.alpha > 0 else "")
         + (f", Lopti eta {config.lopti_eta:g} ({config.lopti_order})" if config.lopti_eta > 0 else "")
         + f", lr {config.lr:g}, max new tokens {config.max_new_tokens}")
+    model = memory_options(config, model)  # after the warm start: LoRA trains on the RL step only
     ref_model = None
-    if config.kl_coef > 0:
+    if config.kl_coef > 0 and config.lora_rank:  # the policy with its adapters off: no second copy of the weights
+        ref_model = without_adapters(model)
+    elif config.kl_coef > 0:
         try:
             ref_model = copy.deepcopy(model) if not config.resume else load_policy(config.initial_policy,
                                                                                    device=device)[0]
         except ValueError as error:
             raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
+    if ref_model is not None:
         ref_model.eval().requires_grad_(False)
     return model, ref_model
+
+
+def adamw_class(config):
+    """torch.optim.AdamW, or for --optimizer adamw8bit torchao's AdamW8bit: the same update with each moment kept in
+    8 bits per weight plus a float32 scale per block of 256 (optional: pip install torchao; torch.compile'd, so its
+    first step compiles, minutes on a CPU)."""
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW
+    if importlib.util.find_spec("torchao") is None:
+        raise InputError("--optimizer adamw8bit needs torchao: pip install torchao")
+    from torchao.optim import AdamW8bit
+
+    class AdamW8bitFloatLR(AdamW8bit):  # torchao wants lr as a tensor; the loop's warm-up sets a float
+        def step(self, closure=None):
+            rates = [group["lr"] for group in self.param_groups]
+            for group in self.param_groups:
+                group["lr"] = torch.as_tensor(group["lr"], dtype=torch.float32)
+            try:
+                return super().step(closure)
+            finally:  # the metrics and the checkpoint read a plain float
+                for group, rate in zip(self.param_groups, rates):
+                    group["lr"] = float(rate)
+    return AdamW8bitFloatLR
+
+
+def memory_options(config, model):
+    """The policy with --lora-rank's adapters (fresh, or the resumed checkpoint's) and --gradient-checkpointing."""
+    if config.lora_rank:
+        with policy_load_errors(config):
+            model = load_adapters(model, config.resume) if config.resume else \
+                add_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
+    if config.gradient_checkpointing:
+        enable_checkpointing(model)
+    return model
 
 
 def progress_line(row):

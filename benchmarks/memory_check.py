@@ -1,0 +1,286 @@
+"""The memory plan (harness/memory.py) against a measured peak: one RL step's rollout and update phases.
+
+    python benchmarks/memory_check.py --model smollm2 --prompts 4 -M 4 --max-new-tokens 32      # one setting
+    python benchmarks/memory_check.py --model smollm2 --gradient-checkpointing               # the same, checkpointed
+    python benchmarks/memory_check.py --table smollm2-cpu          # the docs' settings, each in a fresh process
+    python benchmarks/memory_check.py --model qwen2.5-0.5b --device cuda --prompts 64 -M 8 --max-new-tokens 256
+    python benchmarks/memory_check.py --cards                      # docs' per-card table of the recipes (planned)
+
+Models: tiny (tiny.py's Llama at --tiny-hidden/--tiny-layers, random init), smollm2 (the real weights), or a random
+model with a Qwen2.5 shape (benchmarks/random_model_step.py's). Prompts are --prompt-digits random digits (words for
+the Qwen shapes); the reward is graded, so every row trains. The step is train.collect_rollouts + update_policy, as
+train.py runs them, after one warm-up step (so AdamW's state exists, as in every step but the first). Measured: on
+CUDA, torch's peak allocated memory per phase; on a CPU, the peak RSS per phase (/proc/self/clear_refs resets it)
+minus the RSS of the process before its weights (the RSS after loading them, malloc_trim'med, less their bytes).
+Predicted: memory_plan with the measured prompt width and --max-new-tokens.
+"""
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import train  # noqa: E402
+from harness import memory, run  # noqa: E402
+from harness.config import Config  # noqa: E402
+
+TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a card"): flags on top of the base
+    "tiny-cpu": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
+                  "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64"],
+                 [[], ["--gradient-checkpointing"], ["--micro-batch", "16"], ["--lora-rank", "16", "--kl-coef", "0.01"],
+                  ["-M", "16", "--prompts", "8"], ["--kl-coef", "0.01"]]),
+    "smollm2-cpu": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
+                     "--max-new-tokens", "32", "--micro-batch", "16"],
+                    [[], ["--gradient-checkpointing"], ["--micro-batch", "4"], ["--max-new-tokens", "64"],
+                     ["-M", "8", "--prompts", "2"], ["--lora-rank", "16", "--kl-coef", "0.01"], ["--kl-coef", "0.01"],
+                     ["--rollout-batch", "4"]]),
+}
+
+
+# glibc's default raises its mmap threshold as big blocks are freed, so freed tensors then stay in the heap and the
+# RSS counts them; a fixed threshold maps each big tensor on its own, and the RSS follows the live tensors (what the
+# plan counts, and what torch.cuda.max_memory_allocated reports on a GPU). Set before the process starts.
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+class DigitsTask:
+    """Prompts of random digits; reward = the share of even digits in the completion (graded, in [0, 1])."""
+    name, pass_threshold = "even_digits", 0.5
+
+    def __init__(self, digits):
+        self.digits = digits
+
+    def examples(self, split, n, seed):
+        rng = random.Random(f"{split}-{seed}")
+        return [{"text": "".join(rng.choice("0123456789") for _ in range(self.digits))} for _ in range(n)]
+
+    def prompt(self, example, style="compact"):
+        return example["text"] + ">"
+
+    def reward(self, completion, example, style="compact"):
+        digits = [c for c in completion if c.isdigit()]
+        return sum(int(c) % 2 == 0 for c in digits) / max(len(digits), 1)
+
+
+def rss_bytes(field):
+    with open("/proc/self/status") as f:  # Linux only
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def reset_peak(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the last phase freed goes back: RSS = live memory
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+
+
+def peak(device, baseline):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - baseline
+    return rss_bytes("VmHWM") - baseline
+
+
+def build(args, config):
+    """-> (model with the run's memory options, tokenizer, task)."""
+    from harness import tiny
+    if args.model == "tiny":
+        tokenizer = tiny.build_char_tokenizer()
+        model = tiny.build_tiny_model(tokenizer, hidden_size=args.tiny_hidden, num_layers=args.tiny_layers)
+        task = DigitsTask(args.prompt_digits)
+    elif args.model == "smollm2":
+        from harness.model import load_policy
+        model, tokenizer = load_policy("smollm2")
+        task = DigitsTask(args.prompt_digits)
+    else:
+        from benchmarks.random_model_step import GradedTask, build as build_shape
+        model, tokenizer = build_shape(args.model)
+        task = GradedTask()
+    return run.memory_options(config, model.to(args.device)).train(), tokenizer, task
+
+
+def reference_of(model, config):
+    """As run.build_policy: the adapters-off view (LoRA) or a frozen copy with --kl-coef, else None."""
+    if config.kl_coef <= 0:
+        return None
+    import copy
+    from harness.model import without_adapters
+    return (without_adapters(model) if config.lora_rank else copy.deepcopy(model)).eval().requires_grad_(False)
+
+
+def measure(args):
+    """One setting in this process -> a dict of predicted and measured bytes (printed as JSON)."""
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+                    max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
+                    dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
+                    gradient_checkpointing=args.gradient_checkpointing, lr=1e-5).validate()
+    model, tokenizer, task = build(args, config)
+    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if args.device.startswith("cuda"):
+        baseline = 0  # torch's allocator counts only tensors: the weights are part of the plan
+    else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give back what loading freed (a .gguf's dequantization)
+        baseline = rss_bytes("VmRSS") - weight_bytes
+    reference = reference_of(model, config)  # after the baseline: the plan counts its copy
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
+    phases, seconds, widths = {}, {}, None
+    for step in range(2):  # step 0 allocates AdamW's state; step 1 is measured
+        reset_peak(args.device)
+        start = time.perf_counter()
+        rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task,
+                                                               task.examples("train", args.prompts, step), config)
+        phases["rollout"], seconds["rollout"] = peak(args.device, baseline), time.perf_counter() - start
+        reset_peak(args.device)
+        start = time.perf_counter()
+        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
+                            advantages, config, ref_model=reference)
+        phases["update"], seconds["update"] = peak(args.device, baseline), time.perf_counter() - start
+        width = rollouts.completion_mask.shape[1]
+        widths = (rollouts.input_ids.shape[1] - width, width, rollouts.completion_mask.sum(1).mean().item())
+    shape = memory.shape_from_config(model.config)
+    plan = memory.memory_plan(shape, dataclasses.replace(config, max_new_tokens=widths[1]), widths[0])
+    return {"model": args.model, "setting": args.setting, "prompt_tokens": widths[0],
+            "completion_tokens": widths[1], "mean_completion": widths[2], "weights_measured": weight_bytes,
+            "plan": {k: v for k, v in plan.items() if k != "assumed"},
+            "measured": {"rollout_peak": phases["rollout"], "update_peak": phases["update"],
+                         "peak": max(phases.values())},
+            "seconds": seconds, "baseline": baseline,
+            "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype,
+            "device": args.device}
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="tiny", help="tiny, smollm2, or a shape of benchmarks/random_model_step.py")
+    p.add_argument("--tiny-hidden", type=int, default=192)
+    p.add_argument("--tiny-layers", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("-M", type=int, default=4)
+    p.add_argument("--prompt-digits", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--rollout-batch", type=int, default=None)
+    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--lora-rank", type=int, default=0)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--table", choices=sorted(TABLES), help="run the docs' settings, each in a fresh process")
+    p.add_argument("--skip", type=int, default=0, help="with --table: start at this setting (0 = the first)")
+    p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
+    p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
+    p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
+    return p
+
+
+def recipe_config(path):
+    """A recipe's settings (recipes/*.sh: the flags of its args=( ... ) block, as tests/test_recipes.py reads them)
+    on a CUDA card in bf16."""
+    import re
+    import shlex
+    from harness.config import parse_args
+    block = re.search(r"^args=\($(.*?)^\)$", open(path).read(), re.S | re.M).group(1)
+    block = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), block)
+    argv = [token for line in block.splitlines() for token in shlex.split(line, comments=True)]
+    return dataclasses.replace(parse_args(argv), dtype="bf16", device="cuda")
+
+
+def card_table(cards=(24, 48, 80)):
+    """docs/performance.md's per-card table: for each paper recipe's shape, the largest Qwen2.5 size the plan fits
+    on each card, full-parameter and LoRA (rank 16), with the fewest changes fitting_settings finds."""
+    import glob
+    recipes = sorted(p for p in glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                       "recipes", "*.sh")) if "verl_" not in p)
+    print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
+        f"{card} GB full | {card} GB LoRA" for card in cards) + " |")
+    print("|---|" + "---|" * 2 * len(cards))
+    for path in recipes:
+        config = recipe_config(path)
+        P = config.max_prompt_length or memory.PROMPT_GUESS["chat"]
+        cells = []
+        for card in cards:
+            for lora in (False, True):
+                base = dataclasses.replace(config, lora_rank=16) if lora else config
+                best = "none"
+                for name, shape in memory.QWEN25.items():  # smallest to largest
+                    changes, _ = memory.fitting_settings(shape, base, P, card * 1e9, lora=False)
+                    if changes is not None:
+                        best = name.split("-")[1].upper() + (" (ckpt)" if changes.get("gradient_checkpointing")
+                                                              else "")
+                cells.append(best)
+        name = os.path.basename(path)[:-3]
+        print(f"| {name} ({config.prompts_per_step} x {config.num_generations}, {P} + {config.max_new_tokens}) | "
+              + " | ".join(cells) + " |")
+
+
+def table_row(r, plan):
+    mib = lambda x: f"{x / 2**20:,.0f}"  # noqa: E731
+    got = r["measured"]
+    return (f"| {r['setting'] or 'base'} (P {r['prompt_tokens']}, T {r['completion_tokens']}) | "
+            f"{mib(plan['peak'])} ({mib(plan['rollout_peak'])} / {mib(plan['update_peak'])}) | "
+            f"{mib(got['peak'])} ({mib(got['rollout_peak'])} / {mib(got['update_peak'])}) | "
+            f"{plan['peak'] / got['peak'] - 1:+.0%} | {r['seconds']['rollout']:.1f} + {r['seconds']['update']:.1f} |")
+
+
+def replan(table, log):
+    """The table again from a MEMORY_CHECK_LOG file, each prediction recomputed with today's harness/memory.py."""
+    base, settings = TABLES[table]
+    for index, line in enumerate(open(log)):
+        r = json.loads(line)
+        r["setting"] = r["setting"] or " ".join(settings[index])  # (logs written before labels were kept)
+        args = parser().parse_args(base + ([] if r["setting"] in ("", "base") else r["setting"].split()))
+        config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+                        max_new_tokens=r["completion_tokens"], rollout_batch=args.rollout_batch,
+                        micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
+                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing)
+        shape = memory.model_shape(dataclasses.replace(config, model=args.model, tiny_hidden=args.tiny_hidden,
+                                                       tiny_layers=args.tiny_layers))
+        print(table_row(r, memory.memory_plan(shape, config, r["prompt_tokens"])))
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.cards:
+        return card_table()
+    if args.replan:
+        return replan(args.table, args.replan)
+    if not args.table:
+        print("RESULT " + json.dumps(measure(args)), flush=True)
+        return
+    base, settings = TABLES[args.table]
+    extra = [] if args.threads is None else ["--threads", str(args.threads)]
+    print("| setting | planned peak (rollout / update), MiB | measured peak (rollout / update), MiB | plan error "
+          "| s: rollout + update |")
+    print("|---|---|---|---|---|")
+    for setting in settings[args.skip:]:
+        command = [sys.executable, os.path.abspath(__file__), *base, *setting, *extra, "--device", args.device,
+                   "--setting=" + (" ".join(setting) or "base")]
+        proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC})
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"| {' '.join(setting) or 'base'} | failed: {proc.stderr.strip().splitlines()[-1:]} |||")
+            continue
+        r = json.loads(lines[0][7:])
+        print(table_row(r, r["plan"]), flush=True)
+        with open(os.environ.get("MEMORY_CHECK_LOG", os.devnull), "a") as f:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

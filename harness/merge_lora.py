@@ -1,0 +1,37 @@
+"""Export a LoRA run's checkpoint as one plain model: its adapters folded into the base weights.
+
+    python -m harness.merge_lora runs/default/latest merged/    # then: AutoModelForCausalLM.from_pretrained("merged")
+
+A LoRA checkpoint holds the adapters only (harness/model.py, save_adapters); its run.json names the base weights
+(`initial_policy`: the tiny model's warm start folder, a hub id, a folder or a .gguf file). The merged folder is an
+ordinary save_pretrained model with the run's tokenizer: transformers loads it without peft.
+"""
+import argparse
+import sys
+
+from harness.checkpoint import RunError, load_run_settings, resolve_checkpoint, save_policy_atomically
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m harness.merge_lora", description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint", help="a LoRA run's checkpoint-<step> folder, or its run folder (latest)")
+    parser.add_argument("output", help="the folder to write the merged model into (must not exist)")
+    args = parser.parse_args(argv)
+    try:
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        settings = load_run_settings(checkpoint)
+        if not settings.get("lora_rank"):
+            raise RunError(f"{checkpoint}: not a LoRA run (its weights are already a plain model)")
+        from harness.model import load_adapters, load_policy, load_tokenizer, merge_adapters
+        tokenizer = load_tokenizer(checkpoint)
+        base, _ = load_policy(settings["initial_policy"], tokenizer=tokenizer)
+        model = merge_adapters(load_adapters(base, checkpoint))
+        save_policy_atomically(model, tokenizer, args.output)
+    except (RunError, ValueError) as error:
+        print(f"merge_lora: error: {error}", file=sys.stderr)
+        sys.exit(1)
+    print(f"merged {checkpoint} (adapters of rank {settings['lora_rank']}) into {args.output}")
+
+
+if __name__ == "__main__":
+    main()

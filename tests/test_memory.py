@@ -1,0 +1,365 @@
+"""What makes a run fit a smaller card: activation checkpointing, LoRA adapters with a free reference, the memory
+plan. Each option must leave the numbers alone (checkpointing: the same log-probs and gradients; LoRA's reference:
+the base model's log-probs) and do what it says (LoRA: only the adapters train; the plan: its hand count)."""
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import train
+from harness import model as model_module
+from harness.config import Config
+from harness.model import add_lora, enable_checkpointing, load_policy, merge_adapters, without_adapters
+from rollout import token_logprobs
+from tests.stubs import SMALL_TRAIN as SMALL, smollm2_or_skip, tiny_policy_and_rollouts
+
+
+def logprobs_and_gradients(model, rollouts, **options):
+    """[B, T] log-probs of the rollouts' tokens and d(sum of them)/d(each trained parameter), in training mode."""
+    model.train()
+    logprobs = token_logprobs(model, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
+                              **options)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return logprobs.detach(), torch.autograd.grad((logprobs * rollouts.completion_mask).sum(), params)
+
+
+def assert_same(a, b, atol, rtol):
+    (lp_a, grads_a), (lp_b, grads_b) = a, b
+    torch.testing.assert_close(lp_a, lp_b, atol=atol, rtol=rtol)
+    for x, y in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(x, y, atol=atol, rtol=rtol)
+
+
+# --- activation checkpointing ------------------------------------------------------------------------------------
+def test_checkpointing_gives_the_same_logprobs_and_gradients(one_thread):
+    # Without: the shared-prompt forward; with: HF's checkpointed layers, which drop the KV cache, so the plain
+    # forward over every row's prompt. Same numbers up to float32 rounding (sums in another order).
+    _, model, rollouts = tiny_policy_and_rollouts()
+    without = logprobs_and_gradients(model, rollouts, micro_batch=3)
+    enable_checkpointing(model)
+    recomputed = []  # each checkpointed layer's forward runs again in backward (attention: the MLP's end is cut
+    hook = model.model.layers[0].self_attn.register_forward_hook(lambda *args: recomputed.append(1))  # short)
+    with_checkpointing = logprobs_and_gradients(model, rollouts, micro_batch=3)
+    hook.remove()
+    assert len(recomputed) == 2 * 3  # 3 micro-batches of the 8 rows, each layer run twice
+    assert_same(with_checkpointing, without, atol=1e-5, rtol=1e-4)
+
+
+def test_a_checkpointed_run_updates_like_one_without(tmp_path, digits_task):
+    runs = {}
+    for name, flags in [("plain", []), ("checkpointed", ["--gradient-checkpointing"])]:
+        out = tmp_path / name
+        train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "2", *flags])
+        runs[name] = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
+    for key, value in runs["plain"].items():  # two AdamW steps amplify float rounding a little
+        torch.testing.assert_close(runs["checkpointed"][key], value, atol=1e-5, rtol=1e-4, msg=key)
+
+
+@pytest.mark.slow
+def test_smollm2_checkpointing_gives_the_same_logprobs_and_gradients():
+    smollm2_or_skip()
+    model, tokenizer = load_policy("smollm2")
+    prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                       add_generation_prompt=True))["input_ids"]
+               for text in ("Name a prime number.", "Hi")]
+    from rollout import generate_rollouts
+    torch.manual_seed(0)
+    rollouts = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=6)
+    for p in model.parameters():  # the last layers only: enough to see the gradient through the checkpointed stack
+        p.requires_grad_(False)
+    for p in [*model.model.layers[0].parameters(), *model.model.layers[-1].parameters()]:
+        p.requires_grad_(True)
+    without = logprobs_and_gradients(model, rollouts)
+    enable_checkpointing(model)
+    assert_same(logprobs_and_gradients(model, rollouts), without, atol=1e-4, rtol=1e-3)
+
+
+# --- LoRA -----------------------------------------------------------------------------------------------------------
+def lora_policy(tmp_path):
+    """-> (policy with rank-4 adapters whose B is random (so it differs from its base), rollouts, the base's
+    folder): the tiny policy's base weights are saved first, for a separately loaded copy."""
+    tokenizer, model, rollouts = tiny_policy_and_rollouts()
+    model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    policy = add_lora(model, 4, None, "q_proj,v_proj,down_proj")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    return policy, rollouts, tmp_path / "base"
+
+
+def test_lora_trains_only_the_adapters(tmp_path):
+    policy, _, _ = lora_policy(tmp_path)
+    trained = {name: p.numel() for name, p in policy.named_parameters() if p.requires_grad}
+    hidden, layers = 32, 1  # the stub's tiny Llama; q, v: hidden x hidden; down: intermediate -> hidden
+    intermediate = policy.config.intermediate_size
+    rank = 4  # A: rank x in, B: out x rank
+    expected = layers * rank * ((hidden + hidden) * 2 + intermediate + hidden)
+    assert all(".lora_A." in name or ".lora_B." in name for name in trained)
+    assert len(trained) == 2 * 3 * layers and sum(trained.values()) == expected
+
+
+def test_lora_reference_is_the_base_model_without_a_copy(tmp_path):
+    policy, rollouts, base_folder = lora_policy(tmp_path)
+    reference = without_adapters(policy).eval()
+    base = AutoModelForCausalLM.from_pretrained(base_folder).eval()
+    batch = (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask)
+    with torch.no_grad():
+        ref_lp, base_lp, policy_lp = (token_logprobs(m, *batch) for m in (reference, base, policy))
+    torch.testing.assert_close(ref_lp, base_lp, atol=1e-6, rtol=0)
+    assert (policy_lp - base_lp).abs().max() > 1e-2  # the adapters do change the policy
+    shared = {p.data_ptr() for p in policy.parameters()}
+    assert all(p.data_ptr() in shared for p in reference.parameters())  # the policy's own tensors, no copy
+    assert not any("lora" in name for name, _ in reference.named_parameters())
+
+
+def test_merged_export_loads_with_plain_transformers(tmp_path):
+    policy, rollouts, _ = lora_policy(tmp_path)
+    batch = (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask)
+    with torch.no_grad():
+        expected = token_logprobs(policy.eval(), *batch)
+    merge_adapters(policy).save_pretrained(tmp_path / "merged")
+    assert not os.path.exists(tmp_path / "merged" / "adapter_config.json")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(token_logprobs(loaded, *batch), expected, atol=1e-5, rtol=0)
+
+
+def lora_run(out, *extra):
+    return train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--lora-rank", "4", *extra])
+
+
+def adapter_weights(folder):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(folder, model_module.ADAPTER_WEIGHTS))
+
+
+def test_a_lora_run_saves_adapters_and_resumes_exactly(tmp_path, digits_task):
+    out = tmp_path / "run"
+    lora_run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0", "--kl-coef", "0.05")
+    checkpoint = out / "checkpoint-4"
+    assert not os.path.exists(checkpoint / "model.safetensors")  # the adapters alone
+    final, rows = adapter_weights(checkpoint), (out / "metrics.jsonl").read_text()
+    trainer_state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
+    assert len(trainer_state["optimizer"]["state"]) == len(final)  # AdamW moments for the adapters only
+    assert any(v.abs().sum() > 0 for k, v in final.items() if "lora_B" in k)  # B moved off 0: it trained
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
+    resumed = adapter_weights(out / "latest")
+    assert all(torch.equal(resumed[k], v) for k, v in final.items())
+
+
+def test_export_of_a_lora_run_is_a_plain_model(tmp_path, digits_task):
+    from harness.merge_lora import main as export
+    out = tmp_path / "run"
+    lora_run(out, "--steps", "1")
+    export([str(out / "latest"), str(tmp_path / "merged")])
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert not any("lora" in name for name in loaded.state_dict())
+
+
+def test_lora_without_peft_is_one_line(tmp_path, digits_task, capsys, monkeypatch):
+    real = model_module.importlib.util.find_spec
+    monkeypatch.setattr(model_module.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "peft" else real(name, *args))
+    with pytest.raises(SystemExit) as exit_info:
+        lora_run(tmp_path / "run", "--steps", "1")
+    assert exit_info.value.code == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line == "train.py: error: --lora-rank needs peft: pip install peft"
+
+
+def test_a_lora_target_the_model_lacks_is_one_line(tmp_path, digits_task, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        lora_run(tmp_path / "run", "--steps", "1", "--lora-targets", "q_proj,c_attn")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("llama has no module named c_attn")
+
+
+@pytest.mark.parametrize("field, value, message", [("lora_rank", -1, "--lora-rank must be >= 0"),
+                                                   ("lora_targets", "q_proj,", "--lora-targets must be comma-"),
+                                                   ("memory_budget", "lots", "--memory-budget must look like")])
+def test_bad_memory_settings_are_one_line(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        Config(**{field: value}).validate()
+
+
+# --- the memory plan ------------------------------------------------------------------------------------------------
+from harness import memory  # noqa: E402
+
+SMALL_SHAPE = memory.ModelShape(hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4, vocab=10,
+                                tied=True)
+
+
+def test_parameter_counts_are_the_models_own():
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    # by hand: embedding 10 x 8; per layer q, o 8 x 8, k, v 8 x 4, gate, up, down 8 x 16, two norms of 8; final norm
+    assert SMALL_SHAPE.parameters() == 80 + 2 * (2 * 64 + 2 * 32 + 3 * 128 + 16) + 8 == 1272
+    for config_class, model_class in [(LlamaConfig, LlamaForCausalLM), (Qwen2Config, Qwen2ForCausalLM)]:
+        for tied in (True, False):
+            config = config_class(vocab_size=50, hidden_size=16, intermediate_size=40, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+            model = model_class(config)
+            assert memory.shape_from_config(config).parameters() == sum(p.numel() for p in model.parameters())
+            lora = add_lora(model, 3, None, "q_proj,k_proj,down_proj")
+            adapters = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+            assert memory.shape_from_config(config).lora_parameters(3, "q_proj,k_proj,down_proj") == adapters
+
+
+def test_the_plan_by_hand():
+    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32",
+                    device="cpu")
+    plan = memory.memory_plan(SMALL_SHAPE, config, prompt_length=3)
+    N = 1272
+    assert (plan["weights"], plan["gradients"], plan["optimizer"], plan["reference"]) == (4 * N, 4 * N, 8 * N, 0)
+    # KV cache: 2 (k, v) x 2 layers x 1 kv head x 4 dims x 2 rows x (3 + 2) positions x 4 bytes
+    assert plan["kv_cache"] == 2 * 2 * 4 * 2 * 5 * 4 == 640
+    # per token and layer: 16 H fp32 + 4 bytes x (3 x 8 (q) + 2 x 4 (k, v) + 4 x 16 (MLP)) = 128 + 384 = 512 bytes;
+    # shared prompt: 1 prompt x 3 + 2 rows x 2 = 7 tokens per layer, and each row's k, v over the prompt
+    # (4 bytes x 2 x 4 x 2 rows x 3); the final norm's input and output: 8 H bytes x the same 7 tokens
+    assert plan["activations"] == 2 * (512 * 7 + 4 * 2 * 4 * 2 * 3) + 8 * 8 * 7 == 8000
+    assert plan["logit_chunk"] == 3 * 4 * 10 * 4
+    checkpointed = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, gradient_checkpointing=True), 3)
+    # every row's 5 tokens: each layer's input (4 H bytes) kept, one layer's 512 bytes per token recomputed
+    assert checkpointed["activations"] == 4 * 8 * 10 * 2 + 512 * 10 + 8 * 8 * 10
+    lora = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, lora_rank=2, kl_coef=0.1), 3)
+    adapters = 2 * 2 * ((8 + 8) + (8 + 4) + (8 + 4) + (8 + 8) + 2 * (8 + 16) + (16 + 8))  # 2 layers, rank 2
+    assert (lora["weights"], lora["gradients"], lora["reference"]) == (4 * (N + adapters), 4 * adapters, 0)
+    full_kl = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, kl_coef=0.1), 3)
+    assert full_kl["reference"] == 4 * N  # a second fp32 copy
+    assert plan["head_gradients"] == 2 * 4 * 10 * 8 and lora["head_gradients"] == 0  # the [V, H] ones, fp32
+    assert plan["peak"] == 16 * N + max(640 + plan["sampling_logits"], 8000 + plan["logit_chunk"] + 640)
+
+
+def test_the_planned_activations_are_the_tensors_autograd_saves(one_thread):
+    # Count the bytes of every tensor autograd keeps for backward (each storage once, weights left out) in a
+    # training forward of the tiny model, with and without shared prompts; the plan's formula within 15%.
+    from harness.tiny import build_char_tokenizer, build_tiny_model
+    model = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2).train()
+    shape = memory.shape_from_config(model.config)
+    P, T, M, rows = 24, 16, 4, 8
+    torch.manual_seed(0)
+    ids = torch.cat([torch.randint(4, 20, (rows // M, P)).repeat_interleave(M, 0), torch.randint(4, 20, (rows, T))], 1)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for checkpointing in (False, True):
+        if checkpointing:
+            enable_checkpointing(model)
+        saved = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            token_logprobs(model, ids, torch.ones_like(ids), torch.ones(rows, T), logit_chunk=4)
+        config = Config(prompts_per_step=rows // M, num_generations=M, max_new_tokens=T, micro_batch=rows,
+                        logit_chunk=4, dtype="fp32", device="cpu", gradient_checkpointing=checkpointing)
+        planned = memory.memory_plan(shape, config, P)["activations"]
+        counted = sum(saved.values())
+        if checkpointing:  # one layer's tensors, recomputed in backward, are not saved in the forward
+            H, I = shape.hidden, shape.intermediate  # 4 heads of H / 4, no GQA: q = kv = H
+            planned -= (16 * H + 4 * (3 * H + 2 * H + 4 * I)) * rows * (P + T)
+        assert abs(planned / counted - 1) < 0.15, (checkpointing, planned, counted)
+
+
+def test_a_budget_gets_the_least_change_that_fits_or_a_clear_no():
+    config = Config(model="Qwen/Qwen2.5-1.5B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, kl_coef=1e-3, dtype="bf16", device="cuda")
+    shape = memory.QWEN25["qwen2.5-1.5b"]
+    plan = memory.memory_plan(shape, config, 1024)
+    assert plan["peak"] > 24e9
+    changes, fitted = memory.fitting_settings(shape, config, 1024, 80e9)
+    assert changes == {} and fitted["peak"] == plan["peak"]  # an 80 GB card: as it is
+    changes, fitted = memory.fitting_settings(shape, config, 1024, 24e9)
+    assert changes and fitted["peak"] <= 24e9
+    assert memory.memory_plan(shape, dataclasses.replace(config, **changes), 1024)["peak"] == fitted["peak"]
+    changes, smallest = memory.fitting_settings(memory.QWEN25["qwen2.5-7b"], config, 1024, 8e9)
+    assert changes is None and smallest["peak"] > 8e9
+    text = memory.plan_text(smallest, 8e9, (changes, smallest))
+    assert "does not fit" in text
+
+
+@pytest.mark.parametrize("text, size", [("24GB", 24e9), ("24GiB", 24 * 2**30), ("80G", 80 * 2**30),
+                                        ("512mb", 512e6), ("1.5TB", 1.5e12), ("lots", None), ("0GB", None)])
+def test_sizes_read_as_a_card_is_labelled(text, size):
+    assert memory.parse_size(text) == size
+
+
+def test_the_dry_run_plans_without_loading_weights(tmp_path, capsys, monkeypatch):
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the dry run loaded weights")
+    monkeypatch.setattr(model_module, "load_policy", no_weights)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_weights)
+    settings = train.main(["--dry-run", "--output-dir", str(tmp_path), "--memory-budget", "1MB",
+                           "--gradient-checkpointing"])
+    err = capsys.readouterr().err
+    assert settings["gradient_checkpointing"] and "memory plan (estimated" in err and "does not fit" in err
+    train.main(["--dry-run", "--output-dir", str(tmp_path), "--model", "Qwen/Qwen2.5-0.5B-Instruct",
+                "--max-prompt-length", "256", "--memory-budget", "24GB"])
+    err = capsys.readouterr().err
+    assert "494.0M parameters" in err and "budget 24.0 GB: fits" in err
+
+
+# --- 8-bit AdamW (torchao, optional) ---------------------------------------------------------------------------------
+def test_adamw8bit_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypatch):
+    from harness import run as run_module
+    real = run_module.importlib.util.find_spec
+    monkeypatch.setattr(run_module.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "torchao" else real(name, *args))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                    "--optimizer", "adamw8bit"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "train.py: error: --optimizer adamw8bit needs torchao: pip install torchao"
+
+
+def test_the_plan_of_8bit_moments():
+    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32", device="cpu",
+                    optimizer="adamw8bit")
+    # two moments of 1 byte per weight, plus one float32 scale per block of 256 weights each
+    assert memory.memory_plan(SMALL_SHAPE, config, 3)["optimizer"] == int(2 * (1 + 4 / 256) * 1272)
+
+
+@pytest.mark.slow
+def test_adamw8bit_keeps_8bit_moments_tracks_adamw_and_resumes_exactly(tmp_path, digits_task):
+    # torch.compile's first step takes minutes on a CPU: slow
+    pytest.importorskip("torchao", reason="--optimizer adamw8bit needs torchao")
+    runs = {}
+    for name in ("adamw", "adamw8bit"):
+        out = tmp_path / name
+        train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "4", "--save-every", "2",
+                    "--keep-checkpoints", "0", "--optimizer", name, "--tiny-hidden", "64"])  # MLP: 12 288 weights
+        runs[name] = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
+    state = torch.load(tmp_path / "adamw8bit" / "latest" / "trainer_state.pt", weights_only=True)["optimizer"]
+    moments = [value for param_state in state["state"].values() for key, value in param_state.items()
+               if key.startswith("exp_avg") and value.numel() >= 4096]  # torchao keeps smaller tensors' in fp32
+    assert moments and all(type(m).__name__ == "OptimState8bit" and m.codes.dtype == torch.uint8 for m in moments)
+    initial = AutoModelForCausalLM.from_pretrained(tmp_path / "adamw" / "checkpoint-2").state_dict()
+    moved = sum((runs["adamw"][k] - initial[k]).abs().sum() for k in initial)
+    apart = sum((runs["adamw8bit"][k] - runs["adamw"][k]).abs().sum() for k in initial)
+    assert apart < 0.1 * moved  # 8-bit moments: the same steps up to quantization
+    rows = (tmp_path / "adamw8bit" / "metrics.jsonl").read_text()
+    train.main(["--resume", str(tmp_path / "adamw8bit" / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = AutoModelForCausalLM.from_pretrained(tmp_path / "adamw8bit" / "latest").state_dict()
+    assert all(torch.equal(resumed[k], v) for k, v in runs["adamw8bit"].items())
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((tmp_path / "adamw8bit" / "metrics.jsonl").read_text()) == strip(rows)
+
+
+def test_memory_check_runs_on_a_cpu(capsys):
+    from benchmarks import memory_check
+    memory_check.main(["--model", "test", "--prompts", "2", "-M", "2", "--max-new-tokens", "4", "--micro-batch", "2",
+                       "--kl-coef", "0.1"])
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["plan"]["reference"] > 0 and result["measured"]["peak"] > 0 and result["completion_tokens"] == 4

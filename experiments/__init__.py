@@ -14,3 +14,12 @@ def pyplot(skipped, log=print):
         return None
     return plt
 
+
+
+def save_figure(plt, fig, path, title):
+    """Title the figure, lay it out, write it to `path` (PNG, 80 dpi) and close it. -> True (the figure exists)."""
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True

@@ -156,9 +156,9 @@ def rise_rows(method, old_logprobs, new_logprobs, advantages, groups):
     return rows
 
 
-def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, clip_high):
-    """One seed's rollouts from `model` -> (fig1d rows, fig3 rows, tokens with A != 0); None when every group has
-    equal rewards (nothing to measure)."""
+def sampled_batch(model, tokenizer, style, task, args, *, seed, max_new_tokens):
+    """One seed's batch: args.num_prompts held-out prompts x args.M samples -> ((input_ids, attention_mask,
+    completion_mask) on the model's device, the sequence advantages [rows])."""
     device = next(model.parameters()).device
     torch.manual_seed(seed)
     examples = task.examples("test", args.num_prompts, seed=seed)
@@ -167,6 +167,13 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
                                              batch_prompts=len(examples))
     advantages = group_advantages(rewards, args.method, tau=args.tau).view(-1).to(device)
     batch = tuple(t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask))
+    return batch, advantages
+
+
+def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, clip_high):
+    """One seed's rollouts from `model` -> (fig1d rows, fig3 rows, tokens with A != 0); None when every group has
+    equal rewards (nothing to measure)."""
+    batch, advantages = sampled_batch(model, tokenizer, style, task, args, seed=seed, max_new_tokens=max_new_tokens)
     with torch.no_grad():  # p_old, computed exactly as the post-update log-probs below (same code, same batches)
         old_logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
     norms = logit_gradient_norms(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
@@ -174,7 +181,7 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
     if not token_mask.any():
         return None
     old_probs = old_logprobs.exp()
-    groups = probability_groups(old_probs.cpu(), token_mask.cpu(), args.groups).to(device)
+    groups = probability_groups(old_probs.cpu(), token_mask.cpu(), args.groups).to(advantages.device)
 
     # --- Fig. 1(d) -------------------------------------------------------------------------------------------
     weighted = advantages.abs()[:, None] * norms

@@ -30,8 +30,8 @@ import csv
 import os
 import statistics
 
-from experiments import compare, pyplot
-from experiments.referee_tuning import METRICS
+from experiments import compare, pyplot, save_figure
+from experiments.referee_tuning import METRICS, sweep_parser
 from experiments.seed_stats import paired_text
 from harness.checkpoint import read_metrics
 
@@ -130,18 +130,11 @@ def plot(path, rows, title):
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                     epilog="Any other flag is passed to experiments.compare (and so to train.py).")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--output-dir", default="runs/referees")
+    parser = sweep_parser(__doc__)
     parser.add_argument("--summary-only", action="store_true", help="train nothing: the runs in "
                         "<output-dir>/countdown3-eq2_runs.csv")
     args, extra = parser.parse_known_args(argv)

@@ -40,14 +40,14 @@ import statistics
 import torch
 
 import train
-from experiments import pyplot
+from experiments import pyplot, save_figure
 from experiments.compare import write_csv
-from experiments.lopti_token_stats import NUM_GROUPS, logit_gradient_norms, probability_groups
+from experiments.lopti_token_stats import NUM_GROUPS, logit_gradient_norms, probability_groups, sampled_batch
 from experiments.seed_stats import mean_se_interval
-from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
+from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment
 from harness.model import load_policy
 from rollout import token_logprobs
-from softmax_grpo import METHODS, group_advantages
+from softmax_grpo import METHODS
 
 THRESHOLD = 0.5  # ||G_Q4|| / ||G_Q1|| above it: "comparable" (the verdict's line, see the docstring)
 
@@ -124,16 +124,9 @@ def cosine(a, b):
 
 def measure(model, tokenizer, style, task, ref_model, args, *, seed, max_new_tokens):
     """One seed's batch -> (rows per (beta, quartile), cosine rows, tokens); None when every group ties."""
-    device = next(model.parameters()).device
-    torch.manual_seed(seed)
-    examples = task.examples("test", args.num_prompts, seed=seed)
-    [(rollouts, _)], rewards = sample_groups(model, tokenizer, task, examples, args.M, style=style,
-                                             temperature=args.temperature, max_new_tokens=max_new_tokens,
-                                             batch_prompts=len(examples))
-    advantages = group_advantages(rewards, args.method, tau=args.tau).view(-1).to(device)
+    batch, advantages = sampled_batch(model, tokenizer, style, task, args, seed=seed, max_new_tokens=max_new_tokens)
     if not advantages.any():
         return None
-    batch = tuple(t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask))
     mask = batch[2].float()
     with torch.no_grad():
         logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
@@ -147,7 +140,7 @@ def measure(model, tokenizer, style, task, ref_model, args, *, seed, max_new_tok
         # w is beta (pi_ref / pi - 1) alone, ~1e-3 of |A|: left out, so that both beta measure the same tokens)
         trained = train.rows_with_gradient(advantages[:, None] * mask, mask, kl=False)  # [B]
         token_mask = mask.bool() & trained[:, None]
-        groups = probability_groups(logprobs.exp().cpu(), token_mask.cpu()).to(device)
+        groups = probability_groups(logprobs.exp().cpu(), token_mask.cpu()).to(advantages.device)
         weights = token_weights(advantages, logprobs, ref_logprobs, mask, beta)
         sums = quartile_gradients(model, batch, weights, groups, temperature=args.temperature,
                                   micro_batch=args.micro_batch)
@@ -246,11 +239,7 @@ def plot(path, rows, title):
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
 def main(argv=None):

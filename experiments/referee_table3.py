@@ -20,7 +20,7 @@ Numbers: docs/results.md.
 import argparse
 import os
 
-from experiments import compare, pyplot
+from experiments import compare, pyplot, save_figure
 from experiments.seed_stats import mean_se_interval, paired_text
 from experiments.table3_allocation import BIN_NAMES
 
@@ -76,11 +76,7 @@ def plot(path, rows, title):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of the token budget (mean ± SE)")
     axes[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1))
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
 def main(argv=None):

@@ -23,7 +23,7 @@ import csv
 import os
 import statistics
 
-from experiments import compare, pyplot
+from experiments import compare, pyplot, save_figure
 from experiments.seed_stats import mean_se, mean_se_interval, paired_text
 
 PRESET = "countdown3-tuning"
@@ -134,18 +134,20 @@ def plot(path, cells, title):
         ax.set_yticks(range(len(rows)), [f"tau={r}" if r != "GRPO" else "GRPO" for r in rows])
         ax.set_title(compare.metric_label(key) + " (mean ± SE over seeds)", fontsize=9)
         fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+def sweep_parser(doc):
+    """The flags the referee sweeps share (--seeds, --output-dir); any other flag goes on to experiments.compare."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False,
                                      epilog="Any other flag is passed to experiments.compare (and so to train.py).")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--output-dir", default="runs/referees")
+    return parser
+
+
+def main(argv=None):
+    parser = sweep_parser(__doc__)
     parser.add_argument("--select", default="after_pass@1", choices=METRICS,
                         help="the metric whose mean picks each method's best cell")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the grid's cells")

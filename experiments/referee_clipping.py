@@ -25,7 +25,6 @@ same seed's countdown3-tuning run with the same method at M 8 (train.py's defaul
 difference, and they must not matter when the ratio is 1). Writes <output-dir>/countdown3-eq2_activity.csv and,
 with matplotlib, countdown3-eq2_activity.png. Numbers: docs/results.md.
 """
-import argparse
 import csv
 import os
 import statistics

@@ -383,10 +383,11 @@ def resumed(config, log=print):
         raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
                        f"{sorted(set(saved) - keys)}); resume from another checkpoint")
     run_dir, name = os.path.dirname(checkpoint_dir), os.path.basename(checkpoint_dir)
-    if checkpoint_step(run_dir, name) is None:
+    step = checkpoint_step(run_dir, name)
+    if step is None:
         raise RunError(f"--resume {config.resume}: a checkpoint folder must be named checkpoint-<step> inside its run "
                        f"folder, got {name!r}")
-    checkpoint_dir = os.path.join(run_dir, f"checkpoint-{checkpoint_step(run_dir, name)}")  # recover() renames a .tmp
+    checkpoint_dir = os.path.join(run_dir, f"checkpoint-{step}")  # recover() renames a .tmp into place
     if "output_dir" in config.given and os.path.realpath(config.output_dir) != run_dir:
         raise RunError(f"--output-dir {config.output_dir} conflicts with the run being resumed, which lives in "
                        f"{run_dir}; drop the flag")

@@ -1,9 +1,15 @@
-"""The fast path of rollout.sample_completions' generate call: the same completions, less time per token.
+"""The fast paths of rollout.sample_completions' generate call: the same completions, less time per token.
 
-rollout.py calls HF `generate` with a dynamic KV cache, in eager mode: every decode step runs the model's Python
-forward op by op, and the cache grows by a concatenation per layer. On a GPU that step is bound by Python and
-kernel launches (hundreds of kernels per token for a small model), far from what the weights' bytes and the FLOPs
-allow (benchmarks/floor.py). This file hands the same generate call two things transformers already supports:
+Always on: `roomy_cache`. HF's DynamicCache grows by a concatenation per layer and step: each decode step copies
+the whole cache (at 16 rows x 200 positions of SmolLM2-135M, 127 MB read and written per token, a quarter of the
+weights' bytes). `roomy_cache` hands generate the same DynamicCache whose full-attention layers keep their keys
+and values at the front of buffers with room for the completion: a step writes its one position in place and
+attention reads the same values from a view (tests/test_fast_generate.py: completions token for token identical).
+
+Opt-in (`--fast-generate`): the plain generate runs in eager mode: every decode step runs the model's Python
+forward op by op. On a GPU that step is bound by Python and kernel launches (hundreds of kernels per token for a
+small model), far from what the weights' bytes and the FLOPs allow (benchmarks/floor.py). The option hands the
+same generate call two things transformers already supports:
 
   1. a static KV cache (StaticCache: fixed-size tensors, written in place) holding the shared prefill: each prompt
      is still run through the model once (fast_logprobs.prefill_prompt_cache) and its keys and values copied into
@@ -23,10 +29,86 @@ cache length x the KV bytes of a position). The eval's greedy generate keeps the
 Numbers: benchmarks/rollout_time.py, docs/performance.md.
 """
 import torch
-from transformers import CompileConfig, StaticCache
+from transformers import CompileConfig, DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer
 
 from fast_logprobs import cache_name
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Always on: a dynamic cache written in place
+# ---------------------------------------------------------------------------------------------------------------
+class RoomyLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values [B, H, L, D] are the front of buffers [B, H, capacity, D].
+
+    update() writes the new positions into the buffers and returns views of the first L + new positions: no copy of
+    the L positions already there (DynamicLayer concatenates, copying them every step). Whatever replaces keys or
+    values (batch_select_indices, batch_repeat_interleave) leaves them off the buffers; the next update then
+    moves them into new buffers. crop() keeps a front view, so positions past it are written over, as they
+    would be appended."""
+
+    def __init__(self, capacity):
+        super().__init__()
+        self.capacity = capacity
+        self.key_buffer = self.value_buffer = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, new = self.get_seq_length(), key_states.shape[-2]
+        if not (self.fronts_buffers() and length + new <= self.key_buffer.shape[-2]):
+            self.move_to_buffers(key_states, value_states, max(self.capacity, length + new))
+        self.key_buffer[:, :, length:length + new] = key_states
+        self.value_buffer[:, :, length:length + new] = value_states
+        self.keys = self.key_buffer[:, :, :length + new]
+        self.values = self.value_buffer[:, :, :length + new]
+        return self.keys, self.values
+
+    def fronts_buffers(self):
+        """True when keys and values are still views of the buffers' first positions."""
+        return self.key_buffer is not None and all(
+            kept.numel() > 0 and kept.data_ptr() == buffer.data_ptr() and kept.stride() == buffer.stride()
+            and kept.shape[:2] == buffer.shape[:2] for kept, buffer in ((self.keys, self.key_buffer),
+                                                                        (self.values, self.value_buffer)))
+
+    def move_to_buffers(self, key_states, value_states, capacity):
+        length = self.get_seq_length()
+        self.key_buffer = key_states.new_empty(*key_states.shape[:2], capacity, key_states.shape[-1])
+        self.value_buffer = value_states.new_empty(*value_states.shape[:2], capacity, value_states.shape[-1])
+        if length:
+            self.key_buffer[:, :, :length] = self.keys
+            self.value_buffer[:, :, :length] = self.values
+        self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
+
+    def reset(self):
+        """Empty, the buffers dropped (as DynamicLayer.reset in transformers >= 5.11; older ones zero the keys)."""
+        self.is_initialized = False  # before super(): nothing left to zero
+        self.keys = self.values = self.key_buffer = self.value_buffer = None
+        super().reset()
+
+
+def roomy_cache(model, prefilled, capacity):
+    """The cache for a generate call: `prefilled` (a DynamicCache, e.g. the shared prefill) or, if None, an empty
+    DynamicCache of the model's layers, with each plain full-attention layer a RoomyLayer of `capacity` positions
+    (the prompt and max_new_tokens). Other layer kinds (sliding windows, linear attention) are kept as they are;
+    a model without a plain KV cache (Mamba-style) gets None: generate makes its own."""
+    if prefilled is None and not model._supports_default_dynamic_cache():
+        return None
+    cache = prefilled if prefilled is not None else DynamicCache(config=model.config)
+    if type(cache) is not DynamicCache:  # offloaded or quantized caches: left as they are
+        return cache
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer:
+            roomy = RoomyLayer(capacity)
+            if layer.is_initialized and layer.get_seq_length() > 0:
+                roomy.update(layer.keys, layer.values)
+            cache.layers[index] = roomy
+    return cache
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --fast-generate: a static cache and a compiled decode step
+# ---------------------------------------------------------------------------------------------------------------
 CACHE_BUCKET = 64  # cache lengths are multiples of this: one compiled shape serves many prompt widths
 
 

@@ -134,6 +134,7 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS
     (and their KV cache) out of the batch before going on; a single generate call keeps decoding
     finished rows until the last row stops. None: one generate call for all max_new_tokens.
+    The cache is fast_generate.roomy_cache (DynamicCache's values, written in place: the same completions).
     fast: the same call with a static KV cache and a compiled decode step (fast_generate.py).
     """
     if fast and drop_finished_every:
@@ -153,7 +154,8 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
         segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
-        cache_options = {cache_name(model): cache} if not fast else \
+        cache_options = {cache_name(model): fast_generate.roomy_cache(  # written in place, not concatenated
+            model, cache, input_ids.shape[1] + max_new_tokens - width)} if not fast else \
             fast_generate.generate_options(model, cache, len(input_ids), input_ids.shape[1],
                                            max_new_tokens)  # the same samples, faster
         output = model.generate(input_ids=input_ids, attention_mask=attention_mask,

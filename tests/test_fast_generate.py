@@ -1,4 +1,7 @@
-"""fast_generate.py: the static KV cache filled from the shared prefill and the compiled decode step give the same
+"""fast_generate.py. The always-on roomy cache (keys and values written in place instead of concatenated) gives
+rollout.py's generate the same completions as HF's DynamicCache, token for token, on every path (greedy, sampled,
+--rollout-batch, dropping finished rows, no shared prefill, several layers with grouped-query attention).
+The --fast-generate path: the static KV cache filled from the shared prefill and the compiled decode step give the same
 completions as rollout.py's plain generate call: greedy token for token, and sampled token for token under the same
 seed (generate draws the same torch.multinomial per step either way; only the logits' forward changes, by float
 rounding). Also: the completion mask, EOS handling and --rollout-batch are unchanged, and the compiled step is
@@ -6,6 +9,7 @@ compiled once and reused (the cache of a shape is kept). The compiled tests are 
 minutes on a shared machine)."""
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 import fast_generate
 import tasks
@@ -40,6 +44,81 @@ def assert_same(plain, fast):
     assert torch.equal(plain.truncated, fast.truncated) and plain.completions == fast.completions
 
 
+# --------------------------------------------------------------------------------------------------
+# The roomy cache: DynamicCache's layers, written in place
+# --------------------------------------------------------------------------------------------------
+def concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **options):
+    """(HF's DynamicCache as it is, the roomy cache) Rollouts of the same prompts under the same seed."""
+    result = []
+    for roomy in (False, True):
+        with monkeypatch.context() as patch:
+            if not roomy:
+                patch.setattr(fast_generate, "roomy_cache", lambda model, cache, capacity: cache)
+            torch.manual_seed(seed)
+            result.append(generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, **options))
+    return result
+
+
+@pytest.mark.parametrize("options", [dict(greedy=True), dict(), dict(rollout_batch=4), dict(temperature=0.7),
+                                     dict(drop_finished_every=2), dict(share_prefill=False)])
+def test_roomy_cache_samples_alike(monkeypatch, one_thread, options):
+    tokenizer, model, prompts = tiny_setup()
+    config = build_tiny_model(tokenizer, hidden_size=64, num_layers=3, num_heads=4).config
+    config.num_key_value_heads = 2  # grouped-query attention, as SmolLM2's 9 query heads on 3 KV heads
+    torch.manual_seed(1)
+    wide = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] *= 0  # rows stop at different steps (drop_finished_every)
+    for seed, policy in ((0, model), (1, wide), (2, wide)):
+        concatenating, roomy = concatenating_and_roomy(monkeypatch, policy, tokenizer, prompts, seed, **options)
+        assert_same(concatenating, roomy)
+
+
+def states(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_roomy_layer_writes_in_place_and_follows_crop_and_selection():
+    layer = fast_generate.RoomyLayer(capacity=6)
+    prompt_keys, prompt_values = states(3, 2, 4, 5, seed=0), states(3, 2, 4, 5, seed=1)
+    keys, values = layer.update(prompt_keys, prompt_values)
+    assert torch.equal(keys, prompt_keys) and torch.equal(values, prompt_values)
+    buffer = layer.key_buffer.data_ptr()
+    step_keys, step_values = states(3, 2, 1, 5, seed=2), states(3, 2, 1, 5, seed=3)
+    keys, values = layer.update(step_keys, step_values)
+    assert torch.equal(keys, torch.cat([prompt_keys, step_keys], dim=2))  # what DynamicLayer returns
+    assert torch.equal(values, torch.cat([prompt_values, step_values], dim=2))
+    assert layer.key_buffer.data_ptr() == buffer and layer.get_seq_length() == 5  # written in place
+    layer.crop(-2)  # back to 3 positions: the next update writes over position 3
+    keys, _ = layer.update(step_keys * 2, step_values * 2)
+    assert torch.equal(keys, torch.cat([prompt_keys[:, :, :3], step_keys * 2], dim=2))
+    assert layer.key_buffer.data_ptr() == buffer
+    layer.batch_select_indices(torch.tensor([2, 0]))  # generate's drop of finished rows: a copy off the buffer
+    keys, values = layer.update(step_keys[:2], step_values[:2])
+    assert layer.key_buffer.data_ptr() != buffer and keys.shape == (2, 2, 5, 5)
+    expected = torch.cat([prompt_keys[[2, 0], :, :3], 2 * step_keys[[2, 0]], step_keys[:2]], dim=2)
+    assert torch.equal(keys, expected)
+    for _ in range(2):  # past the capacity of 6: a larger buffer
+        keys, _ = layer.update(step_keys[:2], step_values[:2])
+    assert keys.shape[2] == 7 and torch.equal(keys[:, :, :5], expected)
+    layer.reset()
+    assert layer.get_seq_length() == 0 and layer.key_buffer is None
+
+
+def test_roomy_cache_leaves_other_layer_kinds():
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+    cache = DynamicCache()
+    cache.update(states(1, 1, 3, 2, seed=0), states(1, 1, 3, 2, seed=1), 0)
+    cache.layers.append(DynamicSlidingWindowLayer(sliding_window=4))
+    fast_generate.roomy_cache(None, cache, capacity=8)
+    assert type(cache.layers[0]) is fast_generate.RoomyLayer and cache.layers[0].get_seq_length() == 3
+    assert type(cache.layers[1]) is DynamicSlidingWindowLayer
+
+
+# --------------------------------------------------------------------------------------------------
+# --fast-generate: the static cache and the compiled decode step
+# --------------------------------------------------------------------------------------------------
 @pytest.fixture
 def eager(monkeypatch, one_thread):
     """The static cache alone: no compile_config, so generate runs its forward eagerly (no compile on a CPU)."""
@@ -97,6 +176,19 @@ def test_compiled_decode_step_samples_alike(one_thread, monkeypatch, mode):
         assert_same(plain, fast)
     assert getattr(model, "_compiled_call", None) is not None, "generate did not compile its decode step"
     assert model._last_compile_config.mode == mode
+
+
+@pytest.mark.slow
+def test_smollm2_roomy_cache_samples_alike(monkeypatch, one_thread):
+    from harness.model import load_policy
+    from rollout import render_prompts
+    smollm2_or_skip()
+    model, tokenizer = load_policy("smollm2")
+    task = tasks.get_task("countdown")
+    prompts = render_prompts(tokenizer, task, task.examples("train", 2, seed=0), "chat")
+    for seed, options in ((0, dict(greedy=True)), (1, dict()), (2, dict(drop_finished_every=3))):
+        concatenating, roomy = concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **options)
+        assert_same(concatenating, roomy)
 
 
 @pytest.mark.slow

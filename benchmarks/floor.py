@@ -192,6 +192,36 @@ def width_rates(shape, device, dtype, peaks, *, decode_rows, train_tokens):
     return "matmul rate at the model's width: " + "; ".join(parts)
 
 
+def decode_costs(shape, device, dtype, peaks, *, rows, budget_mib=256):
+    """One line: why a decode step stays above its bytes floor, measured at the model's own shapes.
+
+    (1) The layer matmuls at `rows` rows over distinct weight tensors (the layers' q, k, v, o, gate, up, down, as many
+    layers as fit in `budget_mib`, so that they come from memory as in decode, not from the cache): the rate their
+    weights are read at, against the probe's bandwidth. (2) Sampling one token per row from the vocabulary
+    (torch.multinomial over softmax, as generate does each step) against one token's bytes floor."""
+    device = torch.device(device)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    nbytes = DTYPE_BYTES[dtype]
+    outs = [shape.heads * shape.dim, shape.kv_heads * shape.dim, shape.kv_heads * shape.dim, shape.hidden]
+    layer = [(o, shape.hidden) for o in outs[:3]] + [(shape.hidden, shape.heads * shape.dim)] + \
+        [(shape.intermediate, shape.hidden)] * 2 + [(shape.hidden, shape.intermediate)]
+    per_layer = sum(o * i for o, i in layer) * nbytes
+    count = max(1, min(shape.layers, int(budget_mib * 2**20 // per_layer)))
+    weights = [torch.randn(o, i, device=device, dtype=torch_dtype) for _ in range(count) for o, i in layer]
+    inputs = {i: torch.randn(rows, i, device=device, dtype=torch_dtype) for _, i in layer}
+    read = count * per_layer / best_seconds(
+        lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 3)
+    logits = torch.randn(rows, shape.vocab, device=device)
+    sampling = best_seconds(lambda: torch.multinomial(torch.softmax(logits, dim=-1), 1), device, 5)
+    token_floor = (shape.body_matmul_params + shape.head_params) * nbytes / peaks.bandwidth
+    del weights, inputs, logits
+    forget_peak_memory(device)
+    return (f"decode at {rows} rows: the layer matmuls read their weights at {read / 1e9:.1f} GB/s "
+            f"({read / peaks.bandwidth:.0%} of the probe's bandwidth; {count} layers' worth, from memory); "
+            f"sampling a token per row over {shape.vocab} ids {sampling * 1e3:.1f} ms "
+            f"({sampling / token_floor:.0%} of a token's bytes floor)")
+
+
 def forget_peak_memory(device):
     """Reset the peak-memory mark the probe raised (CUDA's allocator peak; VmHWM on Linux), so that a benchmark's
     peak memory stays its own."""

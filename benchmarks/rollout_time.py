@@ -5,8 +5,9 @@
 
 One torch thread by default (--threads): on a shared 2-core machine two threads made the timings erratic.
 
-Four variants run alternately in one process on the same prompts and seeds, after one unmeasured warm-up round:
-each prompt prefilled M times (share_prefill=False, as before), prefilled once (the default), prefilled once
+Five variants run alternately in one process on the same prompts and seeds, after one unmeasured warm-up round:
+each prompt prefilled M times (share_prefill=False, as before), prefilled once (the default), prefilled once into
+HF's own concatenating DynamicCache (before fast_generate.roomy_cache), prefilled once
 with finished rows dropped every --drop-every tokens, and prefilled once with --fast-generate (static KV cache,
 compiled decode step: fast_generate.py; its warm-up round minus its median is printed as its compilation time, and
 a round whose completions differ from the shared prefill's in token count is reported). Prints medians, their ratio to the first, and the share of
@@ -59,6 +60,7 @@ def main(argv=None):
     task = tasks.get_task(preset["task"])
     prompts = render_prompts(tokenizer, task, task.examples("train", preset["prompts"], seed=0), preset["style"])
     variants = {"prefill M times per prompt": dict(share_prefill=False), "shared prefill": dict(),
+                "shared, concatenated cache": dict(concatenated_cache=True),
                 f"shared + drop finished every {args.drop_every}": dict(drop_finished_every=args.drop_every)}
     if not args.no_fast:
         variants["shared + fast generate"] = dict(fast_generate=True)
@@ -67,10 +69,18 @@ def main(argv=None):
     peaks = floor.peaks_for("cpu", dtype)
     for round_index in range(args.repeats + 1):
         for name, options in variants.items():
+            options = dict(options)
+            roomy = fast_generate.roomy_cache
+            if options.pop("concatenated_cache", False):  # HF's DynamicCache as it is (before roomy_cache)
+                fast_generate.roomy_cache = lambda model, cache, capacity: cache
             torch.manual_seed(round_index)
             start = time.perf_counter()
-            rollouts = generate_rollouts(model, tokenizer, prompts, preset["M"], max_new_tokens=preset["tokens"],
-                                         rollout_batch=args.rollout_batch, **options)
+            try:
+                rollouts = generate_rollouts(model, tokenizer, prompts, preset["M"],
+                                             max_new_tokens=preset["tokens"], rollout_batch=args.rollout_batch,
+                                             **options)
+            finally:
+                fast_generate.roomy_cache = roomy
             if round_index > 0:
                 seconds[name].append(time.perf_counter() - start)
             else:
@@ -94,6 +104,7 @@ def main(argv=None):
     for name, values in seconds.items():
         print(f"{name:36s}{statistics.median(values):8.3f} s  x{statistics.median(values) / first:.2f}"
               f"  {statistics.median(values) / rollout_floor:6.1f} x its floor  (median of {args.repeats})")
+    print(floor.decode_costs(floor.shape_of(model.config), "cpu", dtype, peaks, rows=len(mask)))
     if "shared + fast generate" in first_round:  # paid once per run and shape
         compile_seconds = first_round["shared + fast generate"] - statistics.median(seconds["shared + fast generate"])
         print(f"fast generate's compilation (its warm-up round minus its median): {compile_seconds:.1f} s "

@@ -337,6 +337,7 @@ def report(args, n_params, sides, trl_clock, memory):
         tokens = max((sum(f.completion_lengths) for f in work.forwards if f.trains), default=64)
         print(floor.width_rates(args.shape, args.device, t.dtype, args.peaks,
                                 decode_rows=len(work.completion_lengths), train_tokens=tokens))
+        print(floor.decode_costs(args.shape, args.device, t.dtype, args.peaks, rows=len(work.completion_lengths)))
     if trl_clock is not None and sides:
         total = sum(f.seconds for f in floor.median_floors([floor.step_floors(args.shape, w, args.peaks)
                                                            for w in sides[0]["workloads"]]).values())

@@ -101,6 +101,20 @@ def test_report_arithmetic():
     assert "measured s" in text and "peaks: 0.000 TFLOP/s, 0.0 GB/s (test)" in text
 
 
+def test_decode_costs_line_measures_the_reads_and_the_sampling(one_thread):
+    """The decode's two costs beside its floor: the rate its layer matmuls read their weights at (how many layers'
+    worth fit the budget), and sampling one token per row; each against the peaks it names."""
+    shape = floor.Shape(hidden=64, layers=3, heads=4, kv_heads=2, intermediate=128, vocab=500)
+    per_layer = (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128) * 4  # q, o (4 heads of 16); k, v; gate, up, down
+    assert per_layer == 147456  # 144 KiB at fp32
+    line = floor.decode_costs(shape, "cpu", "fp32", floor.Peaks(1e12, 1e9, "test"), rows=4, budget_mib=0.3)
+    assert line.startswith("decode at 4 rows: the layer matmuls read their weights at ")
+    assert "2 layers' worth" in line and "over 500 ids" in line  # 0.3 MiB holds two layers of 144 KiB
+    rate = float(line.split("weights at ")[1].split(" GB/s")[0])
+    percent = int(line.split("GB/s (")[1].split("%")[0])
+    assert rate > 0 and abs(percent - 100 * rate) <= 1 + 0.06 * percent  # against the 1 GB/s given (rounded)
+
+
 def test_forward_of_reads_lengths_and_shared_prompts():
     # [prompt | completion], width 3: rows 0, 1 share the left-padded prompt of 2 tokens, row 2 has 3 tokens
     attention = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])

@@ -62,7 +62,7 @@ import statistics
 import time
 
 import train
-from harness.checkpoint import read_metrics
+from harness.metrics import read_metrics
 from harness.config import parse_args
 from experiments import pyplot
 from experiments.runs import finished_run, train_flags

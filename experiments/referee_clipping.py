@@ -32,7 +32,7 @@ import statistics
 from experiments import compare, pyplot, save_figure
 from experiments.referee_tuning import METRICS, sweep_parser
 from experiments.seed_stats import paired_text
-from harness.checkpoint import read_metrics
+from harness.metrics import read_metrics
 
 PRESET = "countdown3-eq2"
 ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")

@@ -3,7 +3,8 @@ checked, and a run already finished with the same flags, read back instead of tr
 import json
 import os
 
-from harness.checkpoint import RunError, read_metrics
+from harness.checkpoint import RunError
+from harness.metrics import read_metrics
 from harness.config import parse_args
 
 PER_RUN_FLAGS = ("--seed", "--output-dir", "--overwrite", "--resume")  # what a script sets for each of its runs

@@ -38,7 +38,7 @@ import random
 import time
 
 import train
-from harness.checkpoint import read_metrics
+from harness.metrics import read_metrics
 from experiments import plot_metrics
 from experiments.runs import finished_run, train_flags
 

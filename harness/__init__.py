@@ -2,10 +2,14 @@
 
     config.py      every setting once (the Config dataclass), the command line generated from it, --resume's settings
     run.py         a run's lifecycle: the settings decided once, the policy built, metrics, evals, checkpoints, Ctrl-C
-    prompts.py     the training prompts of each step: fresh draws, or --epochs over a fixed set
+    prompts.py     the training prompts of each step: fresh draws, or --epochs over a fixed set; their context check
     checkpoint.py  the run's files, written atomically (a kill or a full disk never loses what was there)
+    metrics.py     metrics.jsonl: appended a row at a time, read a bounded line at a time, rewritten atomically
     model.py       loading a policy: hub id, local folder, .gguf file, "smollm2", "tiny"
     tiny.py        the tiny offline model: character tokenizer, a small Llama, its CPU defaults and warm start
+    memory.py      the memory plan of --dry-run and --memory-budget: what a step holds, per card
+    report.py      --report-to tensorboard,wandb: metrics.jsonl's rows and eval samples to a logger
+    merge_lora.py  `python -m harness.merge_lora`: a LoRA run's adapters merged into a plain model folder
 
 The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions) import nothing from here; train.py's
 loop and `main` do. Nothing in this package imports torch at import time except run.py and tiny.py, so `--help` and

@@ -1,6 +1,6 @@
 """A training run's files, written so that a kill, a full disk or a read-only folder never loses what was there.
 
-    <output-dir>/metrics.jsonl               one JSON row per step, plus eval rows; appended, never truncated in place
+    <output-dir>/metrics.jsonl               one JSON row per step, plus eval rows (harness/metrics.py)
     <output-dir>/checkpoint-<step>/          save_pretrained folder + trainer_state.pt + run.json (the run's settings)
     <output-dir>/latest -> checkpoint-<step> switched only once the checkpoint folder is complete
     <output-dir>/.lock                       flocked by the run writing here (one run per folder): host, PID, start
@@ -34,7 +34,6 @@ LOCK = ".lock"
 RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
 RUN_OUTPUTS = ("metrics.png", "tensorboard", "wandb")  # drawn from its metrics (plot_metrics, --report-to): an
 # --overwrite deletes them too
-MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 SAVE_MARK = "saved_by_train.py"  # the first file a save writes: a checkpoint-<step>.tmp holding it is a save's own
 
 
@@ -341,88 +340,6 @@ def load_trainer_state(checkpoint_dir):
     if not all(isinstance(state["initial_eval"].get(key), (int, float)) for key in ("pass@1", "reward")):
         raise RunError(f"{path}: no valid 'initial_eval' (pass@1, reward) in it; {hint}")
     return state
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# metrics.jsonl
-# ---------------------------------------------------------------------------------------------------------------
-def append_metrics(path, row):
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    except OSError as error:
-        raise RunError(write_failed(path, error) + ", then continue with --resume") from None
-
-
-def metrics_rows(path, warn=print):
-    """The rows of a metrics.jsonl, one at a time (memory bounded by one line, however long the file), each a JSON
-    object with an integer "step". A half-written last line (a kill or a full disk mid-write) is dropped with a
-    warning; a bad line elsewhere, or a path that is not a regular file, is a RunError naming it."""
-    if not os.path.lexists(path):
-        return
-    if not os.path.isfile(path):
-        raise RunError(f"{path} is not a regular file; move it away or use another --output-dir")
-    with open(path, "rb") as f:
-        pending = None  # (line number, row or None): judged once we know whether a line follows it
-        for number, line in _bounded_lines(f):
-            if pending:
-                yield _metrics_row(path, *pending, last=False, warn=warn)
-            pending = (number, line)
-        if pending:
-            row = _metrics_row(path, *pending, last=True, warn=warn)
-            if row is not None:
-                yield row
-
-
-def _bounded_lines(f, chunk=1 << 16):
-    """(line number, bytes) for each non-blank line of a binary file; a line longer than MAX_METRICS_LINE comes as
-    None, skipped in chunks rather than read whole."""
-    number = 0
-    while True:
-        line = f.readline(MAX_METRICS_LINE + 1)
-        if not line:
-            return
-        number += 1
-        if len(line) > MAX_METRICS_LINE and not line.endswith(b"\n"):
-            while (rest := f.readline(chunk)) and not rest.endswith(b"\n"):
-                pass
-            line = None
-        if line is None or line.strip():
-            yield number, line
-
-
-def _metrics_row(path, number, line, *, last, warn):
-    try:
-        row = json.loads(line) if line is not None else None
-    except ValueError:
-        row = None
-    if isinstance(row, dict) and isinstance(row.get("step"), int):
-        return row
-    if not last or isinstance(row, (dict, list)):  # not an interrupted write: corruption
-        raise RunError(f"{path}:{number}: not a metrics row (a JSON object with an integer \"step\"); fix or "
-                       "delete that line")
-    warn(f"warning: {path}:{number}: dropped a half-written last row")
-    return None
-
-
-def read_metrics(path, warn=print):
-    """All rows of a metrics.jsonl as a list (see metrics_rows)."""
-    return list(metrics_rows(path, warn))
-
-
-def rewrite_metrics(path, rows):
-    """Replace the file with `rows` (an iterable; it may be read from the file itself, as the tmp file is written
-    beside it), atomically: a kill mid-write leaves the old file, never an empty one."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        os.replace(tmp, path)
-    except OSError as error:
-        raise RunError(write_failed(path, error)) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)  # after a RunError from the rows themselves (a corrupt line)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,9 +35,10 @@ from tqdm import tqdm
 
 import tasks
 from harness import memory, report, tiny
-from harness.checkpoint import (RunError, append_metrics, checkpoint_steps, existing_copy, holds_a_run,
-                                later_checkpoints, load_trainer_state, locked, metrics_rows, point_latest, recover,
-                                remove_run, restore_rng, rewrite_metrics, rng_state, save_checkpoint)
+from harness.checkpoint import (RunError, checkpoint_steps, existing_copy, holds_a_run, later_checkpoints,
+                                load_trainer_state, locked, point_latest, recover, remove_run, restore_rng, rng_state,
+                                save_checkpoint)
+from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
                            without_adapters)

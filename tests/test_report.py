@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness import checkpoint
+from harness import metrics
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
 
@@ -31,7 +31,7 @@ def test_tensorboard_holds_every_metrics_row(tmp_path):
     out = tmp_path / "run"
     run(out, "--report-to", "tensorboard")
     events, scalars = tensorboard_scalars(str(out / "tensorboard"))
-    rows = checkpoint.read_metrics(str(out / "metrics.jsonl"))
+    rows = metrics.read_metrics(str(out / "metrics.jsonl"))
     expected = {(("eval/" if r.get("eval") else "train/") + key, r["step"]): float(value) for r in rows
                 for key, value in r.items() if key not in ("step", "eval")}
     got = {(tag, step): value for tag, values in scalars.items() for step, value in values.items()}
@@ -46,7 +46,7 @@ def test_a_resumed_run_replaces_the_later_steps_in_tensorboard(tmp_path):
     run(out, "--report-to", "tensorboard")
     train.main(["--resume", str(out / "checkpoint-2"), "--steps", "4", "--seed", "0"])
     _, scalars = tensorboard_scalars(str(out / "tensorboard"))
-    rows = [r for r in checkpoint.read_metrics(str(out / "metrics.jsonl")) if not r.get("eval")]
+    rows = [r for r in metrics.read_metrics(str(out / "metrics.jsonl")) if not r.get("eval")]
     assert sorted(scalars["train/reward_mean"]) == [1, 2, 3, 4]  # each step once: purge_step hid the old 3, 4
     assert [scalars["train/update_s"][r["step"]] for r in rows] == pytest.approx([r["update_s"] for r in rows])
 

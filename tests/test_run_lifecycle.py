@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harness import checkpoint
+from harness import checkpoint, metrics
 from harness import run as run_module
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
@@ -128,7 +128,7 @@ def test_a_bad_row_in_the_middle_names_its_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(checkpoint.RunError, match=r"metrics.jsonl:2: not a metrics row"):
-        checkpoint.read_metrics(str(path))
+        metrics.read_metrics(str(path))
 
 
 def test_the_resume_rewrite_of_a_long_metrics_file_holds_one_line_in_memory(tmp_path):
@@ -138,7 +138,7 @@ def test_the_resume_rewrite_of_a_long_metrics_file_holds_one_line_in_memory(tmp_
     with open(path, "w") as f:
         f.writelines(row.replace('"step": 0', f'"step": {step}') for step in range(40_000))  # ~9 MB
     tracemalloc.start()
-    checkpoint.rewrite_metrics(path, (r for r in checkpoint.metrics_rows(path) if r["step"] <= 30_000))
+    metrics.rewrite_metrics(path, (r for r in metrics.metrics_rows(path) if r["step"] <= 30_000))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 1 << 20  # bytes: a list of the rows alone would be ~40 MB of dicts
@@ -148,29 +148,29 @@ def test_the_resume_rewrite_of_a_long_metrics_file_holds_one_line_in_memory(tmp_
 def test_an_endless_last_line_is_skipped_in_chunks_not_read_whole(tmp_path, capsys):
     import tracemalloc
     path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"step": 1}\n' + b"9" * (8 * checkpoint.MAX_METRICS_LINE))  # a kill mid-write of a huge row
+    path.write_bytes(b'{"step": 1}\n' + b"9" * (8 * metrics.MAX_METRICS_LINE))  # a kill mid-write of a huge row
     tracemalloc.start()
-    rows = checkpoint.read_metrics(str(path))
+    rows = metrics.read_metrics(str(path))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert rows == [{"step": 1}] and "dropped a half-written last row" in capsys.readouterr().out
-    assert peak < 3 * checkpoint.MAX_METRICS_LINE
+    assert peak < 3 * metrics.MAX_METRICS_LINE
 
 
 def test_a_metrics_file_that_is_a_device_or_fifo_is_one_line(tmp_path):
     (tmp_path / "metrics.jsonl").symlink_to("/dev/zero")
     with pytest.raises(checkpoint.RunError, match="metrics.jsonl is not a regular file"):
-        checkpoint.read_metrics(str(tmp_path / "metrics.jsonl"))
+        metrics.read_metrics(str(tmp_path / "metrics.jsonl"))
     os.mkfifo(tmp_path / "fifo.jsonl")
     with pytest.raises(checkpoint.RunError, match="fifo.jsonl is not a regular file"):
-        checkpoint.read_metrics(str(tmp_path / "fifo.jsonl"))
+        metrics.read_metrics(str(tmp_path / "fifo.jsonl"))
 
 
 def test_a_corrupt_line_met_during_the_resume_rewrite_leaves_the_file_and_no_tmp(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(checkpoint.RunError, match=r"metrics.jsonl:2"):
-        checkpoint.rewrite_metrics(str(path), checkpoint.metrics_rows(str(path)))
+        metrics.rewrite_metrics(str(path), metrics.metrics_rows(str(path)))
     assert path.read_text() == '{"step": 1}\nnot json\n{"step": 2}\n' and not os.path.exists(f"{path}.tmp")
 
 

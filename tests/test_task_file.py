@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from harness import checkpoint
+from harness import checkpoint, metrics
 import tasks
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
@@ -165,7 +165,7 @@ def test_a_reward_that_turns_nan_mid_run_is_one_line_and_keeps_the_files(tmp_pat
     err = one_line(capsys, ["--task", path, "--task-option", "break_after=28", "--output-dir", out, *SMALL,
                             "--steps", "4", "--save-every", "2"])
     assert "reward() returned nan (float)" in err and checkpoint.checkpoint_steps(out) == [2]
-    assert [r["step"] for r in checkpoint.read_metrics(os.path.join(out, "metrics.jsonl"))] == [0, 1, 2, 2]
+    assert [r["step"] for r in metrics.read_metrics(os.path.join(out, "metrics.jsonl"))] == [0, 1, 2, 2]
 
 
 def test_a_run_json_from_before_the_newer_settings_still_resumes(tmp_path):

@@ -45,7 +45,8 @@ class RoomyLayer(DynamicLayer):
     the L positions already there (DynamicLayer concatenates, copying them every step). Whatever replaces keys or
     values (batch_select_indices, batch_repeat_interleave) leaves them off the buffers; the next update then
     moves them into new buffers. crop() keeps a front view, so positions past it are written over, as they
-    would be appended."""
+    would be appended. The buffers hold `capacity` positions from the first update on: what a DynamicCache reaches
+    once a row runs to max_new_tokens, and what harness/memory.py's plan counts."""
 
     def __init__(self, capacity):
         super().__init__()

@@ -4,13 +4,14 @@
 #   2. `python train.py` (the tiny offline default) on CUDA to completion: its before/after table and wall time;
 #   3. a randomly initialised model with Qwen2.5-0.5B's shape (built from a config, no download), bf16:
 #      64 prompts x M=8 x 256 tokens, one pass, with --fast-generate (static KV cache + CUDA graphs; its compile
-#      time) and AR + Lopti: s/step, completion tokens/s, peak GPU memory, each phase against its floor;
+#      time), with HF's concatenating DynamicCache (what the default roomy_cache saves) and AR + Lopti: s/step,
+#      completion tokens/s, peak GPU memory, each phase against its floor;
 #   4. the same shape at 1.5B, one pass (the SoftmaxGRPO Countdown recipe's model size), against its floor;
 #   5. the datasheet floor of both shapes (benchmarks/floor.py) for the record;
 #   6. while the 8 minutes last: both shapes' peak memory with and without --gradient-checkpointing, next to the plan.
 # Usage: bash benchmarks/gpu_check.sh            OUT=runs/gpu_check by default; bash benchmarks/gpu_check.sh --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,11p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,12p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT"
@@ -32,9 +33,11 @@ p = floor.probe('cuda', 'bf16'); print(f'probe: {p.flops / 1e12:.0f} TFLOP/s bf1
 start=$SECONDS
 step tiny 90 python train.py --device cuda --output-dir "$OUT/tiny"
 echo "tiny default on CUDA: $((SECONDS - start)) s wall" | tee -a "$OUT/tiny.txt"
-step qwen2.5-0.5b 90 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3
+step qwen2.5-0.5b 75 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3
 step qwen2.5-0.5b-fast 130 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3 \
   --fast-generate
+step qwen2.5-0.5b-concat 45 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 1 \
+  --concatenated-cache  # HF's DynamicCache as it is: what roomy_cache (the default) saves
 step qwen2.5-0.5b-lopti 60 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 2 --lopti
 step qwen2.5-1.5b 80 python benchmarks/random_model_step.py --shape qwen2.5-1.5b --device cuda --steps 2 --micro-batch 8
 for shape in qwen2.5-0.5b qwen2.5-1.5b; do

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import fast_generate  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor  # noqa: E402
 from benchmarks.step_time import sync, timed  # noqa: E402
@@ -84,9 +85,13 @@ def main(argv=None):
     p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
     p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
     p.add_argument("--fast-generate", action="store_true", help="static KV cache + compiled decode (fast_generate.py)")
+    p.add_argument("--concatenated-cache", action="store_true",
+                   help="HF's DynamicCache as it is, concatenating every token (before fast_generate.roomy_cache)")
     p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
                    help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
+    if args.concatenated_cache:  # the measurement of what roomy_cache saves
+        fast_generate.roomy_cache = lambda model, cache, capacity: cache
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape)
     model.to(args.device).train()
@@ -131,7 +136,8 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} prompts x M={args.M}"
           f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'}"
-          f"{' | fast generate' if args.fast_generate else ''} | "
+          f"{' | fast generate' if args.fast_generate else ''}"
+          f"{' | concatenated cache' if args.concatenated_cache else ''} | "
           f"{statistics.median(seconds):.2f} s/step | {statistics.median(tokens) / statistics.median(seconds):.0f} "
           f"completion tokens/s | {peak}")
     print(floor.format_report(floor.median_phases(phases), floor.median_floors(floors), peaks,

@@ -29,6 +29,7 @@ import math
 import os
 
 from experiments import pyplot
+from harness.metrics import MAX_METRICS_LINE, bounded_lines
 
 # panel title -> list of series; a series is (label, training-row aliases, eval-row aliases)
 PANELS = [
@@ -64,16 +65,16 @@ def read_metrics(path):
     if not os.path.isfile(path):
         raise ValueError(f"metrics file not found: {path}")
     train_rows, eval_rows = [], []
-    with open(path) as f:
-        for line_number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as f:
+        for line_number, line in bounded_lines(f):  # blank lines skipped, a line of over 1 MiB never read whole
+            if line is None:
+                raise ValueError(f"{path}:{line_number}: a line longer than {MAX_METRICS_LINE} bytes")
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as error:
-                if not line.endswith("\n"):
+            except ValueError as error:
+                if not line.endswith(b"\n"):
                     break  # being written now
-                raise ValueError(f"{path}:{line_number}: not valid JSON ({error.msg})") from None
+                raise ValueError(f"{path}:{line_number}: not valid JSON ({getattr(error, 'msg', error)})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
             (eval_rows if row.get("eval") is True else train_rows).append(row)

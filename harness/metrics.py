@@ -32,7 +32,7 @@ def metrics_rows(path, warn=print):
         raise RunError(f"{path} is not a regular file; move it away or use another --output-dir")
     with open(path, "rb") as f:
         pending = None  # (line number, row or None): judged once we know whether a line follows it
-        for number, line in _bounded_lines(f):
+        for number, line in bounded_lines(f):
             if pending:
                 yield _metrics_row(path, *pending, last=False, warn=warn)
             pending = (number, line)
@@ -42,7 +42,7 @@ def metrics_rows(path, warn=print):
                 yield row
 
 
-def _bounded_lines(f, chunk=1 << 16):
+def bounded_lines(f, chunk=1 << 16):
     """(line number, bytes) for each non-blank line of a binary file; a line longer than MAX_METRICS_LINE comes as
     None, skipped in chunks rather than read whole."""
     number = 0

@@ -260,6 +260,9 @@ def test_plot_metrics_tolerates_key_variants_and_rejects_bad_lines(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         plot_metrics.read_metrics(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "huge.jsonl").write_bytes(b'{"step": 1}\n' + b"7" * (3 << 20) + b"\n{\"step\": 2}\n")
+    with pytest.raises(ValueError, match=r"huge.jsonl:2: a line longer than 1048576 bytes"):
+        plot_metrics.read_metrics(str(tmp_path / "huge.jsonl"))  # skipped in chunks, never read whole
 
 
 def test_plot_metrics_reads_a_run_folder_that_is_still_writing(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """The fast paths of rollout.sample_completions' generate call: the same completions, less time per token.
 
 Always on: `roomy_cache`. HF's DynamicCache grows by a concatenation per layer and step: each decode step copies
-the whole cache (at 16 rows x 200 positions of SmolLM2-135M, 127 MB read and written per token, a quarter of the
+the whole cache (at 16 rows x 172 positions of SmolLM2-135M, 127 MB read and written per token, a quarter of the
 weights' bytes). `roomy_cache` hands generate the same DynamicCache whose full-attention layers keep their keys
 and values at the front of buffers with room for the completion: a step writes its one position in place and
 attention reads the same values from a view (tests/test_fast_generate.py: completions token for token identical).

@@ -42,10 +42,11 @@ class RoomyLayer(DynamicLayer):
     """A DynamicLayer whose keys and values [B, H, L, D] are the front of buffers [B, H, capacity, D].
 
     update() writes the new positions into the buffers and returns views of the first L + new positions: no copy of
-    the L positions already there (DynamicLayer concatenates, copying them every step). Whatever replaces keys or
-    values (batch_select_indices, batch_repeat_interleave) leaves them off the buffers; the next update then
-    moves them into new buffers. crop() keeps a front view, so positions past it are written over, as they
-    would be appended. The buffers hold `capacity` positions from the first update on: what a DynamicCache reaches
+    the L positions already there (DynamicLayer concatenates, copying them every step). What replaces the rows
+    (batch_select_indices when generate's finished rows are dropped, batch_repeat_interleave, reorder_cache) drops
+    the buffers, so that their memory goes as DynamicCache's old rows would; the next update moves the kept rows
+    into new buffers. crop() keeps a front view, so positions past it are written over, as they would be
+    appended. The buffers hold `capacity` positions from the first update on: what a DynamicCache reaches
     once a row runs to max_new_tokens, and what harness/memory.py's plan counts."""
 
     def __init__(self, capacity):
@@ -57,6 +58,8 @@ class RoomyLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         length, new = self.get_seq_length(), key_states.shape[-2]
+        if length and key_states.shape[:2] != self.keys.shape[:2]:  # a cat would fail; a write would broadcast
+            raise ValueError(f"new keys {tuple(key_states.shape)} do not match the cache's {tuple(self.keys.shape)}")
         if not (self.fronts_buffers() and length + new <= self.key_buffer.shape[-2]):
             self.move_to_buffers(key_states, value_states, max(self.capacity, length + new))
         self.key_buffer[:, :, length:length + new] = key_states
@@ -81,6 +84,18 @@ class RoomyLayer(DynamicLayer):
             self.value_buffer[:, :, :length] = self.values
         self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
 
+    def batch_select_indices(self, indices):
+        super().batch_select_indices(indices)
+        self.key_buffer = self.value_buffer = None
+
+    def batch_repeat_interleave(self, repeats):
+        super().batch_repeat_interleave(repeats)
+        self.key_buffer = self.value_buffer = None
+
+    def reorder_cache(self, beam_idx):
+        super().reorder_cache(beam_idx)
+        self.key_buffer = self.value_buffer = None
+
     def reset(self):
         """Empty, the buffers dropped (as DynamicLayer.reset in transformers >= 5.11; older ones zero the keys)."""
         self.is_initialized = False  # before super(): nothing left to zero
@@ -96,7 +111,7 @@ def roomy_cache(model, prefilled, capacity):
     if prefilled is None and not model._supports_default_dynamic_cache():
         return None
     cache = prefilled if prefilled is not None else DynamicCache(config=model.config)
-    if type(cache) is not DynamicCache:  # offloaded or quantized caches: left as they are
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):  # quantized or offloaded: as they are
         return cache
     for index, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer:

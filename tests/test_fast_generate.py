@@ -7,6 +7,8 @@ seed (generate draws the same torch.multinomial per step either way; only the lo
 rounding). Also: the completion mask, EOS handling and --rollout-batch are unchanged, and the compiled step is
 compiled once and reused (the cache of a shape is kept). The compiled tests are slow (inductor compiles on the CPU:
 minutes on a shared machine)."""
+import copy
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM
@@ -69,9 +71,16 @@ def test_roomy_cache_samples_alike(monkeypatch, one_thread, options):
     wide = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight[tokenizer.eos_token_id] *= 0  # rows stop at different steps (drop_finished_every)
-    for seed, policy in ((0, model), (1, wide), (2, wide)):
+    eager = copy.deepcopy(wide)
+    eager.config._attn_implementation = "eager"  # as the benchmarks run the tiny model: matmuls on the views
+    selected, select = [], fast_generate.RoomyLayer.batch_select_indices  # count generate's drops of rows
+    monkeypatch.setattr(fast_generate.RoomyLayer, "batch_select_indices",
+                        lambda layer, indices: (selected.append(len(indices)), select(layer, indices)))
+    for seed, policy in ((0, model), (1, wide), (2, eager), (3, model)):
         concatenating, roomy = concatenating_and_roomy(monkeypatch, policy, tokenizer, prompts, seed, **options)
         assert_same(concatenating, roomy)
+    if "drop_finished_every" in options:
+        assert selected, "no row was dropped: the drop path went untested"
 
 
 def states(*shape, seed):
@@ -94,6 +103,9 @@ def test_roomy_layer_writes_in_place_and_follows_crop_and_selection():
     assert torch.equal(keys, torch.cat([prompt_keys[:, :, :3], step_keys * 2], dim=2))
     assert layer.key_buffer.data_ptr() == buffer
     layer.batch_select_indices(torch.tensor([2, 0]))  # generate's drop of finished rows: a copy off the buffer
+    assert layer.key_buffer is None and layer.value_buffer is None  # the old rows' memory goes, as DynamicCache's
+    with pytest.raises(ValueError, match="do not match"):
+        layer.update(step_keys[:1], step_values[:1])  # one row into a 2-row cache: refused, not broadcast
     keys, values = layer.update(step_keys[:2], step_values[:2])
     assert layer.key_buffer.data_ptr() != buffer and keys.shape == (2, 2, 5, 5)
     expected = torch.cat([prompt_keys[[2, 0], :, :3], 2 * step_keys[[2, 0]], step_keys[:2]], dim=2)
@@ -107,13 +119,17 @@ def test_roomy_layer_writes_in_place_and_follows_crop_and_selection():
 
 def test_roomy_cache_leaves_other_layer_kinds():
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicSlidingWindowLayer
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
     cache = DynamicCache()
     cache.update(states(1, 1, 3, 2, seed=0), states(1, 1, 3, 2, seed=1), 0)
     cache.layers.append(DynamicSlidingWindowLayer(sliding_window=4))
     fast_generate.roomy_cache(None, cache, capacity=8)
     assert type(cache.layers[0]) is fast_generate.RoomyLayer and cache.layers[0].get_seq_length() == 3
     assert type(cache.layers[1]) is DynamicSlidingWindowLayer
+    offloaded = DynamicCache(offloading=True)  # its layers move to the CPU between uses: left as HF made them
+    offloaded.layers.append(DynamicLayer())
+    offloaded.layers[0].update(states(1, 1, 3, 2, seed=0), states(1, 1, 3, 2, seed=1))  # (a CUDA stream otherwise)
+    assert type(fast_generate.roomy_cache(None, offloaded, capacity=8).layers[0]) is DynamicLayer
 
 
 # --------------------------------------------------------------------------------------------------

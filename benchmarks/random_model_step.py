@@ -91,7 +91,7 @@ def main(argv=None):
                    help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
     if args.concatenated_cache:  # the measurement of what roomy_cache saves
-        fast_generate.roomy_cache = lambda model, cache, capacity: cache
+        fast_generate.roomy_cache = fast_generate.concatenating_cache
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape)
     model.to(args.device).train()

@@ -72,7 +72,7 @@ def main(argv=None):
             options = dict(options)
             roomy = fast_generate.roomy_cache
             if options.pop("concatenated_cache", False):  # HF's DynamicCache as it is (before roomy_cache)
-                fast_generate.roomy_cache = lambda model, cache, capacity: cache
+                fast_generate.roomy_cache = fast_generate.concatenating_cache
             torch.manual_seed(round_index)
             start = time.perf_counter()
             try:

@@ -55,7 +55,7 @@ def concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **opti
     for roomy in (False, True):
         with monkeypatch.context() as patch:
             if not roomy:
-                patch.setattr(fast_generate, "roomy_cache", lambda model, cache, capacity: cache)
+                patch.setattr(fast_generate, "roomy_cache", fast_generate.concatenating_cache)
             torch.manual_seed(seed)
             result.append(generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, **options))
     return result

@@ -42,6 +42,7 @@ KNOWN_SHAPES = {  # from the models' config.json (nothing downloads): hidden, la
     "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True),
 }
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +159,7 @@ def probe(device, dtype="fp32", *, sizes=None, copy_mib=None, repeats=8):
     device = torch.device(device)
     sizes = sizes or ((4096, 8192) if device.type == "cuda" else (128, 256, 512, 1024))
     copy_mib = copy_mib or (1024 if device.type == "cuda" else 256)
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     flops = 0.0
     for size in sizes:  # as many repeats of a small size as of the largest one's FLOPs: a fair chance at the best
         a, b = (torch.randn(size, size, device=device, dtype=torch_dtype) for _ in range(2))
@@ -176,7 +177,7 @@ def probe(device, dtype="fp32", *, sizes=None, copy_mib=None, repeats=8):
 
 def matmul_rate(device, dtype, rows, inner, outer, repeats=5):
     """FLOP/s of [rows, inner] @ [inner, outer] here: what the model's own widths reach against the probe's peak."""
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     a = torch.randn(rows, inner, device=device, dtype=torch_dtype)
     b = torch.randn(inner, outer, device=device, dtype=torch_dtype)
     return 2 * rows * inner * outer / best_seconds(lambda: a @ b, torch.device(device), repeats)
@@ -200,7 +201,7 @@ def decode_costs(shape, device, dtype, peaks, *, rows, budget_mib=256):
     weights are read at, against the probe's bandwidth. (2) Sampling one token per row from the vocabulary
     (torch.multinomial over softmax, as generate does each step) against one token's bytes floor."""
     device = torch.device(device)
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     nbytes = DTYPE_BYTES[dtype]
     outs = [shape.heads * shape.dim, shape.kv_heads * shape.dim, shape.kv_heads * shape.dim, shape.hidden]
     layer = [(o, shape.hidden) for o in outs[:3]] + [(shape.hidden, shape.heads * shape.dim)] + \

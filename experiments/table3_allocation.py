@@ -14,6 +14,13 @@ Protocol (DESIGN.md section 7), every step a flag:
        --exact   || grad_theta (1/N) sum_i A_i sum_t log pi(o_it) ||_2: the L2 norm of the prompt's own parameter
                  gradient of the unclipped on-policy objective (token-mean), one backward per prompt
   7. Share of a bin = sum of the budgets of its prompts / sum over all prompts. Bins [0,.1) [.1,.5) [.5,.9) [.9,1].
+What is identity and what is measurement: with binary rewards (Countdown, GSM8K, DeepMath), a group of k successes
+out of M gives every success one advantage and every failure another under either estimator, and both sum to 0, so
+SoftmaxGRPO's advantages are GRPO's times a factor c(k) of the group alone (binary_advantage_ratio; DESIGN.md
+section 7), and each bin's budget under one estimator is its budget under the other, reweighted by c(k). Comparing
+the two estimators' shares on the same samples therefore measures nothing about a policy: it follows from the
+samples' k-histogram, which is the measured part (and so does --exact's, which is linear in A). What carries
+information is the histogram itself and each method's share on its own trained policy's samples.
 Reading the table: a group whose rewards are all equal has A = 0 under both methods, so its budget is 0. With
 binary rewards and M < 10 the bin [0, .1) holds only p = 0 groups, so its share is 0 by construction; use -M 16
 to resolve it. (Knights-and-Knaves rewards are graded, so p = 0 groups can still carry budget there.)
@@ -152,6 +159,25 @@ def allocation_table(rewards, pass_threshold, lengths, *, tau, exact_budgets=Non
                 rows.append({"bin": BIN_NAMES[b], "prompts": counts[b], "method": method, "budget": budget_name,
                              "share": share})
     return rows
+
+
+def binary_advantage_ratio(k, M, tau):
+    """c(k): SoftmaxGRPO's advantages over GRPO's for a binary-reward group of k successes out of M (0 < k < M), from
+    the lesson's group_advantages. The two advantage vectors are proportional (both give the successes one value
+    and the failures another, and both sum to 0), so the ratio is one number; closed form, with GRPO's sample std:
+    c(k) = (e^(1/tau) - 1) sqrt(k (M - k)) / ((k e^(1/tau) + M - k) sqrt((M - 1) / M)). ValueError if not
+    proportional (the estimators changed)."""
+    rewards = (torch.arange(M) < k).double()[None]  # [1, M]: k successes
+    softmax, grpo = group_advantages(rewards, "softmax", tau=tau)[0], group_advantages(rewards, "grpo")[0]
+    ratio = softmax / grpo
+    if not torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-6):
+        raise ValueError(f"SoftmaxGRPO's advantages are not a multiple of GRPO's at k = {k}, M = {M}")
+    return ratio[0].item()
+
+
+def identity_table(M, tau):
+    """The per-k budget ratio c(k) for k = 1 .. M - 1: what the same-samples comparison is, for any policy."""
+    return [{"k": k, "ratio": binary_advantage_ratio(k, M, tau)} for k in range(1, M)]
 
 
 def print_table(rows, tau):

@@ -30,6 +30,7 @@ from harness.model import save_policy
 
 TRAINER_STATE = "trainer_state.pt"
 RUN_SETTINGS = "run.json"
+RUN_SETTINGS_LIMIT = 1 << 20  # bytes: a run.json is ~2 KB
 LOCK = ".lock"
 RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
 RUN_OUTPUTS = ("metrics.png", "tensorboard", "wandb")  # drawn from its metrics (plot_metrics, --report-to): an
@@ -196,11 +197,15 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     return final
 
 
-def save_policy_atomically(model, tokenizer, folder, info=None):
+def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     """save_pretrained into a temporary folder of this process, then rename: a kill or a full disk never leaves a
-    half-written folder (a failure to write is a RunError). When another run has meanwhile saved a complete
-    `folder` (two runs of a seed sweep computing the same warm start), its copy is kept and ours dropped."""
+    half-written folder (a failure to write is a RunError). `folder` must not exist (else a RunError, nothing
+    written), except for the tiny model's caches (cache=True: a warm start, with its `info`): when another run has
+    meanwhile saved a complete copy there (two runs of a seed sweep computing the same warm start), its copy is
+    kept and ours dropped, and a cache folder left incomplete is replaced. Nothing else is deleted or written into."""
     tmp = f"{folder}.tmp-{os.getpid()}"
+    if not cache and os.path.lexists(folder):
+        raise RunError(f"{folder} already exists; name a folder that does not exist yet (nothing was written)")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
@@ -213,11 +218,15 @@ def save_policy_atomically(model, tokenizer, folder, info=None):
                 os.rename(tmp, folder)  # fails when folder exists and is not empty: never replaces another's copy
                 return
             except OSError as error:
-                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY) or attempt:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR) or attempt:
                     raise
+            if not cache or not os.path.isdir(folder) or os.path.islink(folder):  # appeared meanwhile: not ours
+                raise RunError(f"{folder} appeared while the model was being written; nothing was written there")
             if os.path.isfile(os.path.join(folder, "warm_start.json" if info is not None else "config.json")):
                 return  # complete: the other run's identical result stays, ours goes (finally)
-            shutil.rmtree(folder, ignore_errors=True)  # an incomplete leftover
+            shutil.rmtree(folder, ignore_errors=True)  # a warm-start cache folder left incomplete
+    except RunError:
+        raise
     except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
         raise RunError(write_failed(folder, error, otherwise="")) from None
     finally:  # also after a signal's Stopped: no half-written copy stays
@@ -288,6 +297,9 @@ def resolve_checkpoint(path, log=print):
                 f"{os.path.basename(newest)}, the newest complete one")
             return newest
         path = latest
+    elif os.path.dirname(os.path.realpath(path)) != os.path.realpath(os.path.dirname(os.path.abspath(path))):
+        raise RunError(f"--resume {path}: a link to {os.path.realpath(path)}, outside the folder it stands in; a "
+                       "resumed run writes only into its own run folder: resume from the checkpoint where it is")
     path = os.path.realpath(path)
     if not is_complete(path):
         raise RunError(f"--resume {path}: not a complete train.py checkpoint (no {RUN_SETTINGS} or "
@@ -299,9 +311,11 @@ def load_run_settings(checkpoint_dir):
     """The settings saved in run.json (a dict; config.Config checks its keys and values)."""
     path = os.path.join(checkpoint_dir, RUN_SETTINGS)
     try:
+        if not os.path.isfile(path) or os.path.getsize(path) > RUN_SETTINGS_LIMIT:
+            raise ValueError(f"not a regular file of at most {RUN_SETTINGS_LIMIT} bytes")
         with open(path) as f:
             settings = json.load(f)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: deeply nested JSON
         raise RunError(f"{path} is unreadable ({error}); resume from another checkpoint-<step>") from None
     if not isinstance(settings, dict):
         raise RunError(f"{path}: not a JSON object of settings; resume from another checkpoint-<step>")

@@ -368,13 +368,10 @@ def load(argv=None, prog="train.py"):
 # --------------------------------------------------------------------------------------------------------------
 # --resume: the saved run's settings
 # --------------------------------------------------------------------------------------------------------------
-def resumed(config, log=print):
-    """The saved run's settings (run.json of the checkpoint config.resume names) with the flags given now merged in:
-    a flag a resumed run may change (resumable()) takes the new value, any other must equal the saved one (else a
-    RunError). The run continues in the checkpoint's own folder. Saved settings pass the same checks as flags."""
-    if not os.path.exists(config.resume):
-        raise ValueError(f"--resume {config.resume}: no such folder")
-    checkpoint_dir = resolve_checkpoint(config.resume, log)
+def saved_config(checkpoint_dir):
+    """A checkpoint's run.json -> its settings as a validated Config: the one reader of run.json (train.py's
+    --resume, merge_lora, the experiments). An older run.json's missing ADDED_SETTINGS take their defaults (off);
+    any other missing or unknown key, or a value that fails validate(), is a RunError naming the file."""
     saved, path = load_run_settings(checkpoint_dir), os.path.join(checkpoint_dir, "run.json")
     keys = {f.name for f in dataclasses.fields(Config) if f.metadata.get("saved", True)}
     defaults = {f.name: f.default for f in dataclasses.fields(Config) if f.name in ADDED_SETTINGS}
@@ -382,6 +379,35 @@ def resumed(config, log=print):
     if set(saved) != keys:
         raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
                        f"{sorted(set(saved) - keys)}); resume from another checkpoint")
+    try:
+        return Config(**saved).validate()
+    except (TypeError, ValueError) as error:
+        raise RunError(f"{path}: {error}; resume from another checkpoint") from None
+
+
+def named_task(saved, config, path):
+    """The task a resumed run may import: a built-in one as saved; a task file or module only when this command
+    line names it with --task (a run folder someone handed over never chooses code to run). -> the task."""
+    if saved.task in tasks.TASKS:
+        return saved.task
+    if "task" not in config.given:
+        raise RunError(f"{path}: this run's task is your own code ({saved.task}); a resume imports only code its "
+                       f"command line names: add --task {saved.task} (or where that file is now)")
+    if config.task in tasks.TASKS:
+        raise RunError(f"--task {config.task} conflicts with the run being resumed, whose task is your own code "
+                       f"({saved.task}); name that file or module")
+    return config.task  # its sha256 is checked against the saved one when the task is built (run.task_file)
+
+
+def resumed(config, log=print):
+    """The saved run's settings (run.json of the checkpoint config.resume names) with the flags given now merged in:
+    a flag a resumed run may change (resumable()) takes the new value, any other must equal the saved one (else a
+    RunError). The run continues in the checkpoint's own folder. Saved settings pass the same checks as flags; a
+    task file or module is imported only when --task names it again (named_task)."""
+    if not os.path.exists(config.resume):
+        raise ValueError(f"--resume {config.resume}: no such folder")
+    checkpoint_dir = resolve_checkpoint(config.resume, log)
+    saved, path = saved_config(checkpoint_dir), os.path.join(checkpoint_dir, "run.json")
     run_dir, name = os.path.dirname(checkpoint_dir), os.path.basename(checkpoint_dir)
     step = checkpoint_step(run_dir, name)
     if step is None:
@@ -392,16 +418,18 @@ def resumed(config, log=print):
         raise RunError(f"--output-dir {config.output_dir} conflicts with the run being resumed, which lives in "
                        f"{run_dir}; drop the flag")
     normal = lambda value: json.loads(json.dumps(value))  # noqa: E731  (tuples -> lists, as saved)
-    changes = {}
+    changes = {"task": named_task(saved, config, path)}
     for key in sorted(config.given - {"resume", "dry_run", "output_dir", "overwrite"}):
-        value = {**saved["task_options"], **config.task_options} if key == "task_options" else getattr(config, key)
+        value = {**saved.task_options, **config.task_options} if key == "task_options" else getattr(config, key)
         if key in resumable():
             changes[key] = value
-        elif normal(value) != saved[key]:
+        elif key == "task" and saved.task not in tasks.TASKS:
+            continue  # named_task
+        elif normal(value) != normal(getattr(saved, key)):
             raise RunError(f"{flag_name(key)} {getattr(config, key)} conflicts with the run being resumed "
-                           f"({saved[key]!r}); drop the flag, or start a new run with another --output-dir")
+                           f"({getattr(saved, key)!r}); drop the flag, or start a new run with another --output-dir")
     try:
-        return Config(**{**saved, **changes, "resume": checkpoint_dir, "output_dir": run_dir,
-                         "dry_run": config.dry_run, "given": config.given}).validate()
+        return dataclasses.replace(saved, **changes, resume=checkpoint_dir, output_dir=run_dir,
+                                   dry_run=config.dry_run, given=config.given).validate()
     except (TypeError, ValueError) as error:
         raise RunError(f"{path}: {error}; resume from another checkpoint") from None

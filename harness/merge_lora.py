@@ -7,9 +7,11 @@ A LoRA checkpoint holds the adapters only (harness/model.py, save_adapters); its
 ordinary save_pretrained model with the run's tokenizer: transformers loads it without peft.
 """
 import argparse
+import os
 import sys
 
-from harness.checkpoint import RunError, load_run_settings, resolve_checkpoint, save_policy_atomically
+from harness.checkpoint import RunError, resolve_checkpoint, save_policy_atomically
+from harness.config import saved_config
 
 
 def main(argv=None):
@@ -18,19 +20,23 @@ def main(argv=None):
     parser.add_argument("output", help="the folder to write the merged model into (must not exist)")
     args = parser.parse_args(argv)
     try:
+        if os.path.lexists(args.output):  # before anything loads: nothing there is ever replaced
+            raise RunError(f"{args.output} already exists; name a folder that does not exist yet")
         checkpoint = resolve_checkpoint(args.checkpoint)
-        settings = load_run_settings(checkpoint)
-        if not settings.get("lora_rank"):
+        settings = saved_config(checkpoint)  # run.json, validated
+        if not settings.lora_rank:
             raise RunError(f"{checkpoint}: not a LoRA run (its weights are already a plain model)")
+        if not settings.initial_policy:
+            raise RunError(f"{checkpoint}/run.json: no initial_policy (the base weights the adapters belong to)")
         from harness.model import load_adapters, load_policy, load_tokenizer, merge_adapters
         tokenizer = load_tokenizer(checkpoint)
-        base, _ = load_policy(settings["initial_policy"], tokenizer=tokenizer)
-        model = merge_adapters(load_adapters(base, checkpoint))
+        base, _ = load_policy(settings.initial_policy, tokenizer=tokenizer)
+        model = merge_adapters(load_adapters(base, checkpoint, settings))
         save_policy_atomically(model, tokenizer, args.output)
     except (RunError, ValueError) as error:
         print(f"merge_lora: error: {error}", file=sys.stderr)
         sys.exit(1)
-    print(f"merged {checkpoint} (adapters of rank {settings['lora_rank']}) into {args.output}")
+    print(f"merged {checkpoint} (adapters of rank {settings.lora_rank}) into {args.output}")
 
 
 if __name__ == "__main__":

@@ -194,7 +194,7 @@ def add_lora(model, rank, alpha, targets):
     weight frozen. -> the same HF model with peft's layers inside, so the lesson's code runs on it unchanged. Each
     adapter starts at B = 0: the policy starts as the base model exactly. alpha: None = 2 x rank."""
     require_peft()
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
     names = targets.split(",")
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     if "lm_head" in names:  # the float32 head (fast_logprobs.float32_logits) reads the head's weight directly
@@ -203,8 +203,7 @@ def add_lora(model, rank, alpha, targets):
     if [name for name in names if name not in present]:
         raise ValueError(f"--lora-targets: {model.config.model_type} has no module named "
                          f"{', '.join(name for name in names if name not in present)}")
-    config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=names, lora_dropout=0.0, bias="none")
-    model = inject_adapter_in_model(config, model)  # sets model.peft_config and freezes the rest
+    model = inject_adapter_in_model(lora_config(rank, alpha, targets), model)  # sets model.peft_config
     for name, param in model.named_parameters():
         param.requires_grad_(".lora_" in name)
     return model
@@ -234,21 +233,69 @@ def save_adapters(model, folder):
     model.peft_config["default"].save_pretrained(folder)
 
 
-def load_adapters(model, folder):
-    """save_adapters' folder into the base `model`, trainable, in place -> model. One-line ValueErrors."""
-    require_peft()
-    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
-    from safetensors.torch import load_file
+def lora_config(rank, alpha, targets):
+    """The one LoraConfig of this project's adapters (--lora-rank, --lora-alpha, --lora-targets): plain LoRA, no
+    dropout, no bias, alpha None = 2 x rank. A checkpoint's adapter_config.json must say exactly this."""
+    from peft import LoraConfig
+    return LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=targets.split(","), lora_dropout=0.0,
+                      bias="none")
+
+
+ADAPTER_CONFIG_LIMIT = 1 << 20  # bytes: a PEFT adapter_config.json is ~1 KB
+UNCHECKED_ADAPTER_KEYS = {"peft_version", "base_model_name_or_path", "revision", "inference_mode", "task_type"}
+
+
+def check_adapter_files(folder, expected, model):
+    """A ValueError naming the field when the folder's adapter_config.json says anything but `expected` (the run's
+    settings: alpha, rsLoRA, dropout, patterns, an initialisation that rewrites the base weights, ...) or its
+    adapter_model.safetensors holds a tensor this model's adapters do not have, in the shape they have (read
+    from the file's header: nothing is allocated for a wrong one)."""
+    from safetensors import safe_open
+    path = os.path.join(folder, "adapter_config.json")
     try:
-        config = LoraConfig.from_pretrained(folder)
-        weights = {key.removeprefix("base_model.model."): value
-                   for key, value in load_file(os.path.join(folder, ADAPTER_WEIGHTS)).items()}
-    except Exception as error:  # a missing or corrupt file: safetensors, json and peft each raise their own
+        if not os.path.isfile(path) or os.path.getsize(path) > ADAPTER_CONFIG_LIMIT:
+            raise ValueError("not a regular file of at most 1 MiB")
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError, RecursionError) as error:
+        raise ValueError(f"{path}: unreadable ({str(error).splitlines()[0] if str(error) else type(error).__name__})")
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    wanted = {key: sorted(value) if isinstance(value, set) else value for key, value in expected.to_dict().items()}
+    for key in sorted(set(saved) | set(wanted)):
+        ours, theirs = wanted.get(key), saved.get(key)
+        if key == "target_modules" and isinstance(theirs, list):
+            theirs = sorted(map(str, theirs))
+        if key not in UNCHECKED_ADAPTER_KEYS and theirs != ours:
+            raise ValueError(f"{path}: {key} is {theirs!r}, but this run's settings (run.json) make it {ours!r}")
+    from peft import get_peft_model_state_dict
+    shapes = {name: tuple(p.shape) for name, p in get_peft_model_state_dict(model).items()}  # as save_adapters
+    try:
+        with safe_open(os.path.join(folder, ADAPTER_WEIGHTS), framework="pt") as weights:
+            found = {key.removeprefix("base_model.model."): tuple(weights.get_slice(key).get_shape())
+                     for key in weights.keys()}
+    except Exception as error:  # noqa: BLE001 -- a missing or corrupt file: safetensors raises its own
         raise ValueError(f"{folder}: no readable LoRA adapters ({type(error).__name__})") from None
-    model = inject_adapter_in_model(config, model)
+    wrong = sorted(key for key in set(found) | set(shapes) if found.get(key) != shapes.get(key, "absent"))
+    if wrong:
+        raise ValueError(f"{folder}/{ADAPTER_WEIGHTS}: {wrong[0]} is {found.get(wrong[0], 'missing')}, but this "
+                         f"run's adapters have {shapes.get(wrong[0], 'no such tensor')} ({len(wrong)} such)")
+
+
+def load_adapters(model, folder, settings):
+    """save_adapters' folder into the base `model`, trainable, in place -> model. The adapters are the ones the run's
+    settings (a Config: lora_rank, lora_alpha, lora_targets) describe, and the folder's files must agree with them
+    (check_adapter_files). One-line ValueErrors."""
+    require_peft()
+    from peft import inject_adapter_in_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+    expected = lora_config(settings.lora_rank, settings.lora_alpha, settings.lora_targets)
+    model = inject_adapter_in_model(expected, model)
+    check_adapter_files(folder, expected, model)
+    weights = {key.removeprefix("base_model.model."): value
+               for key, value in load_file(os.path.join(folder, ADAPTER_WEIGHTS)).items()}
     result = set_peft_model_state_dict(model, weights)
-    expected = {key for key in model.state_dict() if ".lora_" in key}
-    if result.unexpected_keys or len(weights) != len(expected):
+    if result.unexpected_keys:
         raise ValueError(f"{folder}: its LoRA adapters do not fit this model")
     for name, param in model.named_parameters():
         param.requires_grad_(".lora_" in name)

@@ -132,17 +132,14 @@ def settle(config):
 
 
 def task_file(config):
-    """For a task file (tasks/custom.py): a copy of config holding the file's sha256. A resumed run's file must be
-    the one it started with, unless --task is given again (then the changed file is used, with a note)."""
+    """For a task file (tasks/custom.py): a copy of config holding the file's sha256. A resumed run names its file
+    with --task again (config.named_task); when that file is not the one the run started with, a note says so."""
     if not tasks.is_task_file(config.task):
         return config
     digest = tasks.custom.file_sha256(tasks.custom.source_file(config.task))
     if config.resume and digest != config.task_file_sha256:
-        if "task" not in config.given:
-            raise InputError(f"{config.task} changed since this run started (sha256 {config.task_file_sha256[:12]}"
-                             f"..., now {digest[:12]}...); restore it, or pass --task {config.task} again to resume "
-                             "with the changed file")
-        say(f"note: {config.task} changed since this run started; resuming with the changed file, as --task asks")
+        say(f"note: {config.task} is not the file this run started with (sha256 {str(config.task_file_sha256)[:12]}"
+            f"..., now {digest[:12]}...); resuming with it, as --task asks")
     return dataclasses.replace(config, task_file_sha256=digest)
 
 
@@ -252,11 +249,35 @@ def adamw_class(config):
     return AdamW8bitFloatLR
 
 
+OPTIMIZER_SETTINGS_SET_EACH_STEP = {"lr"}  # the loop's warm-up sets it before every step
+
+
+def check_optimizer_settings(optimizer, saved, checkpoint_dir):
+    """A RunError naming the setting when a checkpoint's optimizer param_groups say anything but what this run's
+    settings built (weight decay, betas, eps, `maximize`, ...): load_state_dict would silently take the file's."""
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups) or \
+            not all(isinstance(group, dict) for group in groups):
+        raise RunError(f"{checkpoint_dir}/trainer_state.pt: its optimizer state does not fit this model (other "
+                       "parameter groups); resume from another checkpoint")
+    for ours, theirs in zip(optimizer.param_groups, groups):
+        for key in sorted((set(ours) | set(theirs)) - {"params"} - OPTIMIZER_SETTINGS_SET_EACH_STEP):
+            mine, other = ours.get(key, "absent"), theirs.get(key, "absent")
+            if torch.is_tensor(mine) or torch.is_tensor(other):
+                same = torch.is_tensor(mine) and torch.is_tensor(other) and torch.equal(mine, other)
+            else:  # (0.9, 0.999) saved as a list is the same; True is not 1
+                plain = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
+                same = plain(mine) == plain(other) and isinstance(mine, bool) == isinstance(other, bool)
+            if not same:
+                raise RunError(f"{checkpoint_dir}/trainer_state.pt: its optimizer's {key} is {other!r}, but this "
+                               f"run's settings (run.json) make it {mine!r}; resume from another checkpoint")
+
+
 def memory_options(config, model):
     """The policy with --lora-rank's adapters (fresh, or the resumed checkpoint's) and --gradient-checkpointing."""
     if config.lora_rank:
         with policy_load_errors(config):
-            model = load_adapters(model, config.resume) if config.resume else \
+            model = load_adapters(model, config.resume, config) if config.resume else \
                 add_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
     if config.gradient_checkpointing:
         enable_checkpointing(model)
@@ -305,6 +326,7 @@ class RunState:
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
         if self.config.resume:
             saved = load_trainer_state(self.config.resume)
+            check_optimizer_settings(optimizer, saved["optimizer"], self.config.resume)
             try:
                 optimizer.load_state_dict(saved["optimizer"])
                 for param in model.parameters():  # load_state_dict checks counts, not shapes
@@ -321,6 +343,8 @@ class RunState:
                                f"({type(error).__name__}); resume from another checkpoint") from None
             self.step, self.initial_eval = saved["step"], saved["initial_eval"]
             self.last_eval = (saved["step"], saved.get("last_eval"))
+            # what can fail without changing the folder goes first: the loggers (a W&B run id it refuses, ...)
+            self.reporters = report.open_reporters(self.config, self.step + 1)
             if self.step < self.config.steps:  # it goes on: from here on it replaces any later timeline
                 rewrite_metrics(self.metrics_path, (row for row in metrics_rows(self.metrics_path, print)
                                                     if row["step"] <= self.step))  # rows after it: dropped
@@ -333,9 +357,8 @@ class RunState:
                   + ("" if self.step < self.config.steps else f"; --steps {self.config.steps} is reached: nothing "
                      "to train (raise --steps to go on)"), flush=True)
         else:
+            self.reporters = report.open_reporters(self.config, 0)  # before metrics.jsonl claims the folder
             rewrite_metrics(self.metrics_path, [])
-        self.reporters = report.open_reporters(self.config, self.step + 1 if self.config.resume else 0)
-        if not self.config.resume:
             self.initial_eval = self.eval_now(0)
         self.step_started = time.time()
 

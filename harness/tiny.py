@@ -162,7 +162,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
                     f"(no gain in {patience * eval_every} steps); RL starts from here")
                 break
     info = {"steps": step, "pass@1": metrics["pass@1"], "reward": metrics["reward"], "loss": loss.item()}
-    save_policy_atomically(model, tokenizer, cache_dir, info)
+    save_policy_atomically(model, tokenizer, cache_dir, info, cache=True)
     return model, info
 
 
@@ -201,5 +201,5 @@ def prepare(config, model, tokenizer, task, *, log=print):
                               eval_examples=task.examples("test", config.eval_size, seed=config.seed + 1),
                               seed=config.seed, log=log)
     else:
-        save_policy_atomically(model, tokenizer, folder)
+        save_policy_atomically(model, tokenizer, folder, cache=True)
     return model

@@ -422,3 +422,38 @@ def test_an_experiment_dry_run_prints_each_runs_settings(tmp_path, capsys):
     assert [s["seed"] for s in settings] == [0, 1]
     assert [s["output_dir"] for s in settings] == [str(out / "seed0"), str(out / "seed1")]
     assert not os.path.exists(out / "seed0" / "metrics.jsonl")
+
+
+# --- Table 3: what is identity and what is measurement ----------------------------------------------------------------
+@pytest.mark.parametrize("M, tau", [(16, 0.1), (8, 0.3), (4, 1.0)])
+def test_binary_softmax_advantages_are_grpos_times_a_factor_of_k(M, tau):
+    # Both estimators give a group's successes one advantage and its failures another, summing to 0: proportional.
+    # By hand: A_soft(success) = (M-k)(e-1)/(k e + M - k) with e = exp(1/tau); A_grpo(success) = (1-p)/s with the
+    # sample std s = sqrt(M/(M-1) p (1-p)), p = k/M; their ratio is the closed form below.
+    from experiments.table3_allocation import identity_table
+    e = math.exp(1 / tau)
+    for row in identity_table(M, tau):
+        k = row["k"]
+        closed = (e - 1) * math.sqrt(k * (M - k)) / ((k * e + M - k) * math.sqrt((M - 1) / M))
+        assert row["ratio"] == pytest.approx(closed, rel=1e-5)  # float32 and GRPO's eps in the std
+    ratios = [row["ratio"] for row in identity_table(M, tau)]
+    assert all(a > b for a, b in zip(ratios, ratios[1:]))  # falls strictly with k, for any policy
+
+
+def test_the_same_samples_share_comparison_follows_from_the_k_histogram_alone():
+    # Any binary rewards and lengths: SoftmaxGRPO's bin shares equal GRPO's budgets reweighted by c(k), so the
+    # comparison on the same samples carries no information beyond which k each prompt had.
+    from experiments.table3_allocation import allocation_table, binary_advantage_ratio, bin_index, token_budget
+    from softmax_grpo import group_advantages
+    generator = torch.Generator().manual_seed(0)
+    M, tau = 16, 0.1
+    rewards = (torch.rand(64, M, generator=generator) < torch.rand(64, 1, generator=generator) ** 2).float()
+    lengths = torch.randint(1, 40, (64, M), generator=generator).float()
+    rows = allocation_table(rewards, 1.0, lengths, tau=tau)
+    k = rewards.sum(1).long()
+    factor = torch.tensor([binary_advantage_ratio(int(j), M, tau) if 0 < j < M else 0.0 for j in k])
+    budget = token_budget(group_advantages(rewards, "grpo"), lengths) * factor
+    bins = bin_index(k.float() / M)
+    predicted = torch.stack([budget[bins == b].sum() for b in range(4)]) / budget.sum()
+    measured = torch.tensor([r["share"] for r in rows if r["method"] == "softmax"])
+    assert torch.allclose(measured, predicted.float(), atol=1e-5)

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 import train
 from harness import model as model_module
+from harness.checkpoint import checkpoint_steps
 from harness.config import Config
 from harness.model import add_lora, enable_checkpointing, load_policy, merge_adapters, without_adapters
 from rollout import token_logprobs
@@ -163,6 +164,62 @@ def test_export_of_a_lora_run_is_a_plain_model(tmp_path, digits_task):
     export([str(out / "latest"), str(tmp_path / "merged")])
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     assert not any("lora" in name for name in loaded.state_dict())
+
+
+@pytest.mark.parametrize("inside", ["files", "config.json"])
+def test_export_never_writes_into_an_existing_folder(tmp_path, digits_task, capsys, inside):
+    # It deleted everything in a non-empty folder without config.json, and said "merged" into one with it
+    from harness.merge_lora import main as export
+    out, target = tmp_path / "run", tmp_path / "mine"
+    lora_run(out, "--steps", "1")
+    capsys.readouterr()
+    (target / "notes").mkdir(parents=True)
+    (target / "notes" / "thesis.txt").write_text("years of work")
+    (target / ("config.json" if inside == "config.json" else "data.csv")).write_text("{}")
+    before = sorted((p.relative_to(target), p.read_bytes() if p.is_file() else None) for p in target.rglob("*"))
+    with pytest.raises(SystemExit) as exit_info:
+        export([str(out / "latest"), str(target)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and err == f"merge_lora: error: {target} already exists; name a folder " \
+        "that does not exist yet"
+    assert sorted((p.relative_to(target), p.read_bytes() if p.is_file() else None) for p in target.rglob("*")) \
+        == before
+
+
+@pytest.mark.parametrize("key, value", [("lora_alpha", 64), ("use_rslora", True), ("lora_dropout", 0.5),
+                                        ("alpha_pattern", {"q_proj": 99}), ("init_lora_weights", "pissa"),
+                                        ("r", 8), ("modules_to_save", ["lm_head"]), ("target_modules", ["q_proj"])])
+def test_an_adapter_config_that_disagrees_with_run_json_is_one_line(tmp_path, digits_task, capsys, key, value):
+    # peft would take the file's word (alpha, rsLoRA, a PiSSA init that rewrites the base weights) and resume rc 0
+    from harness.merge_lora import main as export
+    out = tmp_path / "run"
+    lora_run(out, "--steps", "2", "--save-every", "1", "--keep-checkpoints", "0")
+    path = out / "checkpoint-1" / "adapter_config.json"
+    saved = json.loads(path.read_text())
+    saved[key] = value
+    path.write_text(json.dumps(saved))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--resume", str(out / "checkpoint-1"), "--steps", "3"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 1 and f"adapter_config.json: {key} is {value!r}" in err, err
+    assert "run.json" in err and checkpoint_steps(str(out)) == [1, 2]
+    with pytest.raises(SystemExit):
+        export([str(out / "checkpoint-1"), str(tmp_path / "merged")])
+    assert f"{key} is {value!r}" in capsys.readouterr().err and not os.path.exists(tmp_path / "merged")
+
+
+def test_adapter_weights_of_another_rank_are_refused_from_the_header(tmp_path, digits_task, capsys):
+    from safetensors.torch import save_file
+    out = tmp_path / "run"
+    lora_run(out, "--steps", "1")
+    weights = adapter_weights(out / "latest")
+    name = next(key for key in weights if "lora_A" in key)
+    weights[name] = torch.zeros(512, weights[name].shape[1])  # a rank far above run.json's
+    save_file(weights, str(out / "latest" / model_module.ADAPTER_WEIGHTS))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--resume", str(out), "--steps", "2"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 1 and "(512, " in err and "this run's adapters have (4, " in err, err
 
 
 def test_lora_without_peft_is_one_line(tmp_path, digits_task, capsys, monkeypatch):

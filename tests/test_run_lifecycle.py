@@ -247,10 +247,10 @@ def test_two_runs_saving_the_same_warm_start_keep_one_copy(tmp_path):
     tokenizer = build_char_tokenizer()
     first, second = (build_tiny_model(tokenizer, hidden_size=32, num_layers=1, seed=seed) for seed in (0, 1))
     folder = str(tmp_path / "warm_start-x")
-    checkpoint.save_policy_atomically(first, tokenizer, folder, {"steps": 1})
-    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2})
+    checkpoint.save_policy_atomically(first, tokenizer, folder, {"steps": 1}, cache=True)
+    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2}, cache=True)
     assert json.load(open(os.path.join(folder, "warm_start.json"))) == {"steps": 1}
     assert os.listdir(tmp_path) == ["warm_start-x"]
     os.remove(os.path.join(folder, "warm_start.json"))  # an incomplete leftover is replaced
-    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2})
+    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2}, cache=True)
     assert json.load(open(os.path.join(folder, "warm_start.json"))) == {"steps": 2}

@@ -473,6 +473,42 @@ def test_an_optimizer_state_of_the_wrong_shapes_is_one_line(finished_run, capsys
     assert "optimizer state does not fit this model" in err
 
 
+@pytest.mark.parametrize("key, value", [("maximize", True), ("weight_decay", 0.5), ("betas", [0.5, 0.5]),
+                                        ("eps", 1e-3), ("amsgrad", True)])
+def test_an_optimizer_setting_in_the_checkpoint_never_overrides_the_runs(finished_run, capsys, key, value):
+    # load_state_dict takes the file's param_groups: `maximize: true` trained by gradient ascent, with exit code 0
+    path = os.path.join(finished_run, "checkpoint-4", checkpoint.TRAINER_STATE)
+    state = torch.load(path, weights_only=True)
+    state["optimizer"]["param_groups"][0][key] = value
+    torch.save(state, path)
+    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert f"its optimizer's {key} is {value!r}" in err and "run.json" in err
+    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
+
+
+def test_a_resume_whose_loggers_fail_has_changed_nothing(finished_run, capsys, monkeypatch):
+    # Resuming checkpoint-2 of a 4-step run drops the rows of steps 3-4 and moves `latest`; a logger that fails to
+    # open (a W&B run id it refuses, a full disk under tensorboard/) used to do so after those changes.
+    from harness import report
+
+    def refuse(*args, **kwargs):
+        raise checkpoint.RunError("the logger refused")
+    monkeypatch.setattr(report, "open_reporters", refuse)
+    before = sorted(os.listdir(finished_run)), open(os.path.join(finished_run, "metrics.jsonl")).read()
+    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-2"), "--steps", "6"])
+    assert "the logger refused" in err
+    assert (sorted(os.listdir(finished_run)), open(os.path.join(finished_run, "metrics.jsonl")).read()) == before
+    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
+
+
+def test_deeply_nested_json_in_run_json_is_one_line(finished_run, capsys):
+    with open(os.path.join(finished_run, "checkpoint-4", "run.json"), "w") as f:
+        f.write("[" * 100_000 + "]" * 100_000)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert "run.json is unreadable" in err
+
+
 # --- 10. writes stay inside the folder given -------------------------------------------------------------------------
 def test_a_latest_pointing_into_another_folder_is_refused(finished_run, tmp_path, capsys):
     other = tmp_path / "other"
@@ -483,6 +519,17 @@ def test_a_latest_pointing_into_another_folder_is_refused(finished_run, tmp_path
     err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
     assert "points outside its run folder" in err
     assert checkpoint.checkpoint_steps(str(other)) == [2] and not os.path.exists(other / "checkpoint-5")
+
+
+def test_a_checkpoint_linked_in_from_another_run_is_refused(finished_run, tmp_path, capsys):
+    # --resume RUN/checkpoint-6 where that folder is a link into another run's folder: the run would continue there
+    other = tmp_path / "other"
+    run(other, "--steps", "6", "--save-every", "6")
+    os.symlink(os.path.join(other, "checkpoint-6"), os.path.join(finished_run, "checkpoint-6"))
+    before = sorted(os.listdir(other)), open(other / "metrics.jsonl").read()
+    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-6"), "--steps", "8"])
+    assert "outside the folder it stands in" in err
+    assert (sorted(os.listdir(other)), open(other / "metrics.jsonl").read()) == before
 
 
 def test_every_flag_appears_in_help_with_its_default():

@@ -153,10 +153,33 @@ def test_a_reward_that_raises_mid_run_shows_its_traceback_and_the_run_resumes_on
         f.write(textwrap.dedent(DIGITS_TASK.replace("{BROKEN}", "0.0")))
     resume = [sys.executable, "train.py", "--resume", out]
     proc = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "changed since this run started" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and f"add --task {path}" in proc.stderr, proc.stderr  # code is named, not found
     proc = subprocess.run(resume + ["--task", path], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "resuming with the changed file" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "is not the file this run started with" in proc.stdout, proc.stderr
     assert checkpoint.checkpoint_steps(out) == [2, 4]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_handed_over_run_folder_never_imports_a_task_file_of_its_choosing(tmp_path, dry_run):
+    # run.json may name any .py file, with task_file_sha256 set to that file's own hash: a resume must not import
+    # it unless the command line names it (--task), and then the file named is the one imported.
+    out = tmp_path / "run"
+    train.main(["--task", "countdown", "--output-dir", str(out), *SMALL, "--steps", "2"])
+    marker = tmp_path / "imported"
+    planted = task_file(tmp_path, f"open({str(marker)!r}, 'w').write('ran')\n" + DIGITS_TASK.replace("{BROKEN}", "1"),
+                        name="planted.py")
+    settings_path = out / "checkpoint-2" / "run.json"
+    settings = json.load(open(settings_path))
+    settings.update(task=planted, task_file_sha256=tasks.custom.file_sha256(planted))
+    settings_path.write_text(json.dumps(settings))
+    before = sorted(os.listdir(out)), open(out / "metrics.jsonl").read()
+    command = [sys.executable, "train.py", "--resume", str(out), "--steps", "3"] + (["--dry-run"] if dry_run else [])
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "a resume imports only code its command line names" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not marker.exists()
+    assert (sorted(os.listdir(out)), open(out / "metrics.jsonl").read()) == before
+    proc = subprocess.run(command + ["--task", "countdown"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "whose task is your own code" in proc.stderr and not marker.exists(), proc.stderr
 
 
 def test_a_reward_that_turns_nan_mid_run_is_one_line_and_keeps_the_files(tmp_path, capsys):
@@ -183,4 +206,6 @@ def test_resuming_a_run_whose_task_file_is_gone_is_one_line(tmp_path, capsys):
     path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", "1"))
     train.main(["--task", path, "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "2"])
     os.rename(path, path + ".moved")
-    assert f"--task {path}: no such file" in one_line(capsys, ["--resume", str(tmp_path / "run"), "--steps", "3"])
+    assert f"add --task {path}" in one_line(capsys, ["--resume", str(tmp_path / "run"), "--steps", "3"], code=1)
+    assert f"--task {path}: no such file" in one_line(capsys, ["--resume", str(tmp_path / "run"), "--steps", "3",
+                                                               "--task", path])

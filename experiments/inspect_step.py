@@ -38,7 +38,7 @@ PROG = "python -m experiments.inspect_step"
 SHOWN_ALPHA, SHOWN_ETA = 0.3, 0.5  # AR's and Lopti's paper values, shown when the run has them off
 GROUPS_SHOWN = 4                   # hardest, mixed, easiest, one without signal (fewer when they coincide)
 COMPLETIONS_SHOWN = 16             # per group; a larger M shows its first 16
-TOKENS_SHOWN = 3000                # completion tokens on the whole page (~75 bytes each): the page's size bound
+TOKENS_SHOWN = 2400                # completion tokens on the whole page (~95 bytes each): the page's size bound
 MIN_TOKENS_SHOWN = 16              # per completion, however many rows
 TOKEN_CHARS = 24                   # characters shown of one token's text
 PROMPT_CHARS = 400                 # characters shown of a prompt
@@ -75,13 +75,10 @@ class StepRecord:
     stats: dict = None
     source: str = ""
 
-    @property
-    def alpha(self):
-        return self.config.alpha or SHOWN_ALPHA
 
-    @property
-    def eta(self):
-        return self.config.lopti_eta or SHOWN_ETA
+def shown_alpha_eta(config):
+    """AR's alpha and Lopti's eta the page shows: the run's, or the papers' values where the run has them off."""
+    return config.alpha or SHOWN_ALPHA, config.lopti_eta or SHOWN_ETA
 
 
 def estimators(method):
@@ -116,18 +113,17 @@ def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, du
     run_advantages = advantages[config.method].view(-1)
     token_advantages = run_advantages[:, None] * mask if config.alpha == 0 else \
         reweight_advantages(run_advantages, old_probs, mask, config.alpha)  # what the update trains on
-    record = StepRecord(config=config, step=step, pass_threshold=task.pass_threshold, prompts=[], rewards=group_rewards,
-                        lengths=lengths, advantages=advantages, mask=mask, old_logprobs=old_logprobs,
-                        ar_weight=None, low=None, token_advantages=token_advantages, tokenizer=tokenizer,
-                        rollouts=rollouts, source=source, completion_ids=rollouts.input_ids[:, -mask.shape[1]:].cpu())
-    ones = torch.ones(len(mask))
-    record.ar_weight = reweight_advantages(ones, old_probs, mask, record.alpha)  # alpha p_old + 1 - alpha
-    record.low, _ = isolation_masks(old_probs, mask, record.eta)
-    prompt_width = rollouts.input_ids.shape[1] - mask.shape[1]
-    prompt_rows = rollouts.input_ids[::M, :prompt_width].masked_fill(rollouts.attention_mask[::M, :prompt_width] == 0,
-                                                                     tokenizer.pad_token_id)
-    record.prompts = tokenizer.batch_decode(prompt_rows, skip_special_tokens=True)
-    return record
+    alpha, eta = shown_alpha_eta(config)
+    ar_weight = reweight_advantages(torch.ones(len(mask)), old_probs, mask, alpha)  # alpha p_old + 1 - alpha
+    low, _ = isolation_masks(old_probs, mask, eta)
+    ids, attention = rollouts.input_ids.cpu(), rollouts.attention_mask.cpu()
+    prompt_width = ids.shape[1] - mask.shape[1]
+    prompts = ids[::M, :prompt_width].masked_fill(attention[::M, :prompt_width] == 0, tokenizer.pad_token_id)
+    return StepRecord(config=config, step=step, pass_threshold=task.pass_threshold,
+                      prompts=tokenizer.batch_decode(prompts, skip_special_tokens=True), rewards=group_rewards,
+                      lengths=lengths, advantages=advantages, completion_ids=ids[:, prompt_width:], mask=mask,
+                      old_logprobs=old_logprobs, ar_weight=ar_weight, low=low, token_advantages=token_advantages,
+                      tokenizer=tokenizer, rollouts=rollouts, source=source)
 
 
 def after_update(record, model, stats, *, path=None):
@@ -287,7 +283,7 @@ def step_section(record):
             ("method", f"{esc(NAMES.get(config.method, config.method))}, τ = {config.tau:g}; {ar}; {lopti}"),
             ("reward", f"mean {float(record.rewards.mean()):.3f}; {passing:.0%} of the completions pass (reward "
                        f"≥ {record.pass_threshold:g})"),
-            ("Lopti passes (η = %g)" % record.eta,
+            (f"Lopti passes (η = {shown_alpha_eta(config)[1]:g})",
              f"low (p_old &lt; η): {low / max(valid, 1):.1%} of the tokens; high: "
              f"{(valid - low) / max(valid, 1):.1%}"),
             ("the loss (update_policy)", ", ".join(f"{key} {stats[key]:.4g}" for key in

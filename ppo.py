@@ -83,6 +83,19 @@ def clipped_token_loss(logprobs, old_logprobs, advantages, *, clip_low=0.2, clip
     return token_loss
 
 
+def clip_masks(ratio, advantages, completion_mask, *, clip_low=0.2, clip_high=0.28):
+    """The tokens whose ratio the clipped surrogate holds (DESIGN.md section 4), where the loss's
+    gradient is 0: (low, high) bool [B, T], low = valid & A < 0 & ratio < 1 - clip_low,
+    high = valid & A > 0 & ratio > 1 + clip_high.
+
+    ratio, completion_mask [B, T]; advantages [B, T] or [B, 1]. policy_loss's clip_frac_low and
+    clip_frac_high are their shares of the valid tokens.
+    """
+    valid = completion_mask.bool()
+    return (valid & (advantages < 0) & (ratio < 1.0 - clip_low),
+            valid & (advantages > 0) & (ratio > 1.0 + clip_high))
+
+
 def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low=0.2,
                 clip_high=0.28, dual_clip=None, ref_logprobs=None, kl_coef=0.0, kl_clamp=20.0,
                 kl_mask=None, loss_agg="token-mean", norm_constant=None):
@@ -143,10 +156,10 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     with torch.no_grad():
         ratio = torch.exp(logprobs - old_logprobs)
         n_valid = mask.sum().clamp_min(1)
-        stats["clip_frac_low"] = (mask & (advantages < 0)
-                                  & (ratio < 1.0 - clip_low)).sum() / n_valid
-        stats["clip_frac_high"] = (mask & (advantages > 0)
-                                   & (ratio > 1.0 + clip_high)).sum() / n_valid
+        clipped_low, clipped_high = clip_masks(ratio, advantages, mask, clip_low=clip_low,
+                                               clip_high=clip_high)
+        stats["clip_frac_low"] = clipped_low.sum() / n_valid
+        stats["clip_frac_high"] = clipped_high.sum() / n_valid
         if dual_clip is not None:  # tokens whose loss the dual clip capped
             uncapped = clipped_token_loss(logprobs, old_logprobs, advantages, clip_low=clip_low,
                                           clip_high=clip_high)

@@ -31,6 +31,7 @@ if __name__ == "__main__":
 import torch
 from tqdm import tqdm
 
+from experiments import inspect_step  # --inspect-every: an HTML page of a step (docs/runs.md)
 from harness import run
 from lopti import isolation_masks, lopti_passes, reweight_advantages
 from ppo import StepStats, policy_loss
@@ -239,9 +240,12 @@ def train(config):
             rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
                                                              config, clock=state.clock)
             # --- 2. the update --------------------------------------------------------------------
+            page = inspect_step.before_update(config, step, model, tokenizer, task, rollouts,
+                                              rewards)  # --inspect-every's page, else None
             stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
                                   rollouts.completion_mask, advantages, config, ref_model=ref_model,
                                   clock=state.clock)
+            inspect_step.after_update(page, model, stats)
             # --- 3. metrics, held-out eval, checkpoint (harness/run.py) ---------------------------
             batch = rollout_stats(task, rollouts, rewards, advantages, config.num_generations)
             row = state.log({"step": step, **batch, **stats, "lr": optimizer.param_groups[0]["lr"]},

@@ -33,8 +33,8 @@ RUN_SETTINGS = "run.json"
 RUN_SETTINGS_LIMIT = 1 << 20  # bytes: a run.json is ~2 KB
 LOCK = ".lock"
 RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
-RUN_OUTPUTS = ("metrics.png", "tensorboard", "wandb")  # drawn from its metrics (plot_metrics, --report-to): an
-# --overwrite deletes them too
+RUN_OUTPUTS = ("metrics.png", "tensorboard", "wandb", "inspect")  # drawn from its metrics or steps (plot_metrics,
+# --report-to, --inspect-every): an --overwrite deletes them too
 SAVE_MARK = "saved_by_train.py"  # the first file a save writes: a checkpoint-<step>.tmp holding it is a save's own
 
 

@@ -136,6 +136,9 @@ class Config:
     report_to: str | None = setting(None, "also log to tensorboard and/or wandb, e.g. tensorboard,wandb "
                                     "(harness/report.py); metrics.jsonl is always written", resumable=True)
     wandb_run_id: str | None = setting(None, "the W&B run a resumed run continues", flag=False)
+    inspect_every: int | None = setting(None, "write an HTML page of every Nth step into <output-dir>/inspect/ "
+                                        "(experiments/inspect_step.py; docs/runs.md); none = off", saved=False,
+                                        resumable=True)
     # --- the tiny model and its supervised warm start (tiny.py) --------------------------------------------------
     tiny_hidden: int = setting(192, "tiny model: hidden size")
     tiny_layers: int = setting(4, "tiny model: layers")
@@ -203,6 +206,7 @@ class Config:
                 (0 < self.top_p <= 1, "--top-p must lie in (0, 1]"),
                 (self.eval_every >= 1, "--eval-every must be >= 1"),
                 (self.save_every >= 1, "--save-every must be >= 1"),
+                (self.inspect_every is None or self.inspect_every >= 1, "--inspect-every must be >= 1"),
                 (self.eval_size >= 1, "--eval-size must be >= 1"),
                 (self.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0"),
                 (0 <= self.seed < 2**32, "--seed must lie in [0, 2**32)"),

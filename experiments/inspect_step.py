@@ -42,7 +42,6 @@ TOKENS_SHOWN = 2400                # completion tokens on the whole page (~95 by
 MIN_TOKENS_SHOWN = 16              # per completion, however many rows
 TOKEN_CHARS = 24                   # characters shown of one token's text
 PROMPT_CHARS = 400                 # characters shown of a prompt
-MAX_RUN_JSON = 1 << 20             # bytes: a larger run.json is not one train.py wrote
 NAMES = {"softmax": "SoftmaxGRPO", "grpo": "GRPO"}
 
 
@@ -369,15 +368,14 @@ def page_html(record):
 # ---------------------------------------------------------------------------------------------------------------
 # The command: a checkpoint's next step
 # ---------------------------------------------------------------------------------------------------------------
-def inspect_checkpoint(path, *, output=None, device=None, log=print):
+def inspect_checkpoint(path, *, output=None, device=None, task=None, log=print):
     """Load the checkpoint (or a run folder's latest) as --resume does, sample its next step with the run's saved
-    settings, optimizer and RNG states, update the loaded copy, and write the page -> its path."""
+    settings, optimizer and RNG states, update the loaded copy, and write the page -> its path. task: the run's
+    own task file or module, which (as for --resume) is imported only when named here."""
     from harness import config as settings
     checkpoint = resolve_checkpoint(path, log)
-    run_json = os.path.join(checkpoint, "run.json")
-    if not os.path.isfile(run_json) or os.path.getsize(run_json) > MAX_RUN_JSON:
-        raise RunError(f"{run_json} is not a regular file of at most {MAX_RUN_JSON} bytes: not a train.py checkpoint")
-    config = settings.load(["--resume", checkpoint] + (["--device", device] if device else []), prog=PROG)
+    config = settings.load(["--resume", checkpoint] + (["--device", device] if device else [])
+                           + (["--task", task] if task else []), prog=PROG)  # run.json read and checked there
     import train
     from harness import run
     from harness.checkpoint import load_trainer_state, restore_rng
@@ -386,6 +384,7 @@ def inspect_checkpoint(path, *, output=None, device=None, log=print):
     optimizer = run.adamw_class(config)([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                         weight_decay=config.weight_decay)
     saved = load_trainer_state(config.resume)  # weights_only: tensors and plain values
+    run.check_optimizer_settings(optimizer, saved["optimizer"], config.resume)
     optimizer.load_state_dict(saved["optimizer"])  # then as RunState.begin on --resume: the same next step
     model.train()
     torch.manual_seed(config.seed)
@@ -408,13 +407,15 @@ def main(argv=None):
                         "checkpoint-<step> folder")
     parser.add_argument("--output", default=None, help="the page's path (default: <run>/inspect/step-<N>.html)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: the run's)")
+    parser.add_argument("--task", default=None, help="a run of your own task: its file or module, named again "
+                        "(as --resume asks; a run folder never chooses code to run)")
     from harness.config import InputError, fail
     parser.error = lambda message: fail(message, PROG)  # one line, no usage dump
     args = parser.parse_args(argv)
     if not os.path.isdir(args.run):
         parser.error(f"{args.run}: no such folder")
     try:
-        path = inspect_checkpoint(args.run, output=args.output, device=args.device)
+        path = inspect_checkpoint(args.run, output=args.output, device=args.device, task=args.task)
     except (RunError, InputError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -1,0 +1,179 @@
+"""One command per claim: rerun any shipped cell of docs/results.md from scratch at HEAD and compare.
+
+    python -m experiments.reproduce --list            # every cell behind a table or figure: its file, cost, command
+    python -m experiments.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
+                                                      # then "reproduced: NAME" (exit 0) or "differs: NAME" (exit 1)
+    python -m experiments.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
+
+A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under docs/results/
+(one row per metric: cell, metric, value, and the commit, date, load, machine and command that made it); the docs'
+tables are typed from those files and the figure scripts read them. A rerun uses a new temporary folder: no earlier
+run folder and no cached warm start is reused. Kinds of cell:
+  train     `python train.py FLAGS` in a fresh process (ENV set, if the cell has one): held-out greedy pass@1 of the
+            starting policy (before) and of the final one (after)
+  compare   one run of an experiments.compare preset (`--configs C --seeds S`): greedy pass@1 before/after and the
+            sampled pass@k of the final policy
+  identity  a formula evaluated by the lesson's own functions (no training): exact
+What the equality rests on: the same code (the commit), torch build, thread count and CPU vector ISA. torch's CPU
+kernels and MKL choose their code path by the CPU (AVX-512 or AVX2), and the two paths sum in other orders, so a
+machine of another ISA gives other numbers from the same seed (docs/results.md, "Determinism"); every row records
+the machine it ran on. Tolerance: 0 for every metric here (deterministic cells).
+"""
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "docs", "results")
+FIELDS = ("cell", "metric", "value", "commit", "date", "load", "machine", "command")
+SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--prompts-per-step", "4",
+         "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path on any x86 CPU
+ONE = {"OMP_NUM_THREADS": "1"}
+
+# name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
+# runs the machine's own code path: it reproduces on a CPU of the same vector ISA as the row's machine.
+CELLS = {
+    "default": ("train", [], "default.csv", 3, {}),
+    "default-avx2": ("train", [], "default.csv", 3, AVX2),
+    "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
+    "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
+    **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
+                                               5, {**env, **ONE})
+       for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(13) for config in ("grpo", "softmax")},
+}
+
+
+def shipped(name):
+    """{metric: row} of a cell's shipped results ({} if none shipped yet)."""
+    path = os.path.join(RESULTS, CELLS[name][2])
+    if not os.path.isfile(path):
+        return {}
+    with open(path, newline="") as f:
+        return {row["metric"]: row for row in csv.DictReader(f) if row["cell"] == name}
+
+
+def command_text(name):
+    kind, args, _, _, env = CELLS[name]
+    prefix = "".join(f"{key}={value} " for key, value in env.items())
+    if kind == "train":
+        return prefix + "python train.py " + " ".join(args)
+    if kind == "compare":
+        return prefix + f"python -m experiments.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
+    return f"experiments.table3_allocation.identity_table(M={args[0]}, tau={args[1]})"
+
+
+def run_quietly(argv, environment):
+    """A fresh process of the project's; its progress bars are swallowed, and a failure shows the end of its stderr
+    and stops here."""
+    proc = subprocess.run(argv, cwd=REPO, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"reproduce: error: {' '.join(argv[1:])} exited with {proc.returncode} (its stderr above)")
+
+
+def rerun(name, folder):
+    """Run the cell from scratch in `folder` -> {metric: value}."""
+    kind, args, _, _, env = CELLS[name]
+    environment = {**os.environ, **env}
+    if kind == "identity":
+        from experiments.table3_allocation import identity_table
+        return {f"ratio_k{row['k']}": round(row["ratio"], 6) for row in identity_table(int(args[0]), float(args[1]))}
+    if kind == "train":
+        run_quietly([sys.executable, "train.py", *args, "--output-dir", folder], environment)
+        from harness.metrics import read_metrics
+        evals = [row for row in read_metrics(os.path.join(folder, "metrics.jsonl")) if row.get("eval")]
+        return {"before_pass@1": evals[0]["pass@1"], "after_pass@1": evals[-1]["pass@1"]}
+    preset, config, seed = args
+    run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
+                 "--output-dir", folder, "--no-diagnostics"], environment)
+    with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
+        row = next(csv.DictReader(f))
+    return {key: float(value) for key, value in row.items() if "pass@" in key and value != ""}
+
+
+def machine_isa():
+    """The vector ISA torch's CPU kernels and MKL pick on this machine: avx512 or avx2 (x86), else the platform."""
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    return "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()
+
+
+def provenance():
+    """The commit (with -dirty for uncommitted changes), date, load and machine of a measurement made now."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no")
+                                                   else "")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    isa = machine_isa()
+    return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load": " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "",
+            "machine": f"{cpu}, {isa}, {os.cpu_count()} cores"}
+
+
+def ship(name, values, made=None):
+    """Write a cell's values as its shipped rows (replacing its old ones) in its results file."""
+    path = os.path.join(RESULTS, CELLS[name][2])
+    rows = []
+    if os.path.isfile(path):
+        with open(path, newline="") as f:
+            rows = [row for row in csv.DictReader(f) if row["cell"] != name]
+    made = made or provenance()
+    rows += [{"cell": name, "metric": metric, "value": value, **made, "command": command_text(name)}
+             for metric, value in values.items()]
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(sorted(rows, key=lambda row: (row["cell"], row["metric"])))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n")[0])
+    parser.add_argument("cell", nargs="?", help="the cell to rerun (--list names them)")
+    parser.add_argument("--list", action="store_true", help="every cell: shipped or not, its file, cost, command")
+    parser.add_argument("--ship", action="store_true", help="write the rerun's values as the cell's shipped ones")
+    args = parser.parse_args(argv)
+    if args.list or not args.cell:
+        for name, (kind, _, file, minutes, _) in CELLS.items():
+            rows = shipped(name)
+            made = next(iter(rows.values()), None)
+            state = f"shipped {made['commit']} {made['date']}" if made else "not shipped"
+            print(f"{name:<26} {kind:<9} ~{minutes:>2} min  docs/results/{file:<22} {state:<36} {command_text(name)}")
+        return 0
+    if args.cell not in CELLS:
+        parser.error(f"no cell {args.cell!r}; --list names them")
+    before = shipped(args.cell)
+    if not before and not args.ship:
+        parser.error(f"{args.cell}: nothing shipped yet to compare with (--ship writes it)")
+    made = next(iter(before.values()), None)
+    pinned = CELLS[args.cell][4].get("ATEN_CPU_CAPABILITY") == "avx2"
+    if made and not pinned and machine_isa() not in made["machine"]:
+        print(f"note: {args.cell} was shipped from a {made['machine']} machine and this one is {machine_isa()}: its "
+              "numbers follow the CPU's code path (docs/results.md, 'Determinism'); expect them to differ")
+    with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
+        now = rerun(args.cell, folder)
+    same = True
+    for metric in sorted(set(before) | set(now)):
+        old = before.get(metric, {}).get("value", "none")
+        new = now.get(metric, "none")
+        equal = old != "none" and new != "none" and float(old) == float(new)
+        same &= equal
+        print(f"{args.cell} {metric} shipped {old} now {new}")
+    if args.ship:
+        ship(args.cell, now)
+        print(f"shipped: {args.cell} -> docs/results/{CELLS[args.cell][2]}")
+        return 0
+    print(f"{'reproduced' if same else 'differs'}: {args.cell}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

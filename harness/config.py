@@ -95,8 +95,9 @@ class Config:
     lora_targets: str = setting(LORA_TARGETS, "comma-separated module names that get LoRA adapters (Llama/Qwen names)")
     optimizer: str = setting("adamw", "adamw8bit: AdamW with 8-bit moments (torchao; 2 bytes per trained weight, "
                              "not 8)", choices=("adamw", "adamw8bit"))
-    memory_budget: str | None = setting(None, "--dry-run: the card's memory (e.g. 24GB): the settings that fit it",
-                                        saved=False, resumable=True)
+    memory_budget: str | None = setting(None, "the card's memory with its unit (e.g. 24GB): with --dry-run, the "
+                                        "settings that fit it; without, the run is refused before loading when its "
+                                        "plan does not fit", saved=False, resumable=True)
     # --- rollouts (rollout.py) ------------------------------------------------------------------------------------
     max_new_tokens: int = setting(1024, "completion length limit (tiny model: 12)", paper="256-4096")
     temperature: float = setting(1.0, "sampling temperature", paper="1.0 SoftmaxGRPO, 0.7 Lopti")
@@ -191,7 +192,8 @@ class Config:
                 (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
                  f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
                 (self.memory_budget is None or parse_size(self.memory_budget) is not None,
-                 f"--memory-budget must look like 24GB, 80GiB or 512MB, got {self.memory_budget!r}"),
+                 f"--memory-budget must be a size with its unit, like 24GB, 80GiB or 512MB, got "
+                 f"{self.memory_budget!r}"),
                 (self.drop_finished_every is None or self.drop_finished_every >= 1,
                  "--drop-finished-every must be >= 1"),
                 (not (self.fast_generate and self.drop_finished_every), "--fast-generate keeps every row in its "

@@ -20,13 +20,18 @@ import os
 import re
 
 GB = 1e9
-UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
          "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 PROMPT_GUESS = {"compact": 16, "chat": 256}  # tokens, when --max-prompt-length does not say
+# "Fits" keeps headroom: the plan's peak plus PLAN_ERROR of it (its CPU check errs by up to +-18%,
+# docs/performance.md) plus, on CUDA, CUDA_CONTEXT (the context and cuBLAS workspaces, outside torch's allocator).
+PLAN_ERROR = 0.20
+CUDA_CONTEXT = 1e9
 
 
 def parse_size(text):
-    """"24GB" -> 24e9 bytes, "24GiB" or "24G" -> 24 * 2**30, "512MB" -> 512e6; None when it is not a size."""
+    """"24GB" -> 24e9 bytes, "24GiB" or "24G" -> 24 * 2**30, "512MB" -> 512e6; None when it is not a size (a
+    bare number too: "24" has no unit, and reading it as bytes would plan a 24-byte card)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
     if not match or match.group(2) not in UNITS or float(match.group(1)) <= 0:
         return None
@@ -90,6 +95,12 @@ QWEN25 = {name: ModelShape(hidden=h, intermediate=i, layers=n, heads=q, kv_heads
                                                "qwen2.5-7b": (3584, 18944, 28, 28, 4, False)}.items()}
 
 
+# Qwen3-1.7B(-Base)'s (huggingface.co/Qwen/Qwen3-1.7B-Base/config.json; recipes/softmaxgrpo_qwen3_base.sh); its
+# q_norm and k_norm weights (2 x 128 per layer) are left out: 7 168 of 1.7 billion.
+QWEN3 = {"qwen3-1.7b": ModelShape(hidden=2048, intermediate=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
+                                  vocab=151936, tied=True)}
+
+
 def gguf_shape(path):
     """ModelShape from a .gguf file's header (gguf's reader; the weights are not read)."""
     from gguf import GGUFReader
@@ -109,12 +120,13 @@ def gguf_shape(path):
 
 def model_shape(config):
     """The shape of config.model from its config alone: tiny's numbers, a Qwen2.5 hub id's (QWEN25), a .gguf
-    header, a folder's config.json, or transformers' AutoConfig (the hub cache, or the hub when online)."""
+    header, a folder's config.json, or transformers' AutoConfig (the hub cache, or the hub when online). The
+    written-out shapes (QWEN25, QWEN3) are matched by hub id, so the recipes plan offline."""
     from harness import model as model_files
     from harness import tiny
-    known = re.fullmatch(r"qwen/(qwen2\.5-[\d.]+b)(-instruct)?", config.model.lower())
-    if known and known.group(1) in QWEN25:
-        return QWEN25[known.group(1)]
+    known = re.fullmatch(r"qwen/(qwen2\.5-[\d.]+b|qwen3-[\d.]+b)(-instruct|-base)?", config.model.lower())
+    if known and known.group(1) in {**QWEN25, **QWEN3}:
+        return {**QWEN25, **QWEN3}[known.group(1)]
     if config.model == "tiny":
         return ModelShape(hidden=config.tiny_hidden, intermediate=(8 * config.tiny_hidden // 3 + 63) // 64 * 64,
                           layers=config.tiny_layers, heads=4, kv_heads=4, head_dim=config.tiny_hidden // 4,
@@ -181,22 +193,36 @@ def memory_plan(shape, config, prompt_length):
         "head_gradients": 0 if config.lora_rank else 8 * shape.vocab * H,
         "optimizer_step": 4 * trained if config.device.startswith("cuda") else 0,  # foreach AdamW's temporary
     }
-    held = plan["weights"] + plan["gradients"] + plan["optimizer"] + plan["reference"]
+    held = sum(plan[name] for name in HELD)
     plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"]
     plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"],
                                      plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
-                           micro_batch=micro, trained_parameters=trained, parameters=shape.parameters())
+                           micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
+                           device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
+                           weights_dtype="fp32")
     return plan
 
 
+def needed(plan):
+    """Bytes a card must have for `plan`: its peak, PLAN_ERROR more, and on CUDA the context (CUDA_CONTEXT)."""
+    return plan["peak"] * (1 + PLAN_ERROR) + (CUDA_CONTEXT if plan["assumed"]["device"].startswith("cuda") else 0)
+
+
+def headroom_text(device):
+    """The margin "fits" keeps, in words."""
+    return f"peak + {PLAN_ERROR:.0%} for the plan's error" + (f" + {CUDA_CONTEXT / GB:.0f} GB for the CUDA context"
+                                                              if device.startswith("cuda") else "")
+
+
+HELD = ("weights", "gradients", "optimizer", "reference")  # held all the time, whatever the batch
 PARTS = ("weights", "gradients", "optimizer", "reference", "kv_cache", "sampling_logits", "activations",
          "logit_chunk", "head_gradients", "optimizer_step")
 
 
 def fitting_settings(shape, config, prompt_length, budget, *, lora=True):
-    """The least change of the memory settings that brings the plan's peak under `budget` bytes -> (changes dict,
+    """The least change of the memory settings whose plan fits `budget` bytes with headroom (needed) -> (changes dict,
     plan), or (None, the smallest plan tried). Tried in order: smaller micro-batches and rollout batches, then
     activation checkpointing, then (lora=True) LoRA of rank 16 on the default targets with each of those."""
     rows = config.prompts_per_step * config.num_generations
@@ -214,16 +240,18 @@ def fitting_settings(shape, config, prompt_length, budget, *, lora=True):
                 changes = {k: v for k, v in changes.items() if getattr(config, k) != v and
                            not (k == "rollout_batch" and v == rows and config.rollout_batch is None)}
                 plan = memory_plan(shape, dataclasses.replace(config, **changes), prompt_length)
-                if plan["peak"] <= budget:
+                if needed(plan) <= budget:
                     return changes, plan
                 smallest = plan if smallest is None or plan["peak"] < smallest["peak"] else smallest
     return None, smallest
 
 
 def plan_text(plan, budget=None, fit=None):
-    """The plan as lines of text: each part in GB, the two phases' peaks, and (with a budget) what fits."""
+    """The plan as lines of text: what it assumed (device, dtypes), each part in GB, the two phases' peaks, and (with
+    a budget) what fits, keeping the headroom of needed()."""
     a = plan["assumed"]
-    lines = [f"memory plan (estimated; docs/performance.md): {a['parameters'] / 1e6:.1f}M parameters, "
+    lines = [f"memory plan for {a['device']}, {a['weights_dtype']} weights, {a['compute_dtype']} compute "
+             f"(estimated; docs/performance.md): {a['parameters'] / 1e6:.1f}M parameters, "
              f"{a['trained_parameters'] / 1e6:.2f}M trained; {a['rows']} rows of {a['prompt_length']} prompt + "
              f"{a['completion_length']} completion tokens, {a['generate_rows']} per generate call, "
              f"{a['micro_batch']} per micro-batch"]
@@ -231,12 +259,31 @@ def plan_text(plan, budget=None, fit=None):
     lines.append(f"  peak: {plan['peak'] / GB:.3f} GB (rollout phase {plan['rollout_peak'] / GB:.3f}, "
                  f"update phase {plan['update_peak'] / GB:.3f})")
     if budget is not None:
-        changes, fitted = fit
-        flags = lambda c: " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")  # noqa: E731
-                                   for k, v in sorted(c.items()))
-        lines.append(f"  budget {budget / GB:.1f} GB: " + (
-            "fits as it is" if changes == {} else
-            f"fits with {flags(changes)} (peak {fitted['peak'] / GB:.3f} GB)" if changes is not None else
-            f"does not fit: the smallest plan tried needs {fitted['peak'] / GB:.3f} GB (fewer prompts per step, "
-            "shorter completions or a smaller model)"))
+        lines.append(f"  budget {budget / GB:.1f} GB, fits when {headroom_text(a['device'])} <= budget: "
+                     + fit_text(plan, budget, fit))
     return "\n".join(lines)
+
+
+def flags_text(changes):
+    """{"lora_rank": 16, "gradient_checkpointing": True} -> "--gradient-checkpointing --lora-rank 16"."""
+    return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in sorted(changes.items()))
+
+
+def fit_text(plan, budget, fit):
+    """fitting_settings' answer in words: as it is, with which flags, or by how much the smallest plan tried misses
+    (and, when the weights alone are over the budget, that fewer rows or tokens cannot help)."""
+    changes, fitted = fit
+    if changes == {}:
+        return f"fits as it is (needs {needed(plan) / GB:.3f} GB)"
+    if changes is not None:
+        return f"fits with {flags_text(changes)} (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f})"
+    text = f"does not fit: the smallest plan tried needs {needed(fitted) / GB:.3f} GB, {(needed(fitted) - budget) / GB:.3f} " \
+        f"GB over"
+    held = sum(fitted[name] for name in HELD)
+    if fitted["weights"] > budget:
+        return text + f"; the weights alone need {fitted['weights'] / GB:.3f} GB, so fewer prompts or shorter " \
+            "completions cannot help: a smaller model or a larger card"
+    if held > budget:
+        return text + f"; what every step holds ({', '.join(HELD)}) needs {held / GB:.3f} GB, so fewer prompts or " \
+            "shorter completions cannot help: a smaller model or a larger card"
+    return text + " (fewer prompts per step, shorter completions or a smaller model)"

@@ -128,7 +128,10 @@ def settle(config):
     if not config.resume and not config.dry_run:
         changes["initial_policy"] = tiny.initial_policy_dir(config) if config.model == "tiny" else \
             os.path.abspath(config.model) if os.path.exists(config.model) else config.model
-    return (dataclasses.replace(config, **changes), tokenizer, None if config.dry_run else task, prompts)
+    config = dataclasses.replace(config, **changes)
+    if config.memory_budget and not config.dry_run:  # before any weight loads (build_policy)
+        within_budget(config)
+    return (config, tokenizer, None if config.dry_run else task, prompts)
 
 
 def task_file(config):
@@ -147,9 +150,10 @@ def task_file(config):
 
 
 def hardware(config):
-    """A copy of config with --device and --dtype "auto" decided for this machine (bf16 on CUDA, else fp32)."""
+    """A copy of config with --device and --dtype "auto" decided for this machine (bf16 on CUDA, else fp32). A dry
+    run may name a device this machine lacks (--dry-run --device cuda on a laptop): it plans for that one."""
     device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available() and not config.dry_run:
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
     dtype = config.dtype if config.dtype != "auto" else "bf16" if device.startswith("cuda") else "fp32"
@@ -184,6 +188,26 @@ def print_memory_plan(config):
     fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
     print(memory.plan_text(plan, budget, fit) + ("" if config.max_prompt_length else
           f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
+
+
+def within_budget(config):
+    """--memory-budget on a run that trains: its plan (as --dry-run's) checked before any weight loads; one line,
+    an InputError, when it does not fit with the plan's headroom. A model whose config cannot be read: a note."""
+    try:
+        shape = memory.model_shape(config)
+    except (ValueError, OSError, KeyError, AttributeError) as error:
+        say(f"note: --memory-budget not checked: the config of {config.model} could not be read "
+            f"({str(error).splitlines()[0]})")
+        return
+    plan = memory.memory_plan(shape, config, config.max_prompt_length or memory.PROMPT_GUESS[config.style])
+    budget = memory.parse_size(config.memory_budget)
+    if memory.needed(plan) > budget:
+        raise InputError(f"--memory-budget {config.memory_budget}: this run's memory plan needs "
+                         f"{memory.needed(plan) / memory.GB:.3f} GB ({memory.headroom_text(config.device)}; peak "
+                         f"{plan['peak'] / memory.GB:.3f} GB); --dry-run --memory-budget {config.memory_budget} "
+                         "prints the settings that fit")
+    say(f"memory plan: peak {plan['peak'] / memory.GB:.3f} GB, needs {memory.needed(plan) / memory.GB:.3f} GB "
+        f"of the --memory-budget {config.memory_budget}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

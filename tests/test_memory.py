@@ -185,7 +185,7 @@ def test_a_lora_target_the_model_lacks_is_one_line(tmp_path, digits_task, capsys
 
 @pytest.mark.parametrize("field, value, message", [("lora_rank", -1, "--lora-rank must be >= 0"),
                                                    ("lora_targets", "q_proj,", "--lora-targets must be comma-"),
-                                                   ("memory_budget", "lots", "--memory-budget must look like")])
+                                                   ("memory_budget", "lots", "--memory-budget must be a size with its unit")])
 def test_bad_memory_settings_are_one_line(field, value, message):
     with pytest.raises(ValueError, match=message):
         Config(**{field: value}).validate()
@@ -288,7 +288,8 @@ def test_a_budget_gets_the_least_change_that_fits_or_a_clear_no():
 
 
 @pytest.mark.parametrize("text, size", [("24GB", 24e9), ("24GiB", 24 * 2**30), ("80G", 80 * 2**30),
-                                        ("512mb", 512e6), ("1.5TB", 1.5e12), ("lots", None), ("0GB", None)])
+                                        ("512mb", 512e6), ("1.5TB", 1.5e12), ("lots", None), ("0GB", None),
+                                        ("24", None)])
 def test_sizes_read_as_a_card_is_labelled(text, size):
     assert memory.parse_size(text) == size
 
@@ -301,11 +302,81 @@ def test_the_dry_run_plans_without_loading_weights(tmp_path, capsys, monkeypatch
     settings = train.main(["--dry-run", "--output-dir", str(tmp_path), "--memory-budget", "1MB",
                            "--gradient-checkpointing"])
     err = capsys.readouterr().err
-    assert settings["gradient_checkpointing"] and "memory plan (estimated" in err and "does not fit" in err
+    assert settings["gradient_checkpointing"] and "memory plan for cpu" in err and "does not fit" in err
     train.main(["--dry-run", "--output-dir", str(tmp_path), "--model", "Qwen/Qwen2.5-0.5B-Instruct",
                 "--max-prompt-length", "256", "--memory-budget", "24GB"])
     err = capsys.readouterr().err
-    assert "494.0M parameters" in err and "budget 24.0 GB: fits" in err
+    assert "494.0M parameters" in err and "budget 24.0 GB, fits when" in err and "<= budget: fits with --" in err
+
+
+# --- what a new user is told: the device and dtypes planned for, headroom, the budget's unit, a run refused -------
+def plan_lines(capsys, *flags):
+    train.main(["--dry-run", *flags])
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_the_plan_names_the_device_and_dtypes_and_plans_a_gpu_on_any_machine(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
+    flags = ["--output-dir", str(tmp_path), "--model", "Qwen/Qwen2.5-1.5B", "--max-prompt-length", "1024"]
+    [cpu] = [line for line in plan_lines(capsys, *flags) if line.startswith("memory plan")]
+    assert cpu.startswith("memory plan for cpu, fp32 weights, fp32 compute")
+    [cuda] = [line for line in plan_lines(capsys, *flags, "--device", "cuda") if line.startswith("memory plan")]
+    assert cuda.startswith("memory plan for cuda, fp32 weights, bf16 compute")  # --dtype auto: bf16 on CUDA
+    with pytest.raises(SystemExit):  # training on it still needs the device
+        train.main(["--output-dir", str(tmp_path / "run"), "--device", "cuda", "--steps", "0"])
+    assert "this torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_fits_keeps_headroom_for_the_plans_error_and_a_cuda_context():
+    config = Config(model="Qwen/Qwen2.5-0.5B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, dtype="bf16", device="cuda")
+    shape = memory.QWEN25["qwen2.5-0.5b"]
+    plan = memory.memory_plan(shape, config, 1024)
+    just_above = plan["peak"] * 1.01  # the peak itself fits, with no room for error or context
+    changes, fitted = memory.fitting_settings(shape, config, 1024, just_above)
+    assert changes != {} and memory.needed(fitted) <= just_above
+    assert memory.needed(plan) == plan["peak"] * (1 + memory.PLAN_ERROR) + memory.CUDA_CONTEXT
+    roomy = memory.needed(plan)
+    assert memory.fitting_settings(shape, config, 1024, roomy)[0] == {}
+    cpu = memory.memory_plan(shape, dataclasses.replace(config, device="cpu"), 1024)
+    assert memory.needed(cpu) == cpu["peak"] * (1 + memory.PLAN_ERROR)  # no CUDA context on a CPU
+
+
+def test_a_budget_without_its_unit_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--dry-run", "--memory-budget", "24"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == "train.py: error: --memory-budget must be a size with its unit, " \
+        "like 24GB, 80GiB or 512MB, got '24'"
+
+
+def test_a_budget_checks_a_run_before_its_weights_load(tmp_path, digits_task, capsys, monkeypatch):
+    from harness import tiny
+    real = tiny.build_tiny_model
+    built = []
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda *args, **kwargs: built.append(1) or real(*args, **kwargs))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "small"), *SMALL, "--steps", "1",
+                    "--memory-budget", "10KB"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and not built and len(err.splitlines()) == 1
+    assert err.startswith("train.py: error: --memory-budget 10KB: this run's memory plan needs ")
+    train.main(["--task", "digits", "--output-dir", str(tmp_path / "roomy"), *SMALL, "--steps", "1",
+                "--memory-budget", "1GB"])
+    assert built and "of the --memory-budget 1GB" in capsys.readouterr().out
+
+
+def test_where_the_weights_alone_exceed_the_budget_the_plan_says_so():
+    config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, dtype="bf16", device="cuda")
+    shape = memory.QWEN25["qwen2.5-7b"]
+    fit = memory.fitting_settings(shape, config, 1024, 8e9)
+    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 8e9, fit)
+    assert fit[0] is None and f"the weights alone need {fit[1]['weights'] / 1e9:.3f} GB" in text
+    assert "cannot help" in text and "fewer prompts per step" not in text
+    fit = memory.fitting_settings(shape, config, 1024, 40e9, lora=False)  # over the weights, under what is held
+    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 40e9, fit)
+    assert fit[0] is None and "what every step holds" in text, text
 
 
 # --- 8-bit AdamW (torchao, optional) ---------------------------------------------------------------------------------

@@ -185,8 +185,17 @@ def parser():
     p.add_argument("--skip", type=int, default=0, help="with --table: start at this setting (0 = the first)")
     p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
+    p.add_argument("--recipe-lines", action="store_true", help="write each recipe's memory comment line (planned; "
+                   "the line before `set -euo pipefail`)")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
     return p
+
+
+def recipe_paths():
+    """recipes/*.sh that run train.py (the verl_* ones launch verl)."""
+    import glob
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+    return sorted(p for p in glob.glob(os.path.join(folder, "*.sh")) if "verl_" not in p)
 
 
 def recipe_config(path):
@@ -201,12 +210,30 @@ def recipe_config(path):
     return dataclasses.replace(parse_args(argv), dtype="bf16", device="cuda")
 
 
+MEMORY_LINE = "# Memory (its plan"
+
+
+def recipe_memory_line(path, cards=(80, 24)):
+    """The comment line each recipe carries (tests/test_recipes.py keeps it equal to this): the plan's peak for the
+    recipe as written on one CUDA card, and what fits each of `cards` (memory.fit_text, shortened)."""
+    config = recipe_config(path)
+    shape = memory.model_shape(config)
+    P = config.max_prompt_length or memory.PROMPT_GUESS["chat"]
+    plan = memory.memory_plan(shape, config, P)
+    fits = []
+    for card in cards:
+        changes, fitted = memory.fitting_settings(shape, config, P, card * 1e9)
+        fits.append(f"{card} GB " + ("as written" if changes == {} else f"with {memory.flags_text(changes)}"
+                                     if changes is not None else
+                                     f"no ({(memory.needed(fitted) - card * 1e9) / 1e9:.1f} GB over)"))
+    return (f"{MEMORY_LINE}: --dry-run --device cuda): peak {plan['peak'] / 1e9:.1f} GB as written; fits "
+            + "; ".join(fits))
+
+
 def card_table(cards=(24, 48, 80)):
     """docs/performance.md's per-card table: for each paper recipe's shape, the largest Qwen2.5 size the plan fits
     on each card, full-parameter and LoRA (rank 16), with the fewest changes fitting_settings finds."""
-    import glob
-    recipes = sorted(p for p in glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                       "recipes", "*.sh")) if "verl_" not in p)
+    recipes = recipe_paths()
     print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
         f"{card} GB full | {card} GB LoRA" for card in cards) + " |")
     print("|---|" + "---|" * 2 * len(cards))
@@ -258,6 +285,14 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.cards:
         return card_table()
+    if args.recipe_lines:
+        for path in recipe_paths():
+            lines = [line for line in open(path).read().splitlines() if not line.startswith(MEMORY_LINE)]
+            lines.insert(lines.index("set -euo pipefail"), recipe_memory_line(path))
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            print(lines[lines.index("set -euo pipefail") - 1])
+        return
     if args.replan:
         return replan(args.table, args.replan)
     if not args.table:

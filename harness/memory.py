@@ -5,10 +5,11 @@
     print(plan_text(plan))                         # --dry-run prints it; --memory-budget adds fitting_settings()
 
 Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak RSS). The run
-holds, all the time: the fp32 weights, their gradients and AdamW's two moments (LoRA: the adapters' only), and the
-reference policy of --kl-coef (a full fp32 copy; LoRA: none, the policy with its adapters off). On top of that, at
-different moments (so the peak takes the larger): the rollout phase's KV cache and sampling logits, or the update
-phase's activations of one micro-batch and its float32 log-prob logits chunk (or AdamW's step temporaries).
+holds, all the time: the weights and their gradients in --param-dtype (bf16: with the optimizer's fp32 master
+copies), AdamW's two moments (LoRA: the adapters' only), and the reference policy of --kl-coef (a full copy in
+--param-dtype; LoRA: none, the policy with its adapters off). On top of that, at different moments (so the peak
+takes the larger): the rollout phase's KV cache and sampling logits, or the update phase's activations of one
+micro-batch and its float32 log-prob logits chunk (or AdamW's step temporaries).
 Simplifications, each one line below: attention saves no [S, S] matrix (SDPA's flash/efficient kernels; true on
 CPU and GPU here), every completion runs to --max-new-tokens, and the prompt length is --max-prompt-length (or a
 guess the plan names).
@@ -152,8 +153,9 @@ class _Fields:
 # ---------------------------------------------------------------------------------------------------------------
 def memory_plan(shape, config, prompt_length):
     """-> {part: bytes} of a run of config (its settled --dtype) on a model of `shape`, plus "peak" and what it
-    assumed. Weights, gradients and AdamW are fp32 whatever --dtype (train.py); activations and the KV cache are in
-    the compute dtype, except the residual stream and RMSNorm, which stay fp32 under autocast."""
+    assumed. Weights and gradients are in --param-dtype (bf16: plus the optimizer's fp32 masters), AdamW's moments
+    fp32 (or 8-bit); activations and the KV cache are in the compute dtype, except the residual stream and RMSNorm,
+    which stay fp32 under autocast (counted so under bf16 weights too: an overcount there)."""
     compute = 2 if config.dtype == "bf16" else 4  # bytes per activation element
     P, T, M = prompt_length, config.max_new_tokens, config.num_generations
     rows = config.prompts_per_step * M
@@ -161,7 +163,8 @@ def memory_plan(shape, config, prompt_length):
     micro = min(config.micro_batch, rows)
     trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else \
         shape.parameters()
-    weights = 4 * (shape.parameters() + (trained if config.lora_rank else 0))
+    stored = 2 if config.param_dtype == "bf16" else 4  # bytes per weight and per gradient (--param-dtype)
+    weights = stored * (shape.parameters() + (trained if config.lora_rank else 0))
     H, I, L = shape.hidden, shape.intermediate, shape.layers
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     # One decoder layer saves, per token: fp32 residual stream and the 2 RMSNorms' input and output (4H x 4 bytes),
@@ -178,20 +181,26 @@ def memory_plan(shape, config, prompt_length):
         layer_activations = L * (per_token_layer * tokens + compute * 2 * kv * micro * P)
     head_tokens = micro * T  # the tokens whose log-probs are scored
     logit_chunk = 3 * 4 * shape.vocab * min(config.logit_chunk, head_tokens)  # logits, their scaling, softmax
-    autocast_copies = 2 * trained if compute == 2 and not config.lora_rank else 0  # bf16 casts of trained weights
+    autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
+    # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast_logprobs.float32_logits)
+    head_copy = 4 * shape.vocab * H if stored == 2 else 0
     plan = {
         "weights": weights,
-        "gradients": 4 * trained,
+        "gradients": stored * trained,
+        "master_weights": 4 * trained if stored == 2 else 0,  # the optimizer's fp32 copies (master_weights.py)
         "optimizer": int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained),  # AdamW's moments:
         # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
-        "reference": 4 * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
+        "reference": stored * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
         "kv_cache": compute * 2 * L * kv * generate_rows * (P + T),
         "sampling_logits": 3 * 4 * shape.vocab * generate_rows,  # float32 logits, scaled, softmax of one token
-        "activations": layer_activations + 8 * H * tokens + autocast_copies,  # + the final norm's input and output
+        "activations": layer_activations + 8 * H * tokens + autocast_copies + head_copy,  # + the final norm's
+        # input and output
         "logit_chunk": logit_chunk,
         # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
-        "head_gradients": 0 if config.lora_rank else 8 * shape.vocab * H,
-        "optimizer_step": 4 * trained if config.device.startswith("cuda") else 0,  # foreach AdamW's temporary
+        "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
+        # foreach AdamW's temporary on CUDA; bf16 weights: the masters' fp32 gradients, each replacing its bf16 one
+        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) + (2 * trained if stored == 2
+                                                                                      else 0),
     }
     held = sum(plan[name] for name in HELD)
     plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"]
@@ -201,7 +210,7 @@ def memory_plan(shape, config, prompt_length):
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
-                           weights_dtype="fp32")
+                           weights_dtype=config.param_dtype)
     return plan
 
 
@@ -216,8 +225,8 @@ def headroom_text(device):
                                                               if device.startswith("cuda") else "")
 
 
-HELD = ("weights", "gradients", "optimizer", "reference")  # held all the time, whatever the batch
-PARTS = ("weights", "gradients", "optimizer", "reference", "kv_cache", "sampling_logits", "activations",
+HELD = ("weights", "gradients", "master_weights", "optimizer", "reference")  # held all the time, whatever the batch
+PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits", "activations",
          "logit_chunk", "head_gradients", "optimizer_step")
 
 

@@ -248,8 +248,8 @@ def build_policy(config, tokenizer, task, *, log=print):
         ref_model = without_adapters(model)
     elif config.kl_coef > 0:
         try:
-            ref_model = copy.deepcopy(model) if not config.resume else load_policy(
-                config.initial_policy, device=device, dtype=storage_dtype(config))[0]
+            ref_model = copy.deepcopy(model) if not config.resume else load_policy(  # loaded as the policy was:
+                config.initial_policy, device=device)[0].to(storage_dtype(config))  # a bf16 load differs (RoPE)
         except ValueError as error:
             raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
     if ref_model is not None:

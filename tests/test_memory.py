@@ -434,3 +434,103 @@ def test_memory_check_runs_on_a_cpu(capsys):
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT ")]
     result = json.loads(line[len("RESULT "):])
     assert result["plan"]["reference"] > 0 and result["measured"]["peak"] > 0 and result["completion_tokens"] == 4
+
+
+# --- bf16 storage: --param-dtype bf16, the optimizer on fp32 master weights ------------------------------------------
+HEAD_UPDATE = ["--steps", "3", "--kl-coef", "0.05", "--alpha", "0.3", "--lopti-eta", "0.5", "--mini-batches", "2",
+               "--micro-batch", "3"]  # KL, AR, Lopti, two mini-batches
+
+
+def test_without_the_new_flags_the_update_is_bit_for_bit_commit_9824049s(tmp_path, digits_task):
+    # tests/data/update_at_9824049.safetensors: the weights after these 3 steps at commit 9824049 (before
+    # --param-dtype), written by the same train.main call there
+    from safetensors.torch import load_file
+    train.main(["--task", "digits", "--output-dir", str(tmp_path), *SMALL, *HEAD_UPDATE])
+    now = AutoModelForCausalLM.from_pretrained(tmp_path / "latest").state_dict()
+    saved = load_file(os.path.join(os.path.dirname(__file__), "data", "update_at_9824049.safetensors"))
+    assert saved and all(torch.equal(now[key], value) for key, value in saved.items())
+
+
+def test_master_weights_step_as_adamw_on_fp32_and_keep_the_small_steps():
+    from harness.master_weights import MasterWeights
+    torch.manual_seed(0)
+    start = torch.randn(64).to(torch.bfloat16)
+    bf16, fp32 = start.clone().requires_grad_(), start.float().requires_grad_()
+    ours = MasterWeights([bf16], torch.optim.AdamW, lr=1e-4, weight_decay=0.01)
+    theirs = torch.optim.AdamW([fp32], lr=1e-4, weight_decay=0.01)
+    for _ in range(20):
+        grad = torch.randn(64).to(torch.bfloat16)  # the same gradient, exactly, in both dtypes
+        bf16.grad, fp32.grad = grad.clone(), grad.float()
+        ours.step(), theirs.step()
+        ours.zero_grad(), theirs.zero_grad()
+    assert torch.equal(ours.masters[0], fp32.detach())  # the masters are AdamW's fp32 weights, exactly
+    assert torch.equal(bf16.detach(), fp32.detach().to(torch.bfloat16))  # the weights follow them, rounded
+    moved = (fp32.detach() - start.float()).abs()
+    assert moved.max() < 2 ** -8 and moved.min() > 0  # each step below bf16's resolution at 1: kept by the masters
+    assert ours.state[bf16]["exp_avg"].dtype == torch.float32  # the moments of the fp32 masters
+
+
+def test_a_bf16_run_stores_bf16_loads_in_plain_transformers_and_resumes_exactly(tmp_path, digits_task):
+    out = tmp_path / "run"
+    seen = {}
+    real = train.run.build_policy
+
+    def build_policy(*args, **kwargs):
+        model, ref_model = real(*args, **kwargs)
+        seen.update(policy={p.dtype for p in model.parameters()}, reference={p.dtype for p in ref_model.parameters()})
+        return model, ref_model
+    train.run.build_policy = build_policy
+    try:
+        train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "4", "--save-every", "2",
+                    "--keep-checkpoints", "0", "--kl-coef", "0.05", "--param-dtype", "bf16"])
+    finally:
+        train.run.build_policy = real
+    assert seen == {"policy": {torch.bfloat16}, "reference": {torch.bfloat16}}
+    final = AutoModelForCausalLM.from_pretrained(out / "checkpoint-4")  # plain transformers, no flag
+    assert {p.dtype for p in final.parameters()} == {torch.bfloat16}
+    start = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2").state_dict()
+    assert any(not torch.equal(start[k], v) for k, v in final.state_dict().items())  # it trained
+    state = torch.load(out / "checkpoint-4" / "trainer_state.pt", weights_only=True)["optimizer"]
+    assert state["masters"] and all(m.dtype == torch.float32 for m in state["masters"])
+    rows = (out / "metrics.jsonl").read_text()
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
+    assert all(torch.equal(resumed[k], v) for k, v in final.state_dict().items())
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
+
+
+def test_a_bf16_lora_run_keeps_its_frozen_base_in_bf16_and_resumes_exactly(tmp_path, digits_task):
+    out = tmp_path / "run"
+    lora_run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0", "--kl-coef", "0.05",
+             "--param-dtype", "bf16")
+    final = adapter_weights(out / "checkpoint-4")
+    assert {v.dtype for v in final.values()} == {torch.bfloat16}
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = adapter_weights(out / "latest")
+    assert all(torch.equal(resumed[k], v) for k, v in final.items())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dtype", "fp32"], "--param-dtype bf16 computes in bf16: give --dtype bf16 or auto with it, not fp32"),
+    (["--logprob-fp32"], "--logprob-fp32 needs fp32 weights: give it or --param-dtype bf16, not both")])
+def test_bf16_storage_with_an_fp32_setting_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--dry-run", "--param-dtype", "bf16", *flags])
+    assert capsys.readouterr().err.strip() == f"train.py: error: {message}"
+
+
+def test_the_plan_of_bf16_storage():
+    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="bf16",
+                    device="cpu", kl_coef=0.1)
+    fp32 = memory.memory_plan(SMALL_SHAPE, config, 3)
+    bf16 = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16"), 3)
+    N = SMALL_SHAPE.parameters()
+    assert (bf16["weights"], bf16["gradients"], bf16["master_weights"], bf16["reference"]) == (2 * N, 2 * N, 4 * N,
+                                                                                             2 * N)
+    assert bf16["optimizer"] == fp32["optimizer"] == 8 * N and fp32["master_weights"] == 0
+    assert bf16["head_gradients"] == fp32["head_gradients"] // 2
+    lora = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16", lora_rank=2), 3)
+    adapters = lora["assumed"]["trained_parameters"]
+    assert lora["weights"] == 2 * (N + adapters) and lora["reference"] == 0  # the frozen base in bf16

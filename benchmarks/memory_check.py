@@ -185,6 +185,7 @@ def parser():
     p.add_argument("--skip", type=int, default=0, help="with --table: start at this setting (0 = the first)")
     p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
+    p.add_argument("--targets", action="store_true", help="print what the plan says of docs' per-card targets")
     p.add_argument("--recipe-lines", action="store_true", help="write each recipe's memory comment line (planned; "
                    "the line before `set -euo pipefail`)")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
@@ -230,9 +231,14 @@ def recipe_memory_line(path, cards=(80, 24)):
             + "; ".join(fits))
 
 
+SHORT = {"gradient_checkpointing": "ckpt", "param_dtype": "bf16", "optimizer": "8-bit"}  # the table's names
+
+
 def card_table(cards=(24, 48, 80)):
     """docs/performance.md's per-card table: for each paper recipe's shape, the largest Qwen2.5 size the plan fits
-    on each card, full-parameter and LoRA (rank 16), with the fewest changes fitting_settings finds."""
+    on each card (with its headroom), full-parameter and LoRA (rank 16), with the least costly change
+    fitting_settings finds (micro-batch and rollout batch not shown; checkpointing, bf16 storage, 8-bit states
+    named)."""
     recipes = recipe_paths()
     print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
         f"{card} GB full | {card} GB LoRA" for card in cards) + " |")
@@ -246,14 +252,32 @@ def card_table(cards=(24, 48, 80)):
                 base = dataclasses.replace(config, lora_rank=16) if lora else config
                 best = "none"
                 for name, shape in memory.QWEN25.items():  # smallest to largest
-                    changes, _ = memory.fitting_settings(shape, base, P, card * 1e9, lora=False)
+                    changes, _ = memory.fitting_settings(shape, base, P, card * 1e9,
+                                                         allowed=[s for s in memory.STEPS if s != "lora_rank"])
                     if changes is not None:
-                        best = name.split("-")[1].upper() + (" (ckpt)" if changes.get("gradient_checkpointing")
-                                                              else "")
+                        used = [short for key, short in SHORT.items() if key in changes]
+                        best = name.split("-")[1].upper() + (f" ({', '.join(used)})" if used else "")
                 cells.append(best)
         name = os.path.basename(path)[:-3]
         print(f"| {name} ({config.prompts_per_step} x {config.num_generations}, {P} + {config.max_new_tokens}) | "
               + " | ".join(cells) + " |")
+
+
+TARGETS = [("qwen2.5-3b", False, 24), ("qwen2.5-7b", True, 24), ("qwen2.5-7b", False, 80)]  # issue 41's
+
+
+def targets():
+    """The per-card targets (docs/performance.md): each Qwen2.5 size on the countdown recipe's shape (64 x 8,
+    1024 + 256, KL 1e-3), full-parameter (no LoRA tried) or LoRA 16, on its card: what fits, or by how much not."""
+    config = recipe_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes",
+                                        "softmaxgrpo_countdown.sh"))
+    for name, lora, card in TARGETS:
+        base = dataclasses.replace(config, lora_rank=16) if lora else config
+        shape = memory.QWEN25[name]
+        fit = memory.fitting_settings(shape, base, config.max_prompt_length, card * 1e9,
+                                      allowed=[s for s in memory.STEPS if s != "lora_rank"])
+        print(f"{name} {'LoRA 16' if lora else 'full'} on {card} GB: "
+              f"{memory.fit_text(memory.memory_plan(shape, base, config.max_prompt_length), card * 1e9, fit)}")
 
 
 def table_row(r, plan):
@@ -285,6 +309,8 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.cards:
         return card_table()
+    if args.targets:
+        return targets()
     if args.recipe_lines:
         for path in recipe_paths():
             lines = [line for line in open(path).read().splitlines() if not line.startswith(MEMORY_LINE)]

@@ -33,16 +33,24 @@ class MasterWeights:
             p.grad = None if set_to_none or p.grad is None else p.grad.zero_()
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self):
+        """One inner step per parameter, each with only its own fp32 gradient (AdamW's state and step count are per
+        parameter, and a parameter without a gradient is skipped: the same update as one step over all), so that
+        the fp32 gradient and the optimizer's temporaries exist for one tensor at a time, not for the model."""
+        fp32 = [p for p, m in zip(self.params, self.masters) if m is p]
+        masked = {p: p.grad for p in fp32}
+        for p in fp32:  # fp32 parameters: stepped together, last
+            p.grad = None
         for p, m in zip(self.params, self.masters):
-            if m is not p:  # one fp32 gradient at a time replaces its bf16 one
-                m.grad, p.grad = (None, None) if p.grad is None else (p.grad.float(), None)
-        loss = self.inner.step(closure)
-        for p, m in zip(self.params, self.masters):
-            if m is not p:
+            if m is not p and p.grad is not None:
+                m.grad, p.grad = p.grad.float(), None
+                self.inner.step()
                 p.copy_(m)  # round to nearest
                 m.grad = None
-        return loss
+        for p in fp32:
+            p.grad = masked[p]
+        if any(p.grad is not None for p in fp32):
+            self.inner.step()
 
     def state_dict(self):
         return {"inner": self.inner.state_dict(),

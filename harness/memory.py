@@ -198,9 +198,10 @@ def memory_plan(shape, config, prompt_length):
         "logit_chunk": logit_chunk,
         # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
         "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
-        # foreach AdamW's temporary on CUDA; bf16 weights: the masters' fp32 gradients, each replacing its bf16 one
-        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) + (2 * trained if stored == 2
-                                                                                      else 0),
+        # foreach AdamW's temporary on CUDA; bf16 weights: one tensor at a time (master_weights.py), its fp32
+        # gradient and temporary, the largest being the [V, H] embedding (LoRA: its adapters are in bf16 too)
+        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 else
+        (8 if config.device.startswith("cuda") else 4) * (trained if config.lora_rank else shape.vocab * H),
     }
     held = sum(plan[name] for name in HELD)
     plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"]
@@ -230,19 +231,46 @@ PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv
          "logit_chunk", "head_gradients", "optimizer_step")
 
 
-def fitting_settings(shape, config, prompt_length, budget, *, lora=True):
-    """The least change of the memory settings whose plan fits `budget` bytes with headroom (needed) -> (changes dict,
-    plan), or (None, the smallest plan tried). Tried in order: smaller micro-batches and rollout batches, then
-    activation checkpointing, then (lora=True) LoRA of rank 16 on the default targets with each of those."""
+# What fitting_settings may change, cheapest first, and what each costs (fit_text prints one line per choice made).
+OPTIONS = {  # name: (the settings it changes, its cost)
+    "micro_batch": ({}, "time: more, smaller forward/backward calls; the same update (except under "
+                        "--loss-agg token-mean-per-micro-batch, whose token means are per micro-batch)"),
+    "rollout_batch": ({}, "time: more, smaller generate calls; the same samples' distribution"),
+    "gradient_checkpointing": ({"gradient_checkpointing": True},
+                               "time: each layer's forward again in backward (~+1/3 of the update) and no shared-"
+                               "prompt forward; the same update to float rounding"),
+    "param_dtype": ({"param_dtype": "bf16", "dtype": "bf16"},
+                    "precision: every weight rounded to bf16 after each step (fp32 masters keep the update), bf16 "
+                    "compute; docs/performance.md measures the ratio's noise and the learning"),
+    "optimizer": ({"optimizer": "adamw8bit"}, "precision: AdamW's moments in 8 bits (torchao: pip install torchao; "
+                                              "compiled, minutes at the first step)"),
+    "lora_rank": ({"lora_rank": 16}, "what is learned: a rank-16 update of the projections, not every weight"),
+}
+NOT_AVAILABLE = "not tried (not implemented here): a 4-bit base (QLoRA) and optimizer states offloaded to the CPU"
+STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "lora_rank")  # the switches, in OPTIONS' order
+
+
+def option_levels(config, allowed):
+    """Every combination of the switches (STEPS) not already on and in `allowed`, cheapest first: by the costliest
+    switch it uses, then by how many."""
+    free = [name for name in STEPS if name in allowed and not all(getattr(config, k) == v for k, v in
+                                                                  OPTIONS[name][0].items())]
+    combos = [[name for bit, name in enumerate(free) if mask >> bit & 1] for mask in range(2 ** len(free))]
+    return sorted(combos, key=lambda combo: (max((STEPS.index(n) for n in combo), default=-1), len(combo)))
+
+
+def fitting_settings(shape, config, prompt_length, budget, *, allowed=STEPS):
+    """The least costly change of the memory settings whose plan fits `budget` bytes with headroom (needed) ->
+    (changes dict, plan), or (None, the smallest plan tried). Tried in OPTIONS' order of cost: the switches'
+    combinations (option_levels; `allowed` limits them, e.g. no LoRA), and within each, smaller micro-batches and
+    rollout batches, largest first."""
     rows = config.prompts_per_step * config.num_generations
     micro_batches = sorted({m for m in (config.micro_batch, 16, 8, 4, 2, 1) if m <= config.micro_batch}, reverse=True)
     rollout_batches = sorted({r for r in (config.rollout_batch or rows, 256, 128, 64, 32, 16)
                               if config.num_generations <= r <= (config.rollout_batch or rows)}, reverse=True)
-    levels = [{}, {"gradient_checkpointing": True}]
-    if lora and not config.lora_rank:
-        levels += [{"lora_rank": 16}, {"lora_rank": 16, "gradient_checkpointing": True}]
     smallest = None
-    for level in levels:
+    for combo in option_levels(config, allowed):
+        level = {k: v for name in combo for k, v in OPTIONS[name][0].items()}
         for micro in micro_batches:
             for rollout in rollout_batches:
                 changes = {**level, "micro_batch": micro, "rollout_batch": rollout}
@@ -285,8 +313,11 @@ def fit_text(plan, budget, fit):
     if changes == {}:
         return f"fits as it is (needs {needed(plan) / GB:.3f} GB)"
     if changes is not None:
-        return f"fits with {flags_text(changes)} (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f})"
-    text = f"does not fit: the smallest plan tried needs {needed(fitted) / GB:.3f} GB, {(needed(fitted) - budget) / GB:.3f} " \
+        costs = [f"\n    {flags_text({k: v for k, v in changes.items() if k in OPTIONS[name][0] or k == name})}: "
+                 f"{cost}" for name, (_, cost) in OPTIONS.items() if name in changes]
+        return f"fits with {flags_text(changes)} (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f})" \
+            + "".join(costs) + f"\n    ({NOT_AVAILABLE})"
+    text = f"does not fit ({NOT_AVAILABLE}): the smallest plan tried needs {needed(fitted) / GB:.3f} GB, {(needed(fitted) - budget) / GB:.3f} " \
         f"GB over"
     held = sum(fitted[name] for name in HELD)
     if fitted["weights"] > budget:

@@ -374,7 +374,7 @@ def test_where_the_weights_alone_exceed_the_budget_the_plan_says_so():
     text = memory.plan_text(memory.memory_plan(shape, config, 1024), 8e9, fit)
     assert fit[0] is None and f"the weights alone need {fit[1]['weights'] / 1e9:.3f} GB" in text
     assert "cannot help" in text and "fewer prompts per step" not in text
-    fit = memory.fitting_settings(shape, config, 1024, 40e9, lora=False)  # over the weights, under what is held
+    fit = memory.fitting_settings(shape, config, 1024, 40e9, allowed=())  # over the weights, under what is held
     text = memory.plan_text(memory.memory_plan(shape, config, 1024), 40e9, fit)
     assert fit[0] is None and "what every step holds" in text, text
 
@@ -534,3 +534,41 @@ def test_the_plan_of_bf16_storage():
     lora = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16", lora_rank=2), 3)
     adapters = lora["assumed"]["trained_parameters"]
     assert lora["weights"] == 2 * (N + adapters) and lora["reference"] == 0  # the frozen base in bf16
+
+
+def test_master_weights_step_one_tensor_at_a_time_as_one_adamw_step_over_all():
+    from harness.master_weights import MasterWeights
+    torch.manual_seed(0)
+    starts = [torch.randn(5, 3).to(torch.bfloat16), torch.randn(7).to(torch.bfloat16), torch.randn(4)]  # 1 fp32
+    ours = [t.clone().requires_grad_() for t in starts]
+    theirs = [t.float().requires_grad_() for t in starts]
+    optimizers = (MasterWeights(ours, torch.optim.AdamW, lr=1e-3), torch.optim.AdamW(theirs, lr=1e-3))
+    for step in range(4):
+        for a, b in zip(ours, theirs):
+            grad = torch.randn(a.shape).to(a.dtype)
+            a.grad, b.grad = (None, None) if step == 1 and a.dim() == 1 else (grad.clone(), grad.float())
+        [optimizer.step() for optimizer in optimizers]
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.detach(), b.detach().to(a.dtype))
+    assert torch.equal(optimizers[0].masters[0], theirs[0].detach())
+
+
+def test_the_search_tries_the_fields_options_in_order_of_cost_and_prices_each_choice():
+    config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, kl_coef=1e-3, dtype="bf16", device="cuda", lora_rank=16)
+    levels = memory.option_levels(config, memory.STEPS)
+    assert levels[0] == [] and levels[1] == ["gradient_checkpointing"] and ["param_dtype"] in levels[2:4]
+    assert all("lora_rank" not in combo for combo in levels)  # already on
+    shape = memory.QWEN25["qwen2.5-7b"]
+    fit = memory.fitting_settings(shape, config, 1024, 24e9)
+    changes, fitted = fit
+    assert changes["param_dtype"] == "bf16" and memory.needed(fitted) <= 24e9  # LoRA's frozen base in bf16
+    without_bf16 = memory.fitting_settings(shape, config, 1024, 24e9, allowed=("gradient_checkpointing",
+                                                                               "optimizer"))
+    assert without_bf16[0] is None  # the fp32 base alone is 30 GB
+    text = memory.fit_text(memory.memory_plan(shape, config, 1024), 24e9, fit)
+    lines = text.splitlines()
+    for key in changes:
+        if key in memory.OPTIONS:
+            assert sum(line.strip().startswith(f"--{key.replace('_', '-')}") for line in lines) == 1, key
+    assert memory.NOT_AVAILABLE in text

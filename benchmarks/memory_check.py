@@ -41,6 +41,16 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
                     [[], ["--gradient-checkpointing"], ["--micro-batch", "4"], ["--max-new-tokens", "64"],
                      ["-M", "8", "--prompts", "2"], ["--lora-rank", "16", "--kl-coef", "0.01"], ["--kl-coef", "0.01"],
                      ["--rollout-batch", "4"]]),
+    # --param-dtype bf16 (issue 41): bf16 storage alone, with checkpointing, with the reference copy, with LoRA
+    "tiny-cpu-bf16": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
+                       "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64", "--param-dtype",
+                       "bf16"],
+                      [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"], ["--lora-rank", "16", "--kl-coef",
+                                                                                 "0.01"]]),
+    "smollm2-cpu-bf16": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
+                          "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
+                         [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"],
+                          ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
 }
 
 
@@ -106,7 +116,8 @@ def build(args, config):
         from benchmarks.random_model_step import GradedTask, build as build_shape
         model, tokenizer = build_shape(args.model)
         task = GradedTask()
-    return run.memory_options(config, model.to(args.device)).train(), tokenizer, task
+    model = model.to(args.device).to(run.storage_dtype(config))  # as run.build_policy: cast, then the options
+    return run.memory_options(config, model).train(), tokenizer, task
 
 
 def reference_of(model, config):
@@ -123,11 +134,12 @@ def measure(args):
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") or args.param_dtype == "bf16" else "fp32")
     config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
                     max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
-                    gradient_checkpointing=args.gradient_checkpointing, lr=1e-5).validate()
+                    gradient_checkpointing=args.gradient_checkpointing, lr=1e-5,
+                    param_dtype=args.param_dtype).validate()
     model, tokenizer, task = build(args, config)
     weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if args.device.startswith("cuda"):
@@ -137,7 +149,7 @@ def measure(args):
         baseline = rss_bytes("VmRSS") - weight_bytes
     reference = reference_of(model, config)  # after the baseline: the plan counts its copy
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = run.adamw_class(config)(trained, lr=config.lr, weight_decay=config.weight_decay)
     phases, seconds, widths = {}, {}, None
     for step in range(2):  # step 0 allocates AdamW's state; step 1 is measured
         reset_peak(args.device)
@@ -161,7 +173,7 @@ def measure(args):
                          "peak": max(phases.values())},
             "seconds": seconds, "baseline": baseline,
             "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype,
-            "device": args.device}
+            "device": args.device, "param_dtype": args.param_dtype}
 
 
 def parser():
@@ -178,6 +190,7 @@ def parser():
     p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
@@ -299,7 +312,8 @@ def replan(table, log):
         config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
                         max_new_tokens=r["completion_tokens"], rollout_batch=args.rollout_batch,
                         micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
-                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing)
+                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing,
+                        param_dtype=r.get("param_dtype", "fp32"))
         shape = memory.model_shape(dataclasses.replace(config, model=args.model, tiny_hidden=args.tiny_hidden,
                                                        tiny_layers=args.tiny_layers))
         print(table_row(r, memory.memory_plan(shape, config, r["prompt_tokens"])))

@@ -427,13 +427,16 @@ def test_adamw8bit_keeps_8bit_moments_tracks_adamw_and_resumes_exactly(tmp_path,
     assert strip((tmp_path / "adamw8bit" / "metrics.jsonl").read_text()) == strip(rows)
 
 
-def test_memory_check_runs_on_a_cpu(capsys):
+@pytest.mark.parametrize("storage", ["fp32", "bf16"])
+def test_memory_check_runs_on_a_cpu(capsys, storage):
     from benchmarks import memory_check
     memory_check.main(["--model", "test", "--prompts", "2", "-M", "2", "--max-new-tokens", "4", "--micro-batch", "2",
-                       "--kl-coef", "0.1"])
+                       "--kl-coef", "0.1", "--param-dtype", storage])
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT ")]
     result = json.loads(line[len("RESULT "):])
     assert result["plan"]["reference"] > 0 and result["measured"]["peak"] > 0 and result["completion_tokens"] == 4
+    assert (result["plan"]["master_weights"] > 0) == (storage == "bf16")  # the masters planned, and
+    assert abs(result["weights_measured"] / result["plan"]["weights"] - 1) < 0.01  # the weights stored, as planned
 
 
 # --- bf16 storage: --param-dtype bf16, the optimizer on fp32 master weights ------------------------------------------

@@ -227,8 +227,8 @@ def headroom_text(device):
 
 
 HELD = ("weights", "gradients", "master_weights", "optimizer", "reference")  # held all the time, whatever the batch
-PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits", "activations",
-         "logit_chunk", "head_gradients", "optimizer_step")
+PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits",
+         "activations", "logit_chunk", "head_gradients", "optimizer_step")
 
 
 # What fitting_settings may change, cheapest first, and what each costs (fit_text prints one line per choice made).
@@ -317,8 +317,8 @@ def fit_text(plan, budget, fit):
                  f"{cost}" for name, (_, cost) in OPTIONS.items() if name in changes]
         return f"fits with {flags_text(changes)} (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f})" \
             + "".join(costs) + f"\n    ({NOT_AVAILABLE})"
-    text = f"does not fit ({NOT_AVAILABLE}): the smallest plan tried needs {needed(fitted) / GB:.3f} GB, {(needed(fitted) - budget) / GB:.3f} " \
-        f"GB over"
+    text = f"does not fit ({NOT_AVAILABLE}): the smallest plan tried needs {needed(fitted) / GB:.3f} GB, " \
+        f"{(needed(fitted) - budget) / GB:.3f} GB over"
     held = sum(fitted[name] for name in HELD)
     if fitted["weights"] > budget:
         return text + f"; the weights alone need {fitted['weights'] / GB:.3f} GB, so fewer prompts or shorter " \

@@ -11,12 +11,15 @@ precisions (fp32 weights throughout, as train.py keeps them) and prints, over th
   after a step    every weight moved by +-lr (an AdamW first step's size), then scored again: max |ratio -
                   ratio_fp32|, the ratio's noise after one update (Lopti's second pass, KL at step 2)
 Precisions: fp32; bf16 autocast with the head as the model computes it (bf16 logits, as before the float32 head);
-bf16 autocast with the float32 head (token_logprobs' default); fp16 autocast with the float32 head (--with-fp16).
+bf16 autocast with the float32 head (token_logprobs' default); fp16 autocast with the float32 head (--with-fp16);
+bf16 weights (--param-dtype bf16: the fp32 weights rounded to bf16, as the optimizer's fp32 masters round them after
+each step) with the float32 head.
 The fp32 row is the reference (zero by construction), except its split column, which is measured.
 A float32 log-prob forward under a bf16 run is token_logprobs(..., body_autocast=False): the fp32 row.
 On a CPU without bf16 instructions, bf16 scoring is several times slower than fp32 (the seconds column).
 """
 import argparse
+import copy
 import os
 import sys
 import time
@@ -62,17 +65,20 @@ def main(argv=None):
                   "bf16 autocast, fp32 head": (torch.bfloat16, True)}
     if args.with_fp16:
         precisions["fp16 autocast, fp32 head"] = (torch.float16, True)
+    precisions["bf16 weights, fp32 head"] = ("bf16 weights", True)
 
     def score(dtype, fp32_head, micro_batch=None):
+        policy = copy.deepcopy(model).to(torch.bfloat16) if dtype == "bf16 weights" else model
+        dtype = torch.bfloat16 if dtype == "bf16 weights" else dtype
         autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
         with torch.no_grad(), autocast:
-            return token_logprobs(model, *batch, micro_batch=micro_batch, fp32_head=fp32_head)[real].double()
+            return token_logprobs(policy, *batch, micro_batch=micro_batch, fp32_head=fp32_head)[real].double()
 
     before, split, seconds = {}, {}, {}
     for name, (dtype, fp32_head) in precisions.items():
         start = time.perf_counter()
         before[name] = score(dtype, fp32_head)
-        seconds[name] = time.perf_counter() - start
+        seconds[name] = time.perf_counter() - start  # bf16 weights: with the copy's rounding
         split[name] = score(dtype, fp32_head, micro_batch=args.split)
     generator = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():  # one AdamW-first-step-sized move of every weight

@@ -41,6 +41,16 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
                     [[], ["--gradient-checkpointing"], ["--micro-batch", "4"], ["--max-new-tokens", "64"],
                      ["-M", "8", "--prompts", "2"], ["--lora-rank", "16", "--kl-coef", "0.01"], ["--kl-coef", "0.01"],
                      ["--rollout-batch", "4"]]),
+    # --param-dtype bf16 (issue 41): bf16 storage alone, with checkpointing, with the reference copy, with LoRA
+    "tiny-cpu-bf16": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
+                       "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64", "--param-dtype",
+                       "bf16"],
+                      [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"], ["--lora-rank", "16", "--kl-coef",
+                                                                                 "0.01"]]),
+    "smollm2-cpu-bf16": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
+                          "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
+                         [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"],
+                          ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
 }
 
 
@@ -106,7 +116,8 @@ def build(args, config):
         from benchmarks.random_model_step import GradedTask, build as build_shape
         model, tokenizer = build_shape(args.model)
         task = GradedTask()
-    return run.memory_options(config, model.to(args.device)).train(), tokenizer, task
+    model = model.to(args.device).to(run.storage_dtype(config))  # as run.build_policy: cast, then the options
+    return run.memory_options(config, model).train(), tokenizer, task
 
 
 def reference_of(model, config):
@@ -123,11 +134,12 @@ def measure(args):
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") or args.param_dtype == "bf16" else "fp32")
     config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
                     max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
-                    gradient_checkpointing=args.gradient_checkpointing, lr=1e-5).validate()
+                    gradient_checkpointing=args.gradient_checkpointing, lr=1e-5,
+                    param_dtype=args.param_dtype).validate()
     model, tokenizer, task = build(args, config)
     weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if args.device.startswith("cuda"):
@@ -137,7 +149,7 @@ def measure(args):
         baseline = rss_bytes("VmRSS") - weight_bytes
     reference = reference_of(model, config)  # after the baseline: the plan counts its copy
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = run.adamw_class(config)(trained, lr=config.lr, weight_decay=config.weight_decay)
     phases, seconds, widths = {}, {}, None
     for step in range(2):  # step 0 allocates AdamW's state; step 1 is measured
         reset_peak(args.device)
@@ -161,7 +173,7 @@ def measure(args):
                          "peak": max(phases.values())},
             "seconds": seconds, "baseline": baseline,
             "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype,
-            "device": args.device}
+            "device": args.device, "param_dtype": args.param_dtype}
 
 
 def parser():
@@ -178,6 +190,7 @@ def parser():
     p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
@@ -185,8 +198,18 @@ def parser():
     p.add_argument("--skip", type=int, default=0, help="with --table: start at this setting (0 = the first)")
     p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
+    p.add_argument("--targets", action="store_true", help="print what the plan says of docs' per-card targets")
+    p.add_argument("--recipe-lines", action="store_true", help="write each recipe's memory comment line (planned; "
+                   "the line before `set -euo pipefail`)")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
     return p
+
+
+def recipe_paths():
+    """recipes/*.sh that run train.py (the verl_* ones launch verl)."""
+    import glob
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+    return sorted(p for p in glob.glob(os.path.join(folder, "*.sh")) if "verl_" not in p)
 
 
 def recipe_config(path):
@@ -201,12 +224,35 @@ def recipe_config(path):
     return dataclasses.replace(parse_args(argv), dtype="bf16", device="cuda")
 
 
+MEMORY_LINE = "# Memory (its plan"
+
+
+def recipe_memory_line(path, cards=(80, 24)):
+    """The comment line each recipe carries (tests/test_recipes.py keeps it equal to this): the plan's peak for the
+    recipe as written on one CUDA card, and what fits each of `cards` (memory.fit_text, shortened)."""
+    config = recipe_config(path)
+    shape = memory.model_shape(config)
+    P = config.max_prompt_length or memory.PROMPT_GUESS["chat"]
+    plan = memory.memory_plan(shape, config, P)
+    fits = []
+    for card in cards:
+        changes, fitted = memory.fitting_settings(shape, config, P, card * 1e9)
+        fits.append(f"{card} GB " + ("as written" if changes == {} else f"with {memory.flags_text(changes)}"
+                                     if changes is not None else
+                                     f"no ({(memory.needed(fitted) - card * 1e9) / 1e9:.1f} GB over)"))
+    return (f"{MEMORY_LINE}: --dry-run --device cuda): peak {plan['peak'] / 1e9:.1f} GB as written; fits "
+            + "; ".join(fits))
+
+
+SHORT = {"gradient_checkpointing": "ckpt", "param_dtype": "bf16", "optimizer": "8-bit"}  # the table's names
+
+
 def card_table(cards=(24, 48, 80)):
     """docs/performance.md's per-card table: for each paper recipe's shape, the largest Qwen2.5 size the plan fits
-    on each card, full-parameter and LoRA (rank 16), with the fewest changes fitting_settings finds."""
-    import glob
-    recipes = sorted(p for p in glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                       "recipes", "*.sh")) if "verl_" not in p)
+    on each card (with its headroom), full-parameter and LoRA (rank 16), with the least costly change
+    fitting_settings finds (micro-batch and rollout batch not shown; checkpointing, bf16 storage, 8-bit states
+    named)."""
+    recipes = recipe_paths()
     print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
         f"{card} GB full | {card} GB LoRA" for card in cards) + " |")
     print("|---|" + "---|" * 2 * len(cards))
@@ -219,14 +265,32 @@ def card_table(cards=(24, 48, 80)):
                 base = dataclasses.replace(config, lora_rank=16) if lora else config
                 best = "none"
                 for name, shape in memory.QWEN25.items():  # smallest to largest
-                    changes, _ = memory.fitting_settings(shape, base, P, card * 1e9, lora=False)
+                    changes, _ = memory.fitting_settings(shape, base, P, card * 1e9,
+                                                         allowed=[s for s in memory.STEPS if s != "lora_rank"])
                     if changes is not None:
-                        best = name.split("-")[1].upper() + (" (ckpt)" if changes.get("gradient_checkpointing")
-                                                              else "")
+                        used = [short for key, short in SHORT.items() if key in changes]
+                        best = name.split("-")[1].upper() + (f" ({', '.join(used)})" if used else "")
                 cells.append(best)
         name = os.path.basename(path)[:-3]
         print(f"| {name} ({config.prompts_per_step} x {config.num_generations}, {P} + {config.max_new_tokens}) | "
               + " | ".join(cells) + " |")
+
+
+TARGETS = [("qwen2.5-3b", False, 24), ("qwen2.5-7b", True, 24), ("qwen2.5-7b", False, 80)]  # issue 41's
+
+
+def targets():
+    """The per-card targets (docs/performance.md): each Qwen2.5 size on the countdown recipe's shape (64 x 8,
+    1024 + 256, KL 1e-3), full-parameter (no LoRA tried) or LoRA 16, on its card: what fits, or by how much not."""
+    config = recipe_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes",
+                                        "softmaxgrpo_countdown.sh"))
+    for name, lora, card in TARGETS:
+        base = dataclasses.replace(config, lora_rank=16) if lora else config
+        shape = memory.QWEN25[name]
+        fit = memory.fitting_settings(shape, base, config.max_prompt_length, card * 1e9,
+                                      allowed=[s for s in memory.STEPS if s != "lora_rank"])
+        print(f"{name} {'LoRA 16' if lora else 'full'} on {card} GB: "
+              f"{memory.fit_text(memory.memory_plan(shape, base, config.max_prompt_length), card * 1e9, fit)}")
 
 
 def table_row(r, plan):
@@ -248,7 +312,8 @@ def replan(table, log):
         config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
                         max_new_tokens=r["completion_tokens"], rollout_batch=args.rollout_batch,
                         micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
-                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing)
+                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing,
+                        param_dtype=r.get("param_dtype", "fp32"))
         shape = memory.model_shape(dataclasses.replace(config, model=args.model, tiny_hidden=args.tiny_hidden,
                                                        tiny_layers=args.tiny_layers))
         print(table_row(r, memory.memory_plan(shape, config, r["prompt_tokens"])))
@@ -258,6 +323,16 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.cards:
         return card_table()
+    if args.targets:
+        return targets()
+    if args.recipe_lines:
+        for path in recipe_paths():
+            lines = [line for line in open(path).read().splitlines() if not line.startswith(MEMORY_LINE)]
+            lines.insert(lines.index("set -euo pipefail"), recipe_memory_line(path))
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            print(lines[lines.index("set -euo pipefail") - 1])
+        return
     if args.replan:
         return replan(args.table, args.replan)
     if not args.table:

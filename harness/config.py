@@ -95,8 +95,14 @@ class Config:
     lora_targets: str = setting(LORA_TARGETS, "comma-separated module names that get LoRA adapters (Llama/Qwen names)")
     optimizer: str = setting("adamw", "adamw8bit: AdamW with 8-bit moments (torchao; 2 bytes per trained weight, "
                              "not 8)", choices=("adamw", "adamw8bit"))
-    memory_budget: str | None = setting(None, "--dry-run: the card's memory (e.g. 24GB): the settings that fit it",
-                                        saved=False, resumable=True)
+    param_dtype: str = setting("fp32", "weights' and gradients' storage: bf16 halves them and the reference copy "
+                               "(LoRA: the frozen base), the optimizer keeping fp32 master weights "
+                               "(harness/master_weights.py); computes in bf16. Default fp32 on a CPU and on CUDA "
+                               "alike: bf16 storage rounds every weight, so a run chooses it (--memory-budget's "
+                               "search proposes it when it is needed)", choices=("fp32", "bf16"))
+    memory_budget: str | None = setting(None, "the card's memory with its unit (e.g. 24GB): with --dry-run, the "
+                                        "settings that fit it; without, the run is refused before loading when its "
+                                        "plan does not fit", saved=False, resumable=True)
     # --- rollouts (rollout.py) ------------------------------------------------------------------------------------
     max_new_tokens: int = setting(1024, "completion length limit (tiny model: 12)", paper="256-4096")
     temperature: float = setting(1.0, "sampling temperature", paper="1.0 SoftmaxGRPO, 0.7 Lopti")
@@ -193,8 +199,13 @@ class Config:
                 (self.lora_alpha is None or self.lora_alpha > 0, "--lora-alpha must be > 0"),
                 (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
                  f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
+                (not (self.param_dtype == "bf16" and self.dtype == "fp32"), "--param-dtype bf16 computes in "
+                 "bf16: give --dtype bf16 or auto with it, not fp32"),
+                (not (self.param_dtype == "bf16" and self.logprob_fp32), "--logprob-fp32 needs fp32 weights: give it "
+                 "or --param-dtype bf16, not both"),
                 (self.memory_budget is None or parse_size(self.memory_budget) is not None,
-                 f"--memory-budget must look like 24GB, 80GiB or 512MB, got {self.memory_budget!r}"),
+                 f"--memory-budget must be a size with its unit, like 24GB, 80GiB or 512MB, got "
+                 f"{self.memory_budget!r}"),
                 (self.drop_finished_every is None or self.drop_finished_every >= 1,
                  "--drop-finished-every must be >= 1"),
                 (not (self.fast_generate and self.drop_finished_every), "--fast-generate keeps every row in its "
@@ -243,7 +254,7 @@ class Config:
 
 # Settings newer than some run.json files: missing there, each takes its default (off: the run as it was saved).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
-                  "lora_alpha", "lora_targets", "optimizer", "fast_generate")
+                  "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 

@@ -5,10 +5,11 @@
     print(plan_text(plan))                         # --dry-run prints it; --memory-budget adds fitting_settings()
 
 Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak RSS). The run
-holds, all the time: the fp32 weights, their gradients and AdamW's two moments (LoRA: the adapters' only), and the
-reference policy of --kl-coef (a full fp32 copy; LoRA: none, the policy with its adapters off). On top of that, at
-different moments (so the peak takes the larger): the rollout phase's KV cache and sampling logits, or the update
-phase's activations of one micro-batch and its float32 log-prob logits chunk (or AdamW's step temporaries).
+holds, all the time: the weights and their gradients in --param-dtype (bf16: with the optimizer's fp32 master
+copies), AdamW's two moments (LoRA: the adapters' only), and the reference policy of --kl-coef (a full copy in
+--param-dtype; LoRA: none, the policy with its adapters off). On top of that, at different moments (so the peak
+takes the larger): the rollout phase's KV cache and sampling logits, or the update phase's activations of one
+micro-batch and its float32 log-prob logits chunk (or AdamW's step temporaries).
 Simplifications, each one line below: attention saves no [S, S] matrix (SDPA's flash/efficient kernels; true on
 CPU and GPU here), every completion runs to --max-new-tokens, and the prompt length is --max-prompt-length (or a
 guess the plan names).
@@ -20,13 +21,18 @@ import os
 import re
 
 GB = 1e9
-UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
          "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 PROMPT_GUESS = {"compact": 16, "chat": 256}  # tokens, when --max-prompt-length does not say
+# "Fits" keeps headroom: the plan's peak plus PLAN_ERROR of it (its CPU check errs by up to +-18%,
+# docs/performance.md) plus, on CUDA, CUDA_CONTEXT (the context and cuBLAS workspaces, outside torch's allocator).
+PLAN_ERROR = 0.20
+CUDA_CONTEXT = 1e9
 
 
 def parse_size(text):
-    """"24GB" -> 24e9 bytes, "24GiB" or "24G" -> 24 * 2**30, "512MB" -> 512e6; None when it is not a size."""
+    """"24GB" -> 24e9 bytes, "24GiB" or "24G" -> 24 * 2**30, "512MB" -> 512e6; None when it is not a size (a
+    bare number too: "24" has no unit, and reading it as bytes would plan a 24-byte card)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
     if not match or match.group(2) not in UNITS or float(match.group(1)) <= 0:
         return None
@@ -90,6 +96,12 @@ QWEN25 = {name: ModelShape(hidden=h, intermediate=i, layers=n, heads=q, kv_heads
                                                "qwen2.5-7b": (3584, 18944, 28, 28, 4, False)}.items()}
 
 
+# Qwen3-1.7B(-Base)'s (huggingface.co/Qwen/Qwen3-1.7B-Base/config.json; recipes/softmaxgrpo_qwen3_base.sh); its
+# q_norm and k_norm weights (2 x 128 per layer) are left out: 7 168 of 1.7 billion.
+QWEN3 = {"qwen3-1.7b": ModelShape(hidden=2048, intermediate=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
+                                  vocab=151936, tied=True)}
+
+
 def gguf_shape(path):
     """ModelShape from a .gguf file's header (gguf's reader; the weights are not read)."""
     from gguf import GGUFReader
@@ -109,12 +121,13 @@ def gguf_shape(path):
 
 def model_shape(config):
     """The shape of config.model from its config alone: tiny's numbers, a Qwen2.5 hub id's (QWEN25), a .gguf
-    header, a folder's config.json, or transformers' AutoConfig (the hub cache, or the hub when online)."""
+    header, a folder's config.json, or transformers' AutoConfig (the hub cache, or the hub when online). The
+    written-out shapes (QWEN25, QWEN3) are matched by hub id, so the recipes plan offline."""
     from harness import model as model_files
     from harness import tiny
-    known = re.fullmatch(r"qwen/(qwen2\.5-[\d.]+b)(-instruct)?", config.model.lower())
-    if known and known.group(1) in QWEN25:
-        return QWEN25[known.group(1)]
+    known = re.fullmatch(r"qwen/(qwen2\.5-[\d.]+b|qwen3-[\d.]+b)(-instruct|-base)?", config.model.lower())
+    if known and known.group(1) in {**QWEN25, **QWEN3}:
+        return {**QWEN25, **QWEN3}[known.group(1)]
     if config.model == "tiny":
         return ModelShape(hidden=config.tiny_hidden, intermediate=(8 * config.tiny_hidden // 3 + 63) // 64 * 64,
                           layers=config.tiny_layers, heads=4, kv_heads=4, head_dim=config.tiny_hidden // 4,
@@ -140,8 +153,9 @@ class _Fields:
 # ---------------------------------------------------------------------------------------------------------------
 def memory_plan(shape, config, prompt_length):
     """-> {part: bytes} of a run of config (its settled --dtype) on a model of `shape`, plus "peak" and what it
-    assumed. Weights, gradients and AdamW are fp32 whatever --dtype (train.py); activations and the KV cache are in
-    the compute dtype, except the residual stream and RMSNorm, which stay fp32 under autocast."""
+    assumed. Weights and gradients are in --param-dtype (bf16: plus the optimizer's fp32 masters), AdamW's moments
+    fp32 (or 8-bit); activations and the KV cache are in the compute dtype, except the residual stream and RMSNorm,
+    which stay fp32 under autocast (counted so under bf16 weights too: an overcount there)."""
     compute = 2 if config.dtype == "bf16" else 4  # bytes per activation element
     P, T, M = prompt_length, config.max_new_tokens, config.num_generations
     rows = config.prompts_per_step * M
@@ -149,7 +163,8 @@ def memory_plan(shape, config, prompt_length):
     micro = min(config.micro_batch, rows)
     trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else \
         shape.parameters()
-    weights = 4 * (shape.parameters() + (trained if config.lora_rank else 0))
+    stored = 2 if config.param_dtype == "bf16" else 4  # bytes per weight and per gradient (--param-dtype)
+    weights = stored * (shape.parameters() + (trained if config.lora_rank else 0))
     H, I, L = shape.hidden, shape.intermediate, shape.layers
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     # One decoder layer saves, per token: fp32 residual stream and the 2 RMSNorms' input and output (4H x 4 bytes),
@@ -166,64 +181,114 @@ def memory_plan(shape, config, prompt_length):
         layer_activations = L * (per_token_layer * tokens + compute * 2 * kv * micro * P)
     head_tokens = micro * T  # the tokens whose log-probs are scored
     logit_chunk = 3 * 4 * shape.vocab * min(config.logit_chunk, head_tokens)  # logits, their scaling, softmax
-    autocast_copies = 2 * trained if compute == 2 and not config.lora_rank else 0  # bf16 casts of trained weights
+    autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
+    # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast_logprobs.float32_logits)
+    head_copy = 4 * shape.vocab * H if stored == 2 else 0
     plan = {
         "weights": weights,
-        "gradients": 4 * trained,
+        "gradients": stored * trained,
+        "master_weights": 4 * trained if stored == 2 else 0,  # the optimizer's fp32 copies (master_weights.py)
         "optimizer": int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained),  # AdamW's moments:
         # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
-        "reference": 4 * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
+        "reference": stored * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
         "kv_cache": compute * 2 * L * kv * generate_rows * (P + T),
         "sampling_logits": 3 * 4 * shape.vocab * generate_rows,  # float32 logits, scaled, softmax of one token
-        "activations": layer_activations + 8 * H * tokens + autocast_copies,  # + the final norm's input and output
+        "activations": layer_activations + 8 * H * tokens + autocast_copies + head_copy,  # + the final norm's
+        # input and output
         "logit_chunk": logit_chunk,
         # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
-        "head_gradients": 0 if config.lora_rank else 8 * shape.vocab * H,
-        "optimizer_step": 4 * trained if config.device.startswith("cuda") else 0,  # foreach AdamW's temporary
+        "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
+        # foreach AdamW's temporary on CUDA; bf16 weights: one tensor at a time (master_weights.py), its fp32
+        # gradient and temporary, the largest being the [V, H] embedding (LoRA: its adapters are in bf16 too)
+        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 else
+        (8 if config.device.startswith("cuda") else 4) * (trained if config.lora_rank else shape.vocab * H),
     }
-    held = plan["weights"] + plan["gradients"] + plan["optimizer"] + plan["reference"]
+    held = sum(plan[name] for name in HELD)
     plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"]
     plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"],
                                      plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
-                           micro_batch=micro, trained_parameters=trained, parameters=shape.parameters())
+                           micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
+                           device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
+                           weights_dtype=config.param_dtype)
     return plan
 
 
-PARTS = ("weights", "gradients", "optimizer", "reference", "kv_cache", "sampling_logits", "activations",
-         "logit_chunk", "head_gradients", "optimizer_step")
+def needed(plan):
+    """Bytes a card must have for `plan`: its peak, PLAN_ERROR more, and on CUDA the context (CUDA_CONTEXT)."""
+    return plan["peak"] * (1 + PLAN_ERROR) + (CUDA_CONTEXT if plan["assumed"]["device"].startswith("cuda") else 0)
 
 
-def fitting_settings(shape, config, prompt_length, budget, *, lora=True):
-    """The least change of the memory settings that brings the plan's peak under `budget` bytes -> (changes dict,
-    plan), or (None, the smallest plan tried). Tried in order: smaller micro-batches and rollout batches, then
-    activation checkpointing, then (lora=True) LoRA of rank 16 on the default targets with each of those."""
+def headroom_text(device):
+    """The margin "fits" keeps, in words."""
+    return f"peak + {PLAN_ERROR:.0%} for the plan's error" + (f" + {CUDA_CONTEXT / GB:.0f} GB for the CUDA context"
+                                                              if device.startswith("cuda") else "")
+
+
+HELD = ("weights", "gradients", "master_weights", "optimizer", "reference")  # held all the time, whatever the batch
+PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits",
+         "activations", "logit_chunk", "head_gradients", "optimizer_step")
+
+
+# What fitting_settings may change, cheapest first, and what each costs (fit_text prints one line per choice made).
+OPTIONS = {  # name: (the settings it changes, its cost)
+    "micro_batch": ({}, "time: more, smaller forward/backward calls; the same update (except under "
+                        "--loss-agg token-mean-per-micro-batch, whose token means are per micro-batch)"),
+    "rollout_batch": ({}, "time: more, smaller generate calls; the same samples' distribution"),
+    "gradient_checkpointing": ({"gradient_checkpointing": True},
+                               "time: each layer's forward again in backward (~+1/3 of the update) and no shared-"
+                               "prompt forward; the same update to float rounding"),
+    "param_dtype": ({"param_dtype": "bf16", "dtype": "bf16"},
+                    "precision: every weight rounded to bf16 after each step (fp32 masters keep the update), bf16 "
+                    "compute; docs/performance.md measures the ratio's noise and the learning"),
+    "optimizer": ({"optimizer": "adamw8bit"}, "precision: AdamW's moments in 8 bits (torchao: pip install torchao; "
+                                              "compiled, minutes at the first step)"),
+    "lora_rank": ({"lora_rank": 16}, "what is learned: a rank-16 update of the projections, not every weight"),
+}
+NOT_AVAILABLE = "not tried (not implemented here): a 4-bit base (QLoRA) and optimizer states offloaded to the CPU"
+STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "lora_rank")  # the switches, in OPTIONS' order
+
+
+def option_levels(config, allowed):
+    """Every combination of the switches (STEPS) not already on and in `allowed`, cheapest first: by the costliest
+    switch it uses, then by how many."""
+    free = [name for name in STEPS if name in allowed and not all(getattr(config, k) == v for k, v in
+                                                                  OPTIONS[name][0].items())]
+    combos = [[name for bit, name in enumerate(free) if mask >> bit & 1] for mask in range(2 ** len(free))]
+    return sorted(combos, key=lambda combo: (max((STEPS.index(n) for n in combo), default=-1), len(combo)))
+
+
+def fitting_settings(shape, config, prompt_length, budget, *, allowed=STEPS):
+    """The least costly change of the memory settings whose plan fits `budget` bytes with headroom (needed) ->
+    (changes dict, plan), or (None, the smallest plan tried). Tried in OPTIONS' order of cost: the switches'
+    combinations (option_levels; `allowed` limits them, e.g. no LoRA), and within each, smaller micro-batches and
+    rollout batches, largest first."""
     rows = config.prompts_per_step * config.num_generations
     micro_batches = sorted({m for m in (config.micro_batch, 16, 8, 4, 2, 1) if m <= config.micro_batch}, reverse=True)
     rollout_batches = sorted({r for r in (config.rollout_batch or rows, 256, 128, 64, 32, 16)
                               if config.num_generations <= r <= (config.rollout_batch or rows)}, reverse=True)
-    levels = [{}, {"gradient_checkpointing": True}]
-    if lora and not config.lora_rank:
-        levels += [{"lora_rank": 16}, {"lora_rank": 16, "gradient_checkpointing": True}]
     smallest = None
-    for level in levels:
+    for combo in option_levels(config, allowed):
+        level = {k: v for name in combo for k, v in OPTIONS[name][0].items()}
         for micro in micro_batches:
             for rollout in rollout_batches:
                 changes = {**level, "micro_batch": micro, "rollout_batch": rollout}
                 changes = {k: v for k, v in changes.items() if getattr(config, k) != v and
                            not (k == "rollout_batch" and v == rows and config.rollout_batch is None)}
                 plan = memory_plan(shape, dataclasses.replace(config, **changes), prompt_length)
-                if plan["peak"] <= budget:
+                if needed(plan) <= budget:
                     return changes, plan
                 smallest = plan if smallest is None or plan["peak"] < smallest["peak"] else smallest
     return None, smallest
 
 
 def plan_text(plan, budget=None, fit=None):
-    """The plan as lines of text: each part in GB, the two phases' peaks, and (with a budget) what fits."""
+    """The plan as lines of text: what it assumed (device, dtypes), each part in GB, the two phases' peaks, and (with
+    a budget) what fits, keeping the headroom of needed()."""
     a = plan["assumed"]
-    lines = [f"memory plan (estimated; docs/performance.md): {a['parameters'] / 1e6:.1f}M parameters, "
+    lines = [f"memory plan for {a['device']}, {a['weights_dtype']} weights, {a['compute_dtype']} compute "
+             f"(estimated; docs/performance.md): {a['parameters'] / 1e6:.1f}M parameters, "
              f"{a['trained_parameters'] / 1e6:.2f}M trained; {a['rows']} rows of {a['prompt_length']} prompt + "
              f"{a['completion_length']} completion tokens, {a['generate_rows']} per generate call, "
              f"{a['micro_batch']} per micro-batch"]
@@ -231,12 +296,34 @@ def plan_text(plan, budget=None, fit=None):
     lines.append(f"  peak: {plan['peak'] / GB:.3f} GB (rollout phase {plan['rollout_peak'] / GB:.3f}, "
                  f"update phase {plan['update_peak'] / GB:.3f})")
     if budget is not None:
-        changes, fitted = fit
-        flags = lambda c: " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")  # noqa: E731
-                                   for k, v in sorted(c.items()))
-        lines.append(f"  budget {budget / GB:.1f} GB: " + (
-            "fits as it is" if changes == {} else
-            f"fits with {flags(changes)} (peak {fitted['peak'] / GB:.3f} GB)" if changes is not None else
-            f"does not fit: the smallest plan tried needs {fitted['peak'] / GB:.3f} GB (fewer prompts per step, "
-            "shorter completions or a smaller model)"))
+        lines.append(f"  budget {budget / GB:.1f} GB, fits when {headroom_text(a['device'])} <= budget: "
+                     + fit_text(plan, budget, fit))
     return "\n".join(lines)
+
+
+def flags_text(changes):
+    """{"lora_rank": 16, "gradient_checkpointing": True} -> "--gradient-checkpointing --lora-rank 16"."""
+    return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in sorted(changes.items()))
+
+
+def fit_text(plan, budget, fit):
+    """fitting_settings' answer in words: as it is, with which flags, or by how much the smallest plan tried misses
+    (and, when the weights alone are over the budget, that fewer rows or tokens cannot help)."""
+    changes, fitted = fit
+    if changes == {}:
+        return f"fits as it is (needs {needed(plan) / GB:.3f} GB)"
+    if changes is not None:
+        costs = [f"\n    {flags_text({k: v for k, v in changes.items() if k in OPTIONS[name][0] or k == name})}: "
+                 f"{cost}" for name, (_, cost) in OPTIONS.items() if name in changes]
+        return f"fits with {flags_text(changes)} (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f})" \
+            + "".join(costs) + f"\n    ({NOT_AVAILABLE})"
+    text = f"does not fit ({NOT_AVAILABLE}): the smallest plan tried needs {needed(fitted) / GB:.3f} GB, " \
+        f"{(needed(fitted) - budget) / GB:.3f} GB over"
+    held = sum(fitted[name] for name in HELD)
+    if fitted["weights"] > budget:
+        return text + f"; the weights alone need {fitted['weights'] / GB:.3f} GB, so fewer prompts or shorter " \
+            "completions cannot help: a smaller model or a larger card"
+    if held > budget:
+        return text + f"; what every step holds ({', '.join(HELD)}) needs {held / GB:.3f} GB, so fewer prompts or " \
+            "shorter completions cannot help: a smaller model or a larger card"
+    return text + " (fewer prompts per step, shorter completions or a smaller model)"

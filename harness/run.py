@@ -18,6 +18,7 @@ algorithm can skip this file.
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -38,6 +39,7 @@ from harness import memory, report, tiny
 from harness.checkpoint import (RunError, checkpoint_steps, existing_copy, holds_a_run, later_checkpoints,
                                 load_trainer_state, locked, point_latest, recover, remove_run, restore_rng, rng_state,
                                 save_checkpoint)
+from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
@@ -128,7 +130,10 @@ def settle(config):
     if not config.resume and not config.dry_run:
         changes["initial_policy"] = tiny.initial_policy_dir(config) if config.model == "tiny" else \
             os.path.abspath(config.model) if os.path.exists(config.model) else config.model
-    return (dataclasses.replace(config, **changes), tokenizer, None if config.dry_run else task, prompts)
+    config = dataclasses.replace(config, **changes)
+    if config.memory_budget and not config.dry_run:  # before any weight loads (build_policy)
+        within_budget(config)
+    return (config, tokenizer, None if config.dry_run else task, prompts)
 
 
 def task_file(config):
@@ -144,12 +149,15 @@ def task_file(config):
 
 
 def hardware(config):
-    """A copy of config with --device and --dtype "auto" decided for this machine (bf16 on CUDA, else fp32)."""
+    """A copy of config with --device and --dtype "auto" decided for this machine (bf16 on CUDA or under
+    --param-dtype bf16, else fp32). A dry
+    run may name a device this machine lacks (--dry-run --device cuda on a laptop): it plans for that one."""
     device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available() and not config.dry_run:
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
-    dtype = config.dtype if config.dtype != "auto" else "bf16" if device.startswith("cuda") else "fp32"
+    dtype = config.dtype if config.dtype != "auto" else "bf16" if device.startswith("cuda") or \
+        config.param_dtype == "bf16" else "fp32"
     return dataclasses.replace(config, device=device, dtype=dtype)
 
 
@@ -183,6 +191,26 @@ def print_memory_plan(config):
           f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
 
 
+def within_budget(config):
+    """--memory-budget on a run that trains: its plan (as --dry-run's) checked before any weight loads; one line,
+    an InputError, when it does not fit with the plan's headroom. A model whose config cannot be read: a note."""
+    try:
+        shape = memory.model_shape(config)
+    except (ValueError, OSError, KeyError, AttributeError) as error:
+        say(f"note: --memory-budget not checked: the config of {config.model} could not be read "
+            f"({str(error).splitlines()[0]})")
+        return
+    plan = memory.memory_plan(shape, config, config.max_prompt_length or memory.PROMPT_GUESS[config.style])
+    budget = memory.parse_size(config.memory_budget)
+    if memory.needed(plan) > budget:
+        raise InputError(f"--memory-budget {config.memory_budget}: this run's memory plan needs "
+                         f"{memory.needed(plan) / memory.GB:.3f} GB ({memory.headroom_text(config.device)}; peak "
+                         f"{plan['peak'] / memory.GB:.3f} GB); --dry-run --memory-budget {config.memory_budget} "
+                         "prints the settings that fit")
+    say(f"memory plan: peak {plan['peak'] / memory.GB:.3f} GB, needs {memory.needed(plan) / memory.GB:.3f} GB "
+        f"of the --memory-budget {config.memory_budget}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The policy and the reference policy
 # ---------------------------------------------------------------------------------------------------------------
@@ -211,14 +239,14 @@ def build_policy(config, tokenizer, task, *, log=print):
         + (f", AR alpha {config.alpha:g}" if config.alpha > 0 else "")
         + (f", Lopti eta {config.lopti_eta:g} ({config.lopti_order})" if config.lopti_eta > 0 else "")
         + f", lr {config.lr:g}, max new tokens {config.max_new_tokens}")
-    model = memory_options(config, model)  # after the warm start: LoRA trains on the RL step only
-    ref_model = None
+    model = memory_options(config, model.to(storage_dtype(config)))  # after the warm start: LoRA trains on the RL
+    ref_model = None  # step only; --param-dtype bf16: the warm start and a resumed checkpoint load in fp32, then cast
     if config.kl_coef > 0 and config.lora_rank:  # the policy with its adapters off: no second copy of the weights
         ref_model = without_adapters(model)
     elif config.kl_coef > 0:
         try:
-            ref_model = copy.deepcopy(model) if not config.resume else load_policy(config.initial_policy,
-                                                                                   device=device)[0]
+            ref_model = copy.deepcopy(model) if not config.resume else load_policy(  # loaded as the policy was:
+                config.initial_policy, device=device)[0].to(storage_dtype(config))  # a bf16 load differs (RoPE)
         except ValueError as error:
             raise RunError(f"the reference (initial) policy for --kl-coef could not be loaded: {error}") from None
     if ref_model is not None:
@@ -226,10 +254,21 @@ def build_policy(config, tokenizer, task, *, log=print):
     return model, ref_model
 
 
+def storage_dtype(config):
+    """The torch dtype of the policy's (and the reference's) weights: --param-dtype."""
+    return torch.bfloat16 if config.param_dtype == "bf16" else torch.float32
+
+
 def adamw_class(config):
     """torch.optim.AdamW, or for --optimizer adamw8bit torchao's AdamW8bit: the same update with each moment kept in
     8 bits per weight plus a float32 scale per block of 256 (optional: pip install torchao; torch.compile'd, so its
-    first step compiles, minutes on a CPU)."""
+    first step compiles, minutes on a CPU). --param-dtype bf16: either one on fp32 master weights (MasterWeights)."""
+    inner = optimizer_class(config)
+    return functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16" else inner
+
+
+def optimizer_class(config):
+    """adamw_class's optimizer for fp32 weights."""
     if config.optimizer == "adamw":
         return torch.optim.AdamW
     if importlib.util.find_spec("torchao") is None:

@@ -242,7 +242,7 @@ def test_a_lora_target_the_model_lacks_is_one_line(tmp_path, digits_task, capsys
 
 @pytest.mark.parametrize("field, value, message", [("lora_rank", -1, "--lora-rank must be >= 0"),
                                                    ("lora_targets", "q_proj,", "--lora-targets must be comma-"),
-                                                   ("memory_budget", "lots", "--memory-budget must look like")])
+                                                   ("memory_budget", "lots", "--memory-budget must be a size")])
 def test_bad_memory_settings_are_one_line(field, value, message):
     with pytest.raises(ValueError, match=message):
         Config(**{field: value}).validate()
@@ -345,7 +345,8 @@ def test_a_budget_gets_the_least_change_that_fits_or_a_clear_no():
 
 
 @pytest.mark.parametrize("text, size", [("24GB", 24e9), ("24GiB", 24 * 2**30), ("80G", 80 * 2**30),
-                                        ("512mb", 512e6), ("1.5TB", 1.5e12), ("lots", None), ("0GB", None)])
+                                        ("512mb", 512e6), ("1.5TB", 1.5e12), ("lots", None), ("0GB", None),
+                                        ("24", None)])
 def test_sizes_read_as_a_card_is_labelled(text, size):
     assert memory.parse_size(text) == size
 
@@ -358,11 +359,81 @@ def test_the_dry_run_plans_without_loading_weights(tmp_path, capsys, monkeypatch
     settings = train.main(["--dry-run", "--output-dir", str(tmp_path), "--memory-budget", "1MB",
                            "--gradient-checkpointing"])
     err = capsys.readouterr().err
-    assert settings["gradient_checkpointing"] and "memory plan (estimated" in err and "does not fit" in err
+    assert settings["gradient_checkpointing"] and "memory plan for cpu" in err and "does not fit" in err
     train.main(["--dry-run", "--output-dir", str(tmp_path), "--model", "Qwen/Qwen2.5-0.5B-Instruct",
                 "--max-prompt-length", "256", "--memory-budget", "24GB"])
     err = capsys.readouterr().err
-    assert "494.0M parameters" in err and "budget 24.0 GB: fits" in err
+    assert "494.0M parameters" in err and "budget 24.0 GB, fits when" in err and "<= budget: fits with --" in err
+
+
+# --- what a new user is told: the device and dtypes planned for, headroom, the budget's unit, a run refused -------
+def plan_lines(capsys, *flags):
+    train.main(["--dry-run", *flags])
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_the_plan_names_the_device_and_dtypes_and_plans_a_gpu_on_any_machine(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
+    flags = ["--output-dir", str(tmp_path), "--model", "Qwen/Qwen2.5-1.5B", "--max-prompt-length", "1024"]
+    [cpu] = [line for line in plan_lines(capsys, *flags) if line.startswith("memory plan")]
+    assert cpu.startswith("memory plan for cpu, fp32 weights, fp32 compute")
+    [cuda] = [line for line in plan_lines(capsys, *flags, "--device", "cuda") if line.startswith("memory plan")]
+    assert cuda.startswith("memory plan for cuda, fp32 weights, bf16 compute")  # --dtype auto: bf16 on CUDA
+    with pytest.raises(SystemExit):  # training on it still needs the device
+        train.main(["--output-dir", str(tmp_path / "run"), "--device", "cuda", "--steps", "0"])
+    assert "this torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_fits_keeps_headroom_for_the_plans_error_and_a_cuda_context():
+    config = Config(model="Qwen/Qwen2.5-0.5B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, dtype="bf16", device="cuda")
+    shape = memory.QWEN25["qwen2.5-0.5b"]
+    plan = memory.memory_plan(shape, config, 1024)
+    just_above = plan["peak"] * 1.01  # the peak itself fits, with no room for error or context
+    changes, fitted = memory.fitting_settings(shape, config, 1024, just_above)
+    assert changes != {} and memory.needed(fitted) <= just_above
+    assert memory.needed(plan) == plan["peak"] * (1 + memory.PLAN_ERROR) + memory.CUDA_CONTEXT
+    roomy = memory.needed(plan)
+    assert memory.fitting_settings(shape, config, 1024, roomy)[0] == {}
+    cpu = memory.memory_plan(shape, dataclasses.replace(config, device="cpu"), 1024)
+    assert memory.needed(cpu) == cpu["peak"] * (1 + memory.PLAN_ERROR)  # no CUDA context on a CPU
+
+
+def test_a_budget_without_its_unit_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--dry-run", "--memory-budget", "24"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == "train.py: error: --memory-budget must be a size with its unit, " \
+        "like 24GB, 80GiB or 512MB, got '24'"
+
+
+def test_a_budget_checks_a_run_before_its_weights_load(tmp_path, digits_task, capsys, monkeypatch):
+    from harness import tiny
+    real = tiny.build_tiny_model
+    built = []
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda *args, **kwargs: built.append(1) or real(*args, **kwargs))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "small"), *SMALL, "--steps", "1",
+                    "--memory-budget", "10KB"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and not built and len(err.splitlines()) == 1
+    assert err.startswith("train.py: error: --memory-budget 10KB: this run's memory plan needs ")
+    train.main(["--task", "digits", "--output-dir", str(tmp_path / "roomy"), *SMALL, "--steps", "1",
+                "--memory-budget", "1GB"])
+    assert built and "of the --memory-budget 1GB" in capsys.readouterr().out
+
+
+def test_where_the_weights_alone_exceed_the_budget_the_plan_says_so():
+    config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, dtype="bf16", device="cuda")
+    shape = memory.QWEN25["qwen2.5-7b"]
+    fit = memory.fitting_settings(shape, config, 1024, 8e9)
+    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 8e9, fit)
+    assert fit[0] is None and f"the weights alone need {fit[1]['weights'] / 1e9:.3f} GB" in text
+    assert "cannot help" in text and "fewer prompts per step" not in text
+    fit = memory.fitting_settings(shape, config, 1024, 40e9, allowed=())  # over the weights, under what is held
+    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 40e9, fit)
+    assert fit[0] is None and "what every step holds" in text, text
 
 
 # --- 8-bit AdamW (torchao, optional) ---------------------------------------------------------------------------------
@@ -413,10 +484,151 @@ def test_adamw8bit_keeps_8bit_moments_tracks_adamw_and_resumes_exactly(tmp_path,
     assert strip((tmp_path / "adamw8bit" / "metrics.jsonl").read_text()) == strip(rows)
 
 
-def test_memory_check_runs_on_a_cpu(capsys):
+@pytest.mark.parametrize("storage", ["fp32", "bf16"])
+def test_memory_check_runs_on_a_cpu(capsys, storage):
     from benchmarks import memory_check
     memory_check.main(["--model", "test", "--prompts", "2", "-M", "2", "--max-new-tokens", "4", "--micro-batch", "2",
-                       "--kl-coef", "0.1"])
+                       "--kl-coef", "0.1", "--param-dtype", storage])
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT ")]
     result = json.loads(line[len("RESULT "):])
     assert result["plan"]["reference"] > 0 and result["measured"]["peak"] > 0 and result["completion_tokens"] == 4
+    assert (result["plan"]["master_weights"] > 0) == (storage == "bf16")  # the masters planned, and
+    assert abs(result["weights_measured"] / result["plan"]["weights"] - 1) < 0.01  # the weights stored, as planned
+
+
+# --- bf16 storage: --param-dtype bf16, the optimizer on fp32 master weights ------------------------------------------
+HEAD_UPDATE = ["--steps", "3", "--kl-coef", "0.05", "--alpha", "0.3", "--lopti-eta", "0.5", "--mini-batches", "2",
+               "--micro-batch", "3"]  # KL, AR, Lopti, two mini-batches
+
+
+def test_without_the_new_flags_the_update_is_bit_for_bit_commit_9824049s(tmp_path, digits_task):
+    # tests/data/update_at_9824049.safetensors: the weights after these 3 steps at commit 9824049 (before
+    # --param-dtype), written by the same train.main call there
+    from safetensors.torch import load_file
+    train.main(["--task", "digits", "--output-dir", str(tmp_path), *SMALL, *HEAD_UPDATE])
+    now = AutoModelForCausalLM.from_pretrained(tmp_path / "latest").state_dict()
+    saved = load_file(os.path.join(os.path.dirname(__file__), "data", "update_at_9824049.safetensors"))
+    assert saved and all(torch.equal(now[key], value) for key, value in saved.items())
+
+
+def test_master_weights_step_as_adamw_on_fp32_and_keep_the_small_steps():
+    from harness.master_weights import MasterWeights
+    torch.manual_seed(0)
+    start = torch.randn(64).to(torch.bfloat16)
+    bf16, fp32 = start.clone().requires_grad_(), start.float().requires_grad_()
+    ours = MasterWeights([bf16], torch.optim.AdamW, lr=1e-4, weight_decay=0.01)
+    theirs = torch.optim.AdamW([fp32], lr=1e-4, weight_decay=0.01)
+    for _ in range(20):
+        grad = torch.randn(64).to(torch.bfloat16)  # the same gradient, exactly, in both dtypes
+        bf16.grad, fp32.grad = grad.clone(), grad.float()
+        ours.step(), theirs.step()
+        ours.zero_grad(), theirs.zero_grad()
+    assert torch.equal(ours.masters[0], fp32.detach())  # the masters are AdamW's fp32 weights, exactly
+    assert torch.equal(bf16.detach(), fp32.detach().to(torch.bfloat16))  # the weights follow them, rounded
+    moved = (fp32.detach() - start.float()).abs()
+    assert moved.max() < 2 ** -8 and moved.min() > 0  # each step below bf16's resolution at 1: kept by the masters
+    assert ours.state[bf16]["exp_avg"].dtype == torch.float32  # the moments of the fp32 masters
+
+
+def test_a_bf16_run_stores_bf16_loads_in_plain_transformers_and_resumes_exactly(tmp_path, digits_task):
+    out = tmp_path / "run"
+    seen = {}
+    real = train.run.build_policy
+
+    def build_policy(*args, **kwargs):
+        model, ref_model = real(*args, **kwargs)
+        seen.update(policy={p.dtype for p in model.parameters()}, reference={p.dtype for p in ref_model.parameters()})
+        return model, ref_model
+    train.run.build_policy = build_policy
+    try:
+        train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "4", "--save-every", "2",
+                    "--keep-checkpoints", "0", "--kl-coef", "0.05", "--param-dtype", "bf16"])
+    finally:
+        train.run.build_policy = real
+    assert seen == {"policy": {torch.bfloat16}, "reference": {torch.bfloat16}}
+    final = AutoModelForCausalLM.from_pretrained(out / "checkpoint-4")  # plain transformers, no flag
+    assert {p.dtype for p in final.parameters()} == {torch.bfloat16}
+    start = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2").state_dict()
+    assert any(not torch.equal(start[k], v) for k, v in final.state_dict().items())  # it trained
+    state = torch.load(out / "checkpoint-4" / "trainer_state.pt", weights_only=True)["optimizer"]
+    assert state["masters"] and all(m.dtype == torch.float32 for m in state["masters"])
+    rows = (out / "metrics.jsonl").read_text()
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
+    assert all(torch.equal(resumed[k], v) for k, v in final.state_dict().items())
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
+
+
+def test_a_bf16_lora_run_keeps_its_frozen_base_in_bf16_and_resumes_exactly(tmp_path, digits_task):
+    out = tmp_path / "run"
+    lora_run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0", "--kl-coef", "0.05",
+             "--param-dtype", "bf16")
+    final = adapter_weights(out / "checkpoint-4")
+    assert {v.dtype for v in final.values()} == {torch.bfloat16}
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = adapter_weights(out / "latest")
+    assert all(torch.equal(resumed[k], v) for k, v in final.items())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dtype", "fp32"], "--param-dtype bf16 computes in bf16: give --dtype bf16 or auto with it, not fp32"),
+    (["--logprob-fp32"], "--logprob-fp32 needs fp32 weights: give it or --param-dtype bf16, not both")])
+def test_bf16_storage_with_an_fp32_setting_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--dry-run", "--param-dtype", "bf16", *flags])
+    assert capsys.readouterr().err.strip() == f"train.py: error: {message}"
+
+
+def test_the_plan_of_bf16_storage():
+    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="bf16",
+                    device="cpu", kl_coef=0.1)
+    fp32 = memory.memory_plan(SMALL_SHAPE, config, 3)
+    bf16 = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16"), 3)
+    N = SMALL_SHAPE.parameters()
+    assert (bf16["weights"], bf16["gradients"], bf16["master_weights"], bf16["reference"]) == (2 * N, 2 * N, 4 * N,
+                                                                                             2 * N)
+    assert bf16["optimizer"] == fp32["optimizer"] == 8 * N and fp32["master_weights"] == 0
+    assert bf16["head_gradients"] == fp32["head_gradients"] // 2
+    lora = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16", lora_rank=2), 3)
+    adapters = lora["assumed"]["trained_parameters"]
+    assert lora["weights"] == 2 * (N + adapters) and lora["reference"] == 0  # the frozen base in bf16
+
+
+def test_master_weights_step_one_tensor_at_a_time_as_one_adamw_step_over_all():
+    from harness.master_weights import MasterWeights
+    torch.manual_seed(0)
+    starts = [torch.randn(5, 3).to(torch.bfloat16), torch.randn(7).to(torch.bfloat16), torch.randn(4)]  # 1 fp32
+    ours = [t.clone().requires_grad_() for t in starts]
+    theirs = [t.float().requires_grad_() for t in starts]
+    optimizers = (MasterWeights(ours, torch.optim.AdamW, lr=1e-3), torch.optim.AdamW(theirs, lr=1e-3))
+    for step in range(4):
+        for a, b in zip(ours, theirs):
+            grad = torch.randn(a.shape).to(a.dtype)
+            a.grad, b.grad = (None, None) if step == 1 and a.dim() == 1 else (grad.clone(), grad.float())
+        [optimizer.step() for optimizer in optimizers]
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.detach(), b.detach().to(a.dtype))
+    assert torch.equal(optimizers[0].masters[0], theirs[0].detach())
+
+
+def test_the_search_tries_the_fields_options_in_order_of_cost_and_prices_each_choice():
+    config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, kl_coef=1e-3, dtype="bf16", device="cuda", lora_rank=16)
+    levels = memory.option_levels(config, memory.STEPS)
+    assert levels[0] == [] and levels[1] == ["gradient_checkpointing"] and ["param_dtype"] in levels[2:4]
+    assert all("lora_rank" not in combo for combo in levels)  # already on
+    shape = memory.QWEN25["qwen2.5-7b"]
+    fit = memory.fitting_settings(shape, config, 1024, 24e9)
+    changes, fitted = fit
+    assert changes["param_dtype"] == "bf16" and memory.needed(fitted) <= 24e9  # LoRA's frozen base in bf16
+    without_bf16 = memory.fitting_settings(shape, config, 1024, 24e9, allowed=("gradient_checkpointing",
+                                                                               "optimizer"))
+    assert without_bf16[0] is None  # the fp32 base alone is 30 GB
+    text = memory.fit_text(memory.memory_plan(shape, config, 1024), 24e9, fit)
+    lines = text.splitlines()
+    for key in changes:
+        if key in memory.OPTIONS:
+            assert sum(line.strip().startswith(f"--{key.replace('_', '-')}") for line in lines) == 1, key
+    assert memory.NOT_AVAILABLE in text

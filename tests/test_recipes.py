@@ -98,3 +98,11 @@ def test_a_recipes_dry_run_names_its_rules_and_what_it_targets(capsys):
     assert settings["rules"] == settings["task_options"]["rules"] == "logic_rl"
     assert not [key for key in settings if key.startswith(("tiny_", "warm_start_"))]
     assert 'docs/performance.md, "One GPU"' in capsys.readouterr().err
+
+
+def test_each_recipe_states_what_its_memory_plan_says():
+    # the comment line is benchmarks/memory_check.py's recipe_memory_line (--recipe-lines rewrites them all)
+    from benchmarks.memory_check import recipe_memory_line
+    for name in RECIPES:
+        path = os.path.join(REPO, "recipes", f"{name}.sh")
+        assert recipe_memory_line(path) in open(path).read().splitlines(), name

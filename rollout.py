@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-import fast_generate
-import fast_logprobs
-from fast_logprobs import cache_name, prefill_prompt_cache
+from fast.generate import generate_options
+from fast.kv_cache import cache_name, prefill_prompt_cache
+from fast.logprobs import token_logprobs as fast_token_logprobs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -134,8 +134,9 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS
     (and their KV cache) out of the batch before going on; a single generate call keeps decoding
     finished rows until the last row stops. None: one generate call for all max_new_tokens.
-    The cache is fast_generate.roomy_cache (DynamicCache's values, written in place: the same completions).
-    fast: the same call with a static KV cache and a compiled decode step (fast_generate.py).
+    The cache is fast/kv_cache.py's roomy cache (DynamicCache's values, written in place: the same
+    completions). fast: the same call with a static KV cache and a compiled decode step
+    (fast/generate.py).
     """
     if fast and drop_finished_every:
         raise ValueError("fast generate keeps every row in its static cache: "
@@ -154,10 +155,8 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
         segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
-        cache_options = {cache_name(model): fast_generate.roomy_cache(  # written in place, not concatenated
-            model, cache, input_ids.shape[1] + max_new_tokens - width)} if not fast else \
-            fast_generate.generate_options(model, cache, len(input_ids), input_ids.shape[1],
-                                           max_new_tokens)  # the same samples, faster
+        cache_options = generate_options(  # the same samples, faster
+            model, cache, len(input_ids), input_ids.shape[1], max_new_tokens - width, compiled=fast)
         output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                 **cache_options, max_new_tokens=segment,
                                 pad_token_id=pad_id, eos_token_id=eos_id,
@@ -201,7 +200,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     that many tokens (see sample_completions); the same distribution,
     but other random draws than one call (fewer rows per sampling step).
     fast_generate: a static KV cache and a compiled decode step in the same generate call (the same
-    samples up to float rounding; compiled once per run and shape: see fast_generate.py).
+    samples up to float rounding; compiled once per run and shape: see fast/generate.py).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
@@ -252,7 +251,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
 
 # --------------------------------------------------------------------------------------------------
 # Log-probabilities of the sampled tokens: the definition here,
-# the fast path (same numbers) in fast_logprobs.py
+# the fast path (same numbers) in fast/logprobs.py
 # --------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0,
                    micro_batch=None, with_entropy=False, fast=True, logit_chunk=1024,
@@ -267,7 +266,7 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     clipped at 0, so each token is scored exactly as generate sampled it.
     body_autocast=False runs the forward outside autocast,
     in the weights' dtype (float32 in train.py).
-    fast=True (default): fast_logprobs.token_logprobs, the same values up to float rounding with
+    fast=True (default): fast/logprobs.py's token_logprobs, the same values up to float rounding with
     less memory and compute: each group's prompt runs through the model once (share_prompts),
     the LM head and log-softmax run in float32 (fp32_head, even under autocast)
     on `logit_chunk` tokens at a time. Numbers: benchmarks/logprob_memory.py
@@ -275,8 +274,8 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     fast=False: the plain path below, the definition
     (the tests' reference); it ignores those three options.
     """
-    if fast:  # same numbers, less memory and compute: see fast_logprobs.py
-        return fast_logprobs.token_logprobs(
+    if fast:  # same numbers, less memory and compute: see fast/logprobs.py
+        return fast_token_logprobs(
             model, input_ids, attention_mask, completion_mask, temperature=temperature,
             micro_batch=micro_batch, with_entropy=with_entropy, logit_chunk=logit_chunk,
             fp32_head=fp32_head, body_autocast=body_autocast, share_prompts=share_prompts)

@@ -107,7 +107,7 @@ class Config:
     drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (faster "
                                               "when lengths vary; same distribution, other random draws)")
     fast_generate: bool = setting(False, "static KV cache + compiled decode step in generate (CUDA graphs on a GPU; "
-                                  "same samples; compiles once per run: fast_generate.py)", resumable=True)
+                                  "same samples; compiles once per run: fast/generate.py)", resumable=True)
     # --- the training prompts ---------------------------------------------------------------------------------------
     epochs: int | None = setting(None, "passes over a fixed training set: epochs x rows // prompts-per-step steps "
                                  "(--steps, if given, stops it sooner, as verl); none = fresh prompts every step",

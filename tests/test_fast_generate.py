@@ -1,5 +1,5 @@
-"""fast_generate.py. The always-on roomy cache (keys and values written in place instead of concatenated) gives
-rollout.py's generate the same completions as HF's DynamicCache, token for token, on every path (greedy, sampled,
+"""fast/generate.py and fast/kv_cache.py. The roomy cache (on by default: keys and values written in place instead
+of concatenated) gives rollout.py's generate the same completions as HF's DynamicCache, token for token, on every path (greedy, sampled,
 --rollout-batch, dropping finished rows, no shared prefill, several layers with grouped-query attention).
 The --fast-generate path: the static KV cache filled from the shared prefill and the compiled decode step give the same
 completions as rollout.py's plain generate call: greedy token for token, and sampled token for token under the same
@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-import fast_generate
 import tasks
+from fast import generate as fast_generate, kv_cache
 from harness.config import Config
 from harness.tiny import build_char_tokenizer, build_tiny_model
 from rollout import generate_rollouts
@@ -55,7 +55,7 @@ def concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **opti
     for roomy in (False, True):
         with monkeypatch.context() as patch:
             if not roomy:
-                patch.setattr(fast_generate, "roomy_cache", fast_generate.concatenating_cache)
+                patch.setattr(kv_cache, "roomy_cache", kv_cache.concatenating_cache)
             torch.manual_seed(seed)
             result.append(generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, **options))
     return result
@@ -73,8 +73,8 @@ def test_roomy_cache_samples_alike(monkeypatch, one_thread, options):
         model.lm_head.weight[tokenizer.eos_token_id] *= 0  # rows stop at different steps (drop_finished_every)
     eager = copy.deepcopy(wide)
     eager.config._attn_implementation = "eager"  # as the benchmarks run the tiny model: matmuls on the views
-    selected, select = [], fast_generate.RoomyLayer.batch_select_indices  # count generate's drops of rows
-    monkeypatch.setattr(fast_generate.RoomyLayer, "batch_select_indices",
+    selected, select = [], kv_cache.RoomyLayer.batch_select_indices  # count generate's drops of rows
+    monkeypatch.setattr(kv_cache.RoomyLayer, "batch_select_indices",
                         lambda layer, indices: (selected.append(len(indices)), select(layer, indices)))
     for seed, policy in ((0, model), (1, wide), (2, eager), (3, model)):
         concatenating, roomy = concatenating_and_roomy(monkeypatch, policy, tokenizer, prompts, seed, **options)
@@ -88,7 +88,7 @@ def states(*shape, seed):
 
 
 def test_roomy_layer_writes_in_place_and_follows_crop_and_selection():
-    layer = fast_generate.RoomyLayer(capacity=6)
+    layer = kv_cache.RoomyLayer(capacity=6)
     prompt_keys, prompt_values = states(3, 2, 4, 5, seed=0), states(3, 2, 4, 5, seed=1)
     keys, values = layer.update(prompt_keys, prompt_values)
     assert torch.equal(keys, prompt_keys) and torch.equal(values, prompt_values)
@@ -123,13 +123,13 @@ def test_roomy_cache_leaves_other_layer_kinds():
     cache = DynamicCache()
     cache.update(states(1, 1, 3, 2, seed=0), states(1, 1, 3, 2, seed=1), 0)
     cache.layers.append(DynamicSlidingWindowLayer(sliding_window=4))
-    fast_generate.roomy_cache(None, cache, capacity=8)
-    assert type(cache.layers[0]) is fast_generate.RoomyLayer and cache.layers[0].get_seq_length() == 3
+    kv_cache.roomy_cache(None, cache, capacity=8)
+    assert type(cache.layers[0]) is kv_cache.RoomyLayer and cache.layers[0].get_seq_length() == 3
     assert type(cache.layers[1]) is DynamicSlidingWindowLayer
     offloaded = DynamicCache(offloading=True)  # its layers move to the CPU between uses: left as HF made them
     offloaded.layers.append(DynamicLayer())
     offloaded.layers[0].update(states(1, 1, 3, 2, seed=0), states(1, 1, 3, 2, seed=1))  # (a CUDA stream otherwise)
-    assert type(fast_generate.roomy_cache(None, offloaded, capacity=8).layers[0]) is DynamicLayer
+    assert type(kv_cache.roomy_cache(None, offloaded, capacity=8).layers[0]) is DynamicLayer
 
 
 # --------------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_static_cache_length_is_bucketed_and_kept(eager):
     both_paths(model, tokenizer, prompts, 0)
     both_paths(model, tokenizer, prompts[:1] * 3, 1)  # other prompt width, same rows: the same 64-long cache
     caches = model._fast_generate_caches
-    assert len(caches) == 1 and next(iter(caches))[:2] == (12, fast_generate.CACHE_BUCKET)
+    assert len(caches) == 1 and next(iter(caches))[:2] == (12, kv_cache.CACHE_BUCKET)
 
 
 def test_eos_rows_end_alike(eager):

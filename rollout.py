@@ -127,24 +127,25 @@ class Rollouts:
 
 
 def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
-                       share_prefill, drop_finished_every, generate_kwargs, fast=False):
+                       share_prefill, drop_finished_every, generate_kwargs, fast=True,
+                       compiled=False):
     """HF generate for all rows of `prompt_ids` ->
     (prompt ids [N*M, P], prompt mask, completion ids [N*M, T]).
 
     drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS
     (and their KV cache) out of the batch before going on; a single generate call keeps decoding
     finished rows until the last row stops. None: one generate call for all max_new_tokens.
-    The cache is fast/kv_cache.py's roomy cache (DynamicCache's values, written in place: the same
-    completions). fast: the same call with a static KV cache and a compiled decode step
-    (fast/generate.py).
+    fast=False: the plain generate call. fast=True: the same completions, token for token, in less
+    time (fast/generate.py): each prompt prefilled once for its M rows (share_prefill), into a KV
+    cache written in place; compiled: a static KV cache and a compiled decode step.
     """
-    if fast and drop_finished_every:
+    if compiled and drop_finished_every:
         raise ValueError("fast generate keeps every row in its static cache: "
                          "no drop_finished_every")
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
-    cache = None
-    if share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
+    cache = None  # the plain call: generate makes its own DynamicCache
+    if fast and share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
         row_prompt = torch.arange(len(prompt_input_ids),
                                   device=device).repeat_interleave(num_generations)
         cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, row_prompt)
@@ -155,8 +156,10 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
         segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
-        cache_options = generate_options(  # the same samples, faster
-            model, cache, len(input_ids), input_ids.shape[1], max_new_tokens - width, compiled=fast)
+        cache_options = {cache_name(model): cache}  # None: generate makes its own
+        if fast:  # the same completions, less time a token: fast/generate.py
+            cache_options = generate_options(model, cache, len(input_ids), input_ids.shape[1],
+                                             max_new_tokens - width, compiled)
         output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                 **cache_options, max_new_tokens=segment,
                                 pad_token_id=pad_id, eos_token_id=eos_id,
@@ -181,7 +184,7 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens,
                       temperature=1.0, top_p=1.0, greedy=False, mask_truncated=False,
                       share_prefill=True, rollout_batch=None, drop_finished_every=None,
-                      fast_generate=False):
+                      fast=True, fast_generate=False):
     """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
 
     prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling
@@ -199,6 +202,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     drop_finished_every: stop decoding rows that reached EOS every
     that many tokens (see sample_completions); the same distribution,
     but other random draws than one call (fewer rows per sampling step).
+    fast=False: the plain generate call (see sample_completions; share_prefill is then off).
     fast_generate: a static KV cache and a compiled decode step in the same generate call (the same
     samples up to float rounding; compiled once per run and shape: see fast/generate.py).
     """
@@ -221,7 +225,8 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
                                     num_generations, pad_id=pad_id, eos_id=eos_id,
                                     max_new_tokens=max_new_tokens, share_prefill=share_prefill,
                                     drop_finished_every=drop_finished_every,
-                                    generate_kwargs=generate_kwargs, fast=fast_generate)
+                                    generate_kwargs=generate_kwargs, fast=fast,
+                                    compiled=fast and fast_generate)
                  for start in range(0, len(prompt_ids), prompts_per_call)]
     finally:
         model.train(was_training)
@@ -307,20 +312,20 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
 # --------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens,
-             batch_size=256, samples=None):
+             batch_size=256, samples=None, fast=True):
     """Greedy decoding on held-out examples -> {"pass@1", "reward", "length",
     "pass@1_se", "reward_se"} (python floats; _se: standard errors over the examples).
 
     pass@1: share of examples whose greedy completion has reward >= task.pass_threshold.
     samples: a list that receives (completion, reward) of every example,
-    to show a few (harness/run.py prints some at each eval).
+    to show a few (harness/run.py prints some at each eval). fast: as in generate_rollouts.
     """
     rewards, lengths, completions = [], [], []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         rollouts = generate_rollouts(model, tokenizer,
                                      render_prompts(tokenizer, task, chunk, style), 1,
-                                     max_new_tokens=max_new_tokens, greedy=True)
+                                     max_new_tokens=max_new_tokens, greedy=True, fast=fast)
         rewards += [float(task.reward(text, ex, style=style))
                     for text, ex in zip(rollouts.completions, chunk)]
         lengths += rollouts.completion_mask.sum(dim=1).tolist()

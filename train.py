@@ -62,7 +62,8 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             config.num_generations, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, top_p=config.top_p,
             mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
-            drop_finished_every=config.drop_finished_every, fast_generate=config.fast_generate)
+            drop_finished_every=config.drop_finished_every, fast=config.fast,
+            fast_generate=config.fast_generate)
     with clock("reward+advantage"):
         rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
                                 for text, i in zip(rollouts.completions,
@@ -106,14 +107,15 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
         with clock("log-prob forward"), precision(device, config.dtype):
             return token_logprobs(policy, input_ids[rows], attention_mask[rows], mask[rows],
                                   temperature=config.temperature, micro_batch=config.micro_batch,
-                                  logit_chunk=config.logit_chunk,
+                                  logit_chunk=config.logit_chunk, fast=config.fast,
                                   body_autocast=not config.logprob_fp32, **kwargs)
 
     # 1. pi_ref and pi_old of the sampled tokens, fixed before any update (rows with a gradient)
     active = (mask.any(1) & ((advantages != 0) | (ref_model is not None))).nonzero().squeeze(1)
     # Speed: when nothing reads p_old before the loss (no AR, no Lopti, one optimizer step), each
     # forward's detached log-probs are pi_old, so no pi_old forward runs (docs/performance.md).
-    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
+    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1 \
+        or not config.fast
     with torch.no_grad():
         ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None))
         if old_logprobs is None and reads_p_old:  # rows without a gradient keep p_old 1
@@ -226,7 +228,8 @@ def train(config):
         def evaluate_now(samples):  # greedy pass@1 and mean reward on the held-out prompts
             with precision(model.device, config.dtype):
                 return evaluate(model, tokenizer, task, eval_examples, style=config.style,
-                                max_new_tokens=config.max_new_tokens, samples=samples)
+                                max_new_tokens=config.max_new_tokens, samples=samples,
+                                fast=config.fast)
 
         state.begin(model, tokenizer, optimizer, evaluate_now)  # fresh: eval at step 0; or restored
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,

@@ -1,6 +1,9 @@
-"""fast/generate.py and fast/kv_cache.py. The roomy cache (on by default: keys and values written in place instead
-of concatenated) gives rollout.py's generate the same completions as HF's DynamicCache, token for token, on every path (greedy, sampled,
---rollout-batch, dropping finished rows, no shared prefill, several layers with grouped-query attention).
+"""fast/generate.py and fast/kv_cache.py. The fast path (on by default: the shared prefill and the roomy cache, keys
+and values written in place instead of concatenated) gives rollout.py's generate the same completions as its plain call
+(--no-fast) and as HF's DynamicCache, token for token, on every path (greedy, sampled, --rollout-batch, dropping
+finished rows, no shared prefill, several layers with grouped-query attention). The first-CUDA-rollout self-check,
+forced on this CPU: it passes when the paths agree, and a mismatch injected into the roomy cache makes it say so in
+one line and generate with the plain call.
 The --fast-generate path: the static KV cache filled from the shared prefill and the compiled decode step give the same
 completions as rollout.py's plain generate call: greedy token for token, and sampled token for token under the same
 seed (generate draws the same torch.multinomial per step either way; only the logits' forward changes, by float
@@ -61,6 +64,12 @@ def concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **opti
     return result
 
 
+def plain_call(model, tokenizer, prompts, seed, **options):
+    """The Rollouts of rollout.py's plain generate call (--no-fast) under the seed."""
+    torch.manual_seed(seed)
+    return generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast=False, **options)
+
+
 @pytest.mark.parametrize("options", [dict(greedy=True), dict(), dict(rollout_batch=4), dict(temperature=0.7),
                                      dict(drop_finished_every=2), dict(share_prefill=False)])
 def test_roomy_cache_samples_alike(monkeypatch, one_thread, options):
@@ -79,6 +88,7 @@ def test_roomy_cache_samples_alike(monkeypatch, one_thread, options):
     for seed, policy in ((0, model), (1, wide), (2, eager), (3, model)):
         concatenating, roomy = concatenating_and_roomy(monkeypatch, policy, tokenizer, prompts, seed, **options)
         assert_same(concatenating, roomy)
+        assert_same(plain_call(policy, tokenizer, prompts, seed, **options), roomy)  # the lesson's call
     if "drop_finished_every" in options:
         assert selected, "no row was dropped: the drop path went untested"
 
@@ -171,6 +181,8 @@ def test_eos_rows_end_alike(eager):
 def test_fast_generate_with_drop_finished_is_refused():
     with pytest.raises(ValueError, match="--fast-generate keeps every row"):
         Config(fast_generate=True, drop_finished_every=4).validate()
+    with pytest.raises(ValueError, match="--no-fast turns every fast path off"):
+        Config(fast=False, fast_generate=True).validate()
     tokenizer, model, prompts = tiny_setup()
     with pytest.raises(ValueError, match="static cache"):
         generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=4, fast_generate=True, drop_finished_every=2)
@@ -205,6 +217,7 @@ def test_smollm2_roomy_cache_samples_alike(monkeypatch, one_thread):
     for seed, options in ((0, dict(greedy=True)), (1, dict()), (2, dict(drop_finished_every=3))):
         concatenating, roomy = concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **options)
         assert_same(concatenating, roomy)
+        assert_same(plain_call(model, tokenizer, prompts, seed, **options), roomy)
 
 
 @pytest.mark.slow

@@ -492,6 +492,11 @@ def test_every_flag_appears_in_help_with_its_default():
     assert "(default: runs/default)" in text and "(default: 0.2; paper: 0.2)" in text
 
 
+def test_a_setting_on_by_default_is_turned_off_by_its_no_flag():
+    assert config.parse_args([]).fast is True and config.parse_args(["--no-fast"]).fast is False
+    assert "--no-fast" in config.build_parser().format_help()
+
+
 def test_a_missing_model_or_unreachable_hub_id_answers_before_torch_loads(tmp_path):
     code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    print('torch' in sys.modules, e.code)")

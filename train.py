@@ -112,20 +112,12 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
 
     # 1. pi_ref and pi_old of the sampled tokens, fixed before any update (rows with a gradient)
     active = (mask.any(1) & ((advantages != 0) | (ref_model is not None))).nonzero().squeeze(1)
-    # Speed: when nothing reads p_old before the loss (no AR, no Lopti, one optimizer step), each
-    # forward's detached log-probs are pi_old, so no pi_old forward runs (docs/performance.md).
-    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1 \
-        or not config.fast
     with torch.no_grad():
         ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None))
-        if old_logprobs is None and reads_p_old:  # rows without a gradient keep p_old 1
-            old_logprobs = torch.zeros_like(mask).index_put((active,), logprobs_of(model, active))
-    old_logprobs = None if old_logprobs is None else old_logprobs.to(device)
-    old_probs = None if old_logprobs is None else old_logprobs.exp()  # [B, T] p_old of each token
+    old_logprobs, old_probs = fixed_pi_old(model, logprobs_of, active, mask, old_logprobs, config)
 
     # 2. AR, once per batch: token advantages A_t = (alpha p_old + 1 - alpha) A
-    token_adv = advantages[:, None] * mask if config.alpha == 0 else \
-        reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
+    token_adv = reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
 
     # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches steps
     stats = StepStats()  # the loss's stats, summed on the device (ppo.py)
@@ -151,6 +143,23 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
                 optimizer.step()
     return {**stats.result(), **low_probability_share(old_probs, mask, active, config.lopti_eta)}
+
+
+def fixed_pi_old(model, logprobs_of, rows, mask, old_logprobs, config):
+    """(log pi_old, p_old) [B, T] of the sampled tokens, fixed before the batch's first update, or
+    (None, None): the speed rule. When nothing reads p_old before the loss (no AR, no Lopti, one
+    optimizer step), each training forward's detached log-probs are pi_old, so no pi_old forward
+    runs (docs/performance.md). Otherwise one no-grad forward of `rows` (those that can get a
+    gradient) fixes it; the other rows keep p_old 1. --no-fast always runs that forward.
+    old_logprobs: the caller's pi_old, taken as it is."""
+    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
+    if old_logprobs is None and (reads_p_old or not config.fast):
+        with torch.no_grad():
+            old_logprobs = torch.zeros_like(mask).index_put((rows,), logprobs_of(model, rows))
+    if old_logprobs is None:
+        return None, None
+    old_logprobs = old_logprobs.to(mask.device)
+    return old_logprobs, old_logprobs.exp()
 
 
 def rows_with_gradient(pass_adv, pass_mask, *, kl):

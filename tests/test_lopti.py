@@ -27,6 +27,10 @@ def test_reweighting_formula_by_hand():
     torch.testing.assert_close(reweight_advantages(identity, PROBS, MASK, alpha=0.0), identity)
     with pytest.raises(ValueError, match="alpha"):
         reweight_advantages(A, PROBS, MASK, alpha=1.5)
+    # alpha = 0 reads no p_old (train.py's speed rule measures none); alpha > 0 needs it
+    torch.testing.assert_close(reweight_advantages(A, None, MASK, alpha=0.0), identity)
+    with pytest.raises(ValueError, match="reads p_old"):
+        reweight_advantages(A, None, MASK, alpha=0.3)
 
 
 @settings(max_examples=40, deadline=None)

@@ -6,6 +6,7 @@ completion being the last T columns. `completion_mask` [B, T] marks the generate
 including the first EOS; the log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-from fast.generate import generate_options
+from fast.generate import generate_options, self_check
 from fast.kv_cache import cache_name, prefill_prompt_cache
 from fast.logprobs import token_logprobs as fast_token_logprobs
 
@@ -114,6 +115,9 @@ def completion_mask_from_ids(completion_ids, eos_token_id):
     return completion_mask, ~has_eos
 
 
+GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None)  # plain argmax
+
+
 @dataclass
 class Rollouts:
     input_ids: torch.Tensor        # [B, P+T] left-padded prompt, then completion
@@ -202,7 +206,9 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     drop_finished_every: stop decoding rows that reached EOS every
     that many tokens (see sample_completions); the same distribution,
     but other random draws than one call (fewer rows per sampling step).
-    fast=False: the plain generate call (see sample_completions; share_prefill is then off).
+    fast=False: the plain generate call (see sample_completions; share_prefill is then off). At the
+    first rollout on a CUDA device, fast/generate.py's self_check holds the fast paths to it on two
+    rows and falls back to it on a difference.
     fast_generate: a static KV cache and a compiled decode step in the same generate call (the same
     samples up to float rounding; compiled once per run and shape: see fast/generate.py).
     """
@@ -211,7 +217,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id if eos_id is not None else tokenizer.eos_token_id
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) \
-        if not greedy else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if not greedy else GREEDY
     generate_kwargs = dict(repetition_penalty=1.0, **sampling)
     prompts_per_call = len(prompt_ids) if rollout_batch is None \
         else max(1, rollout_batch // num_generations)
@@ -221,6 +227,11 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     model.generation_config = GenerationConfig(pad_token_id=pad_id, eos_token_id=eos_id,
                                                bos_token_id=folder_config.bos_token_id)
     try:
+        if fast:  # once, on a device the fast paths were never tested on: the same tokens, or plain
+            fast = self_check(model, functools.partial(
+                sample_completions, model, prompt_ids[:1], 2, pad_id=pad_id, eos_id=eos_id,
+                share_prefill=share_prefill, drop_finished_every=None,
+                generate_kwargs=dict(repetition_penalty=1.0, **GREEDY)), fast_generate)
         parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call],
                                     num_generations, pad_id=pad_id, eos_id=eos_id,
                                     max_new_tokens=max_new_tokens, share_prefill=share_prefill,

@@ -127,7 +127,8 @@ class Config:
     keep_checkpoints: int = setting(2, "newest checkpoints kept (0 = all)", resumable=True)
     seed: int = setting(0, "seed of the weights (tiny), prompts, sampling")
     device: str = setting("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N, mps", resumable=True)
-    dtype: str = setting("auto", "compute dtype; weights and AdamW stay fp32; auto = bf16 on CUDA, else fp32",
+    dtype: str = setting("auto", "compute dtype; weights and AdamW stay fp32; auto = bf16 on a CUDA card with bf16, "
+                         "else fp32 (a T4 or V100: fp32, not fp16, which would need a loss scaler)",
                          choices=("auto", "bf16", "fp32"), resumable=True)
     threads: int | None = setting(None, "CPU threads (tiny model: 1); none = torch's default", resumable=True)
     output_dir: str = setting("runs/default", "the run's folder: metrics.jsonl, checkpoint-<step>/, latest")

@@ -147,12 +147,18 @@ def task_file(config):
 
 
 def hardware(config):
-    """A copy of config with --device and --dtype "auto" decided for this machine (bf16 on CUDA, else fp32)."""
+    """A copy of config with --device and --dtype "auto" decided for this machine: bf16 on a CUDA card with bf16
+    (Ampere and newer), else fp32. A card without it (a T4, Colab's free card, or a V100) gets fp32, not fp16 with
+    a loss scaler: one precision path, no overflow to guard, at fp32's speed (a note says so)."""
     device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
-    dtype = config.dtype if config.dtype != "auto" else "bf16" if device.startswith("cuda") else "fp32"
+    bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+    if config.dtype == "auto" and device.startswith("cuda") and not bf16:
+        say(f"note: {torch.cuda.get_device_name(device)} has no bf16: --dtype auto computes in fp32 (slower than "
+            "bf16; fp16 would need a loss scaler)")
+    dtype = config.dtype if config.dtype != "auto" else "bf16" if bf16 else "fp32"
     return dataclasses.replace(config, device=device, dtype=dtype)
 
 

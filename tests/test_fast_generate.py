@@ -232,3 +232,64 @@ def test_smollm2_greedy_and_seeded_samples_token_for_token():
         plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
         assert_same(plain, fast)
     assert getattr(model, "_compiled_call", None) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# The self-check at the first CUDA rollout, forced on this CPU
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def forced_check(monkeypatch, one_thread):
+    """The check as on a CUDA device: fast/generate.py's untested_device says True."""
+    monkeypatch.setattr(fast_generate, "untested_device", lambda model: True)
+
+
+def check_sample(model, tokenizer, prompts):
+    """What rollout.generate_rollouts hands self_check: two greedy rows of the first prompt."""
+    from functools import partial
+    from rollout import GREEDY, sample_completions
+    model.eval()
+    return partial(sample_completions, model, prompts[:1], 2, pad_id=tokenizer.pad_token_id,
+                   eos_id=tokenizer.eos_token_id, share_prefill=True, drop_finished_every=None,
+                   generate_kwargs=dict(repetition_penalty=1.0, **GREEDY))
+
+
+def forgetful_cache(model, prefilled, capacity):
+    """An injected bug in the roomy cache: the prompt's keys and values lost (noise in their place)."""
+    for layer in prefilled.layers:
+        layer.keys.copy_(states(*layer.keys.shape, seed=0) * 10)
+        layer.values.copy_(states(*layer.values.shape, seed=1) * 10)
+    return prefilled
+
+
+def test_self_check_called_directly_says_match_and_keeps_its_verdict(forced_check):
+    tokenizer, model, prompts = tiny_setup()
+    lines = []
+    assert fast_generate.self_check(model, check_sample(model, tokenizer, prompts), False, log=lines.append)
+    assert len(lines) == 1 and "match plain generate" in lines[0] and "2 rows x 4 greedy tokens" in lines[0]
+    assert fast_generate.self_check(model, None, False, log=lines.append) and len(lines) == 1  # once a model
+
+
+def test_self_check_runs_at_the_first_rollout_and_changes_nothing_when_the_paths_agree(forced_check, capsys):
+    tokenizer, model, prompts = tiny_setup()
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    assert model._fast_self_check == {False: True} and "match plain generate" in capsys.readouterr().out
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)  # the greedy check draws no random numbers
+
+
+def test_a_difference_is_one_line_and_the_plain_call_from_then_on(forced_check, monkeypatch, capsys):
+    tokenizer, model, prompts = tiny_setup()
+    monkeypatch.setattr(kv_cache, "roomy_cache", forgetful_cache)
+    lines = []
+    assert not fast_generate.self_check(model, check_sample(model, tokenizer, prompts), False, log=lines.append)
+    assert len(lines) == 1 and "DIFFER from plain generate" in lines[0] and "plain call" in lines[0]
+    model.__dict__.pop("_fast_self_check")
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)  # the check, then plain
+    output = capsys.readouterr().out
+    assert output.count("\n") == 1 and "DIFFER" in output
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+    import rollout
+    monkeypatch.setattr(rollout, "generate_options", lambda *args: pytest.fail("a fast path ran after the fallback"))
+    generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    assert capsys.readouterr().out == ""  # checked once

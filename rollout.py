@@ -282,8 +282,8 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     clipped at 0, so each token is scored exactly as generate sampled it.
     body_autocast=False runs the forward outside autocast,
     in the weights' dtype (float32 in train.py).
-    fast=True (default): fast/logprobs.py's token_logprobs, the same values up to float rounding with
-    less memory and compute: each group's prompt runs through the model once (share_prompts),
+    fast=True (default): fast/logprobs.py's token_logprobs, the same values up to float rounding
+    with less memory and compute: each group's prompt runs through the model once (share_prompts),
     the LM head and log-softmax run in float32 (fp32_head, even under autocast)
     on `logit_chunk` tokens at a time. Numbers: benchmarks/logprob_memory.py
     (memory by logit_chunk), benchmarks/logprob_fidelity.py (bf16 precision).

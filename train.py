@@ -15,9 +15,16 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step (sections 1 and 2) uses only the lesson files beside this one. The loop (section 3) runs
-on harness/: the settings, the run's files, resume, evals, checkpoints, Ctrl-C, model loading, the
-tiny offline model; a reader of the algorithm may skip that folder.
+The step (sections 1 and 2) uses only the lesson files beside this one (and fast/, the same numbers
+sooner: --no-fast turns it off). The loop (section 3) runs on harness/, which runs the lesson (its
+__init__.py lists its files); a reader of the algorithm may skip both folders.
+
+What this step leaves out, and a production trainer adds: generation on a serving engine (vLLM,
+SGLang) with the weights synced to it each step, sequence packing instead of padded rows, several
+processes (FSDP or DeepSpeed over GPUs and nodes), and a learned reward or value model where a
+task's reward is not a rule. Here one process on one device generates with HF `generate` and
+scores with a rule. The scale-out lives in integrations/ (these advantages and losses inside verl
+and TRL) and docs/scale-out.md.
 """
 import contextlib
 import sys

@@ -13,7 +13,7 @@ PROBS = torch.tensor([[0.1, 0.9, 0.5, 0.3], [0.2, 0.7, 0.6, 0.6]])
 
 
 # ---------------------------------------------------------------------------------------------------
-# 9. Advantage Reweighting and the Lopti split
+# Advantage Reweighting and the Lopti split
 
 def test_reweighting_formula_by_hand():
     A = torch.tensor([2.0, -1.0])
@@ -117,7 +117,7 @@ def test_first_pass_gradient_uses_full_denominator():
 
 
 # ---------------------------------------------------------------------------------------------------
-# 10. Prop. 4.2: sqrt(N/(N-1)) (1 - pi_o) <= || d log pi_o / d z || <= sqrt(2) (1 - pi_o)
+# Prop. 4.2: sqrt(N/(N-1)) (1 - pi_o) <= || d log pi_o / d z || <= sqrt(2) (1 - pi_o)
 
 @pytest.mark.parametrize("vocab", [2, 3, 10, 1000])
 def test_prop_4_2_gradient_norm_bounds(vocab):

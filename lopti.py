@@ -38,19 +38,24 @@ def reweight_advantages(advantages, old_token_probs, completion_mask, alpha):
 
     advantages [B] or [B, T]; old_token_probs, completion_mask [B, T]. Returns [B, T] float32 token
     advantages, zero outside the mask. Applies to positive and negative advantages alike; alpha = 0
-    is the identity.
+    is the identity, A times the mask, and reads no p_old (old_token_probs may be None: train.py's
+    speed rule measures none).
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
-    if old_token_probs.shape != completion_mask.shape or old_token_probs.dim() != 2:
+    if old_token_probs is None and alpha != 0:
+        raise ValueError(f"AR with alpha {alpha!r} reads p_old: old_token_probs must be given")
+    probs = completion_mask if old_token_probs is None else old_token_probs  # for the shape checks
+    if probs.shape != completion_mask.shape or probs.dim() != 2:
         raise ValueError(f"old_token_probs and completion_mask must share shape [B, T], got "
-                         f"{tuple(old_token_probs.shape)} and {tuple(completion_mask.shape)}")
+                         f"{tuple(probs.shape)} and {tuple(completion_mask.shape)}")
     if advantages.dim() == 1:
         advantages = advantages[:, None]
-    if (advantages.shape[0] != old_token_probs.shape[0]
-            or advantages.shape[1] not in (1, old_token_probs.shape[1])):
+    if advantages.shape[0] != probs.shape[0] or advantages.shape[1] not in (1, probs.shape[1]):
         raise ValueError(f"advantages must have shape [B] or [B, T] = "
-                         f"{tuple(old_token_probs.shape)}, got {tuple(advantages.shape)}")
+                         f"{tuple(probs.shape)}, got {tuple(advantages.shape)}")
+    if alpha == 0:  # the identity
+        return advantages.float() * completion_mask.float()
     scale = alpha * old_token_probs.float() + (1.0 - alpha)
     return torch.where(completion_mask.bool(), scale * advantages.float(), 0.0)
 

@@ -6,6 +6,7 @@ completion being the last T columns. `completion_mask` [B, T] marks the generate
 including the first EOS; the log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -14,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-import fast_generate
-import fast_logprobs
-from fast_logprobs import cache_name, prefill_prompt_cache
+from fast.generate import generate_options, self_check
+from fast.kv_cache import cache_name, prefill_prompt_cache
+from fast.logprobs import token_logprobs as fast_token_logprobs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -114,6 +115,9 @@ def completion_mask_from_ids(completion_ids, eos_token_id):
     return completion_mask, ~has_eos
 
 
+GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None)  # plain argmax
+
+
 @dataclass
 class Rollouts:
     input_ids: torch.Tensor        # [B, P+T] left-padded prompt, then completion
@@ -127,23 +131,25 @@ class Rollouts:
 
 
 def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
-                       share_prefill, drop_finished_every, generate_kwargs, fast=False):
+                       share_prefill, drop_finished_every, generate_kwargs, fast=True,
+                       compiled=False):
     """HF generate for all rows of `prompt_ids` ->
     (prompt ids [N*M, P], prompt mask, completion ids [N*M, T]).
 
     drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS
     (and their KV cache) out of the batch before going on; a single generate call keeps decoding
     finished rows until the last row stops. None: one generate call for all max_new_tokens.
-    The cache is fast_generate.roomy_cache (DynamicCache's values, written in place: the same completions).
-    fast: the same call with a static KV cache and a compiled decode step (fast_generate.py).
+    fast=False: the plain generate call. fast=True: the same completions, token for token, in less
+    time (fast/generate.py): each prompt prefilled once for its M rows (share_prefill), into a KV
+    cache written in place; compiled: a static KV cache and a compiled decode step.
     """
-    if fast and drop_finished_every:
+    if compiled and drop_finished_every:
         raise ValueError("fast generate keeps every row in its static cache: "
                          "no drop_finished_every")
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
-    cache = None
-    if share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
+    cache = None  # the plain call: generate makes its own DynamicCache
+    if fast and share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
         row_prompt = torch.arange(len(prompt_input_ids),
                                   device=device).repeat_interleave(num_generations)
         cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, row_prompt)
@@ -154,10 +160,10 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
     while True:
         segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
-        cache_options = {cache_name(model): fast_generate.roomy_cache(  # written in place, not concatenated
-            model, cache, input_ids.shape[1] + max_new_tokens - width)} if not fast else \
-            fast_generate.generate_options(model, cache, len(input_ids), input_ids.shape[1],
-                                           max_new_tokens)  # the same samples, faster
+        cache_options = {cache_name(model): cache}  # None: generate makes its own
+        if fast:  # the same completions, less time a token: fast/generate.py
+            cache_options = generate_options(model, cache, len(input_ids), input_ids.shape[1],
+                                             max_new_tokens - width, compiled)
         output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                 **cache_options, max_new_tokens=segment,
                                 pad_token_id=pad_id, eos_token_id=eos_id,
@@ -182,7 +188,7 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens,
                       temperature=1.0, top_p=1.0, greedy=False, mask_truncated=False,
                       share_prefill=True, rollout_batch=None, drop_finished_every=None,
-                      fast_generate=False):
+                      fast=True, fast_generate=False):
     """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
 
     prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling
@@ -200,15 +206,18 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     drop_finished_every: stop decoding rows that reached EOS every
     that many tokens (see sample_completions); the same distribution,
     but other random draws than one call (fewer rows per sampling step).
+    fast=False: the plain generate call (see sample_completions; share_prefill is then off). At the
+    first rollout on a CUDA device, fast/generate.py's self_check holds the fast paths to it on two
+    rows and falls back to it on a difference.
     fast_generate: a static KV cache and a compiled decode step in the same generate call (the same
-    samples up to float rounding; compiled once per run and shape: see fast_generate.py).
+    samples up to float rounding; compiled once per run and shape: see fast/generate.py).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id if eos_id is not None else tokenizer.eos_token_id
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) \
-        if not greedy else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if not greedy else GREEDY
     generate_kwargs = dict(repetition_penalty=1.0, **sampling)
     prompts_per_call = len(prompt_ids) if rollout_batch is None \
         else max(1, rollout_batch // num_generations)
@@ -218,11 +227,17 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     model.generation_config = GenerationConfig(pad_token_id=pad_id, eos_token_id=eos_id,
                                                bos_token_id=folder_config.bos_token_id)
     try:
+        if fast:  # once, on a device the fast paths were never tested on: the same tokens, or plain
+            fast = self_check(model, functools.partial(
+                sample_completions, model, prompt_ids[:1], 2, pad_id=pad_id, eos_id=eos_id,
+                share_prefill=share_prefill, drop_finished_every=None,
+                generate_kwargs=dict(repetition_penalty=1.0, **GREEDY)), fast_generate)
         parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call],
                                     num_generations, pad_id=pad_id, eos_id=eos_id,
                                     max_new_tokens=max_new_tokens, share_prefill=share_prefill,
                                     drop_finished_every=drop_finished_every,
-                                    generate_kwargs=generate_kwargs, fast=fast_generate)
+                                    generate_kwargs=generate_kwargs, fast=fast,
+                                    compiled=fast and fast_generate)
                  for start in range(0, len(prompt_ids), prompts_per_call)]
     finally:
         model.train(was_training)
@@ -252,7 +267,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
 
 # --------------------------------------------------------------------------------------------------
 # Log-probabilities of the sampled tokens: the definition here,
-# the fast path (same numbers) in fast_logprobs.py
+# the fast path (same numbers) in fast/logprobs.py
 # --------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0,
                    micro_batch=None, with_entropy=False, fast=True, logit_chunk=1024,
@@ -267,16 +282,16 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     clipped at 0, so each token is scored exactly as generate sampled it.
     body_autocast=False runs the forward outside autocast,
     in the weights' dtype (float32 in train.py).
-    fast=True (default): fast_logprobs.token_logprobs, the same values up to float rounding with
-    less memory and compute: each group's prompt runs through the model once (share_prompts),
+    fast=True (default): fast/logprobs.py's token_logprobs, the same values up to float rounding
+    with less memory and compute: each group's prompt runs through the model once (share_prompts),
     the LM head and log-softmax run in float32 (fp32_head, even under autocast)
     on `logit_chunk` tokens at a time. Numbers: benchmarks/logprob_memory.py
     (memory by logit_chunk), benchmarks/logprob_fidelity.py (bf16 precision).
     fast=False: the plain path below, the definition
     (the tests' reference); it ignores those three options.
     """
-    if fast:  # same numbers, less memory and compute: see fast_logprobs.py
-        return fast_logprobs.token_logprobs(
+    if fast:  # same numbers, less memory and compute: see fast/logprobs.py
+        return fast_token_logprobs(
             model, input_ids, attention_mask, completion_mask, temperature=temperature,
             micro_batch=micro_batch, with_entropy=with_entropy, logit_chunk=logit_chunk,
             fp32_head=fp32_head, body_autocast=body_autocast, share_prompts=share_prompts)
@@ -308,20 +323,20 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
 # --------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens,
-             batch_size=256, samples=None):
+             batch_size=256, samples=None, fast=True):
     """Greedy decoding on held-out examples -> {"pass@1", "reward", "length",
     "pass@1_se", "reward_se"} (python floats; _se: standard errors over the examples).
 
     pass@1: share of examples whose greedy completion has reward >= task.pass_threshold.
     samples: a list that receives (completion, reward) of every example,
-    to show a few (harness/run.py prints some at each eval).
+    to show a few (harness/run.py prints some at each eval). fast: as in generate_rollouts.
     """
     rewards, lengths, completions = [], [], []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         rollouts = generate_rollouts(model, tokenizer,
                                      render_prompts(tokenizer, task, chunk, style), 1,
-                                     max_new_tokens=max_new_tokens, greedy=True)
+                                     max_new_tokens=max_new_tokens, greedy=True, fast=fast)
         rewards += [float(task.reward(text, ex, style=style))
                     for text, ex in zip(rollouts.completions, chunk)]
         lengths += rollouts.completion_mask.sum(dim=1).tolist()

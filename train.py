@@ -15,9 +15,16 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step (sections 1 and 2) uses only the lesson files beside this one. The loop (section 3) runs
-on harness/: the settings, the run's files, resume, evals, checkpoints, Ctrl-C, model loading, the
-tiny offline model; a reader of the algorithm may skip that folder.
+The step (sections 1 and 2) uses only the lesson files beside this one (and fast/, the same numbers
+sooner: --no-fast turns it off). The loop (section 3) runs on harness/, which runs the lesson (its
+__init__.py lists its files); a reader of the algorithm may skip both folders.
+
+What this step leaves out, and a production trainer adds: generation on a serving engine (vLLM,
+SGLang) with the weights synced to it each step, sequence packing instead of padded rows, several
+processes (FSDP or DeepSpeed over GPUs and nodes), and a learned reward or value model where a
+task's reward is not a rule. Here one process on one device generates with HF `generate` and
+scores with a rule. The scale-out lives in integrations/ (these advantages and losses inside verl
+and TRL) and docs/scale-out.md.
 """
 import contextlib
 import sys
@@ -63,7 +70,8 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             config.num_generations, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, top_p=config.top_p,
             mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
-            drop_finished_every=config.drop_finished_every, fast_generate=config.fast_generate)
+            drop_finished_every=config.drop_finished_every, fast=config.fast,
+            fast_generate=config.fast_generate)
     with clock("reward+advantage"):
         rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
                                 for text, i in zip(rollouts.completions,
@@ -107,24 +115,17 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
         with clock("log-prob forward"), precision(device, config.dtype):
             return token_logprobs(policy, input_ids[rows], attention_mask[rows], mask[rows],
                                   temperature=config.temperature, micro_batch=config.micro_batch,
-                                  logit_chunk=config.logit_chunk,
+                                  logit_chunk=config.logit_chunk, fast=config.fast,
                                   body_autocast=not config.logprob_fp32, **kwargs)
 
     # 1. pi_ref and pi_old of the sampled tokens, fixed before any update (rows with a gradient)
     active = (mask.any(1) & ((advantages != 0) | (ref_model is not None))).nonzero().squeeze(1)
-    # Speed: when nothing reads p_old before the loss (no AR, no Lopti, one optimizer step), each
-    # forward's detached log-probs are pi_old, so no pi_old forward runs (docs/performance.md).
-    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
     with torch.no_grad():
         ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None))
-        if old_logprobs is None and reads_p_old:  # rows without a gradient keep p_old 1
-            old_logprobs = torch.zeros_like(mask).index_put((active,), logprobs_of(model, active))
-    old_logprobs = None if old_logprobs is None else old_logprobs.to(device)
-    old_probs = None if old_logprobs is None else old_logprobs.exp()  # [B, T] p_old of each token
+    old_logprobs, old_probs = fixed_pi_old(model, logprobs_of, active, mask, old_logprobs, config)
 
     # 2. AR, once per batch: token advantages A_t = (alpha p_old + 1 - alpha) A
-    token_adv = advantages[:, None] * mask if config.alpha == 0 else \
-        reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
+    token_adv = reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
 
     # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches steps
     stats = StepStats()  # the loss's stats, summed on the device (ppo.py)
@@ -150,6 +151,23 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
                 optimizer.step()
     return {**stats.result(), **low_probability_share(old_probs, mask, active, config.lopti_eta)}
+
+
+def fixed_pi_old(model, logprobs_of, rows, mask, old_logprobs, config):
+    """(log pi_old, p_old) [B, T] of the sampled tokens, fixed before the batch's first update, or
+    (None, None): the speed rule. When nothing reads p_old before the loss (no AR, no Lopti, one
+    optimizer step), each training forward's detached log-probs are pi_old, so no pi_old forward
+    runs (docs/performance.md). Otherwise one no-grad forward of `rows` (those that can get a
+    gradient) fixes it; the other rows keep p_old 1. --no-fast always runs that forward.
+    old_logprobs: the caller's pi_old, taken as it is."""
+    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
+    if old_logprobs is None and (reads_p_old or not config.fast):
+        with torch.no_grad():
+            old_logprobs = torch.zeros_like(mask).index_put((rows,), logprobs_of(model, rows))
+    if old_logprobs is None:
+        return None, None
+    old_logprobs = old_logprobs.to(mask.device)
+    return old_logprobs, old_logprobs.exp()
 
 
 def rows_with_gradient(pass_adv, pass_mask, *, kl):
@@ -227,7 +245,8 @@ def train(config):
         def evaluate_now(samples):  # greedy pass@1 and mean reward on the held-out prompts
             with precision(model.device, config.dtype):
                 return evaluate(model, tokenizer, task, eval_examples, style=config.style,
-                                max_new_tokens=config.max_new_tokens, samples=samples)
+                                max_new_tokens=config.max_new_tokens, samples=samples,
+                                fast=config.fast)
 
         state.begin(model, tokenizer, optimizer, evaluate_now)  # fresh: eval at step 0; or restored
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,

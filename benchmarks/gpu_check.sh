@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check: one H200 (or any CUDA GPU), no network, under 8 minutes. Prints and saves under $OUT:
+#   0. first, the fast paths' self-check (benchmarks/self_check.py): the roomy cache and compiled generate against
+#      plain generate, greedy, bf16, on the tiny shape and Qwen2.5-0.5B's (what every CUDA run checks at its start);
 #   1. the GPU, torch and transformers versions, and its peaks probed (bf16 matmul, copy) next to the datasheet's;
 #   2. `python train.py` (the tiny offline default) on CUDA to completion: its before/after table and wall time;
 #   3. a randomly initialised model with Qwen2.5-0.5B's shape (built from a config, no download), bf16:
@@ -11,7 +13,7 @@
 #   6. while the 8 minutes last: both shapes' peak memory with and without --gradient-checkpointing, next to the plan.
 # Usage: bash benchmarks/gpu_check.sh            OUT=runs/gpu_check by default; bash benchmarks/gpu_check.sh --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,12p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,14p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT"
@@ -22,6 +24,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
   local rc=${PIPESTATUS[0]}
   [[ $rc -eq 0 ]] || echo "$name: exit $rc (124: over its $limit s)" | tee -a "$OUT/$name.txt"
 }
+step self_check 100 python benchmarks/self_check.py --device cuda --shape qwen2.5-0.5b  # the verdict, first
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -64,5 +67,5 @@ GiB (rollout {m['rollout_peak'] / 2**30:.2f}, update {m['update_peak'] / 2**30:.
   done
 done
 # ---- end of the memory block ---------------------------------------------------------------------------------------
-grep -h "RESULT\|after RL\|before RL\|wall\|compilation\|^step \|exit" "$OUT"/*.txt
+grep -h "RESULT\|after RL\|before RL\|wall\|compilation\|^step \|exit\|self-check\|match\|DIFFER" "$OUT"/*.txt
 echo "total: $((SECONDS - start)) s"

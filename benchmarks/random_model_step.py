@@ -24,10 +24,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-import fast_generate  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor  # noqa: E402
 from benchmarks.step_time import sync, timed  # noqa: E402
+from fast import kv_cache  # noqa: E402
 from harness.config import Config  # noqa: E402
 
 SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "test" is for CPU smoke tests
@@ -84,14 +84,14 @@ def main(argv=None):
     p.add_argument("--lopti", action="store_true", help="AR (alpha 0.3) + Lopti (eta 0.5) instead of one pass")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
     p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
-    p.add_argument("--fast-generate", action="store_true", help="static KV cache + compiled decode (fast_generate.py)")
+    p.add_argument("--fast-generate", action="store_true", help="static KV cache + compiled decode (fast/generate.py)")
     p.add_argument("--concatenated-cache", action="store_true",
-                   help="HF's DynamicCache as it is, concatenating every token (before fast_generate.roomy_cache)")
+                   help="HF's DynamicCache as it is, concatenating every token (before fast/kv_cache.py's roomy_cache)")
     p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
                    help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
     if args.concatenated_cache:  # the measurement of what roomy_cache saves
-        fast_generate.roomy_cache = fast_generate.concatenating_cache
+        kv_cache.roomy_cache = kv_cache.concatenating_cache
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape)
     model.to(args.device).train()

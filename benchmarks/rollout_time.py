@@ -7,9 +7,9 @@ One torch thread by default (--threads): on a shared 2-core machine two threads 
 
 Five variants run alternately in one process on the same prompts and seeds, after one unmeasured warm-up round:
 each prompt prefilled M times (share_prefill=False, as before), prefilled once (the default), prefilled once into
-HF's own concatenating DynamicCache (before fast_generate.roomy_cache), prefilled once
+HF's own concatenating DynamicCache (before fast/kv_cache.py's roomy_cache), prefilled once
 with finished rows dropped every --drop-every tokens, and prefilled once with --fast-generate (static KV cache,
-compiled decode step: fast_generate.py; its warm-up round minus its median is printed as its compilation time, and
+compiled decode step: fast/generate.py; its warm-up round minus its median is printed as its compilation time, and
 a round whose completions differ from the shared prefill's in token count is reported). Prints medians, their ratio to the first, and the share of
 completion slots after EOS (what a single generate call decodes for nothing: it runs until the last row stops),
 and each variant's time against the floor of the rollout (benchmarks/floor.py: prefill + decode of the rows still
@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
-import fast_generate  # noqa: E402
 from benchmarks import floor  # noqa: E402
+from fast import generate as fast_generate, kv_cache  # noqa: E402
 from harness.model import load_policy  # noqa: E402
 from harness.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 from rollout import generate_rollouts, render_prompts  # noqa: E402
@@ -70,9 +70,9 @@ def main(argv=None):
     for round_index in range(args.repeats + 1):
         for name, options in variants.items():
             options = dict(options)
-            roomy = fast_generate.roomy_cache
+            roomy = kv_cache.roomy_cache
             if options.pop("concatenated_cache", False):  # HF's DynamicCache as it is (before roomy_cache)
-                fast_generate.roomy_cache = fast_generate.concatenating_cache
+                kv_cache.roomy_cache = kv_cache.concatenating_cache
             torch.manual_seed(round_index)
             start = time.perf_counter()
             try:
@@ -80,7 +80,7 @@ def main(argv=None):
                                              max_new_tokens=preset["tokens"], rollout_batch=args.rollout_batch,
                                              **options)
             finally:
-                fast_generate.roomy_cache = roomy
+                kv_cache.roomy_cache = roomy
             if round_index > 0:
                 seconds[name].append(time.perf_counter() - start)
             else:

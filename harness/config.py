@@ -112,8 +112,11 @@ class Config:
                                         resumable=True)
     drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (faster "
                                               "when lengths vary; same distribution, other random draws)")
+    fast: bool = setting(True, "the fast paths (fast/: shared prefill, roomy KV cache, chunked log-probs, no pi_old "
+                         "forward when nothing reads it); --no-fast: the lesson as written, the same up to float rounding, slower",
+                         resumable=True)
     fast_generate: bool = setting(False, "static KV cache + compiled decode step in generate (CUDA graphs on a GPU; "
-                                  "same samples; compiles once per run: fast_generate.py)", resumable=True)
+                                  "same samples; compiles once per run: fast/generate.py)", resumable=True)
     # --- the training prompts ---------------------------------------------------------------------------------------
     epochs: int | None = setting(None, "passes over a fixed training set: epochs x rows // prompts-per-step steps "
                                  "(--steps, if given, stops it sooner, as verl); none = fresh prompts every step",
@@ -130,7 +133,8 @@ class Config:
     keep_checkpoints: int = setting(2, "newest checkpoints kept (0 = all)", resumable=True)
     seed: int = setting(0, "seed of the weights (tiny), prompts, sampling")
     device: str = setting("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N, mps", resumable=True)
-    dtype: str = setting("auto", "compute dtype; weights and AdamW stay fp32; auto = bf16 on CUDA, else fp32",
+    dtype: str = setting("auto", "compute dtype; weights and AdamW stay fp32; auto = bf16 on a CUDA card with bf16, "
+                         "else fp32 (a T4 or V100: fp32, not fp16, which would need a loss scaler)",
                          choices=("auto", "bf16", "fp32"), resumable=True)
     threads: int | None = setting(None, "CPU threads (tiny model: 1); none = torch's default", resumable=True)
     output_dir: str = setting("runs/default", "the run's folder: metrics.jsonl, checkpoint-<step>/, latest")
@@ -210,6 +214,8 @@ class Config:
                  "--drop-finished-every must be >= 1"),
                 (not (self.fast_generate and self.drop_finished_every), "--fast-generate keeps every row in its "
                  "static cache: give it or --drop-finished-every, not both"),
+                (self.fast or not self.fast_generate, "--no-fast turns every fast path off: give it or "
+                 "--fast-generate, not both"),
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
                 (self.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
@@ -252,9 +258,9 @@ class Config:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
 
 
-# Settings newer than some run.json files: missing there, each takes its default (off: the run as it was saved).
+# Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
-                  "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype")
+                  "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
@@ -329,7 +335,9 @@ def build_parser(prog="train.py"):
                                                             else ")")
         names = [flag_name(f.name)] + ([meta["alias"]] if meta.get("alias") else [])
         choices, (kind, _) = field_choices(f), field_kind(f)
-        if kind is bool:
+        if kind is bool and default:  # on unless --no-<name>
+            parser.add_argument("--no-" + flag_name(f.name)[2:], dest=f.name, action="store_false", help=help_text)
+        elif kind is bool:
             parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
         elif kind is dict:
             parser.add_argument(*names, dest=f.name, action="append", metavar="KEY=VALUE", help=help_text)

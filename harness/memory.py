@@ -171,7 +171,7 @@ def memory_plan(shape, config, prompt_length):
     # under autocast the linears' bf16 copies of the 2 norm outputs; q, attention output, o_proj's input (3q),
     # k and v (2kv), the MLP's gate, SiLU, up and their product (4I), in the compute dtype.
     per_token_layer = 16 * H + (4 * H if compute == 2 else 0) + compute * (3 * q + 2 * kv + 4 * I)
-    shared = not config.gradient_checkpointing and micro > 1 and P > 1  # fast_logprobs.completion_features
+    shared = not config.gradient_checkpointing and micro > 1 and P > 1  # fast/logprobs.py's completion_features
     if not shared:  # the plain forward: every row's P + T tokens (checkpointed: each layer keeps only its input)
         tokens = micro * (P + T)
         layer_activations = 4 * H * tokens * L + per_token_layer * tokens if config.gradient_checkpointing else \

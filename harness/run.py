@@ -149,15 +149,21 @@ def task_file(config):
 
 
 def hardware(config):
-    """A copy of config with --device and --dtype "auto" decided for this machine (bf16 on CUDA or under
-    --param-dtype bf16, else fp32). A dry
-    run may name a device this machine lacks (--dry-run --device cuda on a laptop): it plans for that one."""
+    """A copy of config with --device and --dtype "auto" decided for this machine: bf16 on a CUDA card with bf16
+    (Ampere and newer) or under --param-dtype bf16, else fp32. A card without it (a T4, Colab's free card, or a
+    V100) gets fp32, not fp16 with a loss scaler: one precision path, no overflow to guard, at fp32's speed (a note
+    says so). A dry run may name a device this machine lacks (--dry-run --device cuda on a laptop): it plans for a
+    bf16 card."""
     device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available() and not config.dry_run:
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
-    dtype = config.dtype if config.dtype != "auto" else "bf16" if device.startswith("cuda") or \
-        config.param_dtype == "bf16" else "fp32"
+    cuda = device.startswith("cuda")
+    bf16 = cuda and (not torch.cuda.is_available() or torch.cuda.is_bf16_supported())  # no CUDA: a dry run's plan
+    if config.dtype == "auto" and cuda and not bf16:
+        say(f"note: {torch.cuda.get_device_name(device)} has no bf16: --dtype auto computes in fp32 (slower than "
+            "bf16; fp16 would need a loss scaler)")
+    dtype = config.dtype if config.dtype != "auto" else "bf16" if bf16 or config.param_dtype == "bf16" else "fp32"
     return dataclasses.replace(config, device=device, dtype=dtype)
 
 

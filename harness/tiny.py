@@ -131,7 +131,8 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
         info = read_small_json(info_path)
         log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps, on the warm "
             "start's own held-out draw; the run's evals use another)")
-        cached = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=model.dtype,
+        from harness.model import weights_dtype
+        cached = AutoModelForCausalLM.from_pretrained(cache_dir, **weights_dtype(model.dtype),
                                                       trust_remote_code=False).to(model.device)
         return cached, info
     torch.manual_seed(seed)

@@ -20,7 +20,7 @@ def binary_group(M, K):
 
 
 # ---------------------------------------------------------------------------------------------------
-# 1. SoftmaxGRPO
+# SoftmaxGRPO
 
 @pytest.mark.parametrize("M", [2, 5, 8, 16])
 @pytest.mark.parametrize("tau", [0.1, 0.3, 1.0, 4.0])
@@ -91,7 +91,7 @@ def test_all_equal_groups_are_exactly_zero():
 
 
 # ---------------------------------------------------------------------------------------------------
-# 2. The other estimators on a hand-worked example
+# The other estimators on a hand-worked example
 # Group 1: R = [6, 0, 2, 0]: mean 2, deviations [4, -2, 0, -2], sum of squares 24, unbiased std sqrt(8).
 # Group 2: R = [5, 5, 5, 5]: all equal.
 
@@ -168,7 +168,7 @@ def test_methods_tuple_is_complete():
 
 
 # ---------------------------------------------------------------------------------------------------
-# 3. Properties over random shapes and rewards
+# Properties over random shapes and rewards
 
 def reward_matrices(low, high):
     shapes = st.tuples(st.integers(1, 4), st.integers(2, 12))
@@ -212,7 +212,7 @@ def test_advantage_monotonic_in_reward(method_and_rewards, tau):
 
 
 # ---------------------------------------------------------------------------------------------------
-# 11. ESS-adaptive temperature
+# ESS-adaptive temperature
 
 def ess_of_softmax(k, M, tau):
     """1 / sum w^2 for the softmax(R/tau) weights of a binary group, computed directly in float64."""

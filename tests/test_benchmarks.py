@@ -18,6 +18,16 @@ def test_gpu_check_script_parses_and_answers_help():
     assert proc.returncode == 0 and "Qwen2.5-0.5B" in proc.stdout
 
 
+def test_self_check_forced_on_a_cpu_gives_its_verdict_and_cost(capsys, one_thread, monkeypatch):
+    from benchmarks import self_check
+    from fast import generate as fast_generate
+    monkeypatch.setattr(fast_generate, "untested_device", fast_generate.untested_device)  # --force patches it
+    self_check.main(["--force", "--shape", "test", "--repeats", "1", "--prompts", "2"])
+    out = capsys.readouterr().out
+    assert "tiny, fp32, roomy cache: match" in out and "test, fp32, roomy cache: match" in out
+    assert "of a step (medians of 1, 1 thread(s)" in out
+
+
 @pytest.mark.parametrize("extra", [[], ["--lopti"]])
 def test_random_model_step_on_a_cpu(capsys, extra):
     random_model_step.main(["--shape", "test", "--device", "cpu", "--steps", "1", "--prompts", "2", "-M", "2",

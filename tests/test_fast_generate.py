@@ -1,6 +1,9 @@
-"""fast_generate.py. The always-on roomy cache (keys and values written in place instead of concatenated) gives
-rollout.py's generate the same completions as HF's DynamicCache, token for token, on every path (greedy, sampled,
---rollout-batch, dropping finished rows, no shared prefill, several layers with grouped-query attention).
+"""fast/generate.py and fast/kv_cache.py. The fast path (on by default: the shared prefill and the roomy cache, keys
+and values written in place instead of concatenated) gives rollout.py's generate the same completions as its plain call
+(--no-fast) and as HF's DynamicCache, token for token, on every path (greedy, sampled, --rollout-batch, dropping
+finished rows, no shared prefill, several layers with grouped-query attention). The first-CUDA-rollout self-check,
+forced on this CPU: it passes when the paths agree, and a mismatch injected into the roomy cache makes it say so in
+one line and generate with the plain call.
 The --fast-generate path: the static KV cache filled from the shared prefill and the compiled decode step give the same
 completions as rollout.py's plain generate call: greedy token for token, and sampled token for token under the same
 seed (generate draws the same torch.multinomial per step either way; only the logits' forward changes, by float
@@ -13,12 +16,15 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-import fast_generate
 import tasks
+from fast import generate as fast_generate, kv_cache
 from harness.config import Config
 from harness.tiny import build_char_tokenizer, build_tiny_model
 from rollout import generate_rollouts
 from tests.stubs import smollm2_or_skip
+
+# transformers before the layered cache API (the floor of requirements.txt): no roomy or static cache, the plain one
+layered = pytest.mark.skipif(not kv_cache.LAYERED_CACHE, reason="no layered cache API in this transformers")
 
 
 def tiny_setup():
@@ -55,10 +61,16 @@ def concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **opti
     for roomy in (False, True):
         with monkeypatch.context() as patch:
             if not roomy:
-                patch.setattr(fast_generate, "roomy_cache", fast_generate.concatenating_cache)
+                patch.setattr(kv_cache, "roomy_cache", kv_cache.concatenating_cache)
             torch.manual_seed(seed)
             result.append(generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, **options))
     return result
+
+
+def plain_call(model, tokenizer, prompts, seed, **options):
+    """The Rollouts of rollout.py's plain generate call (--no-fast) under the seed."""
+    torch.manual_seed(seed)
+    return generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast=False, **options)
 
 
 @pytest.mark.parametrize("options", [dict(greedy=True), dict(), dict(rollout_batch=4), dict(temperature=0.7),
@@ -73,13 +85,14 @@ def test_roomy_cache_samples_alike(monkeypatch, one_thread, options):
         model.lm_head.weight[tokenizer.eos_token_id] *= 0  # rows stop at different steps (drop_finished_every)
     eager = copy.deepcopy(wide)
     eager.config._attn_implementation = "eager"  # as the benchmarks run the tiny model: matmuls on the views
-    selected, select = [], fast_generate.RoomyLayer.batch_select_indices  # count generate's drops of rows
-    monkeypatch.setattr(fast_generate.RoomyLayer, "batch_select_indices",
+    selected, select = [], kv_cache.RoomyLayer.batch_select_indices  # count generate's drops of rows
+    monkeypatch.setattr(kv_cache.RoomyLayer, "batch_select_indices",
                         lambda layer, indices: (selected.append(len(indices)), select(layer, indices)))
     for seed, policy in ((0, model), (1, wide), (2, eager), (3, model)):
         concatenating, roomy = concatenating_and_roomy(monkeypatch, policy, tokenizer, prompts, seed, **options)
         assert_same(concatenating, roomy)
-    if "drop_finished_every" in options:
+        assert_same(plain_call(policy, tokenizer, prompts, seed, **options), roomy)  # the lesson's call
+    if "drop_finished_every" in options and kv_cache.LAYERED_CACHE:
         assert selected, "no row was dropped: the drop path went untested"
 
 
@@ -87,8 +100,9 @@ def states(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+@layered
 def test_roomy_layer_writes_in_place_and_follows_crop_and_selection():
-    layer = fast_generate.RoomyLayer(capacity=6)
+    layer = kv_cache.RoomyLayer(capacity=6)
     prompt_keys, prompt_values = states(3, 2, 4, 5, seed=0), states(3, 2, 4, 5, seed=1)
     keys, values = layer.update(prompt_keys, prompt_values)
     assert torch.equal(keys, prompt_keys) and torch.equal(values, prompt_values)
@@ -117,19 +131,20 @@ def test_roomy_layer_writes_in_place_and_follows_crop_and_selection():
     assert layer.get_seq_length() == 0 and layer.key_buffer is None
 
 
+@layered
 def test_roomy_cache_leaves_other_layer_kinds():
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
     cache = DynamicCache()
     cache.update(states(1, 1, 3, 2, seed=0), states(1, 1, 3, 2, seed=1), 0)
     cache.layers.append(DynamicSlidingWindowLayer(sliding_window=4))
-    fast_generate.roomy_cache(None, cache, capacity=8)
-    assert type(cache.layers[0]) is fast_generate.RoomyLayer and cache.layers[0].get_seq_length() == 3
+    kv_cache.roomy_cache(None, cache, capacity=8)
+    assert type(cache.layers[0]) is kv_cache.RoomyLayer and cache.layers[0].get_seq_length() == 3
     assert type(cache.layers[1]) is DynamicSlidingWindowLayer
     offloaded = DynamicCache(offloading=True)  # its layers move to the CPU between uses: left as HF made them
     offloaded.layers.append(DynamicLayer())
     offloaded.layers[0].update(states(1, 1, 3, 2, seed=0), states(1, 1, 3, 2, seed=1))  # (a CUDA stream otherwise)
-    assert type(fast_generate.roomy_cache(None, offloaded, capacity=8).layers[0]) is DynamicLayer
+    assert type(kv_cache.roomy_cache(None, offloaded, capacity=8).layers[0]) is DynamicLayer
 
 
 # --------------------------------------------------------------------------------------------------
@@ -149,12 +164,13 @@ def test_static_cache_from_the_shared_prefill_samples_alike(eager, options):
         assert_same(plain, fast)
 
 
+@layered
 def test_static_cache_length_is_bucketed_and_kept(eager):
     tokenizer, model, prompts = tiny_setup()
     both_paths(model, tokenizer, prompts, 0)
     both_paths(model, tokenizer, prompts[:1] * 3, 1)  # other prompt width, same rows: the same 64-long cache
     caches = model._fast_generate_caches
-    assert len(caches) == 1 and next(iter(caches))[:2] == (12, fast_generate.CACHE_BUCKET)
+    assert len(caches) == 1 and next(iter(caches))[:2] == (12, kv_cache.CACHE_BUCKET)
 
 
 def test_eos_rows_end_alike(eager):
@@ -171,6 +187,8 @@ def test_eos_rows_end_alike(eager):
 def test_fast_generate_with_drop_finished_is_refused():
     with pytest.raises(ValueError, match="--fast-generate keeps every row"):
         Config(fast_generate=True, drop_finished_every=4).validate()
+    with pytest.raises(ValueError, match="--no-fast turns every fast path off"):
+        Config(fast=False, fast_generate=True).validate()
     tokenizer, model, prompts = tiny_setup()
     with pytest.raises(ValueError, match="static cache"):
         generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=4, fast_generate=True, drop_finished_every=2)
@@ -205,6 +223,7 @@ def test_smollm2_roomy_cache_samples_alike(monkeypatch, one_thread):
     for seed, options in ((0, dict(greedy=True)), (1, dict()), (2, dict(drop_finished_every=3))):
         concatenating, roomy = concatenating_and_roomy(monkeypatch, model, tokenizer, prompts, seed, **options)
         assert_same(concatenating, roomy)
+        assert_same(plain_call(model, tokenizer, prompts, seed, **options), roomy)
 
 
 @pytest.mark.slow
@@ -219,3 +238,66 @@ def test_smollm2_greedy_and_seeded_samples_token_for_token():
         plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
         assert_same(plain, fast)
     assert getattr(model, "_compiled_call", None) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# The self-check at the first CUDA rollout, forced on this CPU
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def forced_check(monkeypatch, one_thread):
+    """The check as on a CUDA device: fast/generate.py's untested_device says True."""
+    monkeypatch.setattr(fast_generate, "untested_device", lambda model: True)
+
+
+def check_sample(model, tokenizer, prompts):
+    """What rollout.generate_rollouts hands self_check: two greedy rows of the first prompt."""
+    from functools import partial
+    from rollout import GREEDY, sample_completions
+    model.eval()
+    return partial(sample_completions, model, prompts[:1], 2, pad_id=tokenizer.pad_token_id,
+                   eos_id=tokenizer.eos_token_id, share_prefill=True, drop_finished_every=None,
+                   generate_kwargs=dict(repetition_penalty=1.0, **GREEDY))
+
+
+def forgetful_cache(model, prefilled, capacity):
+    """An injected bug in the roomy cache: the prompt's keys and values lost (noise in their place)."""
+    pairs = [(layer.keys, layer.values) for layer in prefilled.layers] if hasattr(prefilled, "layers") else \
+        zip(prefilled.key_cache, prefilled.value_cache)  # before the layered cache
+    for keys, values in pairs:
+        keys.copy_(states(*keys.shape, seed=0) * 10)
+        values.copy_(states(*values.shape, seed=1) * 10)
+    return prefilled
+
+
+def test_self_check_called_directly_says_match_and_keeps_its_verdict(forced_check):
+    tokenizer, model, prompts = tiny_setup()
+    lines = []
+    assert fast_generate.self_check(model, check_sample(model, tokenizer, prompts), False, log=lines.append)
+    assert len(lines) == 1 and "match plain generate" in lines[0] and "2 rows x 4 greedy tokens" in lines[0]
+    assert fast_generate.self_check(model, None, False, log=lines.append) and len(lines) == 1  # once a model
+
+
+def test_self_check_runs_at_the_first_rollout_and_changes_nothing_when_the_paths_agree(forced_check, capsys):
+    tokenizer, model, prompts = tiny_setup()
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    assert model._fast_self_check == {False: True} and "match plain generate" in capsys.readouterr().out
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)  # the greedy check draws no random numbers
+
+
+def test_a_difference_is_one_line_and_the_plain_call_from_then_on(forced_check, monkeypatch, capsys):
+    tokenizer, model, prompts = tiny_setup()
+    monkeypatch.setattr(kv_cache, "roomy_cache", forgetful_cache)
+    lines = []
+    assert not fast_generate.self_check(model, check_sample(model, tokenizer, prompts), False, log=lines.append)
+    assert len(lines) == 1 and "DIFFER from plain generate" in lines[0] and "plain call" in lines[0]
+    model.__dict__.pop("_fast_self_check")
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)  # the check, then plain
+    output = capsys.readouterr().out
+    assert output.count("\n") == 1 and "DIFFER" in output
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+    import rollout
+    monkeypatch.setattr(rollout, "generate_options", lambda *args: pytest.fail("a fast path ran after the fallback"))
+    generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    assert capsys.readouterr().out == ""  # checked once

@@ -13,7 +13,7 @@ PROBS = torch.tensor([[0.1, 0.9, 0.5, 0.3], [0.2, 0.7, 0.6, 0.6]])
 
 
 # ---------------------------------------------------------------------------------------------------
-# 9. Advantage Reweighting and the Lopti split
+# Advantage Reweighting and the Lopti split
 
 def test_reweighting_formula_by_hand():
     A = torch.tensor([2.0, -1.0])
@@ -27,6 +27,10 @@ def test_reweighting_formula_by_hand():
     torch.testing.assert_close(reweight_advantages(identity, PROBS, MASK, alpha=0.0), identity)
     with pytest.raises(ValueError, match="alpha"):
         reweight_advantages(A, PROBS, MASK, alpha=1.5)
+    # alpha = 0 reads no p_old (train.py's speed rule measures none); alpha > 0 needs it
+    torch.testing.assert_close(reweight_advantages(A, None, MASK, alpha=0.0), identity)
+    with pytest.raises(ValueError, match="reads p_old"):
+        reweight_advantages(A, None, MASK, alpha=0.3)
 
 
 @settings(max_examples=40, deadline=None)
@@ -113,7 +117,7 @@ def test_first_pass_gradient_uses_full_denominator():
 
 
 # ---------------------------------------------------------------------------------------------------
-# 10. Prop. 4.2: sqrt(N/(N-1)) (1 - pi_o) <= || d log pi_o / d z || <= sqrt(2) (1 - pi_o)
+# Prop. 4.2: sqrt(N/(N-1)) (1 - pi_o) <= || d log pi_o / d z || <= sqrt(2) (1 - pi_o)
 
 @pytest.mark.parametrize("vocab", [2, 3, 10, 1000])
 def test_prop_4_2_gradient_norm_bounds(vocab):

@@ -1,5 +1,5 @@
 """rollout.py: the completion mask, left padding, generate_rollouts, and token_logprobs: the plain path against a
-hand computation, the fast path (fast_logprobs.py) against the plain path."""
+hand computation, the fast path (fast/logprobs.py) against the plain path."""
 import copy
 import math
 from types import SimpleNamespace
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tasks
-from fast_logprobs import cache_name, prefill_prompt_cache
+from fast.kv_cache import cache_name, prefill_prompt_cache
 from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
                      render_prompts, token_logprobs)
 from harness.tiny import build_char_tokenizer, build_tiny_model

@@ -539,6 +539,23 @@ def test_every_flag_appears_in_help_with_its_default():
     assert "(default: runs/default)" in text and "(default: 0.2; paper: 0.2)" in text
 
 
+@pytest.mark.parametrize("has_bf16,expected", [(True, "bf16"), (False, "fp32")], ids=["A100-like", "T4-like"])
+def test_dtype_auto_picks_bf16_only_where_the_card_has_it(monkeypatch, capsys, has_bf16, expected):
+    from harness import run
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a faked card on this CPU
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: has_bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Tesla T4")
+    settled = run.hardware(config.Config())
+    assert (settled.device, settled.dtype) == ("cuda", expected)
+    assert ("Tesla T4 has no bf16: --dtype auto computes in fp32" in capsys.readouterr().out) == (not has_bf16)
+    assert run.hardware(config.Config(dtype="bf16")).dtype == "bf16"  # asked for: kept
+
+
+def test_a_setting_on_by_default_is_turned_off_by_its_no_flag():
+    assert config.parse_args([]).fast is True and config.parse_args(["--no-fast"]).fast is False
+    assert "--no-fast" in config.build_parser().format_help()
+
+
 def test_a_missing_model_or_unreachable_hub_id_answers_before_torch_loads(tmp_path):
     code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    print('torch' in sys.modules, e.code)")

@@ -18,7 +18,7 @@ P_GRID = np.array([0.0, 1e-4, 0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95, 0.999, 1.0])
 
 
 # ---------------------------------------------------------------------------------------------------
-# 4. omega and h
+# omega and h
 
 def omega_direct(p, M, tau):
     """Bernstein sum written with c = e^{1/tau} exactly as DESIGN.md states it (fine for moderate tau)."""
@@ -78,7 +78,7 @@ def test_grpo_weight_large_group_is_inverse_std():
 
 
 # ---------------------------------------------------------------------------------------------------
-# 5. Eq. (4) by Monte Carlo: E[(1/M) sum_i A_i grad log pi(y_i)] = omega(p) grad p
+# Eq. (4) by Monte Carlo: E[(1/M) sum_i A_i grad log pi(y_i)] = omega(p) grad p
 
 def monte_carlo_update(p, M, method, tau, groups=40_000, seed=0):
     """Per-group unclipped update for a Bernoulli policy pi(y=1) = sigmoid(theta), via autograd.
@@ -130,7 +130,7 @@ def test_eq4_monte_carlo_categorical_policy():
 
 
 # ---------------------------------------------------------------------------------------------------
-# 6. Large-group limit: the update is grad log E_pi[exp(R / tau)]
+# Large-group limit: the update is grad log E_pi[exp(R / tau)]
 
 def test_large_group_limit_is_log_mgf_gradient():
     levels = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
@@ -157,7 +157,7 @@ def test_large_group_limit_is_log_mgf_gradient():
 
 
 # ---------------------------------------------------------------------------------------------------
-# 7. Non-conservativeness: exact expected update field for three reward levels and small M
+# Non-conservativeness: exact expected update field for three reward levels and small M
 
 def expected_update(logits, levels, M, tau):
     """E[(1/M) sum_i A_i grad log pi(y_i)] for a 3-outcome categorical policy, by enumerating all counts."""

@@ -119,6 +119,26 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
 
 
+def test_no_fast_runs_the_lesson_as_written_to_the_same_weights(tmp_path, monkeypatch):
+    # --no-fast: nothing in fast/ runs (no shared prefill, no roomy cache, no chunked log-probs), a pi_old forward
+    # fixes p_old (Algorithm 1 as written), and the run ends at the default run's weights up to float rounding
+    # (the same completions token for token, log-probs equal to rounding).
+    import rollout
+    _, fast_steps, _, fast_out = run(tmp_path, "--steps", "2", "--lr", "1e-3", name="fast")
+    calls = []
+    original = train.token_logprobs
+    monkeypatch.setattr(train, "token_logprobs",
+                        lambda *args, **kwargs: (calls.append(torch.is_grad_enabled()), original(*args, **kwargs))[1])
+    for name in ("prefill_prompt_cache", "generate_options", "fast_token_logprobs"):
+        monkeypatch.setattr(rollout, name, lambda *args, **kwargs: pytest.fail("a fast path ran under --no-fast"))
+    _, plain_steps, _, plain_out = run(tmp_path, "--steps", "2", "--lr", "1e-3", "--no-fast", name="plain")
+    assert calls.count(False) == 2  # one pi_old forward a step
+    assert [r["response_length"] for r in plain_steps] == [r["response_length"] for r in fast_steps]
+    a, b = weights(os.path.join(fast_out, "latest")), weights(os.path.join(plain_out, "latest"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("micro_batch", [3, 8], ids=["several-micro-batches", "one-micro-batch"])
 def test_pi_old_measured_in_the_update_equals_a_given_one(micro_batch):
     # AR + Lopti with one mini-batch: pi_old measured inside update_policy (old_logprobs=None) must give the update

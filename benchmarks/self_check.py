@@ -1,0 +1,99 @@
+"""The fast paths' first-CUDA-rollout self-check (fast/generate.py's self_check) on its own, and its
+cost.
+
+    python benchmarks/self_check.py --device cuda   # the verdict on this GPU (benchmarks/gpu_check.sh)
+    python benchmarks/self_check.py --force         # on this CPU: the check forced, against one step
+
+The verdict: the roomy cache (and compiled generate, on CUDA or with --compiled) against plain generate
+on the tiny default shape at init and a random Qwen2 of --shape (benchmarks/random_model_step.py),
+under the run's precision (bf16 autocast where the card has bf16, else fp32: harness/run.py).
+The cost: the check's seconds (a rollout call with the check minus the same call after it) over one
+step of `python train.py`'s tiny default (--prompts 64 x M 8 x 12 tokens: collect_rollouts +
+update_policy), medians of --repeats, on the tiny shape, --threads threads.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import tasks  # noqa: E402
+import train  # noqa: E402
+from benchmarks.random_model_step import build  # noqa: E402
+from fast import generate as fast_generate  # noqa: E402
+from harness import tiny  # noqa: E402
+from harness.config import Config  # noqa: E402
+from rollout import generate_rollouts, render_prompts  # noqa: E402
+
+
+def checked_rollout_seconds(model, tokenizer, prompts, compiled, dtype):
+    """(verdict, seconds of a one-token rollout call that runs the check, seconds of the same call
+    once the verdict is kept)."""
+    model.__dict__.pop("_fast_self_check", None)
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        with train.precision(next(model.parameters()).device, dtype):
+            generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=1, greedy=True,
+                              fast_generate=compiled)
+        seconds.append(time.perf_counter() - start)
+    return model._fast_self_check[compiled], seconds[0], seconds[1]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--force", action="store_true", help="run the check on a CPU too")
+    p.add_argument("--shape", default="qwen2.5-0.5b", help="random_model_step.SHAPES, or none")
+    p.add_argument("--compiled", action="store_true", help="compiled generate too on a CPU (minutes)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=64, help="the step's prompts (the tiny default: 64)")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.force:
+        fast_generate.untested_device = lambda model: True
+    cuda_bf16 = args.device.startswith("cuda") and torch.cuda.is_bf16_supported()
+    dtype = "bf16" if cuda_bf16 else "fp32"
+    task = tasks.get_task("countdown", **tiny.COUNTDOWN_OPTIONS)
+    char_tokenizer = tiny.build_char_tokenizer()
+    models = {"tiny": (tiny.build_tiny_model(char_tokenizer, seed=0), char_tokenizer)}
+    if args.shape != "none":
+        models[args.shape] = build(args.shape)
+    for name, (model, tokenizer) in models.items():
+        model.to(args.device)
+        examples = task.examples("train", 64, seed=0)
+        prompts = render_prompts(tokenizer, task, examples, "compact") if name == "tiny" else \
+            [tokenizer(" ".join(f"w{i}" for i in range(3, 35)))["input_ids"]] * 2
+        for compiled in (False, True) if args.compiled or args.device.startswith("cuda") else (False,):
+            verdict, first, again = checked_rollout_seconds(model, tokenizer, prompts, compiled, dtype)
+            print(f"{name}, {dtype}, {'compiled' if compiled else 'roomy cache'}: "
+                  f"{'match' if verdict else 'DIFFER'} (check {first - again:.3f} s)", flush=True)
+    if args.device != "cpu" or not args.force:
+        return
+    # the cost on this CPU: the check against one step of the tiny default
+    model, tokenizer = models["tiny"]
+    config = tiny.apply_cpu_defaults(Config(dtype="fp32", prompts_per_step=args.prompts))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    examples = task.examples("train", config.prompts_per_step, seed=0)
+    checks, steps = [], []
+    for repeat in range(args.repeats):
+        _, first, again = checked_rollout_seconds(model, tokenizer, render_prompts(
+            tokenizer, task, examples, "compact"), False, "fp32")
+        checks.append(first - again)
+        start = time.perf_counter()
+        rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, config)
+        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                            rollouts.completion_mask, advantages, config)
+        steps.append(time.perf_counter() - start)
+    check, step = statistics.median(checks), statistics.median(steps)
+    print(f"self-check {check:.4f} s, tiny default step {step:.3f} s: {check / step:.1%} of a step "
+          f"(medians of {args.repeats}, {args.threads} thread(s), load "
+          f"{os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()

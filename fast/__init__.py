@@ -1,0 +1,14 @@
+"""The speed: the same numbers as the lesson's plain calls, in less time and memory.
+
+rollout.py shows the plain HF `generate` call and the plain log-prob forward; each takes this
+folder's path in one visible `if fast:` branch, and the tests hold the two equal (`--no-fast` runs
+the lesson as written). A reader of the algorithm can skip this folder.
+
+  kv_cache.py   the KV cache in one place: the shared prompt prefill, the roomy cache (written in
+                place, on by default), --fast-generate's static cache
+  generate.py   generate's fast paths (roomy cache; --fast-generate: static cache + compiled decode)
+                and the self-check that holds them to plain generate at the first CUDA rollout
+  logprobs.py   token_logprobs' fast path: shared-prompt forward, chunked float32 head
+
+Nothing here imports rollout.py or train.py. Numbers: docs/performance.md.
+"""

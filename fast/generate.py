@@ -1,0 +1,105 @@
+"""The fast paths of rollout.sample_completions' generate call: the same completions, less time per
+token, and the self-check that holds them to the plain call on a device where they never ran.
+
+On (`--no-fast` turns it off): the roomy cache (fast/kv_cache.py), DynamicCache's values written in
+place instead of concatenated, in the same generate call.
+
+Opt-in (`--fast-generate`): the plain generate runs in eager mode: every decode step runs the
+model's Python forward op by op. On a GPU that step is bound by Python and kernel launches (hundreds
+of kernels per token for a small model), far from what the weights' bytes and the FLOPs allow
+(benchmarks/floor.py). The option hands the same generate call two things transformers already
+supports:
+
+  1. a static KV cache (fast/kv_cache.py's static_cache: fixed-size tensors, written in place)
+     holding the shared prefill: each prompt is still run through the model once and its keys and
+     values copied into its M rows;
+  2. transformers' compile_config: with a compileable cache, generate runs its decode steps through
+     torch.compile(model.__call__). On CUDA in mode "reduce-overhead": CUDA graphs, one graph launch
+     per token. On a CPU the same call compiles without graphs (mode "default").
+
+The samples are the same: generate draws each token as before (the same logits processors and the
+same torch.multinomial call per step on the same RNG), only the forward that produces the logits
+runs compiled, its numbers equal up to float rounding (tests/test_fast_generate.py: greedy and
+seeded samples token for token). Costs: compilation, once per run and per shape (batch rows, cache
+length; the cache length is rounded up to CACHE_BUCKET so that prompts of other widths reuse it); a
+static cache is read to its full length at every step (masked), it cannot drop finished rows
+(config refuses --fast-generate with --drop-finished-every), and it stays allocated on the model
+between steps (the training forward runs beside it: peak memory grows by its size, rows x cache
+length x the KV bytes of a position). Numbers: benchmarks/rollout_time.py, docs/performance.md.
+Without transformers' layered cache API (fast/kv_cache.py's LAYERED_CACHE) both fall back to the
+plain call's cache.
+
+The self-check (self_check): these paths are tested token for token on this project's CPUs only.
+At the first rollout on a CUDA device, a few greedy tokens of two rows are generated both ways; on
+any difference the run says so in one line and generates with the plain call from then on.
+"""
+import warnings
+
+import torch
+from transformers import CompileConfig
+
+from fast import kv_cache
+
+
+# --------------------------------------------------------------------------------------------------
+# The generate call's cache: roomy (on), static and compiled (--fast-generate)
+# --------------------------------------------------------------------------------------------------
+def generate_options(model, prefilled, rows, prompt_width, new_tokens, compiled):
+    """The cache keyword argument of a generate call for `rows` rows of `prompt_width` columns and
+    up to `new_tokens` more, holding `prefilled` (the shared prefill's DynamicCache, or None), plus
+    the compile settings when `compiled`."""
+    name = kv_cache.cache_name(model)
+    if compiled and not kv_cache.LAYERED_CACHE:
+        warnings.warn("--fast-generate needs transformers' layered cache API (tested from "
+                      "4.57): generating with the plain call", stacklevel=2)
+    if not (compiled and kv_cache.LAYERED_CACHE):
+        return {name: kv_cache.roomy_cache(model, prefilled, prompt_width + new_tokens)}
+    device = next(model.parameters()).device
+    return {name: kv_cache.static_cache(model, prefilled, rows, prompt_width, new_tokens),
+            "compile_config": compile_config(device)}
+
+
+def compile_mode(device):
+    """CUDA graphs where there are CUDA devices; elsewhere inductor without graphs."""
+    return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
+def compile_config(device, mode=None):
+    """transformers' CompileConfig for generate's decode step (fullgraph: a graph break would be a
+    silent slowdown)."""
+    config = CompileConfig(fullgraph=True, dynamic=False, mode=mode or compile_mode(device))
+    config._compile_all_devices = True  # else transformers compiles on CUDA-like devices only
+    return config
+
+
+# --------------------------------------------------------------------------------------------------
+# The self-check: the fast paths against the plain call, once, where they were never tested
+# --------------------------------------------------------------------------------------------------
+SELF_CHECK_TOKENS = 4  # greedy tokens a row: from the prefill on into the cached decoding
+
+
+def untested_device(model):
+    """True on a CUDA device: the fast paths' token identity is tested on CPUs only (bf16 flash or
+    memory-efficient attention on the cache's strided views, CUDA graphs)."""
+    return next(model.parameters()).device.type == "cuda"
+
+
+def self_check(model, sample, compiled, log=print):
+    """Whether the fast paths may run on this model: True on a tested device; else, once per model
+    and `compiled`, whether a few greedy tokens come out the same both ways. On a difference, one
+    line says so and the caller takes the plain path.
+
+    sample(fast=, compiled=, max_new_tokens=) -> (prompt ids, prompt mask, completion ids) of two
+    rows, greedy (rollout.sample_completions with its other arguments bound)."""
+    verdicts = model.__dict__.setdefault("_fast_self_check", {})
+    if not untested_device(model) or compiled in verdicts:
+        return verdicts.get(compiled, True)
+    plain = sample(fast=False, compiled=False, max_new_tokens=SELF_CHECK_TOKENS)
+    fast = sample(fast=True, compiled=compiled, max_new_tokens=SELF_CHECK_TOKENS)
+    verdicts[compiled] = all(torch.equal(a, b) for a, b in zip(plain, fast))
+    paths = "the roomy cache" + (" and compiled generate" if compiled else "")
+    rows = f"{len(plain[2])} rows x {SELF_CHECK_TOKENS} greedy tokens"
+    log(f"fast-path self-check ({rows}): {paths} match plain generate" if verdicts[compiled] else
+        f"fast-path self-check ({rows}): {paths} DIFFER from plain generate on this device: "
+        "generating with the plain call for this run (--no-fast does so from the start)")
+    return verdicts[compiled]

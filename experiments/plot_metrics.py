@@ -191,7 +191,7 @@ def default_output(paths):
     """Where the PNG goes without --output: beside the one run's metrics.jsonl, or for several runs the current
     folder's metrics.png."""
     if len(paths) > 1:
-        return "metrics.png"
+        return os.path.abspath("metrics.png")
     return os.path.join(os.path.dirname(os.path.abspath(metrics_file(paths[0]))), "metrics.png")
 
 

@@ -310,9 +310,9 @@ def test_the_dry_run_plans_without_loading_weights(tmp_path, capsys, monkeypatch
 
 # --- 8-bit AdamW (torchao, optional) ---------------------------------------------------------------------------------
 def test_adamw8bit_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypatch):
-    from harness import run as run_module
-    real = run_module.importlib.util.find_spec
-    monkeypatch.setattr(run_module.importlib.util, "find_spec",
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *args: None if name == "torchao" else real(name, *args))
     with pytest.raises(SystemExit) as exit_info:
         train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",

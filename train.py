@@ -248,9 +248,10 @@ def train(config):
                                 max_new_tokens=config.max_new_tokens, samples=samples,
                                 fast=config.fast)
 
-        state.begin(model, tokenizer, optimizer, evaluate_now)  # fresh: eval at step 0; or restored
+        state.begin(model, tokenizer, optimizer, evaluate_now,  # fresh: eval at step 0; or restored
+                    [task.prompt(example, config.style) for example in eval_examples])
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
-                        total=config.steps, desc="RL")
+                        total=config.steps, desc="RL", bar_format=run.BAR_FORMAT)
         for step in progress:
             # --- 1. rollouts, rewards, group advantages -------------------------------------------
             for group in optimizer.param_groups:  # linear warm-up, then constant
@@ -270,7 +271,7 @@ def train(config):
             row = state.log({"step": step, **batch, **stats, "lr": optimizer.param_groups[0]["lr"]},
                             tokens=rollouts.completion_mask.sum().item())
             progress.set_postfix_str(run.progress_line(row))  # reward, pass rate, length, s/step
-            if state.end_of_step(step):  # evals and saves when due; True after Ctrl-C (then saved)
+            if state.end_of_step(step):  # evals, saves when due; True after Ctrl-C or --idle-stop
                 break
         before, after = state.initial_eval, state.final_eval()
 
@@ -279,9 +280,9 @@ def train(config):
     before_label = "before RL" + (" (after warm start)" if config.model == "tiny" else "")
     for label, result in [(before_label, before), (f"after RL (step {state.step})", after)]:
         print(f"{label:<32}{result['pass@1']:>8.3f}{result['reward']:>8.3f}")
-    print(f"metrics: {state.metrics_path}")
-    if state.stopped:  # Ctrl-C, SIGTERM or SIGHUP, once the checkpoint is safe:
-        sys.exit(128 + state.stopped)  # the shell's code for that signal (130, 143, 129)
+    print(f"{state.trained_line()}\nmetrics: {state.metrics_path}")
+    if state.exit_code:  # a signal (once the checkpoint is safe: 130, 143, 129) or --idle-stop (3)
+        sys.exit(state.exit_code)
     return {"before": before, "after": after, "metrics_path": state.metrics_path}
 
 

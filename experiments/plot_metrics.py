@@ -19,8 +19,9 @@ its metrics.jsonl, and a run still going can be drawn: its half-written last lin
 
 Run:  python -m experiments.plot_metrics runs/default [other-run-folder or metrics.jsonl ...] [--output PNG]
       [--panels reward,pass,length] [--smooth 5]
-Prints a first/last/min/max summary of every series; writes the PNG when matplotlib is installed
-(default: metrics.png next to the first file).
+Prints a first/last/min/max summary of every series; writes the PNG when matplotlib is installed, and prints where:
+--output, else for one run metrics.png beside its metrics.jsonl, for several metrics.png in the current folder (no
+run's folder gets another run's plot).
 """
 
 import argparse
@@ -186,11 +187,20 @@ def plot(panels, path, smooth=1, multiple_runs=False):
     return True
 
 
+def default_output(paths):
+    """Where the PNG goes without --output: beside the one run's metrics.jsonl, or for several runs the current
+    folder's metrics.png."""
+    if len(paths) > 1:
+        return os.path.abspath("metrics.png")
+    return os.path.join(os.path.dirname(os.path.abspath(metrics_file(paths[0]))), "metrics.png")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Plot train.py metrics.jsonl files (reward, pass rate, clip, KL, ...).")
     parser.add_argument("metrics", nargs="+", help="one or more run folders or metrics.jsonl files, finished or "
                         "still running (several = overlay)")
-    parser.add_argument("--output", default=None, help="PNG path (default: metrics.png in the first run's folder)")
+    parser.add_argument("--output", default=None, help="PNG path (default: one run: metrics.png in its folder; "
+                        "several: metrics.png in the current folder)")
     parser.add_argument("--extra", default="", help="comma list of further keys to plot, e.g. zero_var_share,grad_norm")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window for training rows")
     parser.add_argument("--panels", default="", help="comma list of the panels to draw, by the start of their "
@@ -211,8 +221,7 @@ def main(argv=None):
                          + ", ".join(title for title, _ in panels))
         panels = [(title, found) for title, found in panels if any(title.lower().startswith(n) for n in wanted)]
     print_summary(panels)
-    output = args.output or os.path.join(os.path.dirname(os.path.abspath(metrics_file(args.metrics[0]))),
-                                         "metrics.png")
+    output = args.output or default_output(args.metrics)
     if plot(panels, output, args.smooth, multiple_runs=len(args.metrics) > 1):
         print(f"wrote {output}")
     return panels

@@ -12,6 +12,7 @@ is dataclasses.replace). This file imports no torch, so `--help` and a bad flag 
 import argparse
 import dataclasses
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -149,6 +150,10 @@ class Config:
     inspect_every: int | None = setting(None, "write an HTML page of every Nth step into <output-dir>/inspect/ "
                                         "(experiments/inspect_step.py; docs/runs.md); none = off", saved=False,
                                         resumable=True)
+    idle_warn: int = setting(3, "after this many steps in a row that learned nothing (every group's rewards tied: no "
+                             "optimizer step), one line names the likely causes (harness/run.py)", resumable=True)
+    idle_stop: int = setting(20, "stop after this many steps in a row that learned nothing, with a checkpoint and "
+                             "exit code 3 (0 = go on regardless)", resumable=True)
     # --- the tiny model and its supervised warm start (tiny.py) --------------------------------------------------
     tiny_hidden: int = setting(192, "tiny model: hidden size")
     tiny_layers: int = setting(4, "tiny model: layers")
@@ -226,6 +231,8 @@ class Config:
                 (self.inspect_every is None or self.inspect_every >= 1, "--inspect-every must be >= 1"),
                 (self.eval_size >= 1, "--eval-size must be >= 1"),
                 (self.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0"),
+                (self.idle_warn >= 1, "--idle-warn must be >= 1"),
+                (self.idle_stop >= 0, "--idle-stop must be >= 0 (0 = never stop)"),
                 (0 <= self.seed < 2**32, "--seed must lie in [0, 2**32)"),
                 (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
                 (self.tiny_hidden > 0 and self.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4"),
@@ -260,7 +267,8 @@ class Config:
 
 # Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
-                  "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast")
+                  "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast", "idle_warn",
+                  "idle_stop")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
@@ -289,6 +297,40 @@ def flag_name(name):
 def resumable():
     """The settings a resumed run may change (hardware, length, logging); any other must match the saved run."""
     return {f.name for f in dataclasses.fields(Config) if f.metadata.get("resumable")}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The optional libraries a run's settings need: checked before any model loads
+# --------------------------------------------------------------------------------------------------------------
+PIP_NAMES = {"torchao": "torchao", "peft": "peft", "tensorboard": "tensorboard", "wandb": "wandb",
+             "math_verify": "math-verify", "gguf": "gguf", "accelerate": "accelerate"}  # module -> pip package
+
+
+def require_library(module, needed_by):
+    """InputError "<needed_by> needs <module>: pip install <package>" when `module` is not installed (find_spec:
+    nothing is imported)."""
+    if importlib.util.find_spec(module) is None:
+        raise InputError(f"{needed_by} needs {module}: pip install {PIP_NAMES[module]}")
+
+
+def check_libraries(config):
+    """Every optional library config's settings need, checked before any model loads (config.load for the command
+    line, run.settle for a Config from Python): an InputError naming the pip command of the first one missing.
+    A .gguf model or --model smollm2 is checked by model.model_source, which load and the tokenizer call."""
+    reporters = (config.report_to or "").split(",")
+    rules = (config.task_options.get("rules", tasks.RULES[config.task][0]) if config.task in tasks.RULES else None)
+    gguf_reference = config.resume and config.kl_coef > 0 and not config.lora_rank and (
+        config.initial_policy == "smollm2" or str(config.initial_policy).endswith(".gguf"))
+    for needed, module, needed_by in [
+            (config.optimizer == "adamw8bit", "torchao", "--optimizer adamw8bit"),
+            (config.lora_rank > 0, "peft", "--lora-rank"),
+            ("tensorboard" in reporters, "tensorboard", "--report-to tensorboard"),
+            ("wandb" in reporters, "wandb", "--report-to wandb"),
+            (rules == "math_verify", "math_verify", f"--task {config.task} (its reward rules 'math_verify')"),
+            (gguf_reference, "gguf", f"--kl-coef's reference policy {config.initial_policy}"),
+            (gguf_reference, "accelerate", f"--kl-coef's reference policy {config.initial_policy}")]:
+        if needed:
+            require_library(module, needed_by)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -376,7 +418,11 @@ def load(argv=None, prog="train.py"):
         if config.task.endswith(".py"):  # a task file: by its absolute path, in run.json too
             config = dataclasses.replace(config, task=tasks.custom.source_file(config.task))
         if config.resume:
-            return resumed(config)
+            config = resumed(config)
+        if not config.dry_run:  # before torch: a missing library answers at once
+            check_libraries(config)
+        if config.resume:
+            return config
         if config.model != "tiny" and not config.dry_run:
             from harness.model import model_source  # torch-free: a missing path or unreachable hub id fails here
             model_source(config.model)

@@ -1,9 +1,10 @@
 """--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
 
 metrics.jsonl stays the source of truth; each row written to it goes here too: a step's keys as `train/<key>`, an
-eval row's as `eval/<key>`, at the row's step, and at each eval a table of the first greedy completions with
-their rewards (`eval/samples`). Each logger is imported only when asked for, with a one-line error naming its pip
-command when missing:
+eval row's as `eval/<key>`, at the row's step, and at each eval a table of the first held-out prompts with their
+greedy completions and rewards (`eval/samples`). Each logger is imported only when asked for, with a one-line error
+naming its pip command when missing (checked before the run starts: config.check_libraries), and a W&B login or
+network failure is one line naming `wandb login` and WANDB_MODE=offline:
   tensorboard   torch's SummaryWriter into <output-dir>/tensorboard (`tensorboard --logdir <output-dir>`); a
                 resumed run writes a new event file there, whose purge_step hides the replaced timeline's steps
   wandb         a W&B run in <output-dir>/wandb, whose id (run.json's wandb_run_id) a resumed run continues;
@@ -11,7 +12,8 @@ command when missing:
 """
 import os
 
-from harness.config import InputError
+from harness.config import InputError, require_library
+
 SAMPLES_LOGGED = 8  # greedy completions in each eval's table
 
 
@@ -25,22 +27,39 @@ def open_reporters(config, first_step):
     writers = []
     for name in requested(config):
         if name == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise InputError("--report-to tensorboard needs: pip install tensorboard") from None
+            require_library("tensorboard", "--report-to tensorboard")
+            from torch.utils.tensorboard import SummaryWriter
             writers.append(TensorBoard(SummaryWriter(os.path.join(config.output_dir, "tensorboard"),
                                                      purge_step=first_step or None)))
         elif name == "wandb":
+            require_library("wandb", "--report-to wandb")
+            import wandb
             try:
-                import wandb
-            except ImportError:
-                raise InputError("--report-to wandb needs: pip install wandb") from None
-            run = wandb.init(project=os.environ.get("WANDB_PROJECT", "softmax-grpo-lopti"),
-                             name=os.path.basename(os.path.abspath(config.output_dir)), id=config.wandb_run_id,
-                             resume="allow", dir=config.output_dir, config=config.saved())
+                run = wandb.init(project=os.environ.get("WANDB_PROJECT", "softmax-grpo-lopti"),
+                                 name=os.path.basename(os.path.abspath(config.output_dir)), id=config.wandb_run_id,
+                                 resume="allow", dir=config.output_dir, config=config.saved())
+            except wandb.errors.Error as error:  # not logged in, no network: W&B's own errors, not a bug here
+                for writer in writers:
+                    writer.close()
+                raise InputError(wandb_failed(error, config.output_dir)) from None
             writers.append(WandB(wandb, run))
     return Reporters(writers)
+
+
+def wandb_failed(error, output_dir):
+    """One line for a wandb.init that failed (no API key, no network)."""
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (f"--report-to wandb: W&B could not start a run ({cause}); log in with `wandb login`, or set "
+            f"WANDB_MODE=offline to write the run into {os.path.join(output_dir, 'wandb')} (`wandb sync` uploads it "
+            "later)")
+
+
+def prompt_text(prompt):
+    """A task's prompt as one text for the samples tables: a compact prompt as it is, a chat prompt's last user
+    message."""
+    if isinstance(prompt, str):
+        return prompt
+    return next((message["content"] for message in reversed(prompt) if message.get("role") == "user"), "")
 
 
 class Reporters:
@@ -56,9 +75,12 @@ class Reporters:
         for writer in self.writers:
             writer.scalars(scalars, row["step"])
 
-    def samples(self, step, samples):
+    def samples(self, step, samples, prompts=None):
+        """samples: (completion, reward) of the held-out prompts in order; prompts: their texts (none: blank)."""
+        rows = [(prompt, completion, reward) for (completion, reward), prompt
+                in zip(samples[:SAMPLES_LOGGED], [*(prompts or []), *[""] * SAMPLES_LOGGED])]
         for writer in self.writers:
-            writer.samples(samples[:SAMPLES_LOGGED], step)
+            writer.samples(rows, step)
 
     def close(self):
         for writer in self.writers:
@@ -76,8 +98,9 @@ class TensorBoard:
 
     def samples(self, samples, step):
         escaped = lambda text: repr(text[:300]).replace("|", "\\|")  # noqa: E731  (a | would end the cell)
-        table = "| reward | completion |\n|---|---|\n" + "".join(
-            f"| {reward:.3f} | {escaped(completion)} |\n" for completion, reward in samples)
+        table = "| reward | prompt | completion |\n|---|---|---|\n" + "".join(
+            f"| {reward:.3f} | {escaped(prompt)} | {escaped(completion)} |\n"
+            for prompt, completion, reward in samples)
         self.writer.add_text("eval/samples", table, step)
 
     def close(self):
@@ -92,7 +115,7 @@ class WandB:
         self.run.log(scalars, step=step)
 
     def samples(self, samples, step):
-        table = self.wandb.Table(columns=["completion", "reward"], data=[[c, r] for c, r in samples])
+        table = self.wandb.Table(columns=["prompt", "completion", "reward"], data=[list(row) for row in samples])
         self.run.log({"eval/samples": table}, step=step)
 
     def close(self):

@@ -19,7 +19,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import random
@@ -38,10 +37,10 @@ import tasks
 from harness import memory, report, tiny
 from harness.checkpoint import (RunError, checkpoint_steps, existing_copy, holds_a_run, later_checkpoints,
                                 load_trainer_state, locked, point_latest, recover, remove_run, restore_rng, rng_state,
-                                save_checkpoint)
+                                save_checkpoint, write_failed)
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
-from harness.config import Config, InputError
+from harness.config import Config, InputError, check_libraries, require_library
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
@@ -103,6 +102,8 @@ def settle(config):
     the task's reward rules and where the initial (reference) weights live; the step count of --epochs. With
     --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name."""
     config = hardware(config)
+    if not config.dry_run:
+        check_libraries(config)  # a Config from Python; the command line's config.load checked it before torch
     with input_errors():
         with policy_load_errors(config):
             source = existing_copy(config.resume) if config.resume else config.model  # start() recovers it
@@ -277,8 +278,7 @@ def optimizer_class(config):
     """adamw_class's optimizer for fp32 weights."""
     if config.optimizer == "adamw":
         return torch.optim.AdamW
-    if importlib.util.find_spec("torchao") is None:
-        raise InputError("--optimizer adamw8bit needs torchao: pip install torchao")
+    require_library("torchao", "--optimizer adamw8bit")
     from torchao.optim import AdamW8bit
 
     class AdamW8bitFloatLR(AdamW8bit):  # torchao wants lr as a tensor; the loop's warm-up sets a float
@@ -329,11 +329,33 @@ def memory_options(config, model):
     return model
 
 
+# The bar: tqdm's own, without its seconds per step (progress_line has the step's own, the rollout and update)
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+IDLE_EXIT = 3  # train.py's exit code after --idle-stop steps in a row that learned nothing (a checkpoint saved)
+
+
 def progress_line(row):
     """The progress bar's live numbers from a step's metrics row: mean reward, pass rate, mean completion length
-    (tokens), seconds per step."""
+    (tokens), seconds per step; and, for a step that took no optimizer step, that it learned nothing."""
     return (f"reward {row['reward_mean']:.3f}, pass {row['pass_rate']:.2f}, length {row['response_length']:.0f}, "
-            f"{row['rollout_s'] + row['update_s']:.2f} s/step")
+            f"{row['rollout_s'] + row['update_s']:.2f} s/step"
+            + ("" if row["optimizer_steps"] else ", nothing learned (rewards tied)"))
+
+
+def idle_note(config, row, streak):
+    """The one line printed after config.idle_warn steps in a row that learned nothing: what ties every group's
+    rewards, and the flags that help."""
+    if row["pass_rate"] >= 1:
+        reason = "every completion passed (nothing left to learn: a harder --task-option)"
+    else:
+        reason = "in every group all completions scored the same" + (" (none passed)" if row["pass_rate"] == 0 else "")
+    warm_start = " (the warm start reached pass@1 0? --warm-start-steps; or a task the tiny model cannot learn: " \
+        "docs/tasks.md)" if config.model == "tiny" else ""
+    stop = f"the run stops after {config.idle_stop} such steps (--idle-stop 0: go on)" if config.idle_stop else \
+        "--idle-stop 0: the run goes on"
+    return (f"note: {streak} steps in a row learned nothing: {reason}. Likely causes: a policy that never passes"
+            f"{warm_start}; the sampling temperature (--temperature {config.temperature:g}; 0.3-0.7 for a chat "
+            "model's short answers); a task reward that scores every completion alike. " + stop[0].upper() + stop[1:])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -357,16 +379,29 @@ class RunState:
     phase_seconds: dict = dataclasses.field(default_factory=lambda: defaultdict(float))
     step_started: float = 0.0
     reporters: object = None          # --report-to's loggers (harness/report.py), open from begin() on
+    eval_prompts: list = None         # the held-out prompts' texts, for the loggers' samples tables
+    trained_steps: int = 0            # steps that took at least one optimizer step (over the whole run)
+    idle_streak: int = 0              # the latest steps in a row that took none
+    idle_stopped: bool = False        # stopped after --idle-stop such steps
+
+    @property
+    def exit_code(self):
+        """train.py's exit code after the table: 128 + the signal's number after one, IDLE_EXIT after --idle-stop
+        steps that learned nothing, else 0."""
+        return 128 + self.stopped if self.stopped else IDLE_EXIT if self.idle_stopped else 0
 
     @property
     def metrics_path(self):
         return os.path.join(self.config.output_dir, "metrics.jsonl")
 
-    def begin(self, model, tokenizer, optimizer, evaluate):
-        """Fresh: metrics.jsonl begun with the held-out eval at step 0. Resumed: the optimizer, RNG states and step
-        from the checkpoint; only then, and only when there is a step to train, are the metrics rows written after
-        it dropped and `latest` pointed at it (a refused or empty resume changes nothing in the folder)."""
+    def begin(self, model, tokenizer, optimizer, evaluate, eval_prompts=None):
+        """Fresh: the loggers opened (a W&B login or network failure is one line here, before any file), then
+        metrics.jsonl begun with the held-out eval at step 0. Resumed: the optimizer, RNG states and step from the
+        checkpoint; only then, and only when there is a step to train, are the metrics rows written after it dropped
+        and `latest` pointed at it (a refused or empty resume changes nothing in the folder). eval_prompts: the
+        held-out prompts (task.prompt's), for the loggers' samples tables."""
         self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
+        self.eval_prompts = [report.prompt_text(prompt) for prompt in eval_prompts or []]
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
         if self.config.resume:
@@ -398,12 +433,13 @@ class RunState:
                     point_latest(self.config.output_dir, self.step)
                     say(f"note: resuming from checkpoint-{self.step}: the later {', '.join(later)} of this run "
                         "will be replaced from this run's first checkpoint on")
+            self.count_trained(row for row in metrics_rows(self.metrics_path, print)
+                               if not row.get("eval") and row["step"] <= self.step)
             print(f"resumed from step {self.step} ({self.config.resume})"
                   + ("" if self.step < self.config.steps else f"; --steps {self.config.steps} is reached: nothing "
                      "to train (raise --steps to go on)"), flush=True)
-        else:
-            self.reporters = report.open_reporters(self.config, 0)  # before metrics.jsonl claims the folder
-            rewrite_metrics(self.metrics_path, [])
+        else:  # the loggers first; metrics.jsonl is then created by the step-0 eval's row below
+            self.reporters = report.open_reporters(self.config, 0)
             self.initial_eval = self.eval_now(0)
         self.step_started = time.time()
 
@@ -423,7 +459,21 @@ class RunState:
         append_metrics(self.metrics_path, row)
         self.reporters.row(row)
         self.phase_seconds.clear()
+        self.count_trained([row])
+        if self.idle_streak == self.config.idle_warn:
+            say(idle_note(self.config, row, self.idle_streak))
         return row
+
+    def count_trained(self, rows):
+        """trained_steps and idle_streak after these train rows (a resumed run: its rows up to the checkpoint)."""
+        for row in rows:
+            trained = row.get("optimizer_steps", 1) > 0  # a row without the count: taken as trained
+            self.trained_steps += trained
+            self.idle_streak = 0 if trained else self.idle_streak + 1
+
+    def trained_line(self):
+        """The end-of-run table's line: how many steps trained."""
+        return f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}"
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
@@ -431,7 +481,7 @@ class RunState:
         self.last_eval = (step, self.evaluate(samples))
         append_metrics(self.metrics_path, {"step": step, "eval": True, **self.last_eval[1]})
         self.reporters.row({"step": step, "eval": True, **self.last_eval[1]})
-        self.reporters.samples(step, samples)
+        self.reporters.samples(step, samples, self.eval_prompts)
         result = self.last_eval[1]
         say(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}")
         for completion, reward in samples[:shown]:
@@ -440,16 +490,21 @@ class RunState:
 
     def end_of_step(self, step):
         """The held-out eval and the checkpoint when due (every eval_every / save_every steps, the last step, and
-        a checkpoint after Ctrl-C). -> True when the loop should stop (Ctrl-C)."""
+        a checkpoint after Ctrl-C or after --idle-stop steps in a row that learned nothing). -> True when the loop
+        should stop (then exit_code says why)."""
         self.step = step
-        if step % self.config.eval_every == 0 or step == self.config.steps:
+        self.idle_stopped = 0 < self.config.idle_stop <= self.idle_streak and step < self.config.steps
+        if step % self.config.eval_every == 0 or step == self.config.steps or self.idle_stopped:
             self.eval_now(step)
-        if step % self.config.save_every == 0 or step == self.config.steps or self.stopped:
+        if step % self.config.save_every == 0 or step == self.config.steps or self.stopped or self.idle_stopped:
             self.save(step)
         if self.stopped:
             say(f"stopped at step {step}; continue with --resume {self.config.output_dir}")
+        elif self.idle_stopped:
+            say(f"stopped at step {step}: {self.idle_streak} steps in a row learned nothing (the note above says "
+                f"why); checkpoint-{step} is saved: --resume {self.config.output_dir} --idle-stop 0 goes on anyway")
         self.step_started = time.time()
-        return self.stopped
+        return self.stopped or self.idle_stopped
 
     def save(self, step):
         trainer_state = {"step": step, "initial_eval": self.initial_eval,
@@ -462,6 +517,24 @@ class RunState:
         """The eval of the final weights: the one at the last step if there was one, else a new one."""
         return self.last_eval[1] if self.last_eval[0] == self.step and self.last_eval[1] is not None \
             else self.evaluate([])
+
+
+UNSAVED_METRICS = "unsaved-metrics.jsonl"  # where set_aside_unsaved_metrics keeps such a run's rows
+
+
+def set_aside_unsaved_metrics(output_dir):
+    """A fresh start in a folder whose only run file is metrics.jsonl (a run that stopped before its first
+    checkpoint: an error, a kill; an empty one from before the W&B check moved ahead of it): nothing there can be
+    resumed, so nothing claims the folder. The file is renamed to UNSAVED_METRICS, with a note, and the run starts."""
+    if holds_a_run(output_dir) != ["metrics.jsonl"]:
+        return
+    path = os.path.join(output_dir, "metrics.jsonl")
+    try:
+        os.replace(path, os.path.join(output_dir, UNSAVED_METRICS))
+    except OSError as error:
+        raise RunError(write_failed(path, error)) from None
+    say(f"note: {path} was from a run that stopped before its first checkpoint (nothing to resume); kept as "
+        f"{UNSAVED_METRICS}, starting afresh")
 
 
 @contextlib.contextmanager
@@ -477,6 +550,8 @@ def start(config):
         raise RunError(f"cannot create --output-dir {config.output_dir}: {error.strerror or error}") from None
     with locked(config.output_dir):
         recover(config.output_dir)
+        if not config.resume:
+            set_aside_unsaved_metrics(config.output_dir)
         if not config.resume and holds_a_run(config.output_dir):
             if not config.overwrite:
                 raise RunError(f"{config.output_dir} holds a run ({', '.join(holds_a_run(config.output_dir)[:3])}); "
@@ -509,8 +584,8 @@ def start(config):
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)
             print(f"\nthe run stopped in step {state.step + 1} on the error below; its files are intact"
-                  + (f": --resume {config.output_dir} continues from checkpoint-{saved[-1]}" if saved else ""),
-                  file=sys.stderr, flush=True)
+                  + (f": --resume {config.output_dir} continues from checkpoint-{saved[-1]}" if saved else
+                     ", with no checkpoint: the same command starts afresh"), file=sys.stderr, flush=True)
             raise
         finally:
             for signum, handler in previous.items():

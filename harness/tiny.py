@@ -28,6 +28,10 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 # cannot teach it the arithmetic; docs/results.md).
 CPU_DEFAULTS = dict(lr=3e-4, max_new_tokens=12, threads=1)
 COUNTDOWN_OPTIONS = {"num_count": 2}
+# The warm start's own held-out draw, on which its stopping rule reads pass@1: a fixed size, not --eval-size (the
+# run's evals), so a run's eval size leaves its warm start, and its cache key, alone. 200 = --eval-size's default:
+# the default run's warm start is the one it always was.
+WARM_START_EVAL_SIZE = 200
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -101,7 +105,7 @@ def warm_start_settings(config):
     """Everything the warm start depends on: the key of its cache folder (warm_start_dir)."""
     settings = {key: getattr(config, key) for key in ("task", "task_options", "data", "seed", "tiny_hidden",
                                                       "tiny_layers", "warm_start_steps", "warm_start_target",
-                                                      "max_new_tokens", "eval_size")}
+                                                      "max_new_tokens")}
     return {**settings, "task_file_sha256": config.task_file_sha256} if config.task_file_sha256 else settings
 
 
@@ -197,10 +201,14 @@ def prepare(config, model, tokenizer, task, *, log=print):
         log(f"note: task {task.name} has no solution(example, style): no warm start, the tiny model starts from "
             "random weights and will learn little (give the task a solution to warm-start it)")
     if config.warm_start_steps > 0 and hasattr(task, "solution"):
-        model, _ = warm_start(model, tokenizer, task, cache_dir=folder, max_steps=config.warm_start_steps,
-                              target_pass=config.warm_start_target, max_new_tokens=config.max_new_tokens,
-                              eval_examples=task.examples("test", config.eval_size, seed=config.seed + 1),
-                              seed=config.seed, log=log)
+        model, info = warm_start(model, tokenizer, task, cache_dir=folder, max_steps=config.warm_start_steps,
+                                 target_pass=config.warm_start_target, max_new_tokens=config.max_new_tokens,
+                                 eval_examples=task.examples("test", WARM_START_EVAL_SIZE, seed=config.seed + 1),
+                                 seed=config.seed, log=log)
+        if info["pass@1"] == 0:
+            log(f"note: the warm start ended at held-out pass@1 0.000 after {info['steps']} steps: RL will sample "
+                "from a policy that never passes, so its groups may all tie and nothing be learned (more "
+                "--warm-start-steps may help; the tiny model cannot learn every task: docs/tasks.md)")
     else:
         save_policy_atomically(model, tokenizer, folder, cache=True)
     return model

@@ -438,9 +438,9 @@ def test_where_the_weights_alone_exceed_the_budget_the_plan_says_so():
 
 # --- 8-bit AdamW (torchao, optional) ---------------------------------------------------------------------------------
 def test_adamw8bit_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypatch):
-    from harness import run as run_module
-    real = run_module.importlib.util.find_spec
-    monkeypatch.setattr(run_module.importlib.util, "find_spec",
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *args: None if name == "torchao" else real(name, *args))
     with pytest.raises(SystemExit) as exit_info:
         train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",

@@ -64,11 +64,14 @@ def test_wandb_offline_writes_its_run_and_a_resume_continues_it(tmp_path, monkey
 
 
 def test_a_missing_logger_or_unknown_one_is_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    import importlib.util
+    real = importlib.util.find_spec  # as if tensorboard were not installed: found missing before the model loads
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    monkeypatch.setattr(train.run, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit) as exit_info:
         run(tmp_path / "run", "--report-to", "tensorboard")
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "--report-to tensorboard needs: pip install tensorboard" in err
+    assert exit_info.value.code == 2 and "--report-to tensorboard needs tensorboard: pip install tensorboard" in err
     assert "Traceback" not in err
     with pytest.raises(SystemExit):
         run(tmp_path / "run2", "--report-to", "mlflow")

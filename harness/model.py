@@ -107,11 +107,46 @@ def no_remote_code(folder, model_arg):
         try:
             with open(path, encoding="utf-8") as f:
                 settings = json.load(f)
-        except (OSError, ValueError):
-            continue
+        except (OSError, ValueError, RecursionError) as error:  # RecursionError: deeply nested JSON
+            raise ValueError(f"{model_arg}: {name} is not readable JSON ({type(error).__name__})") from None
         if isinstance(settings, dict) and settings.get("auto_map"):
             raise ValueError(f"{model_arg}: {name} names its own Python code (auto_map); this project never runs "
                              "code from a model folder (trust_remote_code is off)")
+        if name == "config.json":
+            check_config_sizes(settings, folder, model_arg)
+
+
+# What a model config may ask for before anything is allocated: far above every released model (Llama-3.1-405B has
+# 126 layers, hidden 16 384, intermediate 53 248, vocab 128 256), far below what would hang or exhaust a machine.
+CONFIG_SIZE_LIMITS = {"num_hidden_layers": 1024, "hidden_size": 65536, "intermediate_size": 262144,
+                      "vocab_size": 4 * MIB, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+                      "head_dim": 4096, "max_position_embeddings": 16 * MIB}
+WEIGHT_FILES = (".safetensors", ".bin")
+
+
+def check_config_sizes(settings, folder, model_arg):
+    """A ValueError naming the field when a folder's config.json asks for a size outside CONFIG_SIZE_LIMITS (or not
+    a positive integer), or for far more weights than the folder's weight files hold (`num_hidden_layers: 100000`
+    beside a 10 MB checkpoint would build for minutes before failing)."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"{model_arg}: config.json is not a JSON object")
+    for key, limit in CONFIG_SIZE_LIMITS.items():
+        value = settings.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise ValueError(f"{model_arg}: config.json's {key} is {value!r}; a model config here needs an integer "
+                             f"from 1 to {limit}")
+    hidden, layers = settings.get("hidden_size"), settings.get("num_hidden_layers")
+    weights = sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
+                  if name.endswith(WEIGHT_FILES) and os.path.isfile(os.path.join(folder, name)))
+    if hidden and layers and weights:
+        intermediate = settings.get("intermediate_size") or 4 * hidden
+        asked = layers * (4 * hidden * hidden + 3 * hidden * intermediate)  # parameters the layers alone need
+        if asked > 4 * weights:  # even at 4 bits a weight the files would need asked / 2 bytes
+            raise ValueError(f"{model_arg}: config.json asks for ~{asked / 1e9:.3g}B parameters in its layers, "
+                             f"but the folder's weight files hold {weights / 1e6:.3g} MB; this config is not the one "
+                             "these weights were saved with")
 
 
 def weights_dtype(dtype):

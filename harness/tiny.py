@@ -135,7 +135,11 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
         info = read_small_json(info_path)
         log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps, on the warm "
             "start's own held-out draw; the run's evals use another)")
-        from harness.model import weights_dtype
+        from harness.model import model_source, weights_dtype
+        try:
+            model_source(cache_dir)  # the folder's small files bounded, no code of its own, sizes it may ask for
+        except ValueError as error:
+            raise RunError(f"{error}; delete that warm-start folder") from None
         cached = AutoModelForCausalLM.from_pretrained(cache_dir, **weights_dtype(model.dtype),
                                                       trust_remote_code=False).to(model.device)
         return cached, info

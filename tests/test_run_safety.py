@@ -595,3 +595,31 @@ def test_a_warm_start_cache_that_is_not_what_we_wrote_is_one_line(tmp_path, caps
         open(info, "w").write("{not json")
     err = fails(capsys, [*flags, "--output-dir", str(tmp_path / "b")])
     assert "warm_start.json" in err and "delete that warm-start folder" in err
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "warm start cache"])
+@pytest.mark.parametrize("damage, message", [({"num_hidden_layers": 100_000}, "num_hidden_layers is 100000"),
+                                             ({"num_hidden_layers": 300}, "asks for ~"),
+                                             ({"hidden_size": -8}, "hidden_size is -8"),
+                                             ({"vocab_size": "big"}, "vocab_size is 'big'"),
+                                             ("nested", "config.json is not readable JSON")])
+def test_a_config_that_asks_for_too_much_is_refused_before_anything_is_built(finished_run, tmp_path, capsys, where,
+                                                                              damage, message):
+    # num_hidden_layers: 100000 in a checkpoint's or a warm-start cache's config.json gave no answer in 90 s
+    if where == "checkpoint":
+        folder, argv = os.path.join(finished_run, "checkpoint-4"), ["--resume", finished_run, "--steps", "5"]
+    else:
+        cache = tmp_path / "cache"
+        flags = ["--task", "digits", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(cache), "--steps", "1"]
+        train.main([*flags, "--output-dir", str(tmp_path / "a")])
+        [folder] = glob.glob(str(cache / "warm_start-*"))
+        argv = [*flags, "--output-dir", str(tmp_path / "b")]
+    path = os.path.join(folder, "config.json")
+    settings = json.load(open(path))
+    if damage == "nested":
+        open(path, "w").write("[" * 100_000 + "]" * 100_000)
+    else:
+        json.dump({**settings, **damage}, open(path, "w"))
+    started = time.time()
+    err = fails(capsys, argv, code=1)
+    assert message in err and time.time() - started < 30, err

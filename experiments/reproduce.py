@@ -14,10 +14,11 @@ run folder and no cached warm start is reused. Kinds of cell:
   compare   one run of an experiments.compare preset (`--configs C --seeds S`): greedy pass@1 before/after and the
             sampled pass@k of the final policy
   identity  a formula evaluated by the lesson's own functions (no training): exact
-What the equality rests on: the same code (the commit), torch build, thread count and CPU vector ISA. torch's CPU
-kernels and MKL choose their code path by the CPU (AVX-512 or AVX2), and the two paths sum in other orders, so a
-machine of another ISA gives other numbers from the same seed (docs/results.md, "Determinism"); every row records
-the machine it ran on. Tolerance: 0 for every metric here (deterministic cells).
+What the equality rests on: the same code (the commit), torch build, thread count and machine. torch's CPU
+kernels and MKL choose their code path by the CPU (AVX-512 or AVX2), and the paths sum in other orders, so another
+CPU gives other numbers from the same seed; holding torch, MKL and oneDNN to AVX2 (the -avx2 cells) does not make
+two machines agree either (docs/results.md, "Determinism"). Every row records the machine it ran on, and a rerun on
+another machine says so before it compares. Tolerance: 0 for every metric here (deterministic cells).
 """
 import argparse
 import csv
@@ -34,7 +35,7 @@ RESULTS = os.path.join(REPO, "docs", "results")
 FIELDS = ("cell", "metric", "value", "commit", "date", "load", "machine", "command")
 SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--prompts-per-step", "4",
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
-AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path on any x86 CPU
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
 
 # name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
@@ -42,6 +43,7 @@ ONE = {"OMP_NUM_THREADS": "1"}
 CELLS = {
     "default": ("train", [], "default.csv", 3, {}),
     "default-avx2": ("train", [], "default.csv", 3, AVX2),
+    "default-avx2-onednn": ("train", [], "default.csv", 3, {**AVX2, "ONEDNN_MAX_CPU_ISA": "AVX2"}),
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
@@ -153,10 +155,9 @@ def main(argv=None):
     before = shipped(args.cell)
     if not before and not args.ship:
         parser.error(f"{args.cell}: nothing shipped yet to compare with (--ship writes it)")
-    made = next(iter(before.values()), None)
-    pinned = CELLS[args.cell][4].get("ATEN_CPU_CAPABILITY") == "avx2"
-    if made and not pinned and machine_isa() not in made["machine"]:
-        print(f"note: {args.cell} was shipped from a {made['machine']} machine and this one is {machine_isa()}: its "
+    made, here = next(iter(before.values()), None), provenance()["machine"]
+    if made and made["machine"] != here:
+        print(f"note: {args.cell} was shipped from another machine ({made['machine']}; this one: {here}): its "
               "numbers follow the CPU's code path (docs/results.md, 'Determinism'); expect them to differ")
     with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
         now = rerun(args.cell, folder)

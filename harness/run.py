@@ -300,7 +300,8 @@ OPTIMIZER_SETTINGS_SET_EACH_STEP = {"lr"}  # the loop's warm-up sets it before e
 def check_optimizer_settings(optimizer, saved, checkpoint_dir):
     """A RunError naming the setting when a checkpoint's optimizer param_groups say anything but what this run's
     settings built (weight decay, betas, eps, `maximize`, ...): load_state_dict would silently take the file's."""
-    groups = saved.get("param_groups")
+    inner = saved.get("inner")  # MasterWeights (--param-dtype bf16): the inner optimizer's state holds the groups
+    groups = (inner if isinstance(inner, dict) else saved).get("param_groups")
     if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups) or \
             not all(isinstance(group, dict) for group in groups):
         raise RunError(f"{checkpoint_dir}/trainer_state.pt: its optimizer state does not fit this model (other "

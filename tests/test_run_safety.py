@@ -415,6 +415,8 @@ def test_flags_are_checked_before_torch_loads(tmp_path, flags, message):
 
 
 def test_a_conflicting_resume_flag_is_exit_1_before_torch_loads(finished_run):
+    path = os.path.join(finished_run, "checkpoint-4", "run.json")  # a built-in task: "digits" is this process's own
+    json.dump({**json.load(open(path)), "task": "countdown"}, open(path, "w"))
     code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    print('torch' in sys.modules, e.code)")
     proc = subprocess.run([sys.executable, "-c", code, "--resume", finished_run, "--method", "grpo"], cwd=REPO,

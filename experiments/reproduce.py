@@ -165,8 +165,10 @@ def main(argv=None):
     for metric in sorted(set(before) | set(now)):
         old = before.get(metric, {}).get("value", "none")
         new = now.get(metric, "none")
-        equal = old != "none" and new != "none" and float(old) == float(new)
-        same &= equal
+        if old == "none":  # measured now, never shipped for this cell: shown, not compared
+            print(f"{args.cell} {metric} shipped none now {new} (not compared)")
+            continue
+        same &= new != "none" and float(old) == float(new)
         print(f"{args.cell} {metric} shipped {old} now {new}")
     if args.ship:
         ship(args.cell, now)

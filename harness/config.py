@@ -130,6 +130,9 @@ class Config:
     steps: int = setting(100, "RL steps (with --epochs: at most this many)", paper="350-2000", resumable=True)
     eval_every: int = setting(20, "greedy held-out eval every N steps", resumable=True)
     eval_size: int = setting(200, "held-out prompts of the eval")
+    reward_timeout: float = setting(60.0, "seconds one call of the task's reward may take before the run stops with "
+                                    "one line naming the task (0 = no limit; a pure-Python loop is interrupted, a "
+                                    "C call that never returns is not)", resumable=True)
     save_every: int = setting(50, "checkpoint every N steps", resumable=True)
     keep_checkpoints: int = setting(2, "newest checkpoints kept (0 = all)", resumable=True)
     seed: int = setting(0, "seed of the weights (tiny), prompts, sampling")
@@ -230,6 +233,7 @@ class Config:
                 (self.save_every >= 1, "--save-every must be >= 1"),
                 (self.inspect_every is None or self.inspect_every >= 1, "--inspect-every must be >= 1"),
                 (self.eval_size >= 1, "--eval-size must be >= 1"),
+                (self.reward_timeout >= 0, "--reward-timeout must be >= 0 (0 = no limit)"),
                 (self.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0"),
                 (self.idle_warn >= 1, "--idle-warn must be >= 1"),
                 (self.idle_stop >= 0, "--idle-stop must be >= 0 (0 = never stop)"),
@@ -268,7 +272,7 @@ class Config:
 # Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
                   "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast", "idle_warn",
-                  "idle_stop")
+                  "idle_stop", "reward_timeout")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 

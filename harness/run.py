@@ -24,6 +24,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -121,7 +122,8 @@ def settle(config):
             task = tasks.get_task(config.task, data=config.data, **config.task_options) if built else None
             prompts = None
         else:
-            task = tasks.get_task(config.task, data=config.data, **config.task_options)
+            task = TimedRewards(tasks.get_task(config.task, data=config.data, **config.task_options),
+                                config.reward_timeout)
             prompts, steps = training_prompts(task, tokenizer, config)
     changes = dict(steps=steps)
     if "wandb" in (config.report_to or "") and config.wandb_run_id is None:  # the W&B run a resume continues
@@ -135,6 +137,42 @@ def settle(config):
     if config.memory_budget and not config.dry_run:  # before any weight loads (build_policy)
         within_budget(config)
     return (config, tokenizer, None if config.dry_run else task, prompts)
+
+
+class RewardTimeout(BaseException):
+    """A task's reward() ran past --reward-timeout: start() turns it into one InputError line naming the task (exit
+    2). A BaseException, so that a task file's own `except Exception` (or tasks/custom.py's, which reports a bug in
+    the file) cannot take it for the reward's own error."""
+
+
+class TimedRewards:
+    """The task, with each reward() call under a time limit (SIGALRM, main thread only) and marked as running, so
+    that a stop signal during it ends the run at once (start()'s handler) instead of waiting for a reward that may
+    never return. Everything else is the task's own."""
+    running = False  # a reward call is under way (read by the stop-signal handler)
+
+    def __init__(self, task, seconds):
+        self.task, self.seconds = task, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def reward(self, completion, example, **kwargs):
+        timed = self.seconds > 0 and threading.current_thread() is threading.main_thread()
+        if timed:
+            def expired(signum, frame):
+                raise RewardTimeout(f"task {self.task.name}: reward() ran for more than {self.seconds:g} s on the "
+                                    f"completion {completion[:80]!r}; fix the task, or raise --reward-timeout")
+            previous = signal.signal(signal.SIGALRM, expired)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        TimedRewards.running = True
+        try:
+            return self.task.reward(completion, example, **kwargs)
+        finally:
+            TimedRewards.running = False
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
 
 
 def task_file(config):
@@ -569,6 +607,11 @@ def start(config):
                 os.kill(os.getpid(), signum)
             state.stopped = signum
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            if TimedRewards.running and state.model is not None:  # a reward may never return: stop now
+                saved = checkpoint_steps(config.output_dir)
+                say(f"\n{name}: stopped inside a reward call of step {state.step + 1}; nothing of that step was saved"
+                    + (f" (--resume {config.output_dir} continues from checkpoint-{saved[-1]})" if saved else ""))
+                raise Stopped(signum)
             if state.model is None:  # loading or warm-starting the policy: nothing to save yet, stop now
                 say(f"\n{name}: stopped before the first step; nothing was saved (the warm start is cached only "
                     "once it ends)")
@@ -580,6 +623,8 @@ def start(config):
             yield state
         except (RunError, InputError, KeyboardInterrupt):
             raise
+        except RewardTimeout as error:
+            raise InputError(str(error)) from None
         except tasks.TaskError as error:  # a task file's reward returned no number: one line, like before the loop
             raise InputError(str(error)) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked

@@ -2,9 +2,11 @@
 wrong, and what a bug in it costs (a traceback into the file, nothing lost, a resume once it is fixed)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -209,3 +211,38 @@ def test_resuming_a_run_whose_task_file_is_gone_is_one_line(tmp_path, capsys):
     assert f"add --task {path}" in one_line(capsys, ["--resume", str(tmp_path / "run"), "--steps", "3"], code=1)
     assert f"--task {path}: no such file" in one_line(capsys, ["--resume", str(tmp_path / "run"), "--steps", "3",
                                                                "--task", path])
+
+
+HANGING_TASK = DIGITS_TASK.replace("{BROKEN}", "1").replace(
+    "return sum(", "while self.calls > 14:  # step 2's first call\n            pass\n        return sum(")
+
+
+def test_a_reward_that_hangs_is_stopped_by_its_time_limit_in_one_line(tmp_path):
+    # probe 2 + step-0 eval 4 + step 1 8 = 14 calls, then step 2 hangs (a pure-Python loop): no answer before this
+    path = task_file(tmp_path, HANGING_TASK)
+    out = str(tmp_path / "run")
+    command = [sys.executable, "train.py", "--task", path, "--output-dir", out, *SMALL, "--steps", "4",
+               "--save-every", "1", "--reward-timeout", "2"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert last.startswith("train.py: error: task my_task: reward() ran for more than 2 s") and "--reward-timeout" in last
+
+
+def test_sigterm_inside_a_hanging_reward_ends_the_run_in_seconds(tmp_path):
+    # the first SIGTERM used to wait for the step to end, i.e. forever; now it ends the run, the last checkpoint kept
+    path = task_file(tmp_path, HANGING_TASK)
+    out = str(tmp_path / "run")
+    command = [sys.executable, "train.py", "--task", path, "--output-dir", out, *SMALL, "--steps", "4",
+               "--save-every", "1", "--reward-timeout", "0"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not os.path.isdir(os.path.join(out, "checkpoint-1")) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # inside step 2's hanging reward by now
+    proc.send_signal(signal.SIGTERM)
+    sent = time.time()
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and time.time() - sent < 10, stderr
+    assert "stopped inside a reward call of step 2" in stdout and f"--resume {out}" in stdout
+    assert checkpoint.checkpoint_steps(out) == [1]

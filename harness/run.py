@@ -145,11 +145,16 @@ class RewardTimeout(BaseException):
     the file) cannot take it for the reward's own error."""
 
 
+STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
+
+
 class TimedRewards:
-    """The task, with each reward() call under a time limit (SIGALRM, main thread only) and marked as running, so
-    that a stop signal during it ends the run at once (start()'s handler) instead of waiting for a reward that may
-    never return. Everything else is the task's own."""
-    running = False  # a reward call is under way (read by the stop-signal handler)
+    """The task, with each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout it
+    stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
+    STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
+    while one whose rewards return finishes its step and saves as always. Everything else is the task's own."""
+    running = False   # a reward call is under way
+    stop_signal = 0   # the stop signal received, if any (reset by start())
 
     def __init__(self, task, seconds):
         self.task, self.seconds = task, seconds
@@ -158,21 +163,34 @@ class TimedRewards:
         return getattr(self.task, name)
 
     def reward(self, completion, example, **kwargs):
-        timed = self.seconds > 0 and threading.current_thread() is threading.main_thread()
-        if timed:
-            def expired(signum, frame):
-                raise RewardTimeout(f"task {self.task.name}: reward() ran for more than {self.seconds:g} s on the "
-                                    f"completion {completion[:80]!r}; fix the task, or raise --reward-timeout")
-            previous = signal.signal(signal.SIGALRM, expired)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            return self.task.reward(completion, example, **kwargs)
+
+        def expired(signum, frame):
+            if TimedRewards.stop_signal:
+                say(f"a reward call of task {self.task.name} did not return within {STOP_GRACE:g} s of the stop "
+                    "signal: the run ends now, nothing of this step saved")
+                raise Stopped(TimedRewards.stop_signal)
+            raise RewardTimeout(f"task {self.task.name}: reward() ran for more than {self.seconds:g} s on the "
+                                f"completion {completion[:80]!r}; fix the task, or raise --reward-timeout")
+        limit = min(self.seconds or STOP_GRACE, STOP_GRACE) if TimedRewards.stop_signal else self.seconds
+        previous = signal.signal(signal.SIGALRM, expired)
+        if limit > 0:
+            signal.setitimer(signal.ITIMER_REAL, limit)
         TimedRewards.running = True
         try:
             return self.task.reward(completion, example, **kwargs)
         finally:
             TimedRewards.running = False
-            if timed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    @staticmethod
+    def stop(signum):
+        """A stop signal: the reward call under way, and each one after it, gets STOP_GRACE seconds."""
+        TimedRewards.stop_signal = signum
+        if TimedRewards.running:
+            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
 
 
 def task_file(config):
@@ -607,11 +625,7 @@ def start(config):
                 os.kill(os.getpid(), signum)
             state.stopped = signum
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            if TimedRewards.running and state.model is not None:  # a reward may never return: stop now
-                saved = checkpoint_steps(config.output_dir)
-                say(f"\n{name}: stopped inside a reward call of step {state.step + 1}; nothing of that step was saved"
-                    + (f" (--resume {config.output_dir} continues from checkpoint-{saved[-1]})" if saved else ""))
-                raise Stopped(signum)
+            TimedRewards.stop(signum)  # a reward that never returns still ends the run (STOP_GRACE)
             if state.model is None:  # loading or warm-starting the policy: nothing to save yet, stop now
                 say(f"\n{name}: stopped before the first step; nothing was saved (the warm start is cached only "
                     "once it ends)")
@@ -619,8 +633,14 @@ def start(config):
             say(f"\n{name}: saving a checkpoint after this step ({'press' if name == 'Ctrl-C' else 'send'} "
                 "again to abort)")
         previous = {signum: signal.signal(signum, on_stop_signal) for signum in STOP_SIGNALS}
+        TimedRewards.stop_signal = 0
         try:
             yield state
+        except Stopped:
+            saved = checkpoint_steps(config.output_dir)
+            if state.model is not None and saved:
+                say(f"--resume {config.output_dir} continues from checkpoint-{saved[-1]}")
+            raise
         except (RunError, InputError, KeyboardInterrupt):
             raise
         except RewardTimeout as error:
@@ -634,6 +654,7 @@ def start(config):
                      ", with no checkpoint: the same command starts afresh"), file=sys.stderr, flush=True)
             raise
         finally:
+            TimedRewards.stop_signal = 0
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             if state.reporters is not None:

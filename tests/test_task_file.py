@@ -243,6 +243,6 @@ def test_sigterm_inside_a_hanging_reward_ends_the_run_in_seconds(tmp_path):
     proc.send_signal(signal.SIGTERM)
     sent = time.time()
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and time.time() - sent < 10, stderr
-    assert "stopped inside a reward call of step 2" in stdout and f"--resume {out}" in stdout
+    assert proc.returncode == 143 and time.time() - sent < 15, stderr  # the reward's 5 s grace, then the exit
+    assert "did not return within 5 s of the stop signal" in stdout and f"--resume {out}" in stdout
     assert checkpoint.checkpoint_steps(out) == [1]

@@ -182,7 +182,7 @@ def memory_plan(shape, config, prompt_length):
     head_tokens = micro * T  # the tokens whose log-probs are scored
     logit_chunk = 3 * 4 * shape.vocab * min(config.logit_chunk, head_tokens)  # logits, their scaling, softmax
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
-    # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast_logprobs.float32_logits)
+    # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast/logprobs.py, float32_logits)
     head_copy = 4 * shape.vocab * H if stored == 2 else 0
     plan = {
         "weights": weights,

@@ -14,11 +14,13 @@ run folder and no cached warm start is reused. Kinds of cell:
   compare   one run of an experiments.compare preset (`--configs C --seeds S`): greedy pass@1 before/after and the
             sampled pass@k of the final policy
   identity  a formula evaluated by the lesson's own functions (no training): exact
-What the equality rests on: the same code (the commit), torch build, thread count and machine. torch's CPU
-kernels and MKL choose their code path by the CPU (AVX-512 or AVX2), and the paths sum in other orders, so another
-CPU gives other numbers from the same seed; holding torch, MKL and oneDNN to AVX2 (the -avx2 cells) does not make
-two machines agree either (docs/results.md, "Determinism"). Every row records the machine it ran on, and a rerun on
-another machine says so before it compares. Tolerance: 0 for every metric here (deterministic cells).
+What the equality rests on: the same code (the commit), torch build, thread count and CPU. torch's CPU kernels
+and MKL choose their code path by the CPU (its vendor and vector ISA), and the paths sum in other orders, so another
+CPU gives other numbers from the same seed; holding torch and MKL to AVX2 (the -avx2 cells) does not make an Intel
+and an AMD CPU agree either (docs/results.md, "Determinism"). So a cell is shipped per CPU: every row records the
+machine it ran on (CPU model, ISA, cores), a rerun compares with the rows of its own CPU model and ISA, and where
+none was shipped it says so and compares with another CPU's rows (expect them to differ). Tolerance: 0 for every
+metric here (deterministic cells).
 """
 import argparse
 import csv
@@ -52,13 +54,28 @@ CELLS = {
 }
 
 
-def shipped(name):
-    """{metric: row} of a cell's shipped results ({} if none shipped yet)."""
+def shipped_rows(name):
+    """Every shipped row of a cell, of every CPU it was shipped from ([] if none)."""
     path = os.path.join(RESULTS, CELLS[name][2])
     if not os.path.isfile(path):
-        return {}
+        return []
     with open(path, newline="") as f:
-        return {row["metric"]: row for row in csv.DictReader(f) if row["cell"] == name}
+        return [row for row in csv.DictReader(f) if row["cell"] == name]
+
+
+def cpu_kind(machine):
+    """The part of a results row's machine that decides its numbers: CPU model and ISA, not the core count."""
+    return machine.rsplit(",", 1)[0] if machine.endswith(" cores") else machine
+
+
+def shipped(name, machine=None):
+    """{metric: row} of a cell's shipped results for `machine`'s CPU kind (default: this machine's); where that CPU
+    shipped none, another CPU's rows (the first in the file); {} if none shipped at all."""
+    rows = shipped_rows(name)
+    kind = cpu_kind(machine or this_machine())
+    mine = [row for row in rows if cpu_kind(row["machine"]) == kind]
+    other = [row for row in rows if row["machine"] == rows[0]["machine"]] if rows else []
+    return {row["metric"]: row for row in (mine or other)}
 
 
 def command_text(name):
@@ -106,35 +123,40 @@ def machine_isa():
     return "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()
 
 
+def this_machine():
+    """This machine as a results row names it: "CPU model, ISA, N cores"."""
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return f"{cpu}, {machine_isa()}, {os.cpu_count()} cores"
+
+
 def provenance():
     """The commit (with -dirty for uncommitted changes), date, load and machine of a measurement made now."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
     commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no")
                                                    else "")
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    isa = machine_isa()
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load": " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "",
-            "machine": f"{cpu}, {isa}, {os.cpu_count()} cores"}
+            "machine": this_machine()}
 
 
 def ship(name, values, made=None):
-    """Write a cell's values as its shipped rows (replacing its old ones) in its results file."""
+    """Write a cell's values as its shipped rows for this CPU (replacing that CPU's old ones) in its results file."""
     path = os.path.join(RESULTS, CELLS[name][2])
-    rows = []
-    if os.path.isfile(path):
-        with open(path, newline="") as f:
-            rows = [row for row in csv.DictReader(f) if row["cell"] != name]
     made = made or provenance()
+    rows = []
+    if os.path.isfile(path):  # another CPU's rows of this cell stay: each CPU has its own trajectory
+        with open(path, newline="") as f:
+            rows = [row for row in csv.DictReader(f)
+                    if row["cell"] != name or cpu_kind(row["machine"]) != cpu_kind(made["machine"])]
     rows += [{"cell": name, "metric": metric, "value": value, **made, "command": command_text(name)}
              for metric, value in values.items()]
     os.makedirs(RESULTS, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows(sorted(rows, key=lambda row: (row["cell"], row["metric"])))
+        writer.writerows(sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
 
 
 def main(argv=None):
@@ -144,21 +166,22 @@ def main(argv=None):
     parser.add_argument("--ship", action="store_true", help="write the rerun's values as the cell's shipped ones")
     args = parser.parse_args(argv)
     if args.list or not args.cell:
+        here = cpu_kind(this_machine())
         for name, (kind, _, file, minutes, _) in CELLS.items():
-            rows = shipped(name)
-            made = next(iter(rows.values()), None)
-            state = f"shipped {made['commit']} {made['date']}" if made else "not shipped"
-            print(f"{name:<26} {kind:<9} ~{minutes:>2} min  docs/results/{file:<22} {state:<36} {command_text(name)}")
+            made = {cpu_kind(row["machine"]): row for row in shipped_rows(name)}
+            state = "; ".join(f"shipped {row['commit']} {row['date']} on {'this CPU' if cpu == here else cpu}"
+                              for cpu, row in made.items()) or "not shipped"
+            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  docs/results/{file:<22} {command_text(name)}  [{state}]")
         return 0
     if args.cell not in CELLS:
         parser.error(f"no cell {args.cell!r}; --list names them")
     before = shipped(args.cell)
     if not before and not args.ship:
         parser.error(f"{args.cell}: nothing shipped yet to compare with (--ship writes it)")
-    made, here = next(iter(before.values()), None), provenance()["machine"]
-    if made and made["machine"] != here:
-        print(f"note: {args.cell} was shipped from another machine ({made['machine']}; this one: {here}): its "
-              "numbers follow the CPU's code path (docs/results.md, 'Determinism'); expect them to differ")
+    made, here = next(iter(before.values()), None), this_machine()
+    if made and cpu_kind(made["machine"]) != cpu_kind(here):
+        print(f"note: {args.cell} was never shipped from this CPU ({here}); comparing with {made['machine']}'s "
+              "rows: its numbers follow the CPU's code path (docs/results.md, 'Determinism'); expect them to differ")
     with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
         now = rerun(args.cell, folder)
     same = True

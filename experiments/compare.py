@@ -65,7 +65,7 @@ import train
 from harness.metrics import read_metrics
 from harness.config import parse_args
 from experiments import pyplot
-from experiments.runs import finished_run, train_flags
+from experiments.runs import finished_run, record_code, train_flags
 from experiments.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
 TUNING_MS, TUNING_TAUS, TUNING_SAMPLES = (8, 4, 16), (0.1, 0.05, 0.3, 1.0), 512  # samples/step = prompts x M
@@ -410,6 +410,7 @@ def main(argv=None):
                       "trains it again)", flush=True)
             else:
                 result = train.main(argv_run)
+                record_code(os.path.dirname(result["metrics_path"]))  # so that a later reuse can check the code
             run_dir = os.path.dirname(result["metrics_path"])
             row = {"preset": args.preset, "config": config, "seed": seed,
                    "before_pass@1": result["before"]["pass@1"], "after_pass@1": result["after"]["pass@1"],

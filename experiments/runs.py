@@ -1,13 +1,54 @@
 """The train.py runs of an experiment script (compare, smollm2_cpu): the flags a script passes on to every run,
-checked, and a run already finished with the same flags, read back instead of trained again."""
+checked, and a run already finished with the same flags and the same code, read back instead of trained again."""
+import hashlib
 import json
 import os
+import subprocess
 
 from harness.checkpoint import RunError
 from harness.metrics import read_metrics
 from harness.config import parse_args
 
 PER_RUN_FLAGS = ("--seed", "--output-dir", "--overwrite", "--resume")  # what a script sets for each of its runs
+CODE_FILE = "code.json"  # in a run folder: the commit of the code that trained it (written by these scripts)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def git(*args):
+    """git's output in this checkout ('' when git or the repository is missing)."""
+    try:
+        proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def code_commit():
+    """The commit of the code here: the full hash, with "-dirty-<hash of the diff>" when a tracked Python file
+    differs from it (the same uncommitted edit gives the same string); "unknown" outside a git checkout."""
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return "unknown"
+    diff = git("diff", "HEAD", "--", "*.py")
+    return commit + (f"-dirty-{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "")
+
+
+def same_code(recorded, current):
+    """True when a run trained by the code at `recorded` would train the same way at `current`: the same string
+    (commit and uncommitted edit), or two clean commits between which no Python file changed (docs-only commits
+    keep a run reusable)."""
+    if recorded == current and recorded != "unknown":
+        return True
+    if "unknown" in (recorded, current) or "-dirty" in recorded or "-dirty" in current:
+        return False
+    return git("cat-file", "-t", recorded) == "commit" and git("diff", "--name-only", recorded, current, "--",
+                                                               "*.py") == ""
+
+
+def record_code(run_dir):
+    """Write the commit that trained the run in run_dir (read back by finished_run)."""
+    with open(os.path.join(run_dir, CODE_FILE), "w") as f:
+        json.dump({"commit": code_commit()}, f)
 
 
 def train_flags(parser, extra, own=("--seeds", "--output-dir")):
@@ -24,8 +65,9 @@ def train_flags(parser, extra, own=("--seeds", "--output-dir")):
 def finished_run(argv_run):
     """The result train.main would return for `argv_run` when its --output-dir already holds that run finished
     (latest at the run's --steps, its held-out evals at step 0 and at the end, and every flag of argv_run equal in
-    its run.json but those that do not change the result: threads, checkpoint keeping); else None. Lets a
-    comparison grow by seeds without training the old ones again."""
+    its run.json but those that do not change the result: threads, checkpoint keeping), trained by the same code
+    (same_code: a run from another commit, or with no record of its commit, is trained again, with a note); else
+    None. Lets a comparison grow by seeds without training the old ones again."""
     config = parse_args(argv_run)
     checkpoint = os.path.join(config.output_dir, "latest")
     metrics_path = os.path.join(config.output_dir, "metrics.jsonl")
@@ -39,5 +81,15 @@ def finished_run(argv_run):
         "overwrite", "output_dir", "warm_start_cache", "threads", "keep_checkpoints", "save_every"})  # not the result
     if not unchanged or os.path.basename(os.path.realpath(checkpoint)) != f"checkpoint-{config.steps}" \
             or 0 not in evals or config.steps not in evals:
+        return None
+    try:
+        with open(os.path.join(config.output_dir, CODE_FILE)) as f:
+            recorded = str(json.load(f)["commit"])
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = "unknown"
+    current = code_commit()
+    if not same_code(recorded, current):
+        print(f"not reusing the finished run in {config.output_dir}: trained by code at {recorded[:12]}, this is "
+              f"{current[:12]} (a Python file differs, or a commit is unknown); training it again", flush=True)
         return None
     return {"before": evals[0], "after": evals[config.steps], "metrics_path": metrics_path}

@@ -63,6 +63,18 @@ def mean_se_interval(values, level=0.95):
     return mean, se, (mean - half, mean + half)
 
 
+def seeds_for_half_width(sd, target, level=0.95, most=1000):
+    """The power calculation of a paired comparison: the fewest seeds n (>= 2) whose two-sided t-interval of the mean
+    paired difference has half-width t_{(1+level)/2, n-1} * sd / sqrt(n) <= target, for a seed-to-seed standard
+    deviation sd of the differences (measured on the seeds so far). None if more than `most` would be needed."""
+    if sd < 0 or target <= 0:
+        raise ValueError(f"seeds_for_half_width needs sd >= 0 and target > 0, got sd={sd}, target={target}")
+    for n in range(2, most + 1):
+        if t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n) <= target:
+            return n
+    return None
+
+
 def mean_se(values):
     """'mean +- SE'; a single value has no SE."""
     mean, se, _ = mean_se_interval(values)

@@ -40,7 +40,7 @@ import time
 import train
 from harness.metrics import read_metrics
 from experiments import plot_metrics
-from experiments.runs import finished_run, train_flags
+from experiments.runs import finished_run, record_code, train_flags
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
 SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax", "--tau", "0.1", "--steps", "60",
@@ -165,6 +165,7 @@ def main(argv=None):
         result = None if args.rerun else finished_run(argv_run)
         if result is None:
             result = train.main(argv_run)
+            record_code(os.path.dirname(result["metrics_path"]))  # so that a later reuse can check the code
             minutes = f"{(time.time() - start) / 60:.1f}"
         else:
             print(f"reusing the finished run in {os.path.dirname(result['metrics_path'])} (--rerun trains it again)")

@@ -5,15 +5,17 @@ reward is the share of digits in the completion, so groups have reward variance 
 """
 import copy
 import csv
+import json
 import math
 import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import tasks
-from experiments import compare, lopti_token_stats, seed_stats, table3_allocation
+from experiments import compare, lopti_token_stats, runs, seed_stats, table3_allocation
 from harness.model import load_policy
 from harness.tiny import build_char_tokenizer, build_tiny_model, prompt_style
 from rollout import token_logprobs
@@ -263,6 +265,53 @@ def test_compare_reuses_a_finished_run_only_with_the_same_flags(tmp_path, capsys
         {k: first[0][k] for k in ("before_pass@1", "after_pass@1", "after_reward")}
     compare.main([*flags, "--seeds", "0", "--lr", "0.001"])  # another flag value: trained again
     assert "reusing" not in capsys.readouterr().out
+
+
+def test_compare_trains_again_a_run_that_other_code_trained(tmp_path, capsys):
+    # each run records the commit that trained it (code.json); a run from other code is not read back (issue 38)
+    out = str(tmp_path / "cmp")
+    flags = ["--preset", "countdown", "--configs", "grpo", "--output-dir", out, "--task", "digits", *SMALL_TRAIN,
+             "--steps", "2", "--pass-k", "off", "--seeds", "0"]
+    compare.main(flags)
+    code = os.path.join(out, "countdown", "grpo-seed0", runs.CODE_FILE)
+    assert json.load(open(code))["commit"] == runs.code_commit()
+    json.dump({"commit": "0" * 40}, open(code, "w"))  # as if trained by a commit this checkout does not have
+    capsys.readouterr()
+    compare.main(flags)
+    printed = capsys.readouterr().out
+    assert "not reusing the finished run" in printed and "reusing the finished run in" not in printed.replace(
+        "not reusing the finished run in", "")
+    os.remove(code)  # a run from before commits were recorded: trained again too
+    compare.main(flags)
+    assert "not reusing the finished run" in capsys.readouterr().out
+
+
+def test_same_code_means_no_python_file_changed_between_the_commits(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    git("add", "-A"), git("commit", "-qm", "code")
+    first = git("rev-parse", "HEAD")
+    (repo / "notes.md").write_text("a docs-only commit\n")
+    git("add", "-A"), git("commit", "-qm", "docs")
+    docs_only = git("rev-parse", "HEAD")
+    (repo / "a.py").write_text("x = 2\n")
+    git("add", "-A"), git("commit", "-qm", "code again")
+    changed = git("rev-parse", "HEAD")
+    monkeypatch.setattr(runs, "REPO", str(repo))
+    assert runs.code_commit() == changed
+    assert runs.same_code(first, docs_only) and not runs.same_code(first, changed)
+    assert not runs.same_code("unknown", "unknown") and not runs.same_code("f" * 40, changed)
+    (repo / "a.py").write_text("x = 3\n")  # an uncommitted edit: its own string, equal only to itself
+    dirty = runs.code_commit()
+    assert dirty.startswith(changed + "-dirty-") and runs.same_code(dirty, runs.code_commit())
+    assert not runs.same_code(changed, dirty)
 
 
 def test_countdown3_preset_ends_with_table3_on_every_final_policy(tmp_path, monkeypatch, capsys):

@@ -313,6 +313,18 @@ def test_t_quantile_and_interval():
         seed_stats.t_quantile(0.4, 3)
 
 
+def test_seeds_for_a_half_width_by_hand():
+    """The power calculation: the fewest n with t_{.975, n-1} sd / sqrt(n) <= target. sd 0.05, target 0.03: at n = 13
+    the half-width is 2.1788 * 0.05 / sqrt(13) = 0.0302 (too wide), at n = 14 2.1604 * 0.05 / sqrt(14) = 0.0289."""
+    assert seed_stats.seeds_for_half_width(0.05, 0.03) == 14
+    assert seed_stats.seeds_for_half_width(0.0, 0.03) == 2  # no spread: the fewest seeds an interval needs
+    # the large-n limit: n ~ (1.96 sd / target)^2 once t is close to the normal quantile
+    assert seed_stats.seeds_for_half_width(0.3, 0.03) == pytest.approx((1.96 * 0.3 / 0.03) ** 2, rel=0.03)
+    assert seed_stats.seeds_for_half_width(1.0, 0.001, most=50) is None
+    with pytest.raises(ValueError):
+        seed_stats.seeds_for_half_width(0.05, 0.0)
+
+
 def test_compare_countdown3_end_to_end_with_pass_at_k(tmp_path, capsys, one_thread):
     out = str(tmp_path / "cmp")
     compare.main(["--preset", "countdown3", "--seeds", "0,1", "--output-dir", out, *SMALL_TRAIN, "--steps", "2"])

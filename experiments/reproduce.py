@@ -11,8 +11,9 @@ tables are typed from those files and the figure scripts read them. A rerun uses
 run folder and no cached warm start is reused. Kinds of cell:
   train     `python train.py FLAGS` in a fresh process (ENV set, if the cell has one): held-out greedy pass@1 of the
             starting policy (before) and of the final one (after)
-  compare   one run of an experiments.compare preset (`--configs C --seeds S`): greedy pass@1 before/after and the
-            sampled pass@k of the final policy
+  compare   one run of an experiments.compare preset (`--configs C --seeds S`): greedy pass@1 before/after, the
+            sampled pass@k of the final policy and (countdown3) Table 3 on it: each pass-rate bin's prompts and share
+            of the token budget under both estimators
   identity  a formula evaluated by the lesson's own functions (no training): exact
 What the equality rests on: the same code (the commit), torch build, thread count and CPU. torch's CPU kernels
 and MKL choose their code path by the CPU (its vendor and vector ISA), and the paths sum in other orders, so another
@@ -111,10 +112,28 @@ def rerun(name, folder):
         return {"before_pass@1": evals[0]["pass@1"], "after_pass@1": evals[-1]["pass@1"]}
     preset, config, seed = args
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
-                 "--output-dir", folder, "--no-diagnostics"], environment)
-    with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
-        row = next(csv.DictReader(f))
-    return {key: float(value) for key, value in row.items() if "pass@" in key and value != ""}
+                 "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
+    return compare_metrics(folder, preset)
+
+
+def compare_metrics(folder, preset, config=None, seed=None):
+    """The metrics of one run of an experiments.compare output folder (the first run, or config/seed's): greedy
+    pass@1 before/after and sampled pass@k (<preset>_runs.csv), and where the preset measured it, Table 3 on the
+    final policy (<preset>_table3.csv): per pass-rate bin the prompts in it and its share of the token budget under
+    GRPO's and SoftmaxGRPO's advantages."""
+    def mine(path):
+        with open(path, newline="") as f:
+            rows = [row for row in csv.DictReader(f)
+                    if config is None or (row["config"], row["seed"]) == (config, str(seed))]
+        return [row for row in rows if (row["config"], row["seed"]) == (rows[0]["config"], rows[0]["seed"])]
+    metrics = {key: float(value) for key, value in mine(os.path.join(folder, f"{preset}_runs.csv"))[0].items()
+               if "pass@" in key and value != ""}
+    table3 = os.path.join(folder, f"{preset}_table3.csv")
+    for row in mine(table3) if os.path.isfile(table3) else []:
+        metrics.update({f"table3_prompts_{row['bin']}": float(row["prompts"]),
+                        f"table3_share_grpo_adv_{row['bin']}": float(row["share_grpo_advantages"]),
+                        f"table3_share_softmax_adv_{row['bin']}": float(row["share_softmax_advantages"])})
+    return metrics
 
 
 def machine_isa():

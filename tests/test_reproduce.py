@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from experiments import reproduce
+from experiments import headline, reproduce
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +41,48 @@ def test_a_cell_that_was_never_shipped_is_one_line(capsys):
         reproduce.main(["countdown3-softmax-seed12"] if not reproduce.shipped("countdown3-softmax-seed12")
                        else ["no-such-cell"])
     assert "error:" in capsys.readouterr().err
+
+
+def write_rows(path, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=reproduce.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_each_cpu_keeps_its_own_shipped_rows(tmp_path, monkeypatch):
+    # two CPUs train two trajectories from one seed: shipping from one never replaces the other's row
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    made = {"commit": "abc", "date": "d", "load": "0"}
+    reproduce.ship("default", {"after_pass@1": 0.6}, {**made, "machine": "Intel Xeon, avx512, 2 cores"})
+    reproduce.ship("default", {"after_pass@1": 0.57}, {**made, "machine": "AMD EPYC, avx512, 2 cores"})
+    reproduce.ship("default", {"after_pass@1": 0.58}, {**made, "machine": "AMD EPYC, avx512, 4 cores"})  # re-shipped
+    assert len(reproduce.shipped_rows("default")) == 2
+    assert reproduce.shipped("default", "AMD EPYC, avx512, 2 cores")["after_pass@1"]["value"] == "0.58"
+    assert reproduce.shipped("default", "Intel Xeon, avx512, 16 cores")["after_pass@1"]["value"] == "0.6"
+    assert reproduce.shipped("default", "Some ARM, aarch64, 8 cores")  # none of its own: another CPU's rows
+
+
+def test_the_headline_reads_its_shipped_seeds_and_computes_the_power(tmp_path, monkeypatch, capsys):
+    # three paired seeds by hand: differences +0.02, +0.04, +0.06 -> mean +0.04, SD 0.02, SE 0.02 / sqrt(3);
+    # 95% interval 0.04 +- 4.3027 * 0.011547 = [-0.0097, +0.0897]; seeds for a +-0.03 half-width at SD 0.02: 5
+    # (4 seeds: t_{.975,3} 3.1824 * 0.02 / 2 = 0.0318 > 0.03; 5 seeds: t_{.975,4} 2.7764 * 0.02 / sqrt 5 = 0.0248)
+    machine = "Test CPU, avx2, 2 cores"
+    rows = []
+    for seed, (grpo, softmax) in enumerate([(0.10, 0.12), (0.15, 0.19), (0.20, 0.26)]):
+        for method, value in (("grpo", grpo), ("softmax", softmax)):
+            rows.append({"cell": f"countdown3-{method}-seed{seed}", "metric": "after_pass@1", "value": value,
+                         "commit": "abc", "date": "d", "load": "0", "machine": machine, "command": "c"})
+    write_rows(tmp_path / "countdown3_runs.csv", rows)
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    by_seed = headline.main(["--machine", "Test CPU", "--figure", str(tmp_path / "h.png")])
+    assert list(by_seed["grpo"]) == [0, 1, 2]
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("| greedy pass@1"))
+    assert "+0.040 [-0.010, +0.090] none resolved" in line and "SD 0.020" in line and "seeds for ±0.03: 5" in line
+    assert "Table 3: not shipped" in out
+    with pytest.raises(SystemExit):
+        headline.main(["--machine", "No such CPU"])
 
 
 @pytest.mark.slow

@@ -1,0 +1,178 @@
+"""The headline comparison, read from its shipped results: SoftmaxGRPO (tau 0.1) vs GRPO on 3-number Countdown at
+the fixed recipe (experiments.compare's countdown3 preset: M 8, 64 prompts a step, 150 steps; no cell selected from a
+sweep), paired by seed, with the power calculation and Table 3's measured part.
+
+    python -m experiments.headline                  # the rows shipped from this CPU (docs/results/countdown3_runs.csv)
+    python -m experiments.headline --machine Intel  # another CPU's rows (each CPU trains its own trajectories)
+
+Every number comes from docs/results/countdown3_runs.csv (cells countdown3-<grpo|softmax>-seed<N>, one row per metric;
+`python -m experiments.reproduce countdown3-grpo-seed3` reruns one). It prints:
+  1. per metric (held-out greedy pass@1; sampled pass@1..8 from 8 samples per prompt): each method's mean +- SE over
+     seeds, the paired difference (same seed: same warm start, prompts and held-out set) with its 95% t-interval
+     over seeds, the SD of the differences, and the power calculation: how many paired seeds make the 95%
+     half-width <= --target at that SD (seed_stats.seeds_for_half_width);
+  2. Table 3's measured part (DESIGN.md section 7): how the two trained policies' difficulty distributions differ
+     (prompts of 256 in each pass-rate bin, from 16 samples each) and each method's budget share on its own policy
+     under its own advantages, paired by seed. The two estimators' shares on the SAME samples differ by an identity
+     (c(k), DESIGN.md section 7) and are not compared here.
+A difference is "resolved" when its interval excludes 0; otherwise "none resolved".
+It draws docs/countdown3_powered.png (matplotlib optional)."""
+import argparse
+import collections
+import math
+import os
+import statistics
+import sys
+
+from experiments import reproduce
+from experiments.plot_metrics import pyplot
+from experiments.seed_stats import mean_se_interval, seeds_for_half_width
+from experiments.table3_allocation import BIN_NAMES
+
+METRICS = ("after_pass@1", "sampled_pass@1", "sampled_pass@2", "sampled_pass@4", "sampled_pass@8")
+METHODS = ("grpo", "softmax")
+FIGURE = os.path.join(reproduce.REPO, "docs", "countdown3_powered.png")
+
+
+def shipped_seeds(machine=None):
+    """{method: {seed: {metric: value}}} of the countdown3 cells shipped from `machine`'s CPU (a substring of the
+    row's machine; default this machine's CPU kind), only seeds shipped for both methods."""
+    values = collections.defaultdict(dict)
+    for method in METHODS:
+        for seed in range(100):
+            name = f"countdown3-{method}-seed{seed}"
+            if name not in reproduce.CELLS:
+                break
+            rows = [row for row in reproduce.shipped_rows(name)
+                    if (machine in row["machine"] if machine
+                        else reproduce.cpu_kind(row["machine"]) == reproduce.cpu_kind(reproduce.this_machine()))]
+            if rows:
+                values[method][seed] = {row["metric"]: float(row["value"]) for row in rows}
+    both = sorted(set(values["grpo"]) & set(values["softmax"]))
+    return {method: {seed: values[method][seed] for seed in both} for method in METHODS}
+
+
+def paired(by_seed, key_grpo, key_softmax=None):
+    """(grpo values, softmax values, softmax - grpo) over the seeds that have both keys."""
+    key_softmax = key_softmax or key_grpo
+    seeds = [s for s in by_seed["grpo"] if key_grpo in by_seed["grpo"][s] and key_softmax in by_seed["softmax"][s]]
+    a = [by_seed["grpo"][s][key_grpo] for s in seeds]
+    b = [by_seed["softmax"][s][key_softmax] for s in seeds]
+    return a, b, [y - x for x, y in zip(a, b)]
+
+
+def text(values):
+    mean, se, _ = mean_se_interval(values)
+    return f"{mean:.3f}" if se is None else f"{mean:.3f} ± {se:.3f}"
+
+
+def difference(values, target=None):
+    """'mean [low, high] verdict' (95% t-interval over seeds) and, with target, the SD and the power calculation."""
+    mean, se, interval = mean_se_interval(values)
+    if interval is None:
+        return f"{mean:+.3f} (one seed: no interval)"
+    verdict = "resolved" if interval[0] > 0 or interval[1] < 0 else "none resolved"
+    out = f"{mean:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}] {verdict}"
+    if target:
+        sd = statistics.stdev(values)
+        need = seeds_for_half_width(sd, target)
+        out += (f" | SD {sd:.3f}, half-width {(interval[1] - interval[0]) / 2:.3f} | seeds for ±{target}: "
+                + (str(need) if need else "> 1000"))
+    return out
+
+
+def report(by_seed, target):
+    seeds = list(by_seed["grpo"])
+    print(f"countdown3, SoftmaxGRPO (tau 0.1) - GRPO, paired by seed, n = {len(seeds)} seeds ({seeds}); "
+          "mean ± SE over seeds; difference: mean [95% t-interval over seeds]")
+    print("| held-out (200 prompts) | GRPO | SoftmaxGRPO | SoftmaxGRPO − GRPO, 95% CI | SD of the differences, "
+          f"half-width, seeds for ±{target} |")
+    print("|---|---|---|---|---|")
+    for key in METRICS:
+        a, b, diff = paired(by_seed, key)
+        if not diff:
+            continue
+        label = "greedy pass@1" if key == "after_pass@1" else key.replace("sampled_", "") + " (8 samples)"
+        first, _, power = difference(diff, target).partition(" | ")
+        print(f"| {label} | {text(a)} | {text(b)} | {first} | {power.replace(' | ', ', ')} |")
+    if not paired(by_seed, f"table3_prompts_{BIN_NAMES[0]}")[2]:
+        print("\nTable 3: not shipped for these seeds")
+        return
+    print("\nTable 3, measured part: each trained policy on 256 held-out prompts x 16 samples (p = k/16); "
+          "mean ± SE over seeds, difference paired by seed")
+    print("| pass-rate bin | prompts, GRPO-trained | prompts, SoftmaxGRPO-trained | difference, 95% CI | "
+          "own share, GRPO-trained (GRPO adv.) | own share, SoftmaxGRPO-trained (its adv.) | difference, 95% CI |")
+    print("|---|---|---|---|---|---|---|")
+    for name in BIN_NAMES:
+        a, b, diff = paired(by_seed, f"table3_prompts_{name}")
+        sa, sb, sdiff = paired(by_seed, f"table3_share_grpo_adv_{name}", f"table3_share_softmax_adv_{name}")
+        if not diff:
+            continue
+        print(f"| {name} | {text(a)} | {text(b)} | {difference(diff)} | {text(sa)} | {text(sb)} | "
+              f"{difference(sdiff)} |")
+
+
+def plot(by_seed, path):
+    """Left: each seed's paired difference (dots) with the mean and its 95% interval, per metric. Right: the two
+    trained policies' prompts per pass-rate bin (mean ± SE over seeds). -> written?"""
+    plt = pyplot("the figure; the printed tables have the numbers")
+    if plt is None:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, key in enumerate(METRICS):
+        _, _, diff = paired(by_seed, key)
+        if not diff:
+            continue
+        left.scatter([i] * len(diff), diff, s=12, color="C0", alpha=0.5)
+        mean, _, interval = mean_se_interval(diff)
+        if interval:
+            left.errorbar([i + 0.15], [mean], yerr=[[mean - interval[0]], [interval[1] - mean]], fmt="s",
+                          color="C3", capsize=4)
+    left.axhline(0, color="gray", lw=0.8)
+    left.set_xticks(range(len(METRICS)), ["greedy\npass@1"] + [k.replace("sampled_", "") for k in METRICS[1:]])
+    left.set_ylabel("SoftmaxGRPO − GRPO (same seed)")
+    left.set_title(f"paired differences, n = {len(by_seed['grpo'])} seeds (95% CI)")
+    width = 0.38
+    for j, method in enumerate(METHODS):
+        means, errors = [], []
+        for name in BIN_NAMES:
+            values = [by_seed[method][s][f"table3_prompts_{name}"] for s in by_seed[method]
+                      if f"table3_prompts_{name}" in by_seed[method][s]]
+            mean, se, _ = mean_se_interval(values) if values else (math.nan, None, None)
+            means.append(mean), errors.append(se or 0)
+        right.bar([x + (j - 0.5) * width for x in range(len(BIN_NAMES))], means, width, yerr=errors, capsize=3,
+                  label=f"trained with {'GRPO' if method == 'grpo' else 'SoftmaxGRPO τ 0.1'}")
+    right.set_xticks(range(len(BIN_NAMES)), BIN_NAMES)
+    right.set_xlabel("held-out pass rate p = k/16")
+    right.set_ylabel("prompts of 256 (mean ± SE over seeds)")
+    right.set_title("where the trained policies' prompts sit")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m experiments.headline", description=__doc__.split("\n")[0])
+    parser.add_argument("--machine", help="the rows of the CPU whose machine field contains this (default: this "
+                                          "machine's CPU)")
+    parser.add_argument("--target", type=float, default=0.03, help="the 95%% half-width the power calculation "
+                                                                     "aims at (default 0.03)")
+    parser.add_argument("--figure", default=FIGURE, help="where to draw the figure (default docs/...)")
+    args = parser.parse_args(argv)
+    if not args.target > 0:
+        parser.error(f"--target must be > 0, got {args.target}")
+    by_seed = shipped_seeds(args.machine)
+    if not by_seed["grpo"]:
+        parser.error("no countdown3 seed is shipped for both methods from "
+                     + (f"a machine matching {args.machine!r}" if args.machine else "this CPU")
+                     + " (python -m experiments.reproduce --list)")
+    report(by_seed, args.target)
+    if plot(by_seed, args.figure):
+        print(f"wrote {args.figure}")
+    return by_seed
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is not None else 1)

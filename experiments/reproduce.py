@@ -178,12 +178,48 @@ def ship(name, values, made=None):
         writer.writerows(sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
 
 
+def ship_from(folder, load):
+    """Ship every finished run of an experiments.compare output folder (countdown3 preset, run on this machine with
+    its cells' environment) as its cell: the commit from each run's code.json (a run without one is refused),
+    the date its metrics were last written, this machine, `load` as given. -> the cells shipped."""
+    from experiments.runs import CODE_FILE
+    preset = "countdown3"
+    with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
+        runs = list(csv.DictReader(f))
+    names = []
+    for run in runs:
+        name = f"{preset}-{run['config']}-seed{run['seed']}"
+        if name not in CELLS:
+            raise SystemExit(f"reproduce: error: {name} (from {folder}) is not a cell")
+        try:
+            with open(os.path.join(run["output_dir"], CODE_FILE)) as f:
+                commit = str(json.load(f)["commit"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise SystemExit(f"reproduce: error: {run['output_dir']} has no {CODE_FILE}: which code trained it is "
+                             "not known, so it is not shipped") from None
+        if "-dirty" in commit:
+            raise SystemExit(f"reproduce: error: {run['output_dir']} was trained by uncommitted code ({commit})")
+        finished = os.path.getmtime(os.path.join(run["output_dir"], "metrics.jsonl"))
+        ship(name, compare_metrics(folder, preset, run["config"], run["seed"]),
+             {"commit": commit[:7], "date": time.strftime("%Y-%m-%d %H:%M UTC (finished)", time.gmtime(finished)),
+              "load": load, "machine": this_machine()})
+        names.append(name)
+    return names
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n")[0])
     parser.add_argument("cell", nargs="?", help="the cell to rerun (--list names them)")
     parser.add_argument("--list", action="store_true", help="every cell: shipped or not, its file, cost, command")
     parser.add_argument("--ship", action="store_true", help="write the rerun's values as the cell's shipped ones")
+    parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an experiments.compare --preset "
+                        "countdown3 output folder (trained here, with its cells' environment) as its cell")
+    parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
     args = parser.parse_args(argv)
+    if args.ship_from:
+        for name in ship_from(args.ship_from, args.load):
+            print(f"shipped: {name} -> docs/results/{CELLS[name][2]}")
+        return 0
     if args.list or not args.cell:
         here = cpu_kind(this_machine())
         for name, (kind, _, file, minutes, _) in CELLS.items():

@@ -1,5 +1,6 @@
 """experiments/reproduce.py: a shipped cell rerun from scratch compares equal, and a changed number is reported."""
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -83,6 +84,34 @@ def test_the_headline_reads_its_shipped_seeds_and_computes_the_power(tmp_path, m
     assert "Table 3: not shipped" in out
     with pytest.raises(SystemExit):
         headline.main(["--machine", "No such CPU"])
+
+
+def test_a_compare_folder_ships_only_runs_that_name_their_code(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
+    folder, run_dir = tmp_path / "cmp", tmp_path / "cmp" / "countdown3" / "grpo-seed3"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    fields = ["config", "seed", "before_pass@1", "after_pass@1", "sampled_pass@8", "output_dir"]
+    with open(folder / "countdown3_runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerow({"config": "grpo", "seed": 3, "before_pass@1": 0.05, "after_pass@1": 0.13,
+                         "sampled_pass@8": 0.15, "output_dir": str(run_dir)})
+    with open(folder / "countdown3_table3.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["config", "seed", "bin", "prompts", "share_grpo_advantages",
+                                               "share_softmax_advantages"])
+        writer.writeheader()
+        writer.writerow({"config": "grpo", "seed": 3, "bin": "[0,.1)", "prompts": 200, "share_grpo_advantages": 0.1,
+                         "share_softmax_advantages": 0.3})
+    with pytest.raises(SystemExit, match="code.json"):  # which code trained it is not known: not shipped
+        reproduce.main(["--ship-from", str(folder)])
+    (run_dir / "code.json").write_text(json.dumps({"commit": "a" * 40}))
+    assert reproduce.main(["--ship-from", str(folder), "--load", "1-2"]) == 0
+    rows = reproduce.shipped("countdown3-grpo-seed3")
+    assert {key: float(row["value"]) for key, row in rows.items()} == {
+        "before_pass@1": 0.05, "after_pass@1": 0.13, "sampled_pass@8": 0.15, "table3_prompts_[0,.1)": 200,
+        "table3_share_grpo_adv_[0,.1)": 0.1, "table3_share_softmax_adv_[0,.1)": 0.3}
+    assert {row["commit"] for row in rows.values()} == {"aaaaaaa"} and rows["after_pass@1"]["load"] == "1-2"
 
 
 @pytest.mark.slow

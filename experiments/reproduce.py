@@ -47,6 +47,10 @@ CELLS = {
     "default": ("train", [], "default.csv", 3, {}),
     "default-avx2": ("train", [], "default.csv", 3, AVX2),
     "default-avx2-onednn": ("train", [], "default.csv", 3, {**AVX2, "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    # MKL honours a branch other than AUTO or COMPATIBLE only on Intel CPUs (its documentation; on an AMD CPU this
+    # cell equals "default"); COMPATIBLE (SSE2) with torch's kernels at AVX2 is the one pin both vendors accept
+    "default-mkl-avx512": ("train", [], "default.csv", 3, {"MKL_CBWR": "AVX512"}),
+    "default-portable": ("train", [], "default.csv", 4, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}),
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",

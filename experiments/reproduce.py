@@ -15,6 +15,8 @@ run folder and no cached warm start is reused. Kinds of cell:
             sampled pass@k of the final policy and (countdown3) Table 3 on it: each pass-rate bin's prompts and share
             of the token budget under both estimators
   identity  a formula evaluated by the lesson's own functions (no training): exact
+  eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
+            |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
 What the equality rests on: the same code (the commit), torch build, thread count and CPU. torch's CPU kernels
 and MKL choose their code path by the CPU (its vendor and vector ISA), and the paths sum in other orders, so another
 CPU gives other numbers from the same seed; holding torch and MKL to AVX2 (the -avx2 cells) does not make an Intel
@@ -53,6 +55,7 @@ CELLS = {
     "default-portable": ("train", [], "default.csv", 4, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}),
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
+    "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
                                                5, {**env, **ONE})
        for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(13) for config in ("grpo", "softmax")},
@@ -90,6 +93,8 @@ def command_text(name):
         return prefix + "python train.py " + " ".join(args)
     if kind == "compare":
         return prefix + f"python -m experiments.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
+    if kind == "eq4":
+        return prefix + "python -m experiments.eq4_monte_carlo"
     return f"experiments.table3_allocation.identity_table(M={args[0]}, tau={args[1]})"
 
 
@@ -109,6 +114,10 @@ def rerun(name, folder):
     if kind == "identity":
         from experiments.table3_allocation import identity_table
         return {f"ratio_k{row['k']}": round(row["ratio"], 6) for row in identity_table(int(args[0]), float(args[1]))}
+    if kind == "eq4":
+        run_quietly([sys.executable, "-m", "experiments.eq4_monte_carlo", "--output-dir", folder], environment)
+        with open(os.path.join(folder, "eq4_monte_carlo.csv"), newline="") as f:
+            return eq4_metrics(list(csv.DictReader(f)))
     if kind == "train":
         run_quietly([sys.executable, "train.py", *args, "--output-dir", folder], environment)
         from harness.metrics import read_metrics
@@ -118,6 +127,21 @@ def rerun(name, folder):
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
     return compare_metrics(folder, preset)
+
+
+def eq4_metrics(rows):
+    """The Eq. (4) table's numbers from eq4_monte_carlo.csv rows: per (M, tau) the largest |z|, the intervals
+    (mean +- 1.96 SE) holding the exact omega, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9 (rounded to 6 digits)."""
+    metrics = {}
+    for key in dict.fromkeys((row["M"], row["tau"]) for row in rows):
+        mine = [row for row in rows if (row["M"], row["tau"]) == key]
+        name = f"M{key[0]}_tau{key[1]}"
+        metrics[f"{name}_max_abs_z"] = round(max(abs(float(row["z"])) for row in mine), 6)
+        metrics[f"{name}_intervals_holding"] = float(sum(abs(float(row["z"])) <= 1.96 for row in mine))
+        for row in mine:
+            if round(float(row["p"]), 6) in (0.1, 0.5, 0.9):
+                metrics[f"{name}_mc_mean_p{round(float(row['p']), 1)}"] = round(float(row["mc_mean"]), 6)
+    return metrics
 
 
 def compare_metrics(folder, preset, config=None, seed=None):

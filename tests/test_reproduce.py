@@ -114,6 +114,14 @@ def test_a_compare_folder_ships_only_runs_that_name_their_code(tmp_path, monkeyp
     assert {row["commit"] for row in rows.values()} == {"aaaaaaa"} and rows["after_pass@1"]["load"] == "1-2"
 
 
+def test_the_eq4_cell_counts_the_intervals_that_hold_the_exact_weight():
+    rows = [{"M": "8", "tau": "0.1", "p": str(p), "mc_mean": str(mean), "z": str(z)}
+            for p, mean, z in ((0.1, 5.2, -0.5), (0.5, 2.0, 1.96), (0.9, 1.1, -2.3), (0.3, 3.0, 0.1))]
+    metrics = reproduce.eq4_metrics(rows)
+    assert metrics == {"M8_tau0.1_max_abs_z": 2.3, "M8_tau0.1_intervals_holding": 3.0,  # |z| <= 1.96 holds
+                       "M8_tau0.1_mc_mean_p0.1": 5.2, "M8_tau0.1_mc_mean_p0.5": 2.0, "M8_tau0.1_mc_mean_p0.9": 1.1}
+
+
 @pytest.mark.slow
 def test_the_smoke_cell_reproduces_from_scratch():
     # a 4-step tiny run with its own warm start, on the AVX2 code path: the shipped numbers, exactly (docs/tests.md)

@@ -58,7 +58,7 @@ CELLS = {
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
                                                5, {**env, **ONE})
-       for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(13) for config in ("grpo", "softmax")},
+       for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(20) for config in ("grpo", "softmax")},
 }
 
 

@@ -61,18 +61,18 @@ def paired(by_seed, key_grpo, key_softmax=None):
     return a, b, [y - x for x, y in zip(a, b)]
 
 
-def text(values):
+def text(values, digits=3):
     mean, se, _ = mean_se_interval(values)
-    return f"{mean:.3f}" if se is None else f"{mean:.3f} ± {se:.3f}"
+    return f"{mean:.{digits}f}" if se is None else f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
-def difference(values, target=None):
+def difference(values, target=None, digits=3):
     """'mean [low, high] verdict' (95% t-interval over seeds) and, with target, the SD and the power calculation."""
     mean, se, interval = mean_se_interval(values)
     if interval is None:
-        return f"{mean:+.3f} (one seed: no interval)"
+        return f"{mean:+.{digits}f} (one seed: no interval)"
     verdict = "resolved" if interval[0] > 0 or interval[1] < 0 else "none resolved"
-    out = f"{mean:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}] {verdict}"
+    out = f"{mean:+.{digits}f} [{interval[0]:+.{digits}f}, {interval[1]:+.{digits}f}] {verdict}"
     if target:
         sd = statistics.stdev(values)
         need = seeds_for_half_width(sd, target)
@@ -108,7 +108,7 @@ def report(by_seed, target):
         sa, sb, sdiff = paired(by_seed, f"table3_share_grpo_adv_{name}", f"table3_share_softmax_adv_{name}")
         if not diff:
             continue
-        print(f"| {name} | {text(a)} | {text(b)} | {difference(diff)} | {text(sa)} | {text(sb)} | "
+        print(f"| {name} | {text(a, 1)} | {text(b, 1)} | {difference(diff, digits=1)} | {text(sa)} | {text(sb)} | "
               f"{difference(sdiff)} |")
 
 

@@ -378,6 +378,33 @@ def summarize(rows, cosines):
     return verdicts
 
 
+def offpolicy_metrics(rows, prefix=""):
+    """The off-policy rows of several batches -> {metric: value}, the numbers a results file ships: per mini-batch m
+    and quartile q, "mb{m}_Q{q}_" + tokens, clipped_low, clipped_high, dual_clipped, neg_above_clip_high (summed over
+    the batches), mean_abs_w_inside (beta 0: the mean over the batches of each batch's mean, and its SE over them:
+    _se) and max_abs_w_clipped_beta{beta} (the largest over the batches). A value that does not exist (no token
+    clipped, a single batch's SE) is left out, not written as nan."""
+    metrics = {}
+    for (part, q) in sorted({(int(r["mini_batch"]), int(r["quartile"])) for r in rows}):
+        name = f"{prefix}mb{part}_Q{q}_"
+        cells = [r for r in rows if (int(r["mini_batch"]), int(r["quartile"])) == (part, q)]
+        beta0 = [r for r in cells if r["beta"] == 0]  # every run measures beta 0; the counts do not depend on beta
+        for key in ("tokens", "clipped_low", "clipped_high", "dual_clipped", "neg_above_clip_high"):
+            metrics[name + key] = int(sum(r[key] for r in beta0))
+        inside = [r["mean_abs_w_inside"] for r in beta0 if not math.isnan(r["mean_abs_w_inside"])]
+        if inside:
+            mean, se, _ = mean_se_interval(inside)
+            metrics[name + "mean_abs_w_inside"] = round(mean, 6)
+            if se is not None:
+                metrics[name + "mean_abs_w_inside_se"] = round(se, 6)
+        for beta in sorted({r["beta"] for r in cells}):
+            clipped = [r["max_abs_w_clipped"] for r in cells
+                       if r["beta"] == beta and not math.isnan(r["max_abs_w_clipped"])]
+            if clipped:
+                metrics[f"{name}max_abs_w_clipped_beta{beta:g}"] = round(max(clipped), 6)
+    return metrics
+
+
 def nan_last(x):
     return math.inf if math.isnan(x) else x
 

@@ -158,6 +158,30 @@ def test_clipped_tokens_and_their_weight_by_hand():
     torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0, 0.0], [0.5, -1.7, 0.5, -3.5]], dtype=torch.float64))
 
 
+def test_offpolicy_metrics_sum_counts_and_average_weights_over_batches():
+    """Two batches' rows of one (mini-batch, quartile) at beta 0 and 1e-3: counts add (3 + 1 clipped low), mean |w|
+    inside is the mean of the batches' means (0.8 and 0.6: 0.7, SE = |0.8 - 0.6| / 2 = 0.1), the largest |w| where
+    clipped is the max over batches per beta, and a quartile with nothing clipped has no such metric (not nan)."""
+    import math
+
+    from experiments.referee_lopti import offpolicy_metrics
+    base = {"mini_batch": 2, "quartile": 1, "tokens": 10, "clipped_high": 0, "dual_clipped": 0, "inside": 0,
+            "neg_above_clip_high": 1, "max_abs_w_neg_above": 1.5}
+    rows = [{**base, "seed": 0, "beta": 0.0, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 0.0},
+            {**base, "seed": 1, "beta": 0.0, "clipped_low": 1, "mean_abs_w_inside": 0.6, "max_abs_w_clipped": 0.0},
+            {**base, "seed": 0, "beta": 1e-3, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 2e-3},
+            {**base, "seed": 1, "beta": 1e-3, "clipped_low": 1, "mean_abs_w_inside": 0.6, "max_abs_w_clipped": 5e-3},
+            {**base, "seed": 0, "beta": 0.0, "quartile": 2, "clipped_low": 0, "mean_abs_w_inside": 0.5,
+             "max_abs_w_clipped": math.nan}]
+    m = offpolicy_metrics(rows, prefix="run_clip_")
+    assert m["run_clip_mb2_Q1_tokens"] == 20 and m["run_clip_mb2_Q1_clipped_low"] == 4
+    assert m["run_clip_mb2_Q1_neg_above_clip_high"] == 2 and m["run_clip_mb2_Q1_dual_clipped"] == 0
+    assert m["run_clip_mb2_Q1_mean_abs_w_inside"] == 0.7 and m["run_clip_mb2_Q1_mean_abs_w_inside_se"] == 0.1
+    assert m["run_clip_mb2_Q1_max_abs_w_clipped_beta0"] == 0
+    assert m["run_clip_mb2_Q1_max_abs_w_clipped_beta0.001"] == 5e-3
+    assert "run_clip_mb2_Q2_max_abs_w_clipped_beta0" not in m and "run_clip_mb2_Q2_mean_abs_w_inside_se" not in m
+
+
 def test_lopti_verdict_reads_the_interval():
     from experiments.referee_lopti import verdict
     assert verdict([0.10, 0.12, 0.11]).endswith("the dominance claim holds")

@@ -378,30 +378,61 @@ def summarize(rows, cosines):
     return verdicts
 
 
-def offpolicy_metrics(rows, prefix=""):
-    """The off-policy rows of several batches -> {metric: value}, the numbers a results file ships: per mini-batch m
-    and quartile q, "mb{m}_Q{q}_" + tokens, clipped_low, clipped_high, dual_clipped, neg_above_clip_high (summed over
-    the batches), mean_abs_w_inside (beta 0: the mean over the batches of each batch's mean, and its SE over them:
-    _se) and max_abs_w_clipped_beta{beta} (the largest over the batches). A value that does not exist (no token
-    clipped, a single batch's SE) is left out, not written as nan."""
+def onpolicy_metrics(rows):
+    """The on-policy rows (referee_lopti.csv) of several batches, beta 0 -> {metric: value}: per quartile q
+    "onpolicy_Q{q}_mean_abs_w" (the mean over the batches) and its SE over them (_se), and "onpolicy_G_Q4_over_G_Q1"
+    (||G_Q4|| / ||G_Q1|| per batch, its mean and _se). A single batch has no SE: left out."""
     metrics = {}
+    mine = [r for r in rows if r["beta"] == 0]
+
+    def put(name, values):
+        mean, se, _ = mean_se_interval(values)
+        metrics[name] = round(mean, 6)
+        if se is not None:
+            metrics[name + "_se"] = round(se, 6)
+
+    for q in sorted({int(r["quartile"]) for r in mine}):
+        put(f"onpolicy_Q{q}_mean_abs_w", [r["mean_abs_w"] for r in mine if int(r["quartile"]) == q])
+    norm = {(r["seed"], int(r["quartile"])): r["summed_grad_norm"] for r in mine}
+    put("onpolicy_G_Q4_over_G_Q1", [norm[(s, 4)] / norm[(s, 1)] for s in sorted({r["seed"] for r in mine})])
+    return metrics
+
+
+OFFPOLICY_KEYS = ("tokens", "clipped_low", "clipped_high", "dual_clipped", "neg_above_clip_high")
+
+
+def offpolicy_metrics(rows, prefix="", keys=OFFPOLICY_KEYS, weights=True):
+    """The off-policy rows of several batches -> {metric: value}, the numbers a results file ships: per mini-batch m
+    and quartile q, "mb{m}_Q{q}_" + each of `keys` (counts summed over the batches); with `weights`, also
+    max_abs_w_clipped_beta{beta} and max_abs_w_neg_above (the largest over the batches), and for mini-batch 2 (the
+    rows train.py trains off-policy) mean_abs_w_inside at beta 0 (the mean over the batches of each batch's mean)
+    with its SE over them (_se). A value that does not exist (no token clipped, a single batch's SE) is left out,
+    not written as nan."""
+    metrics = {}
+
+    def largest(name, values):
+        values = [v for v in values if not math.isnan(v)]
+        if values:
+            metrics[name] = round(max(values), 6)
+
     for (part, q) in sorted({(int(r["mini_batch"]), int(r["quartile"])) for r in rows}):
         name = f"{prefix}mb{part}_Q{q}_"
         cells = [r for r in rows if (int(r["mini_batch"]), int(r["quartile"])) == (part, q)]
         beta0 = [r for r in cells if r["beta"] == 0]  # every run measures beta 0; the counts do not depend on beta
-        for key in ("tokens", "clipped_low", "clipped_high", "dual_clipped", "neg_above_clip_high"):
+        for key in keys:
             metrics[name + key] = int(sum(r[key] for r in beta0))
+        if not weights:
+            continue
+        for beta in sorted({r["beta"] for r in cells}):
+            largest(f"{name}max_abs_w_clipped_beta{beta:g}",
+                    [r["max_abs_w_clipped"] for r in cells if r["beta"] == beta])
+        largest(name + "max_abs_w_neg_above", [r["max_abs_w_neg_above"] for r in beta0])
         inside = [r["mean_abs_w_inside"] for r in beta0 if not math.isnan(r["mean_abs_w_inside"])]
-        if inside:
+        if part == 2 and inside:
             mean, se, _ = mean_se_interval(inside)
             metrics[name + "mean_abs_w_inside"] = round(mean, 6)
             if se is not None:
                 metrics[name + "mean_abs_w_inside_se"] = round(se, 6)
-        for beta in sorted({r["beta"] for r in cells}):
-            clipped = [r["max_abs_w_clipped"] for r in cells
-                       if r["beta"] == beta and not math.isnan(r["max_abs_w_clipped"])]
-            if clipped:
-                metrics[f"{name}max_abs_w_clipped_beta{beta:g}"] = round(max(clipped), 6)
     return metrics
 
 

@@ -16,7 +16,8 @@ run folder and no cached warm start is reused. Kinds of cell:
   identity  a formula evaluated by the lesson's own functions (no training): exact
   referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
             per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
-            off-policy state, per mini-batch and p_old quartile (referee_lopti.offpolicy_metrics)
+            off-policy state, per mini-batch and p_old quartile (referee_lopti.offpolicy_metrics), and the on-policy
+            mean |w| per quartile and ||G_Q4|| / ||G_Q1|| (onpolicy_metrics)
 What the equality rests on: the same code (the commit), torch build, thread count and machine. torch's CPU
 kernels and MKL choose their code path by the CPU (AVX-512 or AVX2), and the paths sum in other orders, so another
 CPU gives other numbers from the same seed; holding torch, MKL and oneDNN to AVX2 (the -avx2 cells) does not make
@@ -80,11 +81,12 @@ def command_text(name):
     if kind == "referee-lopti":
         preset, config, seed, batches, variants = args
         checkpoint = f"RUNS/{preset}/{config}-seed{seed}/latest"
-        measure = [" ".join([f"{prefix}python -m experiments.referee_lopti --checkpoint {checkpoint}",
-                             *referee_task(preset), *batches, *flags, f"(metrics {name}_*)"])
-                   for name, flags in variants.items()]
+        measure = " ".join([f"{prefix}python -m experiments.referee_lopti --checkpoint {checkpoint}",
+                            *referee_task(preset), *batches])
         return "; ".join([prefix + f"python -m experiments.compare --preset {preset} --configs {config} --seeds "
-                          f"{seed} --output-dir RUNS", *measure])
+                          f"{seed} --output-dir RUNS", measure + " (metrics " + "; ".join(
+                              f"{name}_*" + (f": the same with {' '.join(flags)}" if flags else "")
+                              for name, flags in variants.items()) + ")"])
     return f"experiments.table3_allocation.identity_table(M={args[0]}, tau={args[1]})"
 
 
@@ -130,16 +132,23 @@ def rerun_referee_lopti(args, folder, environment):
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder, "--no-diagnostics"], environment)
     checkpoint = os.path.join(folder, preset, f"{config}-seed{seed}", "latest")
-    from experiments.referee_lopti import offpolicy_metrics
+    from experiments.referee_lopti import OFFPOLICY_KEYS, offpolicy_metrics, onpolicy_metrics
+
+    def read(path):
+        with open(path, newline="") as f:
+            return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
+                    for row in csv.DictReader(f)]
+
     metrics = {}
     for name, flags in variants.items():
         out = os.path.join(folder, f"referee-{name}")
         run_quietly([sys.executable, "-m", "experiments.referee_lopti", "--checkpoint", checkpoint,
                      *referee_task(preset), *batches, *flags, "--output-dir", out], environment)
-        with open(os.path.join(out, "referee_lopti_offpolicy.csv"), newline="") as f:
-            rows = [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
-                    for row in csv.DictReader(f)]
-        metrics.update(offpolicy_metrics(rows, prefix=f"{name}_"))
+        first = len(metrics) == 0
+        if first:  # the on-policy part and the off-policy state do not depend on the clip: their numbers once
+            metrics.update(onpolicy_metrics(read(os.path.join(out, "referee_lopti.csv"))))
+        metrics.update(offpolicy_metrics(read(os.path.join(out, "referee_lopti_offpolicy.csv")), prefix=f"{name}_",
+                                         keys=OFFPOLICY_KEYS if first else OFFPOLICY_KEYS[2:], weights=first))
     return metrics
 
 

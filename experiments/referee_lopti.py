@@ -380,7 +380,8 @@ def summarize(rows, cosines):
 
 def onpolicy_metrics(rows):
     """The on-policy rows (referee_lopti.csv) of several batches, beta 0 -> {metric: value}: per quartile q
-    "onpolicy_Q{q}_mean_abs_w" (the mean over the batches) and its SE over them (_se), and "onpolicy_G_Q4_over_G_Q1"
+    "onpolicy_Q{q}_mean_abs_w" (the mean over the batches) and its SE over them (_se), the quartile's p_old range over
+    the batches (_p_old_min, _p_old_max), and "onpolicy_G_Q4_over_G_Q1"
     (||G_Q4|| / ||G_Q1|| per batch, its mean and _se). A single batch has no SE: left out."""
     metrics = {}
     mine = [r for r in rows if r["beta"] == 0]
@@ -392,7 +393,10 @@ def onpolicy_metrics(rows):
             metrics[name + "_se"] = round(se, 6)
 
     for q in sorted({int(r["quartile"]) for r in mine}):
-        put(f"onpolicy_Q{q}_mean_abs_w", [r["mean_abs_w"] for r in mine if int(r["quartile"]) == q])
+        cells = [r for r in mine if int(r["quartile"]) == q]
+        put(f"onpolicy_Q{q}_mean_abs_w", [r["mean_abs_w"] for r in cells])
+        metrics[f"onpolicy_Q{q}_p_old_min"] = round(min(r["p_min"] for r in cells), 6)
+        metrics[f"onpolicy_Q{q}_p_old_max"] = round(max(r["p_max"] for r in cells), 6)
     norm = {(r["seed"], int(r["quartile"])): r["summed_grad_norm"] for r in mine}
     put("onpolicy_G_Q4_over_G_Q1", [norm[(s, 4)] / norm[(s, 1)] for s in sorted({r["seed"] for r in mine})])
     return metrics
@@ -404,7 +408,8 @@ OFFPOLICY_KEYS = ("tokens", "clipped_low", "clipped_high", "dual_clipped", "neg_
 def offpolicy_metrics(rows, prefix="", keys=OFFPOLICY_KEYS, weights=True):
     """The off-policy rows of several batches -> {metric: value}, the numbers a results file ships: per mini-batch m
     and quartile q, "mb{m}_Q{q}_" + each of `keys` (counts summed over the batches); with `weights`, also
-    max_abs_w_clipped_beta{beta} and max_abs_w_neg_above (the largest over the batches), and for mini-batch 2 (the
+    max_abs_w_clipped_beta{beta}, max_abs_w_neg_above and ratio_max (the largest over the batches), ratio_min (the
+    smallest), and for mini-batch 2 (the
     rows train.py trains off-policy) mean_abs_w_inside at beta 0 (the mean over the batches of each batch's mean)
     with its SE over them (_se). A value that does not exist (no token clipped, a single batch's SE) is left out,
     not written as nan."""
@@ -427,6 +432,10 @@ def offpolicy_metrics(rows, prefix="", keys=OFFPOLICY_KEYS, weights=True):
             largest(f"{name}max_abs_w_clipped_beta{beta:g}",
                     [r["max_abs_w_clipped"] for r in cells if r["beta"] == beta])
         largest(name + "max_abs_w_neg_above", [r["max_abs_w_neg_above"] for r in beta0])
+        largest(name + "ratio_max", [r["ratio_max"] for r in beta0])
+        lows = [r["ratio_min"] for r in beta0 if not math.isnan(r["ratio_min"])]
+        if lows:
+            metrics[name + "ratio_min"] = round(min(lows), 6)
         inside = [r["mean_abs_w_inside"] for r in beta0 if not math.isnan(r["mean_abs_w_inside"])]
         if part == 2 and inside:
             mean, se, _ = mean_se_interval(inside)

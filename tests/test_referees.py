@@ -166,7 +166,7 @@ def test_offpolicy_metrics_sum_counts_and_average_weights_over_batches():
 
     from experiments.referee_lopti import offpolicy_metrics
     base = {"mini_batch": 2, "quartile": 1, "tokens": 10, "clipped_high": 0, "dual_clipped": 0, "inside": 0,
-            "neg_above_clip_high": 1, "max_abs_w_neg_above": 1.5}
+            "neg_above_clip_high": 1, "max_abs_w_neg_above": 1.5, "ratio_min": 0.7, "ratio_max": 1.2}
     rows = [{**base, "seed": 0, "beta": 0.0, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 0.0},
             {**base, "seed": 1, "beta": 0.0, "clipped_low": 1, "mean_abs_w_inside": 0.6, "max_abs_w_clipped": 0.0},
             {**base, "seed": 0, "beta": 1e-3, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 2e-3},
@@ -179,6 +179,7 @@ def test_offpolicy_metrics_sum_counts_and_average_weights_over_batches():
     assert m["run_clip_mb2_Q1_mean_abs_w_inside"] == 0.7 and m["run_clip_mb2_Q1_mean_abs_w_inside_se"] == 0.1
     assert m["run_clip_mb2_Q1_max_abs_w_clipped_beta0"] == 0 and m["run_clip_mb2_Q1_max_abs_w_neg_above"] == 1.5
     assert m["run_clip_mb2_Q1_max_abs_w_clipped_beta0.001"] == 5e-3
+    assert m["run_clip_mb2_Q1_ratio_min"] == 0.7 and m["run_clip_mb2_Q1_ratio_max"] == 1.2
     assert "run_clip_mb2_Q2_max_abs_w_clipped_beta0" not in m and "run_clip_mb2_Q2_mean_abs_w_inside_se" not in m
     assert offpolicy_metrics(rows, keys=("clipped_high",), weights=False) == {"mb2_Q1_clipped_high": 0,
                                                                              "mb2_Q2_clipped_high": 0}
@@ -188,13 +189,15 @@ def test_onpolicy_metrics_by_hand():
     """Two batches: mean |w| of Q1 0.9 and 0.7 (0.8, SE 0.1); ||G_Q4|| / ||G_Q1|| = 0.1 / 1 and 0.3 / 1 (0.2, SE
     0.1); beta 1e-3 rows are not read."""
     from experiments.referee_lopti import onpolicy_metrics
-    rows = [{"seed": s, "beta": b, "quartile": q, "mean_abs_w": w, "summed_grad_norm": g}
+    rows = [{"seed": s, "beta": b, "quartile": q, "mean_abs_w": w, "summed_grad_norm": g, "p_min": q / 10 + s / 100,
+             "p_max": q / 10 + 0.05 + s / 100}
             for b in (0.0, 1e-3) for s, w1, g4 in ((0, 0.9, 0.1), (1, 0.7, 0.3))
             for q, w, g in ((1, w1 + b, 1.0), (2, 0.5, 0.2), (3, 0.5, 0.2), (4, 0.5, g4))]
     m = onpolicy_metrics(rows)
     assert m["onpolicy_Q1_mean_abs_w"] == 0.8 and m["onpolicy_Q1_mean_abs_w_se"] == 0.1
     assert m["onpolicy_Q4_mean_abs_w"] == 0.5 and m["onpolicy_Q4_mean_abs_w_se"] == 0
     assert m["onpolicy_G_Q4_over_G_Q1"] == 0.2 and m["onpolicy_G_Q4_over_G_Q1_se"] == 0.1
+    assert m["onpolicy_Q2_p_old_min"] == 0.2 and m["onpolicy_Q2_p_old_max"] == 0.26  # over both batches
 
 
 def test_lopti_verdict_reads_the_interval():

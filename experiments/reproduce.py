@@ -17,6 +17,10 @@ run folder and no cached warm start is reused. Kinds of cell:
   identity  a formula evaluated by the lesson's own functions (no training): exact
   eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
             |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
+  referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
+            per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
+            off-policy state, per mini-batch and p_old quartile (referee_lopti.offpolicy_metrics), and the on-policy
+            mean |w| per quartile and ||G_Q4|| / ||G_Q1|| (onpolicy_metrics)
 What the equality rests on: the same code (the commit), torch build, thread count and CPU. torch's CPU kernels
 and MKL choose their code path by the CPU (its vendor and vector ISA), and the paths sum in other orders, so another
 CPU gives other numbers from the same seed; holding torch and MKL to AVX2 (the -avx2 cells) does not make an Intel
@@ -42,6 +46,8 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
+LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its docs/results.md rows)
+LOPTI_CLIP = ["--clip-low", "0.2", "--clip-high", "0.24", "--dual-clip", "10"]  # the Lopti recipes' clip
 
 # name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
 # runs the machine's own code path: it reproduces on a CPU of the same vector ISA as the row's machine.
@@ -56,6 +62,10 @@ CELLS = {
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
+    # item 5's clipped case on countdown3's GRPO seed 0 (issue 38): 3 batches of 64 held-out prompts x 8
+    "lopti-offpolicy-seed0": ("referee-lopti", ["countdown3", "grpo", "0", LOPTI_BATCHES,
+                                                {"run_clip": [], "lopti_clip": LOPTI_CLIP}],
+                              "referee_lopti_offpolicy.csv", 8, ONE),
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
                                                5, {**env, **ONE})
        for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(20) for config in ("grpo", "softmax")},
@@ -95,6 +105,15 @@ def command_text(name):
         return prefix + f"python -m experiments.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
     if kind == "eq4":
         return prefix + "python -m experiments.eq4_monte_carlo"
+    if kind == "referee-lopti":
+        preset, config, seed, batches, variants = args
+        checkpoint = f"RUNS/{preset}/{config}-seed{seed}/latest"
+        measure = " ".join([f"{prefix}python -m experiments.referee_lopti --checkpoint {checkpoint}",
+                            *referee_task(preset), *batches])
+        return "; ".join([prefix + f"python -m experiments.compare --preset {preset} --configs {config} --seeds "
+                          f"{seed} --output-dir RUNS", measure + " (metrics " + "; ".join(
+                              f"{name}_*" + (f": the same with {' '.join(flags)}" if flags else "")
+                              for name, flags in variants.items()) + ")"])
     return f"experiments.table3_allocation.identity_table(M={args[0]}, tau={args[1]})"
 
 
@@ -123,6 +142,8 @@ def rerun(name, folder):
         from harness.metrics import read_metrics
         evals = [row for row in read_metrics(os.path.join(folder, "metrics.jsonl")) if row.get("eval")]
         return {"before_pass@1": evals[0]["pass@1"], "after_pass@1": evals[-1]["pass@1"]}
+    if kind == "referee-lopti":
+        return rerun_referee_lopti(args, folder, environment)
     preset, config, seed = args
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
@@ -161,6 +182,37 @@ def compare_metrics(folder, preset, config=None, seed=None):
         metrics.update({f"table3_prompts_{row['bin']}": float(row["prompts"]),
                         f"table3_share_grpo_adv_{row['bin']}": float(row["share_grpo_advantages"]),
                         f"table3_share_softmax_adv_{row['bin']}": float(row["share_softmax_advantages"])})
+    return metrics
+
+
+def referee_task(preset):
+    """The task flags referee_lopti needs to score a preset's checkpoint (its held-out prompts)."""
+    return ["--task-option", "num_count=3"] if preset.startswith("countdown3") else []
+
+
+def rerun_referee_lopti(args, folder, environment):
+    """The referee-lopti kind: train the compare run, then measure each clip setting -> {metric: value}."""
+    preset, config, seed, batches, variants = args
+    run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
+                 "--output-dir", folder, "--no-diagnostics"], environment)
+    checkpoint = os.path.join(folder, preset, f"{config}-seed{seed}", "latest")
+    from experiments.referee_lopti import OFFPOLICY_KEYS, offpolicy_metrics, onpolicy_metrics
+
+    def read(path):
+        with open(path, newline="") as f:
+            return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
+                    for row in csv.DictReader(f)]
+
+    metrics = {}
+    for name, flags in variants.items():
+        out = os.path.join(folder, f"referee-{name}")
+        run_quietly([sys.executable, "-m", "experiments.referee_lopti", "--checkpoint", checkpoint,
+                     *referee_task(preset), *batches, *flags, "--output-dir", out], environment)
+        first = len(metrics) == 0
+        if first:  # the on-policy part and the off-policy state do not depend on the clip: their numbers once
+            metrics.update(onpolicy_metrics(read(os.path.join(out, "referee_lopti.csv"))))
+        metrics.update(offpolicy_metrics(read(os.path.join(out, "referee_lopti_offpolicy.csv")), prefix=f"{name}_",
+                                         keys=OFFPOLICY_KEYS if first else OFFPOLICY_KEYS[2:], weights=first))
     return metrics
 
 

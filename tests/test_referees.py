@@ -123,6 +123,83 @@ def test_quartile_gradients_add_up_to_train_py_gradient_with_kl(one_thread):
     assert (sums.norm(dim=1) > 0).all()
 
 
+def test_clipped_tokens_and_their_weight_by_hand():
+    """Item 5's clipped case on a hand-built batch (clip 0.2 / 0.28, dual clip c = 3). Row 0 has A = +1, row 1
+    A = -2; pi_old = 0.5 everywhere and pi = ratio * pi_old. Token by token, with l = max(-A r, -A clamp(r)):
+      row 0: r = 1.0 inside, w = A r = 1; r = 1.5 > 1.28 with A > 0: clipped high, w = 0; r = 0.5 < 0.8 but A > 0,
+             so max(-0.5, -0.8) = -0.5 is the unclipped term: inside, w = 0.5; the 4th token is padding.
+      row 1: r = 0.5 < 0.8 with A < 0: clipped low, w = 0; r = 1.1 inside, w = -2.2; r = 4 > c = 3: the dual clip
+             caps the loss at -A c, w = 0; r = 2 > 1.28 but A < 0 is not clipped (above 1 + clip_high), w = -4.
+    Without the dual clip the r = 4 token is inside with w = -8. With pi_ref = 2 pi and beta = 0.5 every valid
+    token adds beta (pi_ref / pi - 1) = 0.5, clipped or not (the KL term is not clipped)."""
+    import math
+
+    import torch
+
+    from experiments.referee_lopti import loss_token_weights, trust_region_masks
+    ratio = torch.tensor([[1.0, 1.5, 0.5, 1.0], [0.5, 1.1, 4.0, 2.0]], dtype=torch.float64)
+    old = torch.full_like(ratio, math.log(0.5))
+    new = old + ratio.log()
+    advantages = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float64)
+    clip = dict(clip_low=0.2, clip_high=0.28)
+    masks = trust_region_masks(ratio, advantages, mask, **clip, dual_clip=3.0)
+    where = {name: sorted(map(tuple, m.nonzero().tolist())) for name, m in masks.items()}
+    assert where == {"low": [(1, 0)], "high": [(0, 1)], "dual": [(1, 2)], "inside": [(0, 0), (0, 2), (1, 1), (1, 3)],
+                     "neg_above": [(1, 3)]}
+    w = loss_token_weights(new, old, advantages, mask, **clip, dual_clip=3.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.5, 0.0], [0.0, -2.2, 0.0, -4.0]], dtype=torch.float64))
+    assert w[1, 0] == 0 and w[0, 1] == 0 and w[1, 2] == 0  # exactly 0 where the indicator is 0
+    w = loss_token_weights(new, old, advantages, mask, **clip)  # no dual clip: r = 4 stays inside
+    assert trust_region_masks(ratio, advantages, mask, **clip)["neg_above"].nonzero().tolist() == [[1, 2], [1, 3]]
+    torch.testing.assert_close(w[1], torch.tensor([0.0, -2.2, -8.0, -4.0], dtype=torch.float64))
+    w = loss_token_weights(new, old, advantages, mask, ref_logprobs=new + math.log(2.0), beta=0.5, **clip,
+                           dual_clip=3.0)
+    torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0, 0.0], [0.5, -1.7, 0.5, -3.5]], dtype=torch.float64))
+
+
+def test_offpolicy_metrics_sum_counts_and_average_weights_over_batches():
+    """Two batches' rows of one (mini-batch, quartile) at beta 0 and 1e-3: counts add (3 + 1 clipped low), mean |w|
+    inside is the mean of the batches' means (0.8 and 0.6: 0.7, SE = |0.8 - 0.6| / 2 = 0.1), the largest |w| where
+    clipped is the max over batches per beta, and a quartile with nothing clipped has no such metric (not nan)."""
+    import math
+
+    from experiments.referee_lopti import offpolicy_metrics
+    base = {"mini_batch": 2, "quartile": 1, "tokens": 10, "clipped_high": 0, "dual_clipped": 0, "inside": 0,
+            "neg_above_clip_high": 1, "max_abs_w_neg_above": 1.5, "ratio_min": 0.7, "ratio_max": 1.2}
+    rows = [{**base, "seed": 0, "beta": 0.0, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 0.0},
+            {**base, "seed": 1, "beta": 0.0, "clipped_low": 1, "mean_abs_w_inside": 0.6, "max_abs_w_clipped": 0.0},
+            {**base, "seed": 0, "beta": 1e-3, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 2e-3},
+            {**base, "seed": 1, "beta": 1e-3, "clipped_low": 1, "mean_abs_w_inside": 0.6, "max_abs_w_clipped": 5e-3},
+            {**base, "seed": 0, "beta": 0.0, "quartile": 2, "clipped_low": 0, "mean_abs_w_inside": 0.5,
+             "max_abs_w_clipped": math.nan}]
+    m = offpolicy_metrics(rows, prefix="run_clip_")
+    assert m["run_clip_mb2_Q1_tokens"] == 20 and m["run_clip_mb2_Q1_clipped_low"] == 4
+    assert m["run_clip_mb2_Q1_neg_above_clip_high"] == 2 and m["run_clip_mb2_Q1_dual_clipped"] == 0
+    assert m["run_clip_mb2_Q1_mean_abs_w_inside"] == 0.7 and m["run_clip_mb2_Q1_mean_abs_w_inside_se"] == 0.1
+    assert m["run_clip_mb2_Q1_max_abs_w_clipped_beta0"] == 0 and m["run_clip_mb2_Q1_max_abs_w_neg_above"] == 1.5
+    assert m["run_clip_mb2_Q1_max_abs_w_clipped_beta0.001"] == 5e-3
+    assert m["run_clip_mb2_Q1_ratio_min"] == 0.7 and m["run_clip_mb2_Q1_ratio_max"] == 1.2
+    assert "run_clip_mb2_Q2_max_abs_w_clipped_beta0" not in m and "run_clip_mb2_Q2_mean_abs_w_inside_se" not in m
+    assert offpolicy_metrics(rows, keys=("clipped_high",), weights=False) == {"mb2_Q1_clipped_high": 0,
+                                                                             "mb2_Q2_clipped_high": 0}
+
+
+def test_onpolicy_metrics_by_hand():
+    """Two batches: mean |w| of Q1 0.9 and 0.7 (0.8, SE 0.1); ||G_Q4|| / ||G_Q1|| = 0.1 / 1 and 0.3 / 1 (0.2, SE
+    0.1); beta 1e-3 rows are not read."""
+    from experiments.referee_lopti import onpolicy_metrics
+    rows = [{"seed": s, "beta": b, "quartile": q, "mean_abs_w": w, "summed_grad_norm": g, "p_min": q / 10 + s / 100,
+             "p_max": q / 10 + 0.05 + s / 100}
+            for b in (0.0, 1e-3) for s, w1, g4 in ((0, 0.9, 0.1), (1, 0.7, 0.3))
+            for q, w, g in ((1, w1 + b, 1.0), (2, 0.5, 0.2), (3, 0.5, 0.2), (4, 0.5, g4))]
+    m = onpolicy_metrics(rows)
+    assert m["onpolicy_Q1_mean_abs_w"] == 0.8 and m["onpolicy_Q1_mean_abs_w_se"] == 0.1
+    assert m["onpolicy_Q4_mean_abs_w"] == 0.5 and m["onpolicy_Q4_mean_abs_w_se"] == 0
+    assert m["onpolicy_G_Q4_over_G_Q1"] == 0.2 and m["onpolicy_G_Q4_over_G_Q1_se"] == 0.1
+    assert m["onpolicy_Q2_p_old_min"] == 0.2 and m["onpolicy_Q2_p_old_max"] == 0.26  # over both batches
+
+
 def test_lopti_verdict_reads_the_interval():
     from experiments.referee_lopti import verdict
     assert verdict([0.10, 0.12, 0.11]).endswith("the dominance claim holds")
@@ -137,16 +214,30 @@ def test_referee_lopti_end_to_end_before_and_after(tmp_path, digits_task, capsys
     train.main(["--task", "digits", *SMALL_TRAIN, "--steps", "2", "--output-dir", run])
     common = ["--checkpoint", os.path.join(run, "latest"), "--task", "digits", "--num-prompts", "3", "-M", "4",
               "--token-samples", "2", "--max-new-tokens", "6", "--beta", "0.1"]
-    rows, cosines, verdicts = referee_lopti.main([*common, "--seeds", "0,1", "--output-dir", str(tmp_path / "after")])
+    # off-policy state with a clip so narrow (ratio outside 1 -+ 1e-4) that one step must put tokens outside it
+    rows, cosines, verdicts, off = referee_lopti.main([*common, "--seeds", "0,1", "--clip-low", "1e-4", "--clip-high",
+                                                       "1e-4", "--output-dir", str(tmp_path / "after")])
     assert sorted({r["beta"] for r in rows}) == [0.0, 0.1]  # pi_ref: the run's initial policy
     assert len(rows) == 2 * 2 * 4 and len(cosines) == 2 * 2 * 12
     for r in rows:
         assert 0 <= r["share_of_full_norm"] <= 1 + 1e-6 and -1 - 1e-6 <= r["cos_with_full"] <= 1 + 1e-6
     assert "pi_ref" in capsys.readouterr().out
-    rows, _, verdicts = referee_lopti.main([*common, "--seeds", "0", "--initial", "--output-dir",
-                                            str(tmp_path / "before")])
+    assert len(off) == 2 * 2 * 2 * 4 == len(read_csv(tmp_path / "after" / "referee_lopti_offpolicy.csv"))
+    for r in off:  # every token is inside or cut exactly once; the same tokens as the on-policy quartiles
+        assert r["clipped_low"] + r["clipped_high"] + r["dual_clipped"] + r["inside"] == r["tokens"]
+        assert r["dual_clipped"] == 0 and r["adamw_moments"] == "saved"
+    for seed in (0, 1):
+        for q in range(1, 5):
+            assert sum(r["tokens"] for r in off if (r["seed"], r["beta"], r["quartile"]) == (seed, 0.0, q)) == \
+                next(r["tokens"] for r in rows if (r["seed"], r["beta"], r["quartile"]) == (seed, 0.0, q))
+    cut = [r for r in off if r["clipped_low"] + r["clipped_high"]]
+    assert cut and all(r["max_abs_w_clipped"] == 0 for r in cut if r["beta"] == 0)  # the gradient is cut: w = 0
+    assert all(0 < r["max_abs_w_clipped"] < 0.1 * 10 for r in cut if r["beta"] == 0.1)  # the KL part alone remains
+    rows, _, verdicts, off = referee_lopti.main([*common, "--seeds", "0", "--initial", "--output-dir",
+                                                 str(tmp_path / "before")])
     assert {r["beta"] for r in rows} == {0.0} and set(verdicts) == {0.0} and "no verdict" in verdicts[0.0]
     assert len(read_csv(tmp_path / "before" / "referee_lopti.csv")) == 4
+    assert {r["adamw_moments"] for r in off} == {"fresh"}  # the initial policy: a run's first step
 
 
 # ------------------------------------------------------------------------------------------------------------

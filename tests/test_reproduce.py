@@ -18,6 +18,13 @@ def test_every_cell_names_a_results_file_and_a_command(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in reproduce.CELLS)
     assert "python -m experiments.compare --preset countdown3 --configs softmax --seeds 12" in out
+    # item 5's clipped case: the run, then referee_lopti on its checkpoint once per clip setting
+    assert reproduce.command_text("lopti-offpolicy-seed0").split("; ", 1) == [
+        "OMP_NUM_THREADS=1 python -m experiments.compare --preset countdown3 --configs grpo --seeds 0 "
+        "--output-dir RUNS",
+        "OMP_NUM_THREADS=1 python -m experiments.referee_lopti --checkpoint RUNS/countdown3/grpo-seed0/latest "
+        "--task-option num_count=3 --seeds 0,1,2 --num-prompts 64 (metrics run_clip_*; lopti_clip_*: the same with "
+        "--clip-low 0.2 --clip-high 0.24 --dual-clip 10)"]
 
 
 def test_the_identity_cell_reproduces_and_a_changed_number_differs(tmp_path, monkeypatch, capsys):

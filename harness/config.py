@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass, field
 
 import tasks
-from harness.checkpoint import RunError, checkpoint_step, load_run_settings, resolve_checkpoint
+from harness.checkpoint import RunError, checkpoint_step, load_run_settings, refuse_live_run, resolve_checkpoint
 from harness.memory import parse_size
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
@@ -501,6 +501,8 @@ def resumed(config, log=print):
     a flag a resumed run may change (resumable()) takes the new value, any other must equal the saved one (else a
     RunError). The run continues in the checkpoint's own folder. Saved settings pass the same checks as flags; a
     task file or module is imported only when --task names it again (named_task)."""
+    if not config.dry_run:  # a live run prunes its checkpoints as it saves: nothing read from it would hold
+        refuse_live_run(config.resume)
     if not os.path.exists(config.resume):
         raise ValueError(f"--resume {config.resume}: no such folder")
     checkpoint_dir = resolve_checkpoint(config.resume, log)

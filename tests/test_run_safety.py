@@ -4,6 +4,7 @@ code (2: a flag, 1: the run's files)."""
 import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -249,6 +250,32 @@ def test_resuming_a_live_run_that_has_no_checkpoint_yet_names_it(tmp_path, capsy
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_resuming_a_live_run_that_saves_every_step_names_it_before_torch_loads(tmp_path):
+    # A live run prunes the checkpoint a resume has just chosen: "model path does not exist" (after torch loaded)
+    # instead of the process that holds the folder. A real run, in another process, saving every step.
+    out = str(tmp_path / "run")
+    trainer = subprocess.Popen([sys.executable, "train.py", "--task", "countdown", "--output-dir", out, *SMALL,
+                                "--steps", "10000", "--save-every", "1", "--keep-checkpoints", "1",
+                                "--eval-every", "10000", "--idle-stop", "0"],
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print('torch' in sys.modules, e.code)")
+    try:
+        deadline = time.time() + 240
+        while not checkpoint.checkpoint_steps(out) and time.time() < deadline:
+            time.sleep(0.2)
+        for target in [out, out, os.path.join(out, "latest"), out]:
+            proc = subprocess.run([sys.executable, "-c", code, "--resume", target], cwd=REPO, capture_output=True,
+                                  text=True, timeout=60)
+            assert proc.stdout.split() == ["False", "1"], proc.stderr
+            assert f"is in use by process {trainer.pid} on" in proc.stderr and "still going" in proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    finally:
+        trainer.send_signal(signal.SIGTERM)
+        trainer.wait(timeout=120)
+    assert trainer.returncode == 143  # it saved and stopped as always
 
 
 def test_a_lock_file_nobody_holds_is_no_lock(tmp_path):
@@ -656,7 +683,8 @@ def test_a_warm_start_cache_that_is_not_what_we_wrote_is_one_line(tmp_path, caps
 def test_a_warm_start_cache_whose_weights_are_cut_short_is_one_line(tmp_path, capsys, damage):
     # a truncated or empty model.safetensors in the cache was a safetensors traceback
     cache = tmp_path / "cache"
-    flags = ["--task", "digits", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(cache), "--steps", "1"]
+    flags = ["--task", "digits", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(cache),
+             "--steps", "1"]
     train.main([*flags, "--output-dir", str(tmp_path / "a")])
     [weights] = glob.glob(str(cache / "warm_start-*" / "model.safetensors"))
     data = open(weights, "rb").read()

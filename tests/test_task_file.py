@@ -113,7 +113,8 @@ def test_a_reward_and_a_data_file_are_enough(tmp_path, capsys):
      "reward() returned 1000"),  # beyond a float: an OverflowError traceback before
     (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return __import__('decimal').Decimal('NaN') or sum("),
      "reward() returned Decimal('NaN') (Decimal)"),
-    (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return 1j or sum("), "reward() returned 1j (complex)"),
+    (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return 1j or sum("),
+     "reward() returned 1j (complex)"),
     (DIGITS_TASK.replace("{BROKEN}", "1").replace("def make_task(data=None, break_after=None)",
                                                   "def make_task(break_after=None)"), "make_task takes no data="),
 ])

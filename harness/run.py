@@ -36,9 +36,9 @@ from tqdm import tqdm
 
 import tasks
 from harness import memory, report, tiny
-from harness.checkpoint import (RunError, checkpoint_steps, existing_copy, holds_a_run, later_checkpoints,
-                                load_trainer_state, locked, point_latest, recover, remove_run, restore_rng, rng_state,
-                                save_checkpoint, write_failed)
+from harness.checkpoint import (RunError, checkpoint_step, checkpoint_steps, existing_copy, holds_a_run,
+                                later_checkpoints, load_trainer_state, locked, point_latest, recover, remove_run,
+                                restore_rng, rng_state, save_checkpoint, write_failed)
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, require_library
@@ -598,6 +598,15 @@ def set_aside_unsaved_metrics(output_dir):
         f"{UNSAVED_METRICS}, starting afresh")
 
 
+def resumed_step(config):
+    """The step a run starts after: a resumed checkpoint's (config.load names it checkpoint-<step>), else 0. begin()
+    confirms it from trainer_state.pt; until then a message about the run names the right step."""
+    if not config.resume:
+        return 0
+    folder = os.path.normpath(config.resume)
+    return checkpoint_step(os.path.dirname(folder), os.path.basename(folder)) or 0
+
+
 @contextlib.contextmanager
 def start(config):
     """Own the output folder for the block: a lock (one run per folder), what a kill left put right, and either a
@@ -619,7 +628,7 @@ def start(config):
                                f"continue it with --resume {config.output_dir}, pick another --output-dir, or pass "
                                "--overwrite to delete it")
             remove_run(config.output_dir)
-        state = RunState(config)
+        state = RunState(config, step=resumed_step(config))
 
         def on_stop_signal(signum, frame):
             if state.stopped and signum == signal.SIGINT:
@@ -653,7 +662,8 @@ def start(config):
             raise InputError(str(error)) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)
-            print(f"\nthe run stopped in step {state.step + 1} on the error below; its files are intact"
+            where = f"in step {state.step + 1}" if state.model is not None else f"before step {state.step + 1}"
+            print(f"\nthe run stopped {where} on the error below; its files are intact"
                   + (f": --resume {config.output_dir} continues from checkpoint-{saved[-1]}" if saved else
                      ", with no checkpoint: the same command starts afresh"), file=sys.stderr, flush=True)
             raise

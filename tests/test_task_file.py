@@ -192,6 +192,21 @@ def test_a_reward_that_raises_mid_run_shows_its_traceback_and_the_run_resumes_on
     assert checkpoint.checkpoint_steps(out) == [2, 4]
 
 
+def test_a_bug_before_a_resumed_runs_first_step_names_that_step(tmp_path):
+    # a resumed run of 4 steps that fails while starting was reported as "the run stopped in step 1"
+    body = DIGITS_TASK.replace("{BROKEN}", "1").replace(
+        "    def examples(self, split, n, seed):\n",
+        "    def examples(self, split, n, seed):\n        if split == 'test' and __import__('os').environ.get('BUG'):\n"
+        "            raise RuntimeError('a bug in examples')\n")
+    path, out = task_file(tmp_path, body), str(tmp_path / "run")
+    train.main(["--task", path, "--output-dir", out, *SMALL, "--steps", "4", "--save-every", "2"])
+    proc = subprocess.run([sys.executable, "train.py", "--resume", out, "--task", path, "--steps", "6"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "BUG": "1"})
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "a bug in examples" in proc.stderr, proc.stderr
+    assert "the run stopped before step 5 on the error below" in proc.stderr
+    assert f"--resume {out} continues from checkpoint-4" in proc.stderr
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_handed_over_run_folder_never_imports_a_task_file_of_its_choosing(tmp_path, dry_run):
     # run.json may name any .py file, with task_file_sha256 set to that file's own hash: a resume must not import

@@ -422,6 +422,19 @@ def test_saved_settings_pass_the_same_checks_as_flags(finished_run, capsys, monk
     assert message in err and "run.json" in err
 
 
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_a_metrics_line_over_the_limit_is_called_too_long(finished_run, capsys, where):
+    # a valid row of over 1 MiB was called "not a metrics row" (and, last, dropped as half-written)
+    from harness import metrics
+    path = os.path.join(finished_run, "metrics.jsonl")
+    rows = open(path).read().splitlines(keepends=True)
+    huge = json.dumps({"step": 3, "note": "x" * (2 * metrics.MAX_METRICS_LINE)}) + "\n"
+    rows.insert(len(rows) if where == "last" else 1, huge)
+    open(path, "w").writelines(rows)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert f"metrics.jsonl:{len(rows) if where == 'last' else 2}: a line of over 1048576 bytes" in err, err
+
+
 def test_a_metrics_row_without_a_step_names_its_line(finished_run, capsys):
     with open(os.path.join(finished_run, "metrics.jsonl"), "a") as f:
         f.write('{"reward": 1}\n')

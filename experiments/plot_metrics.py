@@ -68,7 +68,7 @@ def read_metrics(path):
     train_rows, eval_rows = [], []
     with open(path, "rb") as f:
         for line_number, line in bounded_lines(f):  # blank lines skipped, a line of over 1 MiB never read whole
-            if line is None:
+            if not isinstance(line, bytes):  # metrics.TOO_LONG or TOO_LONG_UNENDED
                 raise ValueError(f"{path}:{line_number}: a line longer than {MAX_METRICS_LINE} bytes")
             try:
                 row = json.loads(line)

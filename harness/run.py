@@ -36,9 +36,9 @@ from tqdm import tqdm
 
 import tasks
 from harness import memory, report, tiny
-from harness.checkpoint import (RunError, checkpoint_steps, existing_copy, holds_a_run, later_checkpoints,
-                                load_trainer_state, locked, point_latest, recover, remove_run, restore_rng, rng_state,
-                                save_checkpoint, write_failed)
+from harness.checkpoint import (RunError, checkpoint_step, checkpoint_steps, existing_copy, holds_a_run,
+                                later_checkpoints, load_trainer_state, locked, point_latest, recover, remove_run,
+                                restore_rng, rng_state, save_checkpoint, write_failed)
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, require_library
@@ -152,7 +152,9 @@ class TimedRewards:
     """The task, with each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout it
     stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
     STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
-    while one whose rewards return finishes its step and saves as always. Everything else is the task's own."""
+    while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
+    (tasks.reward_number: any finite real number; else one line naming the task). Everything else is the task's
+    own."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
 
@@ -164,7 +166,8 @@ class TimedRewards:
 
     def reward(self, completion, example, **kwargs):
         if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-            return self.task.reward(completion, example, **kwargs)
+            return tasks.reward_number(self.task.reward(completion, example, **kwargs), f"task {self.task.name}",
+                                       completion)
 
         def expired(signum, frame):
             if TimedRewards.stop_signal:
@@ -179,11 +182,12 @@ class TimedRewards:
             signal.setitimer(signal.ITIMER_REAL, limit)
         TimedRewards.running = True
         try:
-            return self.task.reward(completion, example, **kwargs)
+            value = self.task.reward(completion, example, **kwargs)
         finally:
             TimedRewards.running = False
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+        return tasks.reward_number(value, f"task {self.task.name}", completion)
 
     @staticmethod
     def stop(signum):
@@ -594,6 +598,15 @@ def set_aside_unsaved_metrics(output_dir):
         f"{UNSAVED_METRICS}, starting afresh")
 
 
+def resumed_step(config):
+    """The step a run starts after: a resumed checkpoint's (config.load names it checkpoint-<step>), else 0. begin()
+    confirms it from trainer_state.pt; until then a message about the run names the right step."""
+    if not config.resume:
+        return 0
+    folder = os.path.normpath(config.resume)
+    return checkpoint_step(os.path.dirname(folder), os.path.basename(folder)) or 0
+
+
 @contextlib.contextmanager
 def start(config):
     """Own the output folder for the block: a lock (one run per folder), what a kill left put right, and either a
@@ -615,7 +628,7 @@ def start(config):
                                f"continue it with --resume {config.output_dir}, pick another --output-dir, or pass "
                                "--overwrite to delete it")
             remove_run(config.output_dir)
-        state = RunState(config)
+        state = RunState(config, step=resumed_step(config))
 
         def on_stop_signal(signum, frame):
             if state.stopped and signum == signal.SIGINT:
@@ -649,7 +662,8 @@ def start(config):
             raise InputError(str(error)) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)
-            print(f"\nthe run stopped in step {state.step + 1} on the error below; its files are intact"
+            where = f"in step {state.step + 1}" if state.model is not None else f"before step {state.step + 1}"
+            print(f"\nthe run stopped {where} on the error below; its files are intact"
                   + (f": --resume {config.output_dir} continues from checkpoint-{saved[-1]}" if saved else
                      ", with no checkpoint: the same command starts afresh"), file=sys.stderr, flush=True)
             raise

@@ -135,14 +135,14 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
         info = read_small_json(info_path)
         log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps, on the warm "
             "start's own held-out draw; the run's evals use another)")
-        from harness.model import model_source, weights_dtype
-        try:
-            model_source(cache_dir)  # the folder's small files bounded, no code of its own, sizes it may ask for
+        from harness.model import model_source, one_line_load_errors, weights_dtype
+        try:  # loaded as any model folder: its small files bounded, no code of its own, the sizes it may ask for,
+            path, kwargs = model_source(cache_dir)  # and weights that fail to load (truncated, empty) one line
+            with one_line_load_errors(cache_dir, kwargs):
+                cached = AutoModelForCausalLM.from_pretrained(path, **weights_dtype(model.dtype), **kwargs)
         except ValueError as error:
             raise RunError(f"{error}; delete that warm-start folder") from None
-        cached = AutoModelForCausalLM.from_pretrained(cache_dir, **weights_dtype(model.dtype),
-                                                      trust_remote_code=False).to(model.device)
-        return cached, info
+        return cached.to(model.device), info
     torch.manual_seed(seed)
     rng = random.Random(seed)
     pool = task.examples("train", min(max_steps * batch_size, 4000), seed=seed + 1)  # 2-number countdown has ~6k

@@ -30,7 +30,7 @@ assistant_prefill, a string rollout.render_prompts puts after the assistant head
 import inspect
 
 from tasks import countdown, custom, deepmath, gsm8k, knights_knaves, text_match
-from tasks.custom import TaskError, is_task_file
+from tasks.custom import TaskError, is_task_file, reward_number
 from tasks._math import DEADLINE_S as MATH_DEADLINE_S, helper_process as math_helper_process
 from tasks._verify import COMPACT_ALPHABET
 
@@ -46,7 +46,7 @@ RULES = {"countdown": countdown.RULES, "knights_knaves": knights_knaves.RULES, "
          "deepmath": deepmath.RULES, "text_match": text_match.RULES}  # chat-style rule sets, default first
 
 __all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "NEEDS_DATA", "RULES", "TASKS", "TaskError", "get_task",
-           "is_task_file", "math_helper_process"]
+           "is_task_file", "math_helper_process", "reward_number"]
 
 
 def get_task(name, *, data=None, **options):

@@ -14,13 +14,16 @@ What the object lacks or returns wrong is a TaskError (a ValueError: train.py pr
 checked on two training examples when the task is built and on every reward afterwards. An exception raised
 inside reward() is a bug in the file: its traceback shows, then one line naming the completion (TaskCodeError).
 """
+import decimal
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import os
 import re
+import sys
 
 from tasks._data import load_splits, sample_rows
 from tasks._verify import compact_text, completion_text
@@ -31,6 +34,31 @@ DEFAULT_PASS_THRESHOLD = 1.0
 
 class TaskError(ValueError):
     """A task file that does not keep the protocol (one line, naming the file)."""
+
+
+def reward_number(value, source, completion):
+    """A reward as the float the loop computes with: any finite real number (an int, a bool, a float, a Fraction, a
+    Decimal, a numpy integer, float or bool scalar: numbers.Real and those two), converted with float(). Else a
+    TaskError naming `source` (the task): a string, None, a complex number, an array or tensor (return .item()), and
+    nan, inf or a number too large for a float (10**400): one of those would turn every advantage of its group into
+    nan, and clamping it would change what the task rewards (docs/tasks.md)."""
+    numpy = sys.modules.get("numpy")  # a numpy bool comes only from a task that imported numpy
+    real = isinstance(value, (numbers.Real, decimal.Decimal)) or (numpy is not None and isinstance(value, numpy.bool_))
+    if real:
+        try:
+            number = float(value)
+        except (OverflowError, ValueError):  # 10**400, Fraction(10**400), Decimal('sNaN')
+            number = math.nan
+        if math.isfinite(number):
+            return number
+    try:
+        shown = repr(value)[:80]
+    except ValueError:  # an int of more than 4300 digits has no repr
+        shown = "a huge integer"
+    raise TaskError(f"{source}: reward() returned {shown} ({type(value).__name__}) for the completion "
+                    f"{completion[:80]!r}; a reward must be " + ("a finite number, not nan, inf or beyond a float's "
+                    "range" if real else "a real number (int, float, bool, Fraction, Decimal or a numpy scalar; of "
+                    "a tensor or array, its .item())"))
 
 
 class TaskCodeError(RuntimeError):
@@ -149,10 +177,7 @@ class FileTask:
         except Exception as error:  # not a ValueError any more: a bug in the file keeps its traceback (above)
             raise TaskCodeError(f"{self.source}: reward() raised {type(error).__name__} on the completion "
                                 f"{completion[:200]!r} of the example {str(example)[:200]}") from error
-        if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
-            return float(value)
-        raise TaskError(f"{self.source}: reward() returned {value!r} ({type(value).__name__}) for the completion "
-                        f"{completion[:80]!r}; it must return a finite number")
+        return reward_number(value, self.source, completion)
 
     def _solution(self, example, style="compact"):
         text = self.user.solution(example, style)

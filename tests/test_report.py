@@ -1,17 +1,20 @@
 """--report-to (harness/report.py): TensorBoard's event files, read back with tensorboard's own reader, hold exactly
 metrics.jsonl's numbers; W&B in offline mode writes its run, which a resumed run continues."""
+import contextlib
 import glob
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 
-from harness import metrics
+from harness import checkpoint, metrics
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(out, *extra):
@@ -84,3 +87,39 @@ def test_overwrite_deletes_the_old_loggers_files(tmp_path):
     run(out, "--report-to", "tensorboard", "--steps", "2")
     run(out, "--steps", "2", "--overwrite")
     assert not os.path.exists(out / "tensorboard")
+
+
+@contextlib.contextmanager
+def small_disk(folder, size):
+    """A tmpfs of `size` mounted at `folder` (a real full disk); skips where mounting is not permitted (not root)."""
+    os.makedirs(folder, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("when", ["full at the start", "fills during the run"])
+def test_a_full_disk_under_the_tensorboard_folder_is_one_line(tmp_path, when):
+    # SummaryWriter's OSError at the start, or its writer thread's mid-run, was a traceback (two: the thread's too)
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    with small_disk(out / "tensorboard", "4k" if when == "full at the start" else "24k"):
+        if when == "full at the start":
+            with contextlib.suppress(OSError), open(out / "tensorboard" / "filler", "wb") as f:
+                f.write(b"x" * 8192)
+        proc = subprocess.run([sys.executable, "train.py", "--task", "countdown", "--output-dir", str(out), *SMALL,
+                               "--steps", "40", "--save-every", "1", "--idle-stop", "0", "--report-to",
+                               "tensorboard"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error") or "Error" in line]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert errors[0].startswith("train.py: error: could not write") and "tensorboard" in errors[0]
+    assert "No space left on device" in errors[0] and "free some disk space" in errors[0]
+    if when == "full at the start":  # the loggers open before the folder changes
+        assert not (out / "metrics.jsonl").exists()
+    else:
+        assert "continue with --resume" in errors[0] and checkpoint.checkpoint_steps(str(out))

@@ -4,6 +4,7 @@ code (2: a flag, 1: the run's files)."""
 import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -118,6 +119,44 @@ def test_a_chat_template_that_loops_is_stopped_in_seconds(digits_task):
     assert time.time() - start < 10
 
 
+@pytest.mark.parametrize("template, message", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] }}{% endfor %}{% endfor %}",
+     "took over"),  # blamed on --model (tiny), which has no template at all
+    ("{{ messages[0]['content'].__class__.__mro__ }}", "failed (SecurityError: access to attribute '__class__'"),
+    ("{{ raise_exception('no user role here') }}", "failed (TemplateError: no user role here)"),
+    ("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}", "failed (TypeError"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "failed (RecursionError"),
+])
+def test_a_checkpoints_chat_template_that_fails_is_one_line_naming_the_checkpoint(finished_run, capsys, template,
+                                                                                   message):
+    # the tokenizer of a resumed run is the checkpoint's: its template failing was a traceback (the sandbox's
+    # refusal, raise_exception, an error in its code) or, looping, blamed on the original --model
+    checkpoint_dir = os.path.join(finished_run, "checkpoint-4")
+    path = os.path.join(checkpoint_dir, "run.json")
+    json.dump({**json.load(open(path)), "style": "chat"}, open(path, "w"))  # a chat model's run
+    open(os.path.join(checkpoint_dir, "chat_template.jinja"), "w").write(template)
+    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
+    started = time.time()
+    err = fails(capsys, ["--resume", finished_run, "--steps", "6"], code=1)
+    assert f"the chat template of {checkpoint_dir} " in err and message in err and "chat_template" in err, err
+    assert time.time() - started < 30
+    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
+
+
+def test_a_bug_outside_the_chat_template_keeps_its_traceback(digits_task):
+    # only the template's own errors become one line: a task's prompt() that raises is a bug, not the template's
+    import types
+    from harness import prompts, tiny
+    tokenizer = tiny.build_char_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    model = types.SimpleNamespace(config=types.SimpleNamespace(max_position_embeddings=128))
+    task = DigitsTask()
+    task.prompt = lambda example, style="chat": [{"role": "user", "content": str(1 / 0)}]
+    with pytest.raises(ZeroDivisionError):
+        prompts.within_context(None, DigitsTask().examples("test", 4, seed=0), model, tokenizer, task,
+                               config.Config(style="chat"))
+
+
 def test_a_prompt_longer_than_the_context_is_one_line(tmp_path, capsys, monkeypatch):
     class LongPrompts(DigitsTask):
         def prompt(self, example, style="chat"):  # BOS + 151 characters: more than the tiny model's 128 positions
@@ -211,6 +250,32 @@ def test_resuming_a_live_run_that_has_no_checkpoint_yet_names_it(tmp_path, capsy
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_resuming_a_live_run_that_saves_every_step_names_it_before_torch_loads(tmp_path):
+    # A live run prunes the checkpoint a resume has just chosen: "model path does not exist" (after torch loaded)
+    # instead of the process that holds the folder. A real run, in another process, saving every step.
+    out = str(tmp_path / "run")
+    trainer = subprocess.Popen([sys.executable, "train.py", "--task", "countdown", "--output-dir", out, *SMALL,
+                                "--steps", "10000", "--save-every", "1", "--keep-checkpoints", "1",
+                                "--eval-every", "10000", "--idle-stop", "0"],
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print('torch' in sys.modules, e.code)")
+    try:
+        deadline = time.time() + 240
+        while not checkpoint.checkpoint_steps(out) and time.time() < deadline:
+            time.sleep(0.2)
+        for target in [out, out, os.path.join(out, "latest"), out]:
+            proc = subprocess.run([sys.executable, "-c", code, "--resume", target], cwd=REPO, capture_output=True,
+                                  text=True, timeout=60)
+            assert proc.stdout.split() == ["False", "1"], proc.stderr
+            assert f"is in use by process {trainer.pid} on" in proc.stderr and "still going" in proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    finally:
+        trainer.send_signal(signal.SIGTERM)
+        trainer.wait(timeout=120)
+    assert trainer.returncode == 143  # it saved and stopped as always
 
 
 def test_a_lock_file_nobody_holds_is_no_lock(tmp_path):
@@ -342,13 +407,32 @@ def test_a_trainer_state_without_its_keys_is_one_line(finished_run, capsys, dama
     (lambda s: {**s, "steps": "10"}, "--steps must be an integer, got '10'"),
     (lambda s: {**s, "method": "nope"}, "--method must be one of softmax, grpo"),
     (lambda s: {**s, "loss_agg": 3}, "--loss-agg must be text, got 3"),
+    # the settings only run.json holds: named by their key, before torch loads (style "weird" failed after it)
+    (lambda s: {**s, "style": "weird"}, "the setting 'style' must be one of chat, compact, got 'weird'"),
+    (lambda s: {**s, "report_to": "wandb", "wandb_run_id": "a/b"}, "the setting 'wandb_run_id' must match"),
+    (lambda s: {**s, "report_to": "wandb", "wandb_run_id": ""}, "the setting 'wandb_run_id' must match"),
+    (lambda s: {**s, "task_file_sha256": "not a hash"}, "the setting 'task_file_sha256' must match"),
 ])
-def test_saved_settings_pass_the_same_checks_as_flags(finished_run, capsys, damage, message):
+def test_saved_settings_pass_the_same_checks_as_flags(finished_run, capsys, monkeypatch, damage, message):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # a W&B run id: wandb itself would refuse it, blaming the login
     path = os.path.join(finished_run, "checkpoint-4", "run.json")
     saved = json.load(open(path))
     json.dump(damage(saved), open(path, "w"))
     err = fails(capsys, ["--resume", finished_run])
     assert message in err and "run.json" in err
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_a_metrics_line_over_the_limit_is_called_too_long(finished_run, capsys, where):
+    # a valid row of over 1 MiB was called "not a metrics row" (and, last, dropped as half-written)
+    from harness import metrics
+    path = os.path.join(finished_run, "metrics.jsonl")
+    rows = open(path).read().splitlines(keepends=True)
+    huge = json.dumps({"step": 3, "note": "x" * (2 * metrics.MAX_METRICS_LINE)}) + "\n"
+    rows.insert(len(rows) if where == "last" else 1, huge)
+    open(path, "w").writelines(rows)
+    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
+    assert f"metrics.jsonl:{len(rows) if where == 'last' else 2}: a line of over 1048576 bytes" in err, err
 
 
 def test_a_metrics_row_without_a_step_names_its_line(finished_run, capsys):
@@ -403,6 +487,15 @@ def test_data_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
     (["--warm-start-target", "5"], "--warm-start-target must lie in [0, 1]"),
     (["--clip-high", "0"], "--clip-high must be > 0"),
     (["--kl-coef", "nan"], "argument --kl-coef: expected a finite number"),
+    # numbers that ran into a traceback mid-run (nan weights) or built a model RoPE cannot rotate
+    (["--kl-coef", "1e300"], "--kl-coef must lie in [0, 100]"),
+    (["--lr", "1e30"], "--lr must lie in (0, 1]"),
+    (["--weight-decay", "1e300"], "--lr x --weight-decay must be <= 1"),
+    (["--temperature", "1e-300"], "--temperature must be >= 0.001"),
+    (["--tiny-hidden", "12"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
+    (["--tiny-hidden", "4"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
+    (["--tiny-hidden", str(10**6)], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
+    (["--tiny-layers", str(10**6)], "--tiny-layers must lie in [1, 64]"),
     (["--task", "gsm8k"], "--task gsm8k needs --data"),
 ])
 def test_flags_are_checked_before_torch_loads(tmp_path, flags, message):
@@ -597,6 +690,21 @@ def test_a_warm_start_cache_that_is_not_what_we_wrote_is_one_line(tmp_path, caps
         open(info, "w").write("{not json")
     err = fails(capsys, [*flags, "--output-dir", str(tmp_path / "b")])
     assert "warm_start.json" in err and "delete that warm-start folder" in err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_warm_start_cache_whose_weights_are_cut_short_is_one_line(tmp_path, capsys, damage):
+    # a truncated or empty model.safetensors in the cache was a safetensors traceback
+    cache = tmp_path / "cache"
+    flags = ["--task", "digits", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(cache),
+             "--steps", "1"]
+    train.main([*flags, "--output-dir", str(tmp_path / "a")])
+    [weights] = glob.glob(str(cache / "warm_start-*" / "model.safetensors"))
+    data = open(weights, "rb").read()
+    open(weights, "wb").write(data[:len(data) // 2] if damage == "truncated" else b"")
+    err = fails(capsys, [*flags, "--output-dir", str(tmp_path / "b")])
+    assert "could not load model" in err and "warm_start-" in err and "delete that warm-start folder" in err
+    assert not os.path.exists(tmp_path / "b" / "metrics.jsonl")
 
 
 @pytest.mark.parametrize("where", ["checkpoint", "warm start cache"])

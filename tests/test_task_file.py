@@ -109,6 +109,12 @@ def test_a_reward_and_a_data_file_are_enough(tmp_path, capsys):
      "reward() returned 'yes' (str)"),
     (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return float('nan') or sum("),
      "reward() returned nan (float)"),
+    (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return 10**400 or sum("),
+     "reward() returned 1000"),  # beyond a float: an OverflowError traceback before
+    (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return __import__('decimal').Decimal('NaN') or sum("),
+     "reward() returned Decimal('NaN') (Decimal)"),
+    (DIGITS_TASK.replace("{BROKEN}", "1").replace("return sum(", "return 1j or sum("),
+     "reward() returned 1j (complex)"),
     (DIGITS_TASK.replace("{BROKEN}", "1").replace("def make_task(data=None, break_after=None)",
                                                   "def make_task(break_after=None)"), "make_task takes no data="),
 ])
@@ -117,6 +123,31 @@ def test_a_task_file_that_breaks_the_protocol_is_one_line(tmp_path, capsys, body
     err = one_line(capsys, ["--task", path, "--output-dir", str(tmp_path / "run"), *SMALL])
     assert path in err and message in err
     assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("kind", ["int", "bool", "numpy.float32", "numpy.int64", "numpy.bool_", "fractions.Fraction",
+                                  "decimal.Decimal"])
+def test_a_reward_that_is_any_real_number_trains_as_its_float(tmp_path, kind):
+    # numpy scalars, Fraction and Decimal were refused as "not a finite number" (docs/tasks.md: what a reward may be)
+    module, _, name = kind.rpartition(".")
+    convert = f"__import__({module!r}).{name}" if module else name
+    value = "c.isdigit() for c in completion) > 0" if kind.endswith(("bool", "int", "int64", "bool_")) else \
+        "c.isdigit() for c in completion) / max(len(completion), 1)"
+    body = DIGITS_TASK.replace("{BROKEN}", "1").replace(
+        "return sum(c.isdigit() for c in completion) / max(len(completion), 1)", f"return {convert}(sum({value})")
+    out = tmp_path / "run"
+    train.main(["--task", task_file(tmp_path, body), "--output-dir", str(out), *SMALL, "--steps", "1"])
+    [row] = [row for row in metrics.read_metrics(str(out / "metrics.jsonl")) if not row.get("eval")]
+    assert isinstance(row["reward_mean"], float) and 0 <= row["reward_mean"] <= 1
+
+
+def test_a_registered_task_whose_reward_is_not_a_number_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    # a task object registered in Python (not a file) returning text: float("0.5") took it silently
+    from tests.stubs import DigitsTask
+    monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None: DigitsTask())
+    monkeypatch.setattr(DigitsTask, "reward", lambda self, completion, example, style="chat": "0.5")
+    err = one_line(capsys, ["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1"])
+    assert "task digits: reward() returned '0.5' (str)" in err and "a real number" in err
 
 
 def test_a_missing_task_file_or_unknown_option_is_one_line_before_torch(tmp_path, capsys):
@@ -159,6 +190,21 @@ def test_a_reward_that_raises_mid_run_shows_its_traceback_and_the_run_resumes_on
     proc = subprocess.run(resume + ["--task", path], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "is not the file this run started with" in proc.stdout, proc.stderr
     assert checkpoint.checkpoint_steps(out) == [2, 4]
+
+
+def test_a_bug_before_a_resumed_runs_first_step_names_that_step(tmp_path):
+    # a resumed run of 4 steps that fails while starting was reported as "the run stopped in step 1"
+    body = DIGITS_TASK.replace("{BROKEN}", "1").replace(
+        "    def examples(self, split, n, seed):\n",
+        "    def examples(self, split, n, seed):\n        if split == 'test' and __import__('os').environ.get('BUG'):\n"
+        "            raise RuntimeError('a bug in examples')\n")
+    path, out = task_file(tmp_path, body), str(tmp_path / "run")
+    train.main(["--task", path, "--output-dir", out, *SMALL, "--steps", "4", "--save-every", "2"])
+    proc = subprocess.run([sys.executable, "train.py", "--resume", out, "--task", path, "--steps", "6"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "BUG": "1"})
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "a bug in examples" in proc.stderr, proc.stderr
+    assert "the run stopped before step 5 on the error below" in proc.stderr
+    assert f"--resume {out} continues from checkpoint-4" in proc.stderr
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

@@ -139,7 +139,7 @@ def measure(args):
                     max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
                     gradient_checkpointing=args.gradient_checkpointing, lr=1e-5,
-                    param_dtype=args.param_dtype).validate()
+                    param_dtype=args.param_dtype, optimizer=args.optimizer).validate()
     model, tokenizer, task = build(args, config)
     weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if args.device.startswith("cuda"):
@@ -173,7 +173,7 @@ def measure(args):
                          "peak": max(phases.values())},
             "seconds": seconds, "baseline": baseline,
             "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype,
-            "device": args.device, "param_dtype": args.param_dtype}
+            "device": args.device, "param_dtype": args.param_dtype, "optimizer": args.optimizer}
 
 
 def parser():
@@ -191,6 +191,7 @@ def parser():
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "adamw8bit"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)

@@ -42,7 +42,7 @@ from harness.checkpoint import (RunError, checkpoint_steps, existing_copy, holds
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, require_library
-from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
+from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
 
@@ -216,6 +216,9 @@ def hardware(config):
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
     cuda = device.startswith("cuda")
+    if config.optimizer_offload and not cuda and not config.dry_run:
+        raise InputError(f"--optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "
+                         f"--device {device} they are in that memory already: drop the flag")
     bf16 = cuda and (not torch.cuda.is_available() or torch.cuda.is_bf16_supported())  # no CUDA: a dry run's plan
     if config.dtype == "auto" and cuda and not bf16:
         say(f"note: {torch.cuda.get_device_name(device)} has no bf16: --dtype auto computes in fp32 (slower than "
@@ -327,6 +330,8 @@ def adamw_class(config):
     8 bits per weight plus a float32 scale per block of 256 (optional: pip install torchao; torch.compile'd, so its
     first step compiles, minutes on a CPU). --param-dtype bf16: either one on fp32 master weights (MasterWeights)."""
     inner = optimizer_class(config)
+    if config.optimizer_offload:  # every master and the moments in CPU memory (a CUDA run; hardware() checks)
+        return functools.partial(MasterWeights, inner_class=inner, state_device="cpu")
     return functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16" else inner
 
 
@@ -381,6 +386,8 @@ def memory_options(config, model):
         with policy_load_errors(config):
             model = load_adapters(model, config.resume, config) if config.resume else \
                 add_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
+    if config.base_dtype == "nf4":  # after the adapters: only the frozen linears are quantized
+        quantize_base(model)
     if config.gradient_checkpointing:
         enable_checkpointing(model)
     return model

@@ -1,6 +1,7 @@
 """What makes a run fit a smaller card: activation checkpointing, LoRA adapters with a free reference, the memory
 plan. Each option must leave the numbers alone (checkpointing: the same log-probs and gradients; LoRA's reference:
 the base model's log-probs) and do what it says (LoRA: only the adapters train; the plan: its hand count)."""
+import copy
 import dataclasses
 import json
 import os
@@ -632,3 +633,106 @@ def test_the_search_tries_the_fields_options_in_order_of_cost_and_prices_each_ch
         if key in memory.OPTIONS:
             assert sum(line.strip().startswith(f"--{key.replace('_', '-')}") for line in lines) == 1, key
     assert memory.NOT_AVAILABLE in text
+
+
+# --- optimizer states in CPU memory (--optimizer-offload) and a 4-bit base (--base-dtype nf4) ----------------------
+@pytest.mark.parametrize("storage", [torch.float32, torch.bfloat16])
+def test_offloaded_states_step_as_adamw_bit_for_bit_and_resume_exactly(storage):
+    # the wrapper's logic with state_device="cpu" on CPU tensors (a CUDA run differs only in where the weights live)
+    from harness.master_weights import MasterWeights
+    torch.manual_seed(0)
+    starts = [torch.randn(5, 3), torch.randn(7), torch.randn(4)]
+    ours = [t.to(storage).requires_grad_() for t in starts]
+    theirs = [t.to(storage).float().requires_grad_() for t in starts]  # plain AdamW on the same fp32 weights
+    offloaded = MasterWeights(ours, torch.optim.AdamW, state_device="cpu", lr=1e-3, weight_decay=0.01)
+    plain = torch.optim.AdamW(theirs, lr=1e-3, weight_decay=0.01)
+    assert all(m is not p and m.dtype == torch.float32 for m, p in zip(offloaded.masters, ours))  # every one
+    grads = [[torch.randn(t.shape).to(storage) for t in starts] for _ in range(6)]
+    for step, step_grads in enumerate(grads[:3]):
+        for a, b, grad in zip(ours, theirs, step_grads):
+            a.grad, b.grad = (None, None) if step == 1 and a.dim() == 1 else (grad.clone(), grad.float())
+        offloaded.step(), plain.step()
+    saved = copy.deepcopy(offloaded.state_dict())  # as torch.save would: the live tensors step on
+    again = [p.detach().clone().requires_grad_() for p in ours]
+    resumed = MasterWeights(again, torch.optim.AdamW, state_device="cpu", lr=1e-3, weight_decay=0.01)
+    resumed.load_state_dict(saved)
+    for step_grads in grads[3:]:
+        for a, b, c, grad in zip(ours, theirs, again, step_grads):
+            a.grad, b.grad, c.grad = grad.clone(), grad.float(), grad.clone()
+        offloaded.step(), plain.step(), resumed.step()
+    for a, b, c, m in zip(ours, theirs, again, offloaded.masters):
+        assert torch.equal(m, b.detach()) and torch.equal(a.detach(), b.detach().to(storage))  # AdamW's, exactly
+        assert torch.equal(c.detach(), a.detach())  # the resumed optimizer: the same steps
+    assert all(s["exp_avg"].device.type == "cpu" for s in offloaded.state.values())
+
+
+def test_optimizer_offload_on_a_cpu_is_one_line(tmp_path, digits_task, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                    "--device", "cpu", "--optimizer-offload"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "train.py: error: --optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "
+        "--device cpu they are in that memory already: drop the flag")
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+def test_a_nf4_lora_run_trains_on_a_4bit_base_resumes_exactly_and_merges_into_that_base(tmp_path, digits_task):
+    pytest.importorskip("torchao", reason="--base-dtype nf4 needs torchao")
+    from harness.merge_lora import main as export
+    out, seen, real = tmp_path / "run", {}, train.run.build_policy
+
+    def build_policy(*args, **kwargs):
+        model, ref_model = real(*args, **kwargs)
+        seen["base"] = {type(m.weight).__name__ for m in model_module.nf4_linears(model)}
+        seen["reference"] = {type(m.weight).__name__ for m in model_module.nf4_linears(ref_model)}
+        seen["shared"] = all(any(r.weight is m.weight for r in model_module.nf4_linears(ref_model))
+                             for m in model_module.nf4_linears(model))
+        return model, ref_model
+    train.run.build_policy = build_policy
+    try:
+        lora_run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0", "--kl-coef", "0.05",
+                 "--param-dtype", "bf16", "--base-dtype", "nf4", "--lr", "1e-2", "--lora-targets", "q_proj,v_proj")
+    finally:
+        train.run.build_policy = real
+    assert seen == {"base": {"NF4Tensor"}, "reference": {"NF4Tensor"}, "shared": True}  # the reference: no copy
+    final = adapter_weights(out / "checkpoint-4")
+    assert any(v.abs().sum() > 0 for k, v in final.items() if "lora_B" in k)  # it trained
+    rows = (out / "metrics.jsonl").read_text()
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = adapter_weights(out / "latest")
+    assert all(torch.equal(resumed[k], v) for k, v in final.items())
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
+    # merge_lora dequantizes: the adapters folded into the NF4 base the policy ran with, a plain bf16 model
+    export([str(out / "latest"), str(tmp_path / "merged")])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    initial = AutoModelForCausalLM.from_pretrained(json.loads((out / "latest" / "run.json").read_text())
+                                                   ["initial_policy"]).to(torch.bfloat16)
+    model_module.nf4_round_trip(initial)
+    down = "model.layers.0.mlp.down_proj.weight"  # no adapter there (but NF4: every frozen linear): the NF4 base
+    assert merged.state_dict()[down].dtype == torch.bfloat16
+    assert torch.equal(merged.state_dict()[down], initial.state_dict()[down])
+    assert not torch.equal(initial.state_dict()[down],
+                           AutoModelForCausalLM.from_pretrained(json.loads((out / "latest" / "run.json").read_text())
+                                                                ["initial_policy"]).state_dict()[down].bfloat16())
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "--base-dtype nf4 quantizes LoRA's frozen base: give --lora-rank with it")])
+def test_nf4_without_lora_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--dry-run", "--base-dtype", "nf4", *flags])
+    assert capsys.readouterr().err.strip() == f"train.py: error: {message}"
+
+
+def test_nf4_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "torchao" else real(name, *args))
+    with pytest.raises(SystemExit):
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                    "--lora-rank", "4", "--base-dtype", "nf4"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "train.py: error: --base-dtype nf4 needs torchao: pip install torchao"

@@ -164,8 +164,12 @@ def memory_plan(shape, config, prompt_length):
     trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else \
         shape.parameters()
     stored = 2 if config.param_dtype == "bf16" else 4  # bytes per weight and per gradient (--param-dtype)
-    weights = stored * (shape.parameters() + (trained if config.lora_rank else 0))
     H, I, L = shape.hidden, shape.intermediate, shape.layers
+    nf4 = config.base_dtype == "nf4" and config.lora_rank > 0  # the frozen linears in 4 bits (harness/model.py)
+    projections = L * sum(i * o for i, o in shape.linear_shapes().values())  # what NF4 quantizes (not the head)
+    weights = stored * (shape.parameters() - (projections if nf4 else 0) + (trained if config.lora_rank else 0)) \
+        + (math.ceil(NF4_BYTES * projections) if nf4 else 0)
+    offload = config.optimizer_offload and config.device.startswith("cuda")  # on a CPU there is one memory
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     # One decoder layer saves, per token: fp32 residual stream and the 2 RMSNorms' input and output (4H x 4 bytes),
     # under autocast the linears' bf16 copies of the 2 norm outputs; q, attention output, o_proj's input (3q),
@@ -184,34 +188,43 @@ def memory_plan(shape, config, prompt_length):
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
     # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast/logprobs.py, float32_logits)
     head_copy = 4 * shape.vocab * H if stored == 2 else 0
+    masters = 4 * trained if stored == 2 or offload else 0  # the optimizer's fp32 copies (master_weights.py)
+    moments = int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained)  # AdamW's moments:
+    # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
     plan = {
         "weights": weights,
         "gradients": stored * trained,
-        "master_weights": 4 * trained if stored == 2 else 0,  # the optimizer's fp32 copies (master_weights.py)
-        "optimizer": int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained),  # AdamW's moments:
-        # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
+        "master_weights": 0 if offload else masters,
+        "optimizer": 0 if offload else moments,
         "reference": stored * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
         "kv_cache": compute * 2 * L * kv * generate_rows * (P + T),
         "sampling_logits": 3 * 4 * shape.vocab * generate_rows,  # float32 logits, scaled, softmax of one token
         "activations": layer_activations + 8 * H * tokens + autocast_copies + head_copy,  # + the final norm's
         # input and output
+        # NF4: each forward (and backward) dequantizes one frozen linear at a time to --param-dtype; the largest is
+        # an MLP matrix (autograd saves the NF4 tensor, not the copy). Counted in both phases.
+        "nf4_dequantized": stored * H * I if nf4 else 0,
         "logit_chunk": logit_chunk,
         # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
         "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
         # foreach AdamW's temporary on CUDA; bf16 weights: one tensor at a time (master_weights.py), its fp32
         # gradient and temporary, the largest being the [V, H] embedding (LoRA: its adapters are in bf16 too)
-        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 else
-        (8 if config.device.startswith("cuda") else 4) * (trained if config.lora_rank else shape.vocab * H),
+        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 and not offload
+        else (4 if offload else 8 if config.device.startswith("cuda") else 4) * (trained if config.lora_rank
+                                                                                 else shape.vocab * H),
+        # --optimizer-offload on CUDA: the new weight's fp32 copy on the card as copy_ converts it, one at a time
+        "offloaded": masters + moments if offload else 0,  # in CPU memory, not in the peak
     }
     held = sum(plan[name] for name in HELD)
-    plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"]
-    plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"],
+    plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"] + plan["nf4_dequantized"]
+    plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"]
+                                     + plan["nf4_dequantized"],
                                      plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
-                           weights_dtype=config.param_dtype)
+                           weights_dtype=config.param_dtype + (", NF4 base" if nf4 else ""))
     return plan
 
 
@@ -228,7 +241,9 @@ def headroom_text(device):
 
 HELD = ("weights", "gradients", "master_weights", "optimizer", "reference")  # held all the time, whatever the batch
 PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits",
-         "activations", "logit_chunk", "head_gradients", "optimizer_step")
+         "activations", "nf4_dequantized", "logit_chunk", "head_gradients", "optimizer_step")
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # torchao's NF4: 4 bits a weight, an int8 scale per 64, a float32 per 256
+# scales (harness/model.py's NF4_BLOCK, NF4_SCALER_BLOCK; measured: 0.5158 bytes a weight of a 896 x 896 matrix)
 
 
 # What fitting_settings may change, cheapest first, and what each costs (fit_text prints one line per choice made).
@@ -244,10 +259,18 @@ OPTIONS = {  # name: (the settings it changes, its cost)
                     "compute; docs/performance.md measures the ratio's noise and the learning"),
     "optimizer": ({"optimizer": "adamw8bit"}, "precision: AdamW's moments in 8 bits (torchao: pip install torchao; "
                                               "compiled, minutes at the first step)"),
+    "optimizer_offload": ({"optimizer_offload": True}, "time: every gradient to CPU memory and every weight back "
+                          "over PCIe each step, AdamW stepped by the CPU (seconds a step at billions of weights); "
+                          "the same update; CPU memory holds the fp32 masters and moments (the plan's 'offloaded')"),
     "lora_rank": ({"lora_rank": 16}, "what is learned: a rank-16 update of the projections, not every weight"),
+    "base_dtype": ({"base_dtype": "nf4"}, "precision: LoRA's frozen base in 4-bit NF4 (QLoRA; torchao), the policy "
+                                          "and its reference both that base, not the model's own weights; time: "
+                                          "each linear dequantized in every forward"),
 }
-NOT_AVAILABLE = "not tried (not implemented here): a 4-bit base (QLoRA) and optimizer states offloaded to the CPU"
-STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "lora_rank")  # the switches, in OPTIONS' order
+NOT_AVAILABLE = "not tried: --kl-coef 0 (drops the reference copy, another objective) and AdamW without fp32 " \
+    "masters (bf16 stochastic rounding, not built here)"
+STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "lora_rank",
+         "base_dtype")  # the switches, in OPTIONS' order
 
 
 def option_levels(config, allowed):
@@ -256,6 +279,7 @@ def option_levels(config, allowed):
     free = [name for name in STEPS if name in allowed and not all(getattr(config, k) == v for k, v in
                                                                   OPTIONS[name][0].items())]
     combos = [[name for bit, name in enumerate(free) if mask >> bit & 1] for mask in range(2 ** len(free))]
+    combos = [combo for combo in combos if "base_dtype" not in combo or config.lora_rank or "lora_rank" in combo]
     return sorted(combos, key=lambda combo: (max((STEPS.index(n) for n in combo), default=-1), len(combo)))
 
 
@@ -293,6 +317,9 @@ def plan_text(plan, budget=None, fit=None):
              f"{a['completion_length']} completion tokens, {a['generate_rows']} per generate call, "
              f"{a['micro_batch']} per micro-batch"]
     lines += [f"  {name.replace('_', ' '):<16s}{plan[name] / GB:9.3f} GB" for name in PARTS if plan[name]]
+    if plan["offloaded"]:
+        lines.append(f"  (in CPU memory, not in the peak: {plan['offloaded'] / GB:.3f} GB of fp32 master weights and "
+                     "AdamW's moments, --optimizer-offload)")
     lines.append(f"  peak: {plan['peak'] / GB:.3f} GB (rollout phase {plan['rollout_peak'] / GB:.3f}, "
                  f"update phase {plan['update_peak'] / GB:.3f})")
     if budget is not None:

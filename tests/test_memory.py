@@ -4,6 +4,7 @@ the base model's log-probs) and do what it says (LoRA: only the adapters train; 
 import copy
 import dataclasses
 import json
+import math
 import os
 
 import pytest
@@ -428,8 +429,8 @@ def test_where_the_weights_alone_exceed_the_budget_the_plan_says_so():
     config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
                     micro_batch=4, dtype="bf16", device="cuda")
     shape = memory.QWEN25["qwen2.5-7b"]
-    fit = memory.fitting_settings(shape, config, 1024, 8e9)
-    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 8e9, fit)
+    fit = memory.fitting_settings(shape, config, 1024, 4e9)  # under even LoRA on a 4-bit base's 5.6 GB
+    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 4e9, fit)
     assert fit[0] is None and f"the weights alone need {fit[1]['weights'] / 1e9:.3f} GB" in text
     assert "cannot help" in text and "fewer prompts per step" not in text
     fit = memory.fitting_settings(shape, config, 1024, 40e9, allowed=())  # over the weights, under what is held
@@ -736,3 +737,49 @@ def test_nf4_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypa
                     "--lora-rank", "4", "--base-dtype", "nf4"])
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
         "train.py: error: --base-dtype nf4 needs torchao: pip install torchao"
+
+
+def test_the_plan_of_a_nf4_base_and_of_offloaded_states():
+    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="bf16",
+                    device="cuda", param_dtype="bf16", lora_rank=2)
+    N, H, I = SMALL_SHAPE.parameters(), 8, 16
+    projections = 2 * (2 * 64 + 2 * 32 + 3 * 128)  # what NF4 quantizes: the 7 projections of 2 layers
+    bf16 = memory.memory_plan(SMALL_SHAPE, config, 3)
+    nf4 = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, base_dtype="nf4"), 3)
+    adapters = nf4["assumed"]["trained_parameters"]
+    assert bf16["weights"] == 2 * (N + adapters)
+    assert nf4["weights"] == 2 * (N - projections + adapters) + math.ceil((0.5 + 1 / 64 + 4 / 16384) * projections)
+    assert nf4["nf4_dequantized"] == 2 * H * I and bf16["nf4_dequantized"] == 0  # one MLP matrix at a time
+    assert nf4["rollout_peak"] - bf16["rollout_peak"] == nf4["weights"] - bf16["weights"] + 2 * H * I
+    full = dataclasses.replace(config, lora_rank=0, kl_coef=0.1)
+    on_card = memory.memory_plan(SMALL_SHAPE, full, 3)
+    offloaded = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(full, optimizer_offload=True), 3)
+    assert (offloaded["master_weights"], offloaded["optimizer"]) == (0, 0)  # off the card
+    assert offloaded["offloaded"] == on_card["master_weights"] + on_card["optimizer"] == 12 * N
+    assert offloaded["weights"] == on_card["weights"] and offloaded["reference"] == on_card["reference"]
+    assert on_card["peak"] - offloaded["peak"] >= 12 * N - on_card["optimizer_step"]
+    fp32 = dataclasses.replace(full, param_dtype="fp32", optimizer_offload=True)  # fp32 weights: masters offloaded
+    assert memory.memory_plan(SMALL_SHAPE, fp32, 3)["offloaded"] == 12 * N  # too (a CPU copy of each)
+    on_cpu = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(full, optimizer_offload=True, device="cpu"), 3)
+    assert on_cpu["offloaded"] == 0 and on_cpu["optimizer"] == 8 * N  # a CPU has one memory: nothing moves
+    assert "in CPU memory, not in the peak" in memory.plan_text(offloaded)
+
+
+def test_the_search_reaches_offload_and_nf4_last_and_prices_them():
+    assert memory.STEPS.index("optimizer") < memory.STEPS.index("optimizer_offload") < \
+        memory.STEPS.index("lora_rank") < memory.STEPS.index("base_dtype")
+    config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, kl_coef=1e-3, dtype="bf16", device="cuda")
+    full = memory.option_levels(config, [s for s in memory.STEPS if s != "lora_rank"])
+    assert all("base_dtype" not in combo for combo in full)  # NF4 is LoRA's base: never without LoRA
+    shape = memory.QWEN25["qwen2.5-7b"]
+    changes, fitted = memory.fitting_settings(shape, config, 1024, 80e9,
+                                              allowed=[s for s in memory.STEPS if s != "lora_rank"])
+    assert changes["optimizer_offload"] is True and memory.needed(fitted) <= 80e9  # 7B full on 80 GB: offloaded
+    text = memory.fit_text(memory.memory_plan(shape, config, 1024), 80e9, (changes, fitted))
+    assert sum(line.strip().startswith("--optimizer-offload: time:") for line in text.splitlines()) == 1
+    lora = dataclasses.replace(config, lora_rank=16)
+    changes, fitted = memory.fitting_settings(shape, lora, 1024, 16e9)  # 7B LoRA on 16 GB: only a 4-bit base
+    assert changes["base_dtype"] == "nf4" and memory.needed(fitted) <= 16e9
+    assert "--base-dtype nf4: precision:" in memory.fit_text(memory.memory_plan(shape, lora, 1024), 16e9,
+                                                              (changes, fitted))

@@ -155,7 +155,7 @@ def measure(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") or args.param_dtype == "bf16" else "fp32")
-    config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+    config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
                     max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
                     gradient_checkpointing=args.gradient_checkpointing, lr=1e-5,
@@ -345,7 +345,7 @@ def replan(table, log):
         r = json.loads(line)
         r["setting"] = r["setting"] or " ".join(settings[index])  # (logs written before labels were kept)
         args = parser().parse_args(base + ([] if r["setting"] in ("", "base") else r["setting"].split()))
-        config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+        config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
                         max_new_tokens=r["completion_tokens"], rollout_batch=args.rollout_batch,
                         micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
                         lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing,

@@ -250,9 +250,13 @@ def print_memory_plan(config):
               file=sys.stderr)
         return
     prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
-    plan = memory.memory_plan(shape, config, prompt_length)
     budget = memory.parse_size(config.memory_budget) if config.memory_budget else None
-    fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+    try:  # memory.check_inputs: a setting of the wrong type or range, named
+        plan = memory.memory_plan(shape, config, prompt_length)
+        fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+    except ValueError as error:
+        print(f"note: no {error}", file=sys.stderr)
+        return
     print(memory.plan_text(plan, budget, fit) + ("" if config.max_prompt_length else
           f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
 
@@ -266,7 +270,10 @@ def within_budget(config):
         say(f"note: --memory-budget not checked: the config of {config.model} could not be read "
             f"({str(error).splitlines()[0]})")
         return
-    plan = memory.memory_plan(shape, config, config.max_prompt_length or memory.PROMPT_GUESS[config.style])
+    try:
+        plan = memory.memory_plan(shape, config, config.max_prompt_length or memory.PROMPT_GUESS[config.style])
+    except ValueError as error:  # memory.check_inputs
+        raise InputError(f"--memory-budget {config.memory_budget}: no {error}") from None
     budget = memory.parse_size(config.memory_budget)
     if memory.needed(plan) > budget:
         raise InputError(f"--memory-budget {config.memory_budget}: this run's memory plan needs "

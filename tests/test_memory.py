@@ -4,6 +4,7 @@ the base model's log-probs) and do what it says (LoRA: only the adapters train; 
 import copy
 import dataclasses
 import json
+import re
 import math
 import os
 
@@ -783,3 +784,84 @@ def test_the_search_reaches_offload_and_nf4_last_and_prices_them():
     assert changes["base_dtype"] == "nf4" and memory.needed(fitted) <= 16e9
     assert "--base-dtype nf4: precision:" in memory.fit_text(memory.memory_plan(shape, lora, 1024), 16e9,
                                                               (changes, fitted))
+
+
+# --- issue 37 item 7, the memory plan's part: wrong types and ranges named in one line, batches it did not count ----
+PLAN_CONFIG = Config(prompts_per_step=2, num_generations=4, max_new_tokens=4, micro_batch=4, dtype="fp32",
+                     device="cpu", eval_size=4)
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("micro_batch", 0, "--micro-batch"), ("micro_batch", -4, "--micro-batch"), ("micro_batch", "8", "--micro-batch"),
+    ("micro_batch", [8], "--micro-batch"), ("micro_batch", None, "--micro-batch"), ("micro_batch", 1.5, "--micro-batch"),
+    ("micro_batch", True, "--micro-batch"), ("micro_batch", 2**40, "--micro-batch"),
+    ("prompts_per_step", -2, "--prompts-per-step"), ("num_generations", {"a": 1}, "--num-generations"),
+    ("max_new_tokens", float("nan"), "--max-new-tokens"), ("logit_chunk", 0, "--logit-chunk"),
+    ("lora_rank", -16, "--lora-rank"), ("rollout_batch", 0, "--rollout-batch"), ("eval_size", "200", "--eval-size"),
+    ("kl_coef", float("nan"), "--kl-coef"), ("kl_coef", float("inf"), "--kl-coef"), ("kl_coef", -0.1, "--kl-coef"),
+    ("kl_coef", "0.1", "--kl-coef"), ("dtype", "fp16", "--dtype"), ("param_dtype", None, "--param-dtype"),
+    ("optimizer", ["adamw"], "--optimizer"), ("base_dtype", "nf8", "--base-dtype"),
+    ("gradient_checkpointing", "yes", "--gradient-checkpointing"), ("optimizer_offload", 1, "--optimizer-offload"),
+    ("device", 0, "--device")])
+def test_the_plan_names_a_setting_of_the_wrong_type_or_range(field, value, flag):
+    config = dataclasses.replace(PLAN_CONFIG, **{field: value})  # not validated: as Python, or a run.json, may build it
+    with pytest.raises(ValueError) as error:
+        memory.memory_plan(SMALL_SHAPE, config, 3)
+    assert str(error.value).startswith(f"memory plan: {flag}") and "\n" not in str(error.value)
+    with pytest.raises(ValueError):
+        memory.fitting_settings(SMALL_SHAPE, config, 3, 24e9)
+
+
+@pytest.mark.parametrize("prompt_length", [0, -3, 2.5, "16", None, 2**40])
+def test_the_plan_names_a_prompt_length_of_the_wrong_type_or_range(prompt_length):
+    with pytest.raises(ValueError, match="^memory plan: the prompt length is"):
+        memory.memory_plan(SMALL_SHAPE, PLAN_CONFIG, prompt_length)
+
+
+@pytest.mark.parametrize("key, value", [("hidden_size", -8), ("hidden_size", 0), ("hidden_size", float("nan")),
+                                        ("hidden_size", "8"), ("intermediate_size", None), ("vocab_size", [10]),
+                                        ("num_hidden_layers", 10**30), ("num_attention_heads", True),
+                                        ("tie_word_embeddings", "false"), ("head_dim", -1)])
+def test_a_model_config_of_the_wrong_type_or_range_is_named_and_never_fits(key, value):
+    fields = {"model_type": "llama", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 10, "tie_word_embeddings": True}
+    assert memory.shape_from_config(memory._Fields(fields)) == SMALL_SHAPE
+    with pytest.raises(ValueError, match=f"^the model's {key} is "):
+        memory.shape_from_config(memory._Fields({**fields, key: value}))
+    with pytest.raises(ValueError, match="^the model's hidden_size is -8"):  # however a shape is built
+        dataclasses.replace(SMALL_SHAPE, hidden=-8)
+
+
+@pytest.mark.parametrize("fields, message", [([1, 2], "config.json is list, not a JSON object"),
+                                             ({"text_config": "x"}, "config.json's text_config is 'x'"),
+                                             ({"text_config": [1]}, "config.json's text_config is [1]")])
+def test_a_nested_config_of_the_wrong_kind_is_named(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        memory._Fields(fields)
+
+
+def test_a_dry_run_on_a_model_config_with_a_null_size_is_one_note(tmp_path, capsys):
+    fields = {"model_type": "llama", "hidden_size": 64, "intermediate_size": None, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "vocab_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    train.main(["--dry-run", "--model", str(tmp_path), "--device", "cuda", "--memory-budget", "24GB"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "fits" not in err
+    assert [line for line in err.splitlines() if "memory plan" in line] == [
+        f"note: no memory plan: the config of {tmp_path} could not be read (the model's intermediate_size is None; "
+        "the memory plan needs an integer from 1 to 262144)"]
+
+
+def test_the_plan_counts_the_held_out_evals_generate_batch_and_the_eval_honours_rollout_batch(tmp_path, digits_task,
+                                                                                              monkeypatch):
+    config = dataclasses.replace(PLAN_CONFIG, eval_size=200)  # 8 rows a step, 200 held-out prompts
+    plan = memory.memory_plan(SMALL_SHAPE, config, 3)
+    assert plan["assumed"]["eval_rows"] == 200 and plan["kv_cache"] == 2 * 2 * 4 * 200 * (3 + 4) * 4
+    capped = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, rollout_batch=4), 3)
+    assert capped["assumed"]["eval_rows"] == 4 and capped["kv_cache"] == 2 * 2 * 4 * 4 * (3 + 4) * 4
+    sizes, real = [], train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *args, **kwargs: sizes.append(kwargs["batch_size"]) or
+                        real(*args, **kwargs))
+    train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                "--rollout-batch", "4"])
+    assert sizes and set(sizes) == {4}  # the eval's generate calls as small as the rollouts'

@@ -198,6 +198,25 @@ def measure(args):
             "base_dtype": args.base_dtype, "optimizer_offload": args.optimizer_offload}
 
 
+def plan_only(args):
+    """The plan of one setting without building the model (a random Qwen2.5 shape's prompts: 32 words, 32 tokens),
+    in GiB as gpu_check.sh prints the measured peaks."""
+    from transformers import Qwen2Config
+
+    from benchmarks.random_model_step import SHAPES
+    config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
+                    max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
+                    dtype=args.dtype or "bf16", device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
+                    gradient_checkpointing=args.gradient_checkpointing, param_dtype=args.param_dtype,
+                    optimizer=args.optimizer, base_dtype=args.base_dtype,
+                    optimizer_offload=args.optimizer_offload).validate()
+    plan = memory.memory_plan(memory.shape_from_config(Qwen2Config(**SHAPES[args.model])), config, 32)
+    print(f"PLAN {args.model} {args.setting or 'base'}: planned {plan['peak'] / 2**30:.2f} GiB (rollout "
+          f"{plan['rollout_peak'] / 2**30:.2f}, update {plan['update_peak'] / 2**30:.2f})"
+          + (f", {plan['offloaded'] / 2**30:.2f} GiB in CPU memory" if plan["offloaded"] else ""))
+    return plan
+
+
 def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny", help="tiny, smollm2, or a shape of benchmarks/random_model_step.py")
@@ -226,6 +245,8 @@ def parser():
     p.add_argument("--targets", action="store_true", help="print what the plan says of docs' per-card targets")
     p.add_argument("--recipe-lines", action="store_true", help="write each recipe's memory comment line (planned; "
                    "the line before `set -euo pipefail`)")
+    p.add_argument("--plan-only", action="store_true", help="print the plan of this setting and exit (no model: a "
+                   "Qwen2.5 shape's prompts are 32 words, tokens; gpu_check.sh --dry-run)")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
     return p
 
@@ -372,6 +393,8 @@ def main(argv=None):
         return
     if args.replan:
         return replan(args.table, args.replan)
+    if args.plan_only:
+        return plan_only(args)
     if not args.table:
         print("RESULT " + json.dumps(measure(args)), flush=True)
         return

@@ -274,7 +274,7 @@ def test_parameter_counts_are_the_models_own():
 
 
 def test_the_plan_by_hand():
-    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32",
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="fp32",
                     device="cpu")
     plan = memory.memory_plan(SMALL_SHAPE, config, prompt_length=3)
     N = 1272
@@ -454,7 +454,7 @@ def test_adamw8bit_without_torchao_is_one_line(tmp_path, digits_task, capsys, mo
 
 
 def test_the_plan_of_8bit_moments():
-    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32", device="cpu",
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="fp32", device="cpu",
                     optimizer="adamw8bit")
     # two moments of 1 byte per weight, plus one float32 scale per block of 256 weights each
     assert memory.memory_plan(SMALL_SHAPE, config, 3)["optimizer"] == int(2 * (1 + 4 / 256) * 1272)
@@ -585,7 +585,7 @@ def test_bf16_storage_with_an_fp32_setting_is_one_line(flags, message, capsys):
 
 
 def test_the_plan_of_bf16_storage():
-    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="bf16",
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="bf16",
                     device="cpu", kl_coef=0.1)
     fp32 = memory.memory_plan(SMALL_SHAPE, config, 3)
     bf16 = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16"), 3)
@@ -741,7 +741,7 @@ def test_nf4_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypa
 
 
 def test_the_plan_of_a_nf4_base_and_of_offloaded_states():
-    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="bf16",
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="bf16",
                     device="cuda", param_dtype="bf16", lora_rank=2)
     N, H, I = SMALL_SHAPE.parameters(), 8, 16
     projections = 2 * (2 * 64 + 2 * 32 + 3 * 128)  # what NF4 quantizes: the 7 projections of 2 layers

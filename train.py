@@ -246,7 +246,7 @@ def train(config):
             with precision(model.device, config.dtype):
                 return evaluate(model, tokenizer, task, eval_examples, style=config.style,
                                 max_new_tokens=config.max_new_tokens, samples=samples,
-                                fast=config.fast)
+                                fast=config.fast, batch_size=config.rollout_batch or 256)
 
         state.begin(model, tokenizer, optimizer, evaluate_now,  # fresh: eval at step 0; or restored
                     [task.prompt(example, config.style) for example in eval_examples])

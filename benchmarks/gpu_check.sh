@@ -10,11 +10,34 @@
 #      completion tokens/s, peak GPU memory, each phase against its floor;
 #   4. the same shape at 1.5B, one pass (the SoftmaxGRPO Countdown recipe's model size), against its floor;
 #   5. the datasheet floor of both shapes (benchmarks/floor.py) for the record;
-#   6. while the 8 minutes last: both shapes' peak memory with and without --gradient-checkpointing, next to the plan.
+#   6. while the 8 minutes last: both shapes' peak memory (torch.cuda.max_memory_allocated) next to the plan, with
+#      and without --gradient-checkpointing, then issue 41's options: bf16 storage with the optimizer's states in
+#      CPU memory (--optimizer-offload), LoRA on a 4-bit NF4 base (--base-dtype nf4), 8-bit moments (adamw8bit).
 # Usage: bash benchmarks/gpu_check.sh            OUT=runs/gpu_check by default; bash benchmarks/gpu_check.sh --help
+#        bash benchmarks/gpu_check.sh --dry-run  the memory settings of step 6 and their plans only (any machine)
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,14p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,17p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
+# Step 6's settings, in the order they run (the budget may cut the last): shape, then memory_check.py's flags.
+MEMORY_SETTINGS=(
+  "qwen2.5-0.5b|"
+  "qwen2.5-0.5b|--gradient-checkpointing"
+  "qwen2.5-0.5b|--param-dtype bf16 --optimizer-offload"
+  "qwen2.5-0.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
+  "qwen2.5-1.5b|--param-dtype bf16 --optimizer-offload"
+  "qwen2.5-1.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
+  "qwen2.5-0.5b|--param-dtype bf16 --optimizer adamw8bit"  # torch.compile's first step: ~1 min
+  "qwen2.5-1.5b|"
+  "qwen2.5-1.5b|--gradient-checkpointing"
+)
+MEMORY_SHAPE_FLAGS="--prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8"
+if [[ "${1:-}" == "--dry-run" ]]; then  # the plans alone: no GPU, no model built
+  for setting in "${MEMORY_SETTINGS[@]}"; do
+    python benchmarks/memory_check.py --plan-only --model "${setting%%|*}" --device cuda $MEMORY_SHAPE_FLAGS \
+      ${setting#*|} --setting="${setting#*|}" 2>&1 | grep -E "^PLAN|rror" || echo "PLAN ${setting}: failed"
+  done
+  exit 0
+fi
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -49,22 +72,21 @@ done
 # ---- memory plan vs measured (issue 28; benchmarks/memory_check.py) ------------------------------------------------
 # The peak GPU memory of one RL step (rollout and update phases, after a warm-up step) of random models with Qwen2.5
 # 0.5B and 1.5B shapes, with and without --gradient-checkpointing, printed next to harness/memory.py's plan.
-for shape in qwen2.5-0.5b qwen2.5-1.5b; do
-  for ckpt in "" --gradient-checkpointing; do
-    left=$((470 - SECONDS))  # what the 8-minute budget leaves: the memory runs come last and fit into it
-    if (( left < 30 )); then
-      echo "MEMORY $shape $ckpt: skipped (the 8-minute budget is spent)" | tee -a "$OUT/memory.txt"
-      continue
-    fi
-    timeout $((left < 100 ? left : 100)) python benchmarks/memory_check.py --model "$shape" --device cuda \
-      --prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8 $ckpt 2>&1 | grep RESULT \
-      | python -c "import json, sys; r = json.loads(sys.stdin.read()[7:]); p, m = r['plan'], r['measured']; \
-print(f\"MEMORY {r['model']} ${ckpt:-(no checkpointing)}: planned {p['peak'] / 2**30:.2f} GiB \
+for setting in "${MEMORY_SETTINGS[@]}"; do
+  shape=${setting%%|*} flags=${setting#*|}
+  left=$((470 - SECONDS))  # what the 8-minute budget leaves: the memory runs come last and fit into it
+  if (( left < 30 )); then
+    echo "MEMORY $shape $flags: skipped (the 8-minute budget is spent)" | tee -a "$OUT/memory.txt"
+    continue
+  fi
+  timeout $((left < 100 ? left : 100)) python benchmarks/memory_check.py --model "$shape" --device cuda \
+    $MEMORY_SHAPE_FLAGS $flags 2>&1 | tee -a "$OUT/memory-raw.txt" | grep RESULT \
+    | python -c "import json, sys; r = json.loads(sys.stdin.read()[7:]); p, m = r['plan'], r['measured']; \
+print(f\"MEMORY {r['model']} ${flags:-(as written)}: planned {p['peak'] / 2**30:.2f} GiB \
 (rollout {p['rollout_peak'] / 2**30:.2f}, update {p['update_peak'] / 2**30:.2f}), measured {m['peak'] / 2**30:.2f} \
 GiB (rollout {m['rollout_peak'] / 2**30:.2f}, update {m['update_peak'] / 2**30:.2f}), s/step \
 {sum(r['seconds'].values()):.1f}\")" | tee -a "$OUT/memory.txt" \
-      || echo "MEMORY $shape $ckpt: failed" | tee -a "$OUT/memory.txt"
-  done
+    || echo "MEMORY $shape $flags: failed" | tee -a "$OUT/memory.txt"
 done
 # ---- end of the memory block ---------------------------------------------------------------------------------------
 grep -h "RESULT\|after RL\|before RL\|wall\|compilation\|^step \|exit\|self-check\|match\|DIFFER" "$OUT"/*.txt

@@ -51,6 +51,19 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
                           "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
                          [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"],
                           ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
+    # issue 41's options: a 4-bit base (NF4) under LoRA and 8-bit moments, with and without checkpointing, on bf16
+    # storage (the plan frozen at a commit before they were measured: docs/performance.md)
+    "tiny-cpu-41": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
+                     "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64", "--param-dtype", "bf16"],
+                    [["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4"],
+                     ["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4", "--gradient-checkpointing"],
+                     ["--optimizer", "adamw8bit"], ["--optimizer", "adamw8bit", "--gradient-checkpointing"]]),
+    "smollm2-cpu-41": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
+                        "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
+                       [["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4"],
+                        ["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4", "--gradient-checkpointing"],
+                        ["--optimizer", "adamw8bit"], ["--lora-rank", "16", "--kl-coef", "0.01"],
+                        ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
 }
 
 
@@ -120,6 +133,13 @@ def build(args, config):
     return run.memory_options(config, model).train(), tokenizer, task
 
 
+def tensor_bytes(tensor):
+    """The bytes a tensor stores: a tensor subclass's (torchao's NF4Tensor) inner tensors', not its logical size."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        return sum(tensor_bytes(getattr(tensor, name)) for name in tensor.__tensor_flatten__()[0])
+    return tensor.numel() * tensor.element_size()
+
+
 def reference_of(model, config):
     """As run.build_policy: the adapters-off view (LoRA) or a frozen copy with --kl-coef, else None."""
     if config.kl_coef <= 0:
@@ -135,13 +155,14 @@ def measure(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") or args.param_dtype == "bf16" else "fp32")
-    config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+    config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
                     max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
                     gradient_checkpointing=args.gradient_checkpointing, lr=1e-5,
-                    param_dtype=args.param_dtype).validate()
+                    param_dtype=args.param_dtype, optimizer=args.optimizer, base_dtype=args.base_dtype,
+                    optimizer_offload=args.optimizer_offload).validate()
     model, tokenizer, task = build(args, config)
-    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    weight_bytes = sum(map(tensor_bytes, [*model.parameters(), *model.buffers()]))
     if args.device.startswith("cuda"):
         baseline = 0  # torch's allocator counts only tensors: the weights are part of the plan
     else:
@@ -173,7 +194,27 @@ def measure(args):
                          "peak": max(phases.values())},
             "seconds": seconds, "baseline": baseline,
             "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype,
-            "device": args.device, "param_dtype": args.param_dtype}
+            "device": args.device, "param_dtype": args.param_dtype, "optimizer": args.optimizer,
+            "base_dtype": args.base_dtype, "optimizer_offload": args.optimizer_offload}
+
+
+def plan_only(args):
+    """The plan of one setting without building the model (a random Qwen2.5 shape's prompts: 32 words, 32 tokens),
+    in GiB as gpu_check.sh prints the measured peaks."""
+    from transformers import Qwen2Config
+
+    from benchmarks.random_model_step import SHAPES
+    config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
+                    max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
+                    dtype=args.dtype or "bf16", device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
+                    gradient_checkpointing=args.gradient_checkpointing, param_dtype=args.param_dtype,
+                    optimizer=args.optimizer, base_dtype=args.base_dtype,
+                    optimizer_offload=args.optimizer_offload).validate()
+    plan = memory.memory_plan(memory.shape_from_config(Qwen2Config(**SHAPES[args.model])), config, 32)
+    print(f"PLAN {args.model} {args.setting or 'base'}: planned {plan['peak'] / 2**30:.2f} GiB (rollout "
+          f"{plan['rollout_peak'] / 2**30:.2f}, update {plan['update_peak'] / 2**30:.2f})"
+          + (f", {plan['offloaded'] / 2**30:.2f} GiB in CPU memory" if plan["offloaded"] else ""))
+    return plan
 
 
 def parser():
@@ -191,6 +232,9 @@ def parser():
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "adamw8bit"))
+    p.add_argument("--base-dtype", default=None, choices=("nf4",))
+    p.add_argument("--optimizer-offload", action="store_true", help="a CUDA run's states in CPU memory")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
@@ -201,6 +245,8 @@ def parser():
     p.add_argument("--targets", action="store_true", help="print what the plan says of docs' per-card targets")
     p.add_argument("--recipe-lines", action="store_true", help="write each recipe's memory comment line (planned; "
                    "the line before `set -euo pipefail`)")
+    p.add_argument("--plan-only", action="store_true", help="print the plan of this setting and exit (no model: a "
+                   "Qwen2.5 shape's prompts are 32 words, tokens; gpu_check.sh --dry-run)")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
     return p
 
@@ -244,7 +290,8 @@ def recipe_memory_line(path, cards=(80, 24)):
             + "; ".join(fits))
 
 
-SHORT = {"gradient_checkpointing": "ckpt", "param_dtype": "bf16", "optimizer": "8-bit"}  # the table's names
+SHORT = {"gradient_checkpointing": "ckpt", "param_dtype": "bf16", "optimizer": "8-bit", "optimizer_offload": "offload",
+         "base_dtype": "NF4"}  # the table's names
 
 
 def card_table(cards=(24, 48, 80)):
@@ -276,7 +323,10 @@ def card_table(cards=(24, 48, 80)):
               + " | ".join(cells) + " |")
 
 
-TARGETS = [("qwen2.5-3b", False, 24), ("qwen2.5-7b", True, 24), ("qwen2.5-7b", False, 80)]  # issue 41's
+NO_OFFLOAD = [s for s in memory.STEPS if s not in ("lora_rank", "optimizer_offload")]
+TARGETS = [("qwen2.5-3b", False, 24, NO_OFFLOAD),  # issue 41's: 3B full without CPU offload,
+           ("qwen2.5-7b", True, 24, [s for s in memory.STEPS if s != "lora_rank"]),  # 7B LoRA (any option),
+           ("qwen2.5-7b", False, 80, [s for s in memory.STEPS if s != "lora_rank"])]  # 7B full, offload allowed
 
 
 def targets():
@@ -284,13 +334,20 @@ def targets():
     1024 + 256, KL 1e-3), full-parameter (no LoRA tried) or LoRA 16, on its card: what fits, or by how much not."""
     config = recipe_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes",
                                         "softmaxgrpo_countdown.sh"))
-    for name, lora, card in TARGETS:
-        base = dataclasses.replace(config, lora_rank=16) if lora else config
+    probes = [(*target, {}) for target in TARGETS] + [  # why 3B full misses 24 GB: each held term taken away
+        ("qwen2.5-3b", False, 24, [s for s in memory.STEPS if s != "lora_rank"], {}),
+        ("qwen2.5-3b", False, 24, NO_OFFLOAD, {"kl_coef": 0.0}),
+        ("qwen2.5-3b", False, 24, [s for s in memory.STEPS if s != "lora_rank"], {"kl_coef": 0.0})]
+    for name, lora, card, allowed, other in probes:
+        base = dataclasses.replace(config, lora_rank=16 if lora else 0, **other)
         shape = memory.QWEN25[name]
-        fit = memory.fitting_settings(shape, base, config.max_prompt_length, card * 1e9,
-                                      allowed=[s for s in memory.STEPS if s != "lora_rank"])
-        print(f"{name} {'LoRA 16' if lora else 'full'} on {card} GB: "
+        fit = memory.fitting_settings(shape, base, config.max_prompt_length, card * 1e9, allowed=allowed)
+        print(f"{name} {'LoRA 16' if lora else 'full'} on {card} GB"
+              f"{'' if 'optimizer_offload' in allowed else ' (no CPU offload)'}"
+              f"{''.join(f', --{k.replace(chr(95), chr(45))} {v:g}' for k, v in other.items())}: "
               f"{memory.fit_text(memory.memory_plan(shape, base, config.max_prompt_length), card * 1e9, fit)}")
+        print("    its plan's parts, GB: " + ", ".join(f"{part} {fit[1][part] / 1e9:.2f}" for part in
+                                                       (*memory.PARTS, "offloaded", "peak") if fit[1][part]))
 
 
 def table_row(r, plan):
@@ -309,11 +366,12 @@ def replan(table, log):
         r = json.loads(line)
         r["setting"] = r["setting"] or " ".join(settings[index])  # (logs written before labels were kept)
         args = parser().parse_args(base + ([] if r["setting"] in ("", "base") else r["setting"].split()))
-        config = Config(style="compact", num_generations=args.M, prompts_per_step=args.prompts,
+        config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
                         max_new_tokens=r["completion_tokens"], rollout_batch=args.rollout_batch,
                         micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
                         lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing,
-                        param_dtype=r.get("param_dtype", "fp32"))
+                        param_dtype=r.get("param_dtype", "fp32"), optimizer=r.get("optimizer", "adamw"),
+                        base_dtype=r.get("base_dtype"), optimizer_offload=r.get("optimizer_offload", False))
         shape = memory.model_shape(dataclasses.replace(config, model=args.model, tiny_hidden=args.tiny_hidden,
                                                        tiny_layers=args.tiny_layers))
         print(table_row(r, memory.memory_plan(shape, config, r["prompt_tokens"])))
@@ -335,6 +393,8 @@ def main(argv=None):
         return
     if args.replan:
         return replan(args.table, args.replan)
+    if args.plan_only:
+        return plan_only(args)
     if not args.table:
         print("RESULT " + json.dumps(measure(args)), flush=True)
         return

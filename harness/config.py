@@ -108,6 +108,13 @@ class Config:
                                "(harness/master_weights.py); computes in bf16. Default fp32 on a CPU and on CUDA "
                                "alike: bf16 storage rounds every weight, so a run chooses it (--memory-budget's "
                                "search proposes it when it is needed)", choices=("fp32", "bf16"))
+    base_dtype: str | None = setting(None, "nf4: under --lora-rank, the frozen base's linear layers in 4-bit NF4 "
+                                     "(QLoRA; torchao, on a CPU too: pip install torchao), dequantized to "
+                                     "--param-dtype block by block in each forward; none = the base in --param-dtype",
+                                     choices=("nf4",))
+    optimizer_offload: bool = setting(False, "a CUDA run keeps AdamW's moments and fp32 master weights in CPU memory "
+                                      "(GRPO-Zero's way; harness/master_weights.py): the card holds weights and "
+                                      "gradients only; each step copies the gradients over and the weights back")
     memory_budget: str | None = setting(None, "the card's memory with its unit (e.g. 24GB): with --dry-run, the "
                                         "settings that fit it; without, the run is refused before loading when its "
                                         "plan does not fit", saved=False, resumable=True)
@@ -229,6 +236,8 @@ class Config:
                  f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
                 (not (self.param_dtype == "bf16" and self.dtype == "fp32"), "--param-dtype bf16 computes in "
                  "bf16: give --dtype bf16 or auto with it, not fp32"),
+                (self.base_dtype is None or self.lora_rank > 0, "--base-dtype nf4 quantizes LoRA's frozen base: "
+                 "give --lora-rank with it"),
                 (not (self.param_dtype == "bf16" and self.logprob_fp32), "--logprob-fp32 needs fp32 weights: give it "
                  "or --param-dtype bf16, not both"),
                 (self.memory_budget is None or parse_size(self.memory_budget) is not None,
@@ -291,7 +300,7 @@ class Config:
 # Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
                   "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast", "idle_warn",
-                  "idle_stop", "reward_timeout")
+                  "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
@@ -351,6 +360,7 @@ def check_libraries(config):
         config.initial_policy == "smollm2" or str(config.initial_policy).endswith(".gguf"))
     for needed, module, needed_by in [
             (config.optimizer == "adamw8bit", "torchao", "--optimizer adamw8bit"),
+            (config.base_dtype == "nf4", "torchao", "--base-dtype nf4"),
             (config.lora_rank > 0, "peft", "--lora-rank"),
             ("tensorboard" in reporters, "tensorboard", "--report-to tensorboard"),
             ("wandb" in reporters, "wandb", "--report-to wandb"),

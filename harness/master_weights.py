@@ -8,6 +8,13 @@ below bf16's resolution there (2**-8 = 0.004), so rounding to nearest would drop
 accumulate the small steps in fp32 and the bf16 weights follow them (each rounded to nearest after every step).
 torchao's bf16 stochastic-rounding AdamW (no masters: 4 bytes a weight fewer) is the maintained alternative; it is
 not installed here, and its optimizers are torch.compile'd (minutes on a CPU), so it could not be tested here.
+
+--optimizer-offload (a CUDA run; GRPO-Zero's way): the same class with state_device="cpu" keeps an fp32 master of
+every trained weight (fp32 ones too) and AdamW's moments in CPU memory; each step copies one gradient at a time to
+the CPU, steps its master there and copies the new weight back. The card holds only the weights and gradients. The
+update is AdamW's on fp32 masters, as above (tests/test_memory.py runs it with state_device="cpu" on CPU tensors:
+the same weights as plain AdamW after N steps, bit for bit). torchao's CPUOffloadOptimizer does the same with
+pinned memory and CUDA streams (faster); it asserts a CUDA or XPU device, so it cannot run, or be tested, here.
 """
 import torch
 
@@ -16,11 +23,13 @@ class MasterWeights:
     """An optimizer over `params` that keeps an fp32 master of each non-fp32 one and runs `inner_class` (AdamW,
     AdamW8bit) on the masters; fp32 params (LoRA adapters left in fp32, say) are stepped as they are. Exposes what
     the loop and the checkpoint use: param_groups (the lr), state (keyed by the model's params), zero_grad, step,
-    state_dict and load_state_dict (the masters saved with the inner state: a resume is exact)."""
+    state_dict and load_state_dict (the masters saved with the inner state: a resume is exact). state_device="cpu":
+    every master (fp32 parameters' too) and the inner optimizer's state on the CPU (--optimizer-offload)."""
 
-    def __init__(self, params, inner_class, **options):
+    def __init__(self, params, inner_class, state_device=None, **options):
         self.params = list(params)
-        self.masters = [p if p.dtype == torch.float32 else p.detach().float() for p in self.params]
+        self.masters = [p if p.dtype == torch.float32 and state_device is None else
+                        p.detach().to(state_device or p.device, torch.float32, copy=True) for p in self.params]
         self.inner = inner_class(self.masters, **options)
         self.param_groups = self.inner.param_groups
 
@@ -43,7 +52,7 @@ class MasterWeights:
             p.grad = None
         for p, m in zip(self.params, self.masters):
             if m is not p and p.grad is not None:
-                m.grad, p.grad = p.grad.float(), None
+                m.grad, p.grad = p.grad.to(m.device, torch.float32), None
                 self.inner.step()
                 p.copy_(m)  # round to nearest
                 m.grad = None
@@ -62,7 +71,8 @@ class MasterWeights:
             raise ValueError(f"{len(state['masters'])} master weights saved for {len(masters)} bf16 parameters")
         self.inner.load_state_dict(state["inner"])
         with torch.no_grad():
-            for p, m, saved in zip([p for p in self.params if p.dtype != torch.float32], masters, state["masters"]):
+            for p, m, saved in zip([p for p, m in zip(self.params, self.masters) if m is not p], masters,
+                                   state["masters"]):
                 if saved.shape != m.shape:
                     raise ValueError(f"a master weight {tuple(saved.shape)} for a parameter {tuple(m.shape)}")
                 m.copy_(saved)

@@ -55,6 +55,20 @@ class ModelShape:
     tied: bool          # the LM head is the embedding matrix
     qkv_bias: bool = False  # Qwen2's q, k, v projections have biases
 
+    def __post_init__(self):
+        """Every size a whole number within harness/model.py's CONFIG_SIZE_LIMITS (a config.json's, a .gguf
+        header's or Python's): else a ValueError naming the config.json key, before anything is computed (a
+        negative, a NaN, a string or a null never reaches a plan, so nothing ever "fits" on a negative size)."""
+        from harness.model import CONFIG_SIZE_LIMITS
+        for field, key in SHAPE_KEYS.items():
+            value, limit = getattr(self, field), CONFIG_SIZE_LIMITS[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                raise ValueError(f"the model's {key} is {value!r}; the memory plan needs an integer from 1 to "
+                                 f"{limit}")
+        for field, key in (("tied", "tie_word_embeddings"), ("qkv_bias", "attention_bias")):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"the model's {key} is {getattr(self, field)!r}; the memory plan needs true or false")
+
     def linear_shapes(self):
         """{module name: (in, out)} of one layer's projections: LoRA's targets."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -74,17 +88,23 @@ class ModelShape:
         return self.layers * sum(rank * sum(shapes[name]) for name in targets.split(",") if name in shapes)
 
 
+SHAPE_KEYS = {"hidden": "hidden_size", "intermediate": "intermediate_size", "layers": "num_hidden_layers",
+              "heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+              "vocab": "vocab_size"}  # ModelShape's field: its config.json key
+
+
 def shape_from_config(config):
-    """A transformers config (or any object with its field names) -> ModelShape."""
+    """A transformers config (or any object with its field names) -> ModelShape (which checks every value; a
+    missing or null one is named as such)."""
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = config.num_attention_heads
-    return ModelShape(hidden=config.hidden_size, intermediate=config.intermediate_size,
-                      layers=config.num_hidden_layers, heads=heads,
-                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                      vocab=config.vocab_size, tied=bool(getattr(config, "tie_word_embeddings", False)),
-                      qkv_bias=getattr(config, "model_type", "") == "qwen2" or bool(getattr(config, "attention_bias",
-                                                                                             False)))
+    read = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+    heads, hidden = read("num_attention_heads"), read("hidden_size")
+    whole = lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0  # noqa: E731
+    qkv_bias = True if read("model_type", "") == "qwen2" else read("attention_bias", False)
+    return ModelShape(hidden=hidden, intermediate=read("intermediate_size"), layers=read("num_hidden_layers"),
+                      heads=heads, kv_heads=read("num_key_value_heads") or heads,
+                      head_dim=read("head_dim") or (hidden // heads if whole(hidden) and whole(heads) else hidden),
+                      vocab=read("vocab_size"), tied=read("tie_word_embeddings", False), qkv_bias=qkv_bias)
 
 
 # Qwen2.5's config.json numbers (huggingface.co/Qwen/Qwen2.5-{size}/config.json), written out so that nothing downloads.
@@ -143,9 +163,15 @@ def model_shape(config):
 
 
 class _Fields:
-    """A config.json read as attributes (text_config first, for multimodal configs)."""
+    """A config.json read as attributes (text_config first, for multimodal configs); a ValueError when it, or its
+    text_config, is not a JSON object."""
     def __init__(self, fields):
-        self.__dict__.update(fields.get("text_config", fields))
+        if not isinstance(fields, dict):
+            raise ValueError(f"config.json is {type(fields).__name__}, not a JSON object")
+        fields = fields.get("text_config", fields)
+        if not isinstance(fields, dict):
+            raise ValueError(f"config.json's text_config is {fields!r}; a JSON object of the model's sizes, or none")
+        self.__dict__.update(fields)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,16 +182,24 @@ def memory_plan(shape, config, prompt_length):
     assumed. Weights and gradients are in --param-dtype (bf16: plus the optimizer's fp32 masters), AdamW's moments
     fp32 (or 8-bit); activations and the KV cache are in the compute dtype, except the residual stream and RMSNorm,
     which stay fp32 under autocast (counted so under bf16 weights too: an overcount there)."""
+    check_inputs(shape, config, prompt_length)
     compute = 2 if config.dtype == "bf16" else 4  # bytes per activation element
     P, T, M = prompt_length, config.max_new_tokens, config.num_generations
     rows = config.prompts_per_step * M
     generate_rows = min(config.rollout_batch or rows, rows) // M * M  # whole groups per generate call
+    # the held-out eval's greedy generate calls (rollout.evaluate): --eval-size rows, at most EVAL_BATCH (or
+    # --rollout-batch) a call; the rollout phase's cache is the larger of the two
+    eval_rows = min(config.eval_size, config.rollout_batch or EVAL_BATCH)
     micro = min(config.micro_batch, rows)
     trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else \
         shape.parameters()
     stored = 2 if config.param_dtype == "bf16" else 4  # bytes per weight and per gradient (--param-dtype)
-    weights = stored * (shape.parameters() + (trained if config.lora_rank else 0))
     H, I, L = shape.hidden, shape.intermediate, shape.layers
+    nf4 = config.base_dtype == "nf4" and config.lora_rank > 0  # the frozen linears in 4 bits (harness/model.py)
+    projections = L * sum(i * o for i, o in shape.linear_shapes().values())  # what NF4 quantizes (not the head)
+    weights = stored * (shape.parameters() - (projections if nf4 else 0) + (trained if config.lora_rank else 0)) \
+        + (math.ceil(NF4_BYTES * projections) if nf4 else 0)
+    offload = config.optimizer_offload and config.device.startswith("cuda")  # on a CPU there is one memory
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     # One decoder layer saves, per token: fp32 residual stream and the 2 RMSNorms' input and output (4H x 4 bytes),
     # under autocast the linears' bf16 copies of the 2 norm outputs; q, attention output, o_proj's input (3q),
@@ -184,35 +218,80 @@ def memory_plan(shape, config, prompt_length):
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
     # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast/logprobs.py, float32_logits)
     head_copy = 4 * shape.vocab * H if stored == 2 else 0
+    masters = 4 * trained if stored == 2 or offload else 0  # the optimizer's fp32 copies (master_weights.py)
+    moments = int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained)  # AdamW's moments:
+    # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
     plan = {
         "weights": weights,
         "gradients": stored * trained,
-        "master_weights": 4 * trained if stored == 2 else 0,  # the optimizer's fp32 copies (master_weights.py)
-        "optimizer": int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained),  # AdamW's moments:
-        # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
+        "master_weights": 0 if offload else masters,
+        "optimizer": 0 if offload else moments,
         "reference": stored * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
-        "kv_cache": compute * 2 * L * kv * generate_rows * (P + T),
-        "sampling_logits": 3 * 4 * shape.vocab * generate_rows,  # float32 logits, scaled, softmax of one token
+        "kv_cache": compute * 2 * L * kv * max(generate_rows, eval_rows) * (P + T),
+        "sampling_logits": 3 * 4 * shape.vocab * max(generate_rows, eval_rows),  # float32 logits, scaled, softmax of one token
         "activations": layer_activations + 8 * H * tokens + autocast_copies + head_copy,  # + the final norm's
         # input and output
+        # NF4: each forward (and backward) dequantizes one frozen linear at a time to --param-dtype; the largest is
+        # an MLP matrix (autograd saves the NF4 tensor, not the copy). Counted in both phases.
+        "nf4_dequantized": stored * H * I if nf4 else 0,
         "logit_chunk": logit_chunk,
         # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
         "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
         # foreach AdamW's temporary on CUDA; bf16 weights: one tensor at a time (master_weights.py), its fp32
         # gradient and temporary, the largest being the [V, H] embedding (LoRA: its adapters are in bf16 too)
-        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 else
-        (8 if config.device.startswith("cuda") else 4) * (trained if config.lora_rank else shape.vocab * H),
+        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 and not offload
+        else (4 if offload else 8 if config.device.startswith("cuda") else 4) * (trained if config.lora_rank
+                                                                                 else shape.vocab * H),
+        # --optimizer-offload on CUDA: the new weight's fp32 copy on the card as copy_ converts it, one at a time
+        "offloaded": masters + moments if offload else 0,  # in CPU memory, not in the peak
     }
     held = sum(plan[name] for name in HELD)
-    plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"]
-    plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"],
+    if any(value < 0 for value in plan.values()):  # cannot happen after check_inputs; a plan never "fits" by it
+        raise ValueError(f"memory plan: a negative part {min(plan, key=plan.get)}")
+    plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"] + plan["nf4_dequantized"]
+    plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"]
+                                     + plan["nf4_dequantized"],
                                      plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
+                           eval_rows=eval_rows,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
-                           weights_dtype=config.param_dtype)
+                           weights_dtype=config.param_dtype + (", NF4 base" if nf4 else ""))
     return plan
+
+
+EVAL_BATCH = 256  # rollout.evaluate's batch_size: rows per greedy generate call of the held-out eval
+PLAN_LIMIT = 2**24  # the largest count (rows, tokens, rank) a plan takes: far above any card's run
+
+
+def check_inputs(shape, config, prompt_length):
+    """What memory_plan reads, checked in one place before it computes: a ValueError naming the setting (its flag)
+    for a value of the wrong type or range, whatever built the Config (the command line, run.json, Python)."""
+    if not isinstance(shape, ModelShape):
+        raise ValueError(f"memory plan: the model's shape is {type(shape).__name__}, not a ModelShape")
+    counts = {"prompts_per_step": 1, "num_generations": 1, "max_new_tokens": 1, "micro_batch": 1, "logit_chunk": 1,
+              "lora_rank": 0, "eval_size": 1, "rollout_batch": 1}
+    for name, low in {**counts, "prompt_length": 1}.items():
+        value = prompt_length if name == "prompt_length" else getattr(config, name, None)
+        if name == "rollout_batch" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= PLAN_LIMIT:
+            flag = "the prompt length" if name == "prompt_length" else "--" + name.replace("_", "-")
+            raise ValueError(f"memory plan: {flag} is {value!r}; it needs an integer from {low} to {PLAN_LIMIT}")
+    kl = getattr(config, "kl_coef", None)
+    if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not math.isfinite(kl) or kl < 0:
+        raise ValueError(f"memory plan: --kl-coef is {kl!r}; it needs a finite number >= 0")
+    for name, allowed in {"dtype": ("fp32", "bf16"), "param_dtype": ("fp32", "bf16"),
+                          "optimizer": ("adamw", "adamw8bit"), "base_dtype": (None, "nf4"),
+                          "gradient_checkpointing": (True, False), "optimizer_offload": (True, False)}.items():
+        value = getattr(config, name, None)
+        if not any(value is choice or (isinstance(choice, str) and value == choice) for choice in allowed):
+            raise ValueError(f"memory plan: --{name.replace('_', '-')} is {value!r}; it needs one of "
+                             f"{', '.join(map(str, allowed))}")
+    if not isinstance(config.device, str) or not isinstance(config.lora_targets, str):
+        raise ValueError(f"memory plan: --device and --lora-targets need text, got {config.device!r} and "
+                         f"{config.lora_targets!r}")
 
 
 def needed(plan):
@@ -228,7 +307,9 @@ def headroom_text(device):
 
 HELD = ("weights", "gradients", "master_weights", "optimizer", "reference")  # held all the time, whatever the batch
 PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits",
-         "activations", "logit_chunk", "head_gradients", "optimizer_step")
+         "activations", "nf4_dequantized", "logit_chunk", "head_gradients", "optimizer_step")
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # torchao's NF4: 4 bits a weight, an int8 scale per 64, a float32 per 256
+# scales (harness/model.py's NF4_BLOCK, NF4_SCALER_BLOCK; measured: 0.5158 bytes a weight of a 896 x 896 matrix)
 
 
 # What fitting_settings may change, cheapest first, and what each costs (fit_text prints one line per choice made).
@@ -244,10 +325,18 @@ OPTIONS = {  # name: (the settings it changes, its cost)
                     "compute; docs/performance.md measures the ratio's noise and the learning"),
     "optimizer": ({"optimizer": "adamw8bit"}, "precision: AdamW's moments in 8 bits (torchao: pip install torchao; "
                                               "compiled, minutes at the first step)"),
+    "optimizer_offload": ({"optimizer_offload": True}, "time: every gradient to CPU memory and every weight back "
+                          "over PCIe each step, AdamW stepped by the CPU (seconds a step at billions of weights); "
+                          "the same update; CPU memory holds the fp32 masters and moments (the plan's 'offloaded')"),
     "lora_rank": ({"lora_rank": 16}, "what is learned: a rank-16 update of the projections, not every weight"),
+    "base_dtype": ({"base_dtype": "nf4"}, "precision: LoRA's frozen base in 4-bit NF4 (QLoRA; torchao), the policy "
+                                          "and its reference both that base, not the model's own weights; time: "
+                                          "each linear dequantized in every forward"),
 }
-NOT_AVAILABLE = "not tried (not implemented here): a 4-bit base (QLoRA) and optimizer states offloaded to the CPU"
-STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "lora_rank")  # the switches, in OPTIONS' order
+NOT_AVAILABLE = "not tried: --kl-coef 0 (drops the reference copy, another objective) and AdamW without fp32 " \
+    "masters (bf16 stochastic rounding, not built here)"
+STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "lora_rank",
+         "base_dtype")  # the switches, in OPTIONS' order
 
 
 def option_levels(config, allowed):
@@ -256,6 +345,7 @@ def option_levels(config, allowed):
     free = [name for name in STEPS if name in allowed and not all(getattr(config, k) == v for k, v in
                                                                   OPTIONS[name][0].items())]
     combos = [[name for bit, name in enumerate(free) if mask >> bit & 1] for mask in range(2 ** len(free))]
+    combos = [combo for combo in combos if "base_dtype" not in combo or config.lora_rank or "lora_rank" in combo]
     return sorted(combos, key=lambda combo: (max((STEPS.index(n) for n in combo), default=-1), len(combo)))
 
 
@@ -264,6 +354,9 @@ def fitting_settings(shape, config, prompt_length, budget, *, allowed=STEPS):
     (changes dict, plan), or (None, the smallest plan tried). Tried in OPTIONS' order of cost: the switches'
     combinations (option_levels; `allowed` limits them, e.g. no LoRA), and within each, smaller micro-batches and
     rollout batches, largest first."""
+    check_inputs(shape, config, prompt_length)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < math.inf:
+        raise ValueError(f"memory plan: the budget is {budget!r}; it needs a number of bytes > 0")
     rows = config.prompts_per_step * config.num_generations
     micro_batches = sorted({m for m in (config.micro_batch, 16, 8, 4, 2, 1) if m <= config.micro_batch}, reverse=True)
     rollout_batches = sorted({r for r in (config.rollout_batch or rows, 256, 128, 64, 32, 16)
@@ -290,9 +383,13 @@ def plan_text(plan, budget=None, fit=None):
     lines = [f"memory plan for {a['device']}, {a['weights_dtype']} weights, {a['compute_dtype']} compute "
              f"(estimated; docs/performance.md): {a['parameters'] / 1e6:.1f}M parameters, "
              f"{a['trained_parameters'] / 1e6:.2f}M trained; {a['rows']} rows of {a['prompt_length']} prompt + "
-             f"{a['completion_length']} completion tokens, {a['generate_rows']} per generate call, "
+             f"{a['completion_length']} completion tokens, {a['generate_rows']} per generate call ({a['eval_rows']} "
+             f"in the held-out eval's), "
              f"{a['micro_batch']} per micro-batch"]
     lines += [f"  {name.replace('_', ' '):<16s}{plan[name] / GB:9.3f} GB" for name in PARTS if plan[name]]
+    if plan["offloaded"]:
+        lines.append(f"  (in CPU memory, not in the peak: {plan['offloaded'] / GB:.3f} GB of fp32 master weights and "
+                     "AdamW's moments, --optimizer-offload)")
     lines.append(f"  peak: {plan['peak'] / GB:.3f} GB (rollout phase {plan['rollout_peak'] / GB:.3f}, "
                  f"update phase {plan['update_peak'] / GB:.3f})")
     if budget is not None:

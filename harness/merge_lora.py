@@ -4,7 +4,9 @@
 
 A LoRA checkpoint holds the adapters only (harness/model.py, save_adapters); its run.json names the base weights
 (`initial_policy`: the tiny model's warm start folder, a hub id, a folder or a .gguf file). The merged folder is an
-ordinary save_pretrained model with the run's tokenizer: transformers loads it without peft.
+ordinary save_pretrained model with the run's tokenizer: transformers loads it without peft. A --base-dtype nf4
+run's adapters are folded into the base it trained on, dequantized: the initial weights in --param-dtype, each
+frozen linear quantized to NF4 and back (the merged model is the policy that ran, in plain tensors).
 """
 import argparse
 import os
@@ -31,6 +33,12 @@ def main(argv=None):
         from harness.model import load_adapters, load_policy, load_tokenizer, merge_adapters
         tokenizer = load_tokenizer(checkpoint)
         base, _ = load_policy(settings.initial_policy, tokenizer=tokenizer)
+        if settings.base_dtype == "nf4":  # the base the policy ran with: quantized and dequantized again
+            from harness.config import require_library
+            from harness.model import nf4_round_trip
+            from harness.run import storage_dtype
+            require_library("torchao", "merging a --base-dtype nf4 run")
+            base = nf4_round_trip(base.to(storage_dtype(settings)))
         model = merge_adapters(load_adapters(base, checkpoint, settings))
         save_policy_atomically(model, tokenizer, args.output)
     except (RunError, ValueError) as error:

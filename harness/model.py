@@ -252,6 +252,50 @@ def add_lora(model, rank, alpha, targets):
     return model
 
 
+NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256  # torchao's (and QLoRA's) defaults: a scale per 64 weights, double-quantized
+
+
+def to_nf4(weight):
+    """torchao's NF4Tensor of `weight`: blocks of NF4_BLOCK weights, their scales quantized in blocks of
+    NF4_SCALER_BLOCK (fewer where a small matrix has fewer blocks: the largest power of two that divides them)."""
+    import math
+
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4 as torchao_to_nf4
+    if weight.numel() % NF4_BLOCK:
+        raise ValueError(f"--base-dtype nf4: a weight of shape {tuple(weight.shape)} is not a whole number of "
+                         f"{NF4_BLOCK}-weight blocks")
+    blocks = weight.numel() // NF4_BLOCK
+    return torchao_to_nf4(weight, NF4_BLOCK, math.gcd(NF4_SCALER_BLOCK, blocks & -blocks))
+
+
+def nf4_linears(model):
+    """The frozen nn.Linear layers --base-dtype nf4 quantizes: every linear of the decoder (LoRA's base layers and
+    the projections without adapters), not the LM head (the float32 head reads its weight), not the adapters."""
+    import torch
+    return [module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+            and not name.endswith("lm_head") and ".lora_" not in name and not module.weight.requires_grad]
+
+
+def quantize_base(model):
+    """--base-dtype nf4 (QLoRA): each frozen linear's weight replaced, in place, by torchao's NF4Tensor of it (4 bits
+    a weight plus its block scales); forward dequantizes it to the weight's dtype (--param-dtype) block by block.
+    -> model. Runs on a CPU too (torchao's NF4 is plain PyTorch)."""
+    import torch
+    for module in nf4_linears(model):
+        module.weight = torch.nn.Parameter(to_nf4(module.weight.detach()), requires_grad=False)
+    return model
+
+
+def nf4_round_trip(model):
+    """Each frozen linear's weight replaced, in place, by what --base-dtype nf4 trained on: quantized and dequantized
+    again (a plain tensor). merge_lora folds a nf4 run's adapters into this base, the one the policy ran with."""
+    import torch
+    with torch.no_grad():
+        for module in nf4_linears(model.requires_grad_(False)):
+            module.weight.copy_(to_nf4(module.weight.detach()).get_original_weight())
+    return model
+
+
 def is_lora(model):
     """True for a policy with LoRA adapters (add_lora / load_adapters)."""
     return bool(getattr(model, "peft_config", None))

@@ -42,7 +42,7 @@ from harness.checkpoint import (RunError, checkpoint_step, checkpoint_steps, exi
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, require_library
-from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
+from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
 
@@ -220,6 +220,9 @@ def hardware(config):
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
     cuda = device.startswith("cuda")
+    if config.optimizer_offload and not cuda and not config.dry_run:
+        raise InputError(f"--optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "
+                         f"--device {device} they are in that memory already: drop the flag")
     bf16 = cuda and (not torch.cuda.is_available() or torch.cuda.is_bf16_supported())  # no CUDA: a dry run's plan
     if config.dtype == "auto" and cuda and not bf16:
         say(f"note: {torch.cuda.get_device_name(device)} has no bf16: --dtype auto computes in fp32 (slower than "
@@ -251,9 +254,13 @@ def print_memory_plan(config):
               file=sys.stderr)
         return
     prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
-    plan = memory.memory_plan(shape, config, prompt_length)
     budget = memory.parse_size(config.memory_budget) if config.memory_budget else None
-    fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+    try:  # memory.check_inputs: a setting of the wrong type or range, named
+        plan = memory.memory_plan(shape, config, prompt_length)
+        fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+    except ValueError as error:
+        print(f"note: no {error}", file=sys.stderr)
+        return
     print(memory.plan_text(plan, budget, fit) + ("" if config.max_prompt_length else
           f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
 
@@ -267,7 +274,10 @@ def within_budget(config):
         say(f"note: --memory-budget not checked: the config of {config.model} could not be read "
             f"({str(error).splitlines()[0]})")
         return
-    plan = memory.memory_plan(shape, config, config.max_prompt_length or memory.PROMPT_GUESS[config.style])
+    try:
+        plan = memory.memory_plan(shape, config, config.max_prompt_length or memory.PROMPT_GUESS[config.style])
+    except ValueError as error:  # memory.check_inputs
+        raise InputError(f"--memory-budget {config.memory_budget}: no {error}") from None
     budget = memory.parse_size(config.memory_budget)
     if memory.needed(plan) > budget:
         raise InputError(f"--memory-budget {config.memory_budget}: this run's memory plan needs "
@@ -331,6 +341,8 @@ def adamw_class(config):
     8 bits per weight plus a float32 scale per block of 256 (optional: pip install torchao; torch.compile'd, so its
     first step compiles, minutes on a CPU). --param-dtype bf16: either one on fp32 master weights (MasterWeights)."""
     inner = optimizer_class(config)
+    if config.optimizer_offload:  # every master and the moments in CPU memory (a CUDA run; hardware() checks)
+        return functools.partial(MasterWeights, inner_class=inner, state_device="cpu")
     return functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16" else inner
 
 
@@ -385,6 +397,8 @@ def memory_options(config, model):
         with policy_load_errors(config):
             model = load_adapters(model, config.resume, config) if config.resume else \
                 add_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
+    if config.base_dtype == "nf4":  # after the adapters: only the frozen linears are quantized
+        quantize_base(model)
     if config.gradient_checkpointing:
         enable_checkpointing(model)
     return model

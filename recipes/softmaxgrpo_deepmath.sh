@@ -4,7 +4,7 @@
 # On one GPU this is days per hundred steps: lower --prompts-per-step for a first look (a deviation; say so).
 # Data: rows with question / final_answer (JSONL or parquet):
 #   DEEPMATH_DATA=data/deepmath.parquet bash recipes/softmaxgrpo_deepmath.sh     # (--dry-run: print and exit)
-# Memory (its plan: --dry-run --device cuda): peak 92.9 GB as written; fits 80 GB with --micro-batch 4 --rollout-batch 256; 24 GB with --lora-rank 16 --micro-batch 2 --rollout-batch 128
+# Memory (its plan: --dry-run --device cuda): peak 92.9 GB as written; fits 80 GB with --micro-batch 4 --rollout-batch 256; 24 GB with --gradient-checkpointing --optimizer-offload --param-dtype bf16 --rollout-batch 128
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=(

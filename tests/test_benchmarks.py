@@ -56,3 +56,23 @@ def test_floor_alone_for_a_known_shape_and_gpu(capsys):
     floor.main(["--shape", "qwen2.5-0.5b", "--gpu", "H200", "--lopti"])
     out = capsys.readouterr().out
     assert "494M params" in out and "no-grad forwards" in out and "H200 datasheet, bf16 dense" in out
+
+
+def test_gpu_checks_memory_settings_each_parse_and_plan(capsys):
+    # every setting step 6 of gpu_check.sh runs on a GPU, planned here (what its --dry-run prints): a flag the
+    # benchmark does not take, or a plan that fails, shows on a CPU before any GPU time is spent
+    import re
+    import shlex
+
+    from benchmarks import memory_check
+    script = open(os.path.join(REPO, "benchmarks", "gpu_check.sh")).read()
+    settings = re.findall(r'^  "(qwen2\.5-[\d.]+b)\|([^"]*)"', script, flags=re.M)
+    shape_flags = shlex.split(re.search(r'^MEMORY_SHAPE_FLAGS="([^"]*)"', script, flags=re.M).group(1))
+    assert len(settings) >= 9 and any("--optimizer-offload" in f for _, f in settings) and \
+        any("--base-dtype nf4" in f for _, f in settings) and any("adamw8bit" in f for _, f in settings)
+    for shape, flags in settings:
+        plan = memory_check.main(["--plan-only", "--model", shape, "--device", "cuda", *shape_flags, *shlex.split(flags),
+                                  "--setting=" + flags])
+        assert plan["peak"] > 0 and (plan["offloaded"] > 0) == ("--optimizer-offload" in flags)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PLAN ")]
+    assert len(lines) == len(settings) and "GiB in CPU memory" in lines[2]

@@ -1,8 +1,11 @@
 """What makes a run fit a smaller card: activation checkpointing, LoRA adapters with a free reference, the memory
 plan. Each option must leave the numbers alone (checkpointing: the same log-probs and gradients; LoRA's reference:
 the base model's log-probs) and do what it says (LoRA: only the adapters train; the plan: its hand count)."""
+import copy
 import dataclasses
 import json
+import re
+import math
 import os
 
 import pytest
@@ -271,7 +274,7 @@ def test_parameter_counts_are_the_models_own():
 
 
 def test_the_plan_by_hand():
-    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32",
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="fp32",
                     device="cpu")
     plan = memory.memory_plan(SMALL_SHAPE, config, prompt_length=3)
     N = 1272
@@ -427,8 +430,8 @@ def test_where_the_weights_alone_exceed_the_budget_the_plan_says_so():
     config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
                     micro_batch=4, dtype="bf16", device="cuda")
     shape = memory.QWEN25["qwen2.5-7b"]
-    fit = memory.fitting_settings(shape, config, 1024, 8e9)
-    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 8e9, fit)
+    fit = memory.fitting_settings(shape, config, 1024, 4e9)  # under even LoRA on a 4-bit base's 5.6 GB
+    text = memory.plan_text(memory.memory_plan(shape, config, 1024), 4e9, fit)
     assert fit[0] is None and f"the weights alone need {fit[1]['weights'] / 1e9:.3f} GB" in text
     assert "cannot help" in text and "fewer prompts per step" not in text
     fit = memory.fitting_settings(shape, config, 1024, 40e9, allowed=())  # over the weights, under what is held
@@ -451,7 +454,7 @@ def test_adamw8bit_without_torchao_is_one_line(tmp_path, digits_task, capsys, mo
 
 
 def test_the_plan_of_8bit_moments():
-    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="fp32", device="cpu",
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="fp32", device="cpu",
                     optimizer="adamw8bit")
     # two moments of 1 byte per weight, plus one float32 scale per block of 256 weights each
     assert memory.memory_plan(SMALL_SHAPE, config, 3)["optimizer"] == int(2 * (1 + 4 / 256) * 1272)
@@ -587,7 +590,7 @@ def test_bf16_storage_with_an_fp32_setting_is_one_line(flags, message, capsys):
 
 
 def test_the_plan_of_bf16_storage():
-    config = Config(prompts_per_step=1, num_generations=2, max_new_tokens=2, micro_batch=2, dtype="bf16",
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="bf16",
                     device="cpu", kl_coef=0.1)
     fp32 = memory.memory_plan(SMALL_SHAPE, config, 3)
     bf16 = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16"), 3)
@@ -637,3 +640,233 @@ def test_the_search_tries_the_fields_options_in_order_of_cost_and_prices_each_ch
         if key in memory.OPTIONS:
             assert sum(line.strip().startswith(f"--{key.replace('_', '-')}") for line in lines) == 1, key
     assert memory.NOT_AVAILABLE in text
+
+
+# --- optimizer states in CPU memory (--optimizer-offload) and a 4-bit base (--base-dtype nf4) ----------------------
+@pytest.mark.parametrize("storage", [torch.float32, torch.bfloat16])
+def test_offloaded_states_step_as_adamw_bit_for_bit_and_resume_exactly(storage):
+    # the wrapper's logic with state_device="cpu" on CPU tensors (a CUDA run differs only in where the weights live)
+    from harness.master_weights import MasterWeights
+    torch.manual_seed(0)
+    starts = [torch.randn(5, 3), torch.randn(7), torch.randn(4)]
+    ours = [t.to(storage).requires_grad_() for t in starts]
+    theirs = [t.to(storage).float().requires_grad_() for t in starts]  # plain AdamW on the same fp32 weights
+    offloaded = MasterWeights(ours, torch.optim.AdamW, state_device="cpu", lr=1e-3, weight_decay=0.01)
+    plain = torch.optim.AdamW(theirs, lr=1e-3, weight_decay=0.01)
+    assert all(m is not p and m.dtype == torch.float32 for m, p in zip(offloaded.masters, ours))  # every one
+    grads = [[torch.randn(t.shape).to(storage) for t in starts] for _ in range(6)]
+    for step, step_grads in enumerate(grads[:3]):
+        for a, b, grad in zip(ours, theirs, step_grads):
+            a.grad, b.grad = (None, None) if step == 1 and a.dim() == 1 else (grad.clone(), grad.float())
+        offloaded.step(), plain.step()
+    saved = copy.deepcopy(offloaded.state_dict())  # as torch.save would: the live tensors step on
+    again = [p.detach().clone().requires_grad_() for p in ours]
+    resumed = MasterWeights(again, torch.optim.AdamW, state_device="cpu", lr=1e-3, weight_decay=0.01)
+    resumed.load_state_dict(saved)
+    for step_grads in grads[3:]:
+        for a, b, c, grad in zip(ours, theirs, again, step_grads):
+            a.grad, b.grad, c.grad = grad.clone(), grad.float(), grad.clone()
+        offloaded.step(), plain.step(), resumed.step()
+    for a, b, c, m in zip(ours, theirs, again, offloaded.masters):
+        assert torch.equal(m, b.detach()) and torch.equal(a.detach(), b.detach().to(storage))  # AdamW's, exactly
+        assert torch.equal(c.detach(), a.detach())  # the resumed optimizer: the same steps
+    assert all(s["exp_avg"].device.type == "cpu" for s in offloaded.state.values())
+
+
+def test_optimizer_offload_on_a_cpu_is_one_line(tmp_path, digits_task, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                    "--device", "cpu", "--optimizer-offload"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "train.py: error: --optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "
+        "--device cpu they are in that memory already: drop the flag")
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+def test_a_nf4_lora_run_trains_on_a_4bit_base_resumes_exactly_and_merges_into_that_base(tmp_path, digits_task):
+    pytest.importorskip("torchao", reason="--base-dtype nf4 needs torchao")
+    from harness.merge_lora import main as export
+    out, seen, real = tmp_path / "run", {}, train.run.build_policy
+
+    def build_policy(*args, **kwargs):
+        model, ref_model = real(*args, **kwargs)
+        seen["base"] = {type(m.weight).__name__ for m in model_module.nf4_linears(model)}
+        seen["reference"] = {type(m.weight).__name__ for m in model_module.nf4_linears(ref_model)}
+        seen["shared"] = all(any(r.weight is m.weight for r in model_module.nf4_linears(ref_model))
+                             for m in model_module.nf4_linears(model))
+        return model, ref_model
+    train.run.build_policy = build_policy
+    try:
+        lora_run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0", "--kl-coef", "0.05",
+                 "--param-dtype", "bf16", "--base-dtype", "nf4", "--lr", "1e-2", "--lora-targets", "q_proj,v_proj")
+    finally:
+        train.run.build_policy = real
+    assert seen == {"base": {"NF4Tensor"}, "reference": {"NF4Tensor"}, "shared": True}  # the reference: no copy
+    final = adapter_weights(out / "checkpoint-4")
+    assert any(v.abs().sum() > 0 for k, v in final.items() if "lora_B" in k)  # it trained
+    rows = (out / "metrics.jsonl").read_text()
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = adapter_weights(out / "latest")
+    assert all(torch.equal(resumed[k], v) for k, v in final.items())
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
+    # merge_lora dequantizes: the adapters folded into the NF4 base the policy ran with, a plain bf16 model
+    export([str(out / "latest"), str(tmp_path / "merged")])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    initial = AutoModelForCausalLM.from_pretrained(json.loads((out / "latest" / "run.json").read_text())
+                                                   ["initial_policy"]).to(torch.bfloat16)
+    model_module.nf4_round_trip(initial)
+    down = "model.layers.0.mlp.down_proj.weight"  # no adapter there (but NF4: every frozen linear): the NF4 base
+    assert merged.state_dict()[down].dtype == torch.bfloat16
+    assert torch.equal(merged.state_dict()[down], initial.state_dict()[down])
+    assert not torch.equal(initial.state_dict()[down],
+                           AutoModelForCausalLM.from_pretrained(json.loads((out / "latest" / "run.json").read_text())
+                                                                ["initial_policy"]).state_dict()[down].bfloat16())
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "--base-dtype nf4 quantizes LoRA's frozen base: give --lora-rank with it")])
+def test_nf4_without_lora_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--dry-run", "--base-dtype", "nf4", *flags])
+    assert capsys.readouterr().err.strip() == f"train.py: error: {message}"
+
+
+def test_nf4_without_torchao_is_one_line(tmp_path, digits_task, capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "torchao" else real(name, *args))
+    with pytest.raises(SystemExit):
+        train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                    "--lora-rank", "4", "--base-dtype", "nf4"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "train.py: error: --base-dtype nf4 needs torchao: pip install torchao"
+
+
+def test_the_plan_of_a_nf4_base_and_of_offloaded_states():
+    config = Config(prompts_per_step=1, num_generations=2, eval_size=1, max_new_tokens=2, micro_batch=2, dtype="bf16",
+                    device="cuda", param_dtype="bf16", lora_rank=2)
+    N, H, I = SMALL_SHAPE.parameters(), 8, 16
+    projections = 2 * (2 * 64 + 2 * 32 + 3 * 128)  # what NF4 quantizes: the 7 projections of 2 layers
+    bf16 = memory.memory_plan(SMALL_SHAPE, config, 3)
+    nf4 = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, base_dtype="nf4"), 3)
+    adapters = nf4["assumed"]["trained_parameters"]
+    assert bf16["weights"] == 2 * (N + adapters)
+    assert nf4["weights"] == 2 * (N - projections + adapters) + math.ceil((0.5 + 1 / 64 + 4 / 16384) * projections)
+    assert nf4["nf4_dequantized"] == 2 * H * I and bf16["nf4_dequantized"] == 0  # one MLP matrix at a time
+    assert nf4["rollout_peak"] - bf16["rollout_peak"] == nf4["weights"] - bf16["weights"] + 2 * H * I
+    full = dataclasses.replace(config, lora_rank=0, kl_coef=0.1)
+    on_card = memory.memory_plan(SMALL_SHAPE, full, 3)
+    offloaded = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(full, optimizer_offload=True), 3)
+    assert (offloaded["master_weights"], offloaded["optimizer"]) == (0, 0)  # off the card
+    assert offloaded["offloaded"] == on_card["master_weights"] + on_card["optimizer"] == 12 * N
+    assert offloaded["weights"] == on_card["weights"] and offloaded["reference"] == on_card["reference"]
+    assert on_card["peak"] - offloaded["peak"] >= 12 * N - on_card["optimizer_step"]
+    fp32 = dataclasses.replace(full, param_dtype="fp32", optimizer_offload=True)  # fp32 weights: masters offloaded
+    assert memory.memory_plan(SMALL_SHAPE, fp32, 3)["offloaded"] == 12 * N  # too (a CPU copy of each)
+    on_cpu = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(full, optimizer_offload=True, device="cpu"), 3)
+    assert on_cpu["offloaded"] == 0 and on_cpu["optimizer"] == 8 * N  # a CPU has one memory: nothing moves
+    assert "in CPU memory, not in the peak" in memory.plan_text(offloaded)
+
+
+def test_the_search_reaches_offload_and_nf4_last_and_prices_them():
+    assert memory.STEPS.index("optimizer") < memory.STEPS.index("optimizer_offload") < \
+        memory.STEPS.index("lora_rank") < memory.STEPS.index("base_dtype")
+    config = Config(model="Qwen/Qwen2.5-7B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                    micro_batch=4, kl_coef=1e-3, dtype="bf16", device="cuda")
+    full = memory.option_levels(config, [s for s in memory.STEPS if s != "lora_rank"])
+    assert all("base_dtype" not in combo for combo in full)  # NF4 is LoRA's base: never without LoRA
+    shape = memory.QWEN25["qwen2.5-7b"]
+    changes, fitted = memory.fitting_settings(shape, config, 1024, 80e9,
+                                              allowed=[s for s in memory.STEPS if s != "lora_rank"])
+    assert changes["optimizer_offload"] is True and memory.needed(fitted) <= 80e9  # 7B full on 80 GB: offloaded
+    text = memory.fit_text(memory.memory_plan(shape, config, 1024), 80e9, (changes, fitted))
+    assert sum(line.strip().startswith("--optimizer-offload: time:") for line in text.splitlines()) == 1
+    lora = dataclasses.replace(config, lora_rank=16)
+    changes, fitted = memory.fitting_settings(shape, lora, 1024, 16e9)  # 7B LoRA on 16 GB: only a 4-bit base
+    assert changes["base_dtype"] == "nf4" and memory.needed(fitted) <= 16e9
+    assert "--base-dtype nf4: precision:" in memory.fit_text(memory.memory_plan(shape, lora, 1024), 16e9,
+                                                              (changes, fitted))
+
+
+# --- issue 37 item 7, the memory plan's part: wrong types and ranges named in one line, batches it did not count ----
+PLAN_CONFIG = Config(prompts_per_step=2, num_generations=4, max_new_tokens=4, micro_batch=4, dtype="fp32",
+                     device="cpu", eval_size=4)
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("micro_batch", 0, "--micro-batch"), ("micro_batch", -4, "--micro-batch"), ("micro_batch", "8", "--micro-batch"),
+    ("micro_batch", [8], "--micro-batch"), ("micro_batch", None, "--micro-batch"), ("micro_batch", 1.5, "--micro-batch"),
+    ("micro_batch", True, "--micro-batch"), ("micro_batch", 2**40, "--micro-batch"),
+    ("prompts_per_step", -2, "--prompts-per-step"), ("num_generations", {"a": 1}, "--num-generations"),
+    ("max_new_tokens", float("nan"), "--max-new-tokens"), ("logit_chunk", 0, "--logit-chunk"),
+    ("lora_rank", -16, "--lora-rank"), ("rollout_batch", 0, "--rollout-batch"), ("eval_size", "200", "--eval-size"),
+    ("kl_coef", float("nan"), "--kl-coef"), ("kl_coef", float("inf"), "--kl-coef"), ("kl_coef", -0.1, "--kl-coef"),
+    ("kl_coef", "0.1", "--kl-coef"), ("dtype", "fp16", "--dtype"), ("param_dtype", None, "--param-dtype"),
+    ("optimizer", ["adamw"], "--optimizer"), ("base_dtype", "nf8", "--base-dtype"),
+    ("gradient_checkpointing", "yes", "--gradient-checkpointing"), ("optimizer_offload", 1, "--optimizer-offload"),
+    ("device", 0, "--device")])
+def test_the_plan_names_a_setting_of_the_wrong_type_or_range(field, value, flag):
+    config = dataclasses.replace(PLAN_CONFIG, **{field: value})  # not validated: as Python, or a run.json, may build it
+    with pytest.raises(ValueError) as error:
+        memory.memory_plan(SMALL_SHAPE, config, 3)
+    assert str(error.value).startswith(f"memory plan: {flag}") and "\n" not in str(error.value)
+    with pytest.raises(ValueError):
+        memory.fitting_settings(SMALL_SHAPE, config, 3, 24e9)
+
+
+@pytest.mark.parametrize("prompt_length", [0, -3, 2.5, "16", None, 2**40])
+def test_the_plan_names_a_prompt_length_of_the_wrong_type_or_range(prompt_length):
+    with pytest.raises(ValueError, match="^memory plan: the prompt length is"):
+        memory.memory_plan(SMALL_SHAPE, PLAN_CONFIG, prompt_length)
+
+
+@pytest.mark.parametrize("key, value", [("hidden_size", -8), ("hidden_size", 0), ("hidden_size", float("nan")),
+                                        ("hidden_size", "8"), ("intermediate_size", None), ("vocab_size", [10]),
+                                        ("num_hidden_layers", 10**30), ("num_attention_heads", True),
+                                        ("tie_word_embeddings", "false"), ("head_dim", -1)])
+def test_a_model_config_of_the_wrong_type_or_range_is_named_and_never_fits(key, value):
+    fields = {"model_type": "llama", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 10, "tie_word_embeddings": True}
+    assert memory.shape_from_config(memory._Fields(fields)) == SMALL_SHAPE
+    with pytest.raises(ValueError, match=f"^the model's {key} is "):
+        memory.shape_from_config(memory._Fields({**fields, key: value}))
+    with pytest.raises(ValueError, match="^the model's hidden_size is -8"):  # however a shape is built
+        dataclasses.replace(SMALL_SHAPE, hidden=-8)
+
+
+@pytest.mark.parametrize("fields, message", [([1, 2], "config.json is list, not a JSON object"),
+                                             ({"text_config": "x"}, "config.json's text_config is 'x'"),
+                                             ({"text_config": [1]}, "config.json's text_config is [1]")])
+def test_a_nested_config_of_the_wrong_kind_is_named(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        memory._Fields(fields)
+
+
+def test_a_dry_run_on_a_model_config_with_a_null_size_is_one_note(tmp_path, capsys):
+    fields = {"model_type": "llama", "hidden_size": 64, "intermediate_size": None, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "vocab_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    train.main(["--dry-run", "--model", str(tmp_path), "--device", "cuda", "--memory-budget", "24GB"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "fits" not in err
+    assert [line for line in err.splitlines() if "memory plan" in line] == [
+        f"note: no memory plan: the config of {tmp_path} could not be read (the model's intermediate_size is None; "
+        "the memory plan needs an integer from 1 to 262144)"]
+
+
+def test_the_plan_counts_the_held_out_evals_generate_batch_and_the_eval_honours_rollout_batch(tmp_path, digits_task,
+                                                                                              monkeypatch):
+    config = dataclasses.replace(PLAN_CONFIG, eval_size=200)  # 8 rows a step, 200 held-out prompts
+    plan = memory.memory_plan(SMALL_SHAPE, config, 3)
+    assert plan["assumed"]["eval_rows"] == 200 and plan["kv_cache"] == 2 * 2 * 4 * 200 * (3 + 4) * 4
+    capped = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, rollout_batch=4), 3)
+    assert capped["assumed"]["eval_rows"] == 4 and capped["kv_cache"] == 2 * 2 * 4 * 4 * (3 + 4) * 4
+    sizes, real = [], train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *args, **kwargs: sizes.append(kwargs["batch_size"]) or
+                        real(*args, **kwargs))
+    train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
+                "--rollout-batch", "4"])
+    assert sizes and set(sizes) == {4}  # the eval's generate calls as small as the rollouts'

@@ -64,6 +64,13 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
                         ["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4", "--gradient-checkpointing"],
                         ["--optimizer", "adamw8bit"], ["--lora-rank", "16", "--kl-coef", "0.01"],
                         ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
+    # issue 38 item 7: the plan out of sample, frozen at a commit before these were measured (docs/performance.md):
+    # a tiny model of another width, other lengths, M, micro-batch, rollout batch, LoRA with checkpointing
+    "tiny-cpu-oos": (["--model", "tiny", "--tiny-hidden", "384", "--tiny-layers", "4", "--prompts", "16", "-M", "8",
+                      "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64"],
+                     [[], ["-M", "4", "--prompts", "32"], ["--prompt-digits", "96", "--max-new-tokens", "24"],
+                      ["--micro-batch", "8"], ["--rollout-batch", "32"],
+                      ["--lora-rank", "8", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
 }
 
 

@@ -35,6 +35,9 @@ REPORTERS = ("tensorboard", "wandb")  # --report-to (harness/report.py)
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # attention + MLP
 # Bounds of settings whose absurd values crash in float math or allocate without end (validate says why each)
 MAX_KL_COEF, MIN_TEMPERATURE, MAX_TINY_HIDDEN, MAX_TINY_LAYERS = 100, 1e-3, 4096, 64
+# Counts that size a step's tensors, far above any recipe (512 prompts x 16, 8 192 new tokens, rank 256): beyond
+# them a run allocates without end before any check of memory could speak (--dry-run --memory-budget plans a run)
+MAX_PROMPTS, MAX_GENERATIONS, MAX_NEW_TOKENS, MAX_LORA_RANK = 2**20, 2**16, 2**20, 2**16
 WANDB_RUN_ID = r"[A-Za-z0-9_-]{1,64}"  # what W&B takes as a run id (it refuses :;,#?/' and ''); ours: 8 hex digits
 
 
@@ -208,7 +211,8 @@ class Config:
         for ok, message in [
                 (self.tau > 0, "--tau must be > 0"),
                 (self.num_generations >= 2, "--num-generations must be >= 2 (a group needs a baseline)"),
-                (self.prompts_per_step >= 1, "--prompts-per-step must be >= 1"),
+                (self.num_generations <= MAX_GENERATIONS, f"--num-generations must be <= {MAX_GENERATIONS}"),
+                (1 <= self.prompts_per_step <= MAX_PROMPTS, f"--prompts-per-step must lie in [1, {MAX_PROMPTS}]"),
                 (self.steps >= 0, "--steps must be >= 0"),
                 (0 <= self.alpha <= 1, "--alpha must lie in [0, 1]"),
                 (0 <= self.lopti_eta <= 1, "--lopti-eta must lie in [0, 1] (a probability; 0 = off)"),
@@ -230,7 +234,8 @@ class Config:
                  "--mini-batches must lie in [1, prompts-per-step * num-generations]"),
                 (self.micro_batch >= 1, "--micro-batch must be >= 1"),
                 (self.logit_chunk >= 1, "--logit-chunk must be >= 1"),
-                (self.lora_rank >= 0, "--lora-rank must be >= 0 (0 = full fine-tuning)"),
+                (0 <= self.lora_rank <= MAX_LORA_RANK, f"--lora-rank must lie in [0, {MAX_LORA_RANK}] (0 = full "
+                 "fine-tuning)"),
                 (self.lora_alpha is None or self.lora_alpha > 0, "--lora-alpha must be > 0"),
                 (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
                  f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
@@ -251,14 +256,14 @@ class Config:
                  "--fast-generate, not both"),
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
-                (self.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
+                (1 <= self.max_new_tokens <= MAX_NEW_TOKENS, f"--max-new-tokens must lie in [1, {MAX_NEW_TOKENS}]"),
                 (self.temperature >= MIN_TEMPERATURE, f"--temperature must be >= {MIN_TEMPERATURE} (below it sampling "
                  "is greedy in all but name, and logits / temperature overflow to inf near 1e-30)"),
                 (0 < self.top_p <= 1, "--top-p must lie in (0, 1]"),
                 (self.eval_every >= 1, "--eval-every must be >= 1"),
                 (self.save_every >= 1, "--save-every must be >= 1"),
                 (self.inspect_every is None or self.inspect_every >= 1, "--inspect-every must be >= 1"),
-                (self.eval_size >= 1, "--eval-size must be >= 1"),
+                (1 <= self.eval_size <= MAX_PROMPTS, f"--eval-size must lie in [1, {MAX_PROMPTS}]"),
                 (self.reward_timeout >= 0, "--reward-timeout must be >= 0 (0 = no limit)"),
                 (self.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0"),
                 (self.idle_warn >= 1, "--idle-warn must be >= 1"),

@@ -495,6 +495,11 @@ def test_data_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
     (["--tiny-hidden", "12"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
     (["--tiny-hidden", "4"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
     (["--tiny-hidden", str(10**6)], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
+    (["--prompts-per-step", str(10**9)], "--prompts-per-step must lie in [1, 1048576]"),
+    (["--num-generations", str(10**9)], "--num-generations must be <= 65536"),
+    (["--max-new-tokens", str(10**9)], "--max-new-tokens must lie in [1, 1048576]"),
+    (["--eval-size", str(10**9)], "--eval-size must lie in [1, 1048576]"),
+    (["--lora-rank", str(10**9)], "--lora-rank must lie in [0, 65536]"),
     (["--tiny-layers", str(10**6)], "--tiny-layers must lie in [1, 64]"),
     (["--task", "gsm8k"], "--task gsm8k needs --data"),
 ])

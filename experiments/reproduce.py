@@ -15,6 +15,7 @@ run folder and no cached warm start is reused. Kinds of cell:
             sampled pass@k of the final policy and (countdown3) Table 3 on it: each pass-rate bin's prompts and share
             of the token budget under both estimators
   identity  a formula evaluated by the lesson's own functions (no training): exact
+  fig1      Fig. 1's exact prompt weights (experiments.fig1_prompt_weight) at p = 0, 0.5, 1: exact
   eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
             |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
   referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
@@ -62,6 +63,7 @@ CELLS = {
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
+    "fig1-prompt-weight": ("fig1", ["8", "0.1"], "fig1_prompt_weight.csv", 0, {}),
     # item 5's clipped case on countdown3's GRPO seed 0 (issue 38): 3 batches of 64 held-out prompts x 8
     "lopti-offpolicy-seed0": ("referee-lopti", ["countdown3", "grpo", "0", LOPTI_BATCHES,
                                                 {"run_clip": [], "lopti_clip": LOPTI_CLIP}],
@@ -105,6 +107,8 @@ def command_text(name):
         return prefix + f"python -m experiments.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
     if kind == "eq4":
         return prefix + "python -m experiments.eq4_monte_carlo"
+    if kind == "fig1":
+        return f"experiments.fig1_prompt_weight.prompt_weight_curves(p = 0, 0.5, 1; M={args[0]}, taus=[{args[1]}])"
     if kind == "referee-lopti":
         preset, config, seed, batches, variants = args
         checkpoint = f"RUNS/{preset}/{config}-seed{seed}/latest"
@@ -133,6 +137,12 @@ def rerun(name, folder):
     if kind == "identity":
         from experiments.table3_allocation import identity_table
         return {f"ratio_k{row['k']}": round(row["ratio"], 6) for row in identity_table(int(args[0]), float(args[1]))}
+    if kind == "fig1":  # exact functions of p (Fig. 1's curves), at the ends and the middle
+        import numpy as np
+        from experiments.fig1_prompt_weight import prompt_weight_curves
+        curves = prompt_weight_curves(np.array([0.0, 0.5, 1.0]), int(args[0]), [float(args[1])])
+        return {f"{name}_p{p:g}": round(float(value), 6) for name, values in curves.items() if name != "p"
+                for p, value in zip((0.0, 0.5, 1.0), values)}
     if kind == "eq4":
         run_quietly([sys.executable, "-m", "experiments.eq4_monte_carlo", "--output-dir", folder], environment)
         with open(os.path.join(folder, "eq4_monte_carlo.csv"), newline="") as f:

@@ -44,6 +44,13 @@ def test_the_identity_cell_reproduces_and_a_changed_number_differs(tmp_path, mon
     assert out[-1] == "differs: table3-identity" and any(rows[0]["metric"] + " shipped" in line for line in out)
 
 
+def test_the_fig1_cell_reproduces_the_exact_weights(capsys):
+    assert reproduce.main(["fig1-prompt-weight"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "reproduced: fig1-prompt-weight"
+    rows = reproduce.shipped("fig1-prompt-weight")
+    assert float(rows["maxrl_p0"]["value"]) == 7.0 and float(rows["reinforce_p0.5"]["value"]) == 1.0  # MaxRL: M - 1 = 7 at p = 0 (M 8)
+
+
 def test_a_cell_that_was_never_shipped_is_one_line(capsys):
     with pytest.raises(SystemExit):
         reproduce.main(["countdown3-softmax-seed12"] if not reproduce.shipped("countdown3-softmax-seed12")

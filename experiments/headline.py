@@ -24,8 +24,7 @@ import os
 import statistics
 import sys
 
-from experiments import reproduce
-from experiments.plot_metrics import pyplot
+from experiments import pyplot, reproduce
 from experiments.seed_stats import mean_se_interval, seeds_for_half_width
 from experiments.table3_allocation import BIN_NAMES
 

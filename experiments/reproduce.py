@@ -32,7 +32,6 @@ metric here (deterministic cells).
 """
 import argparse
 import csv
-import json
 import os
 import platform
 import subprocess
@@ -241,8 +240,7 @@ def this_machine():
 
 def provenance():
     """The commit (with -dirty for uncommitted changes), date, load and machine of a measurement made now."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    from experiments.runs import git
     commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no")
                                                    else "")
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -272,7 +270,7 @@ def ship_from(folder, load):
     """Ship every finished run of an experiments.compare output folder (countdown3 preset, run on this machine with
     its cells' environment) as its cell: the commit from each run's code.json (a run without one is refused),
     the date its metrics were last written, this machine, `load` as given. -> the cells shipped."""
-    from experiments.runs import CODE_FILE
+    from experiments.runs import CODE_FILE, recorded_code
     preset = "countdown3"
     with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
         runs = list(csv.DictReader(f))
@@ -281,12 +279,10 @@ def ship_from(folder, load):
         name = f"{preset}-{run['config']}-seed{run['seed']}"
         if name not in CELLS:
             raise SystemExit(f"reproduce: error: {name} (from {folder}) is not a cell")
-        try:
-            with open(os.path.join(run["output_dir"], CODE_FILE)) as f:
-                commit = str(json.load(f)["commit"])
-        except (OSError, ValueError, KeyError, TypeError):
+        commit = recorded_code(run["output_dir"])
+        if commit == "unknown":
             raise SystemExit(f"reproduce: error: {run['output_dir']} has no {CODE_FILE}: which code trained it is "
-                             "not known, so it is not shipped") from None
+                             "not known, so it is not shipped")
         if "-dirty" in commit:
             raise SystemExit(f"reproduce: error: {run['output_dir']} was trained by uncommitted code ({commit})")
         finished = os.path.getmtime(os.path.join(run["output_dir"], "metrics.jsonl"))

@@ -46,9 +46,18 @@ def same_code(recorded, current):
 
 
 def record_code(run_dir):
-    """Write the commit that trained the run in run_dir (read back by finished_run)."""
+    """Write the commit that trained the run in run_dir (read back by recorded_code)."""
     with open(os.path.join(run_dir, CODE_FILE), "w") as f:
         json.dump({"commit": code_commit()}, f)
+
+
+def recorded_code(run_dir):
+    """The commit record_code wrote for the run in run_dir; "unknown" when there is none (or it is unreadable)."""
+    try:
+        with open(os.path.join(run_dir, CODE_FILE)) as f:
+            return str(json.load(f)["commit"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
 
 
 def train_flags(parser, extra, own=("--seeds", "--output-dir")):
@@ -82,12 +91,7 @@ def finished_run(argv_run):
     if not unchanged or os.path.basename(os.path.realpath(checkpoint)) != f"checkpoint-{config.steps}" \
             or 0 not in evals or config.steps not in evals:
         return None
-    try:
-        with open(os.path.join(config.output_dir, CODE_FILE)) as f:
-            recorded = str(json.load(f)["commit"])
-    except (OSError, ValueError, KeyError, TypeError):
-        recorded = "unknown"
-    current = code_commit()
+    recorded, current = recorded_code(config.output_dir), code_commit()
     if not same_code(recorded, current):
         print(f"not reusing the finished run in {config.output_dir}: trained by code at {recorded[:12]}, this is "
               f"{current[:12]} (a Python file differs, or a commit is unknown); training it again", flush=True)

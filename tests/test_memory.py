@@ -258,6 +258,14 @@ SMALL_SHAPE = memory.ModelShape(hidden=8, intermediate=16, layers=2, heads=2, kv
                                 tied=True)
 
 
+def test_the_plans_eval_batch_is_rollout_evaluates_default():
+    # memory.py is torch-free, so it cannot read rollout.evaluate's default: this keeps the two equal
+    import inspect
+
+    import rollout
+    assert memory.EVAL_BATCH == inspect.signature(rollout.evaluate).parameters["batch_size"].default
+
+
 def test_parameter_counts_are_the_models_own():
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     # by hand: embedding 10 x 8; per layer q, o 8 x 8, k, v 8 x 4, gate, up, down 8 x 16, two norms of 8; final norm

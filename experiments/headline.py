@@ -42,11 +42,8 @@ def shipped_seeds(machine=None):
             name = f"countdown3-{method}-seed{seed}"
             if name not in reproduce.CELLS:
                 break
-            rows = [row for row in reproduce.shipped_rows(name)
-                    if (machine in row["machine"] if machine
-                        else reproduce.cpu_kind(row["machine"]) == reproduce.cpu_kind(reproduce.this_machine()))]
-            if rows:
-                values[method][seed] = {row["metric"]: float(row["value"]) for row in rows}
+            if (shipped := reproduce.shipped_values(name, machine)):
+                values[method][seed] = shipped
     both = sorted(set(values["grpo"]) & set(values["softmax"]))
     return {method: {seed: values[method][seed] for seed in both} for method in METHODS}
 

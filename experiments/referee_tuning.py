@@ -2,6 +2,8 @@
 
     OMP_NUM_THREADS=1 python -m experiments.referee_tuning              # seeds 0,1,2 -> runs/referees (~45 runs)
     python -m experiments.referee_tuning --summary-only                 # the grid from the runs finished so far
+    python -m experiments.referee_tuning --shipped                      # the grid docs/results.md shows, from its
+                                                                        # shipped rows (docs/results/referee_tuning_runs.csv)
 
 The headline (M, tau) = (8, 0.1) is the best cell of the paper's sweep while GRPO got one configuration. Here both
 get a grid on experiments.compare's countdown3 prompts (the tiny model on 3-number Countdown, warm start at ~5%):
@@ -27,6 +29,7 @@ from experiments import compare, pyplot, save_figure
 from experiments.seed_stats import mean_se, mean_se_interval, paired_text
 
 PRESET = "countdown3-tuning"
+FIGURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "referee_tuning_grid.png")
 METRICS = ("after_pass@1", "sampled_pass@1", "sampled_pass@4", "sampled_pass@16")
 
 
@@ -37,6 +40,20 @@ def read_runs(path):
                  "reused": r["reused"] == "True",
                  **{key: float(r[key]) for key in METRICS if r.get(key) not in (None, "")}}
                 for r in csv.DictReader(f)]
+
+
+def shipped_runs(seeds, machine=None):
+    """The grid's runs as read_runs gives them, from the rows shipped in docs/results/referee_tuning_runs.csv (cells
+    countdown3-tuning-<config>-seed<N>, one row per metric) by one CPU (`machine`: a substring of the rows' machine;
+    default this machine's CPU kind). A run not shipped from that CPU is left out."""
+    from experiments import reproduce
+    runs = []
+    for seed in seeds:
+        for config in compare.PRESETS[PRESET]["configs"]:
+            values = reproduce.shipped_values(f"{PRESET}-{config}-seed{seed}", machine)
+            if values:
+                runs.append({"config": config, "seed": seed, **{key: values[key] for key in METRICS if key in values}})
+    return runs
 
 
 def cell_of(config):
@@ -153,21 +170,37 @@ def main(argv=None):
     parser.add_argument("--configs", default=None, help="comma-separated subset of the grid's cells")
     parser.add_argument("--summary-only", action="store_true", help="train nothing: the grid of the runs in "
                         "<output-dir>/countdown3-tuning_runs.csv (e.g. while the sweep still runs)")
+    parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="train nothing: the grid of the rows "
+                        "shipped in docs/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine "
+                        "contains MACHINE), its figure drawn into docs/")
     args, extra = parser.parse_known_args(argv)
-    csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
-    if not args.summary_only:
-        compare.main(["--preset", PRESET, "--seeds", args.seeds, "--output-dir", args.output_dir, *extra]
-                     + (["--configs", args.configs] if args.configs else []))
-    if not os.path.exists(csv_path):
-        parser.error(f"{csv_path}: no runs yet (run without --summary-only first)")
-    cells = grid(read_runs(csv_path))
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if args.shipped is not None:
+        runs = shipped_runs(seeds, args.shipped or None)
+        if not runs:
+            parser.error("no run of the grid was shipped from " + (f"a CPU named {args.shipped!r}" if args.shipped
+                                                                  else "this CPU") + " (python -m experiments."
+                         "reproduce --list names where each was)")
+    else:
+        csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
+        if not args.summary_only:
+            compare.main(["--preset", PRESET, "--seeds", args.seeds, "--output-dir", args.output_dir, *extra]
+                         + (["--configs", args.configs] if args.configs else []))
+        if not os.path.exists(csv_path):
+            parser.error(f"{csv_path}: no runs yet (run without --summary-only first)")
+        runs = read_runs(csv_path)
+    cells = grid(runs)
     configs = args.configs.split(",") if args.configs else compare.PRESETS[PRESET]["configs"]
-    total = len(configs) * len([s for s in args.seeds.split(",") if s.strip()])
+    total = len(configs) * len(seeds)
     rows = report(cells, args.select, total)
-    compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_grid.csv"), rows)
-    png = os.path.join(args.output_dir, f"{PRESET}_grid.png")
     done = sum(len(c["seeds"]) for c in cells)
-    drew = plot(png, cells, f"{PRESET}: held-out pass@k per cell, 512 samples/step, 150 steps ({done} runs)")
+    title = f"{PRESET}: held-out pass@k per cell, 512 samples/step, 150 steps ({done} runs)"
+    if args.shipped is not None:  # the numbers are the shipped file's; only the figure is drawn
+        if plot(FIGURE, cells, title):
+            print(f"drew {FIGURE}")
+        return cells
+    compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_grid.csv"), rows)
+    drew = plot(os.path.join(args.output_dir, f"{PRESET}_grid.png"), cells, title)
     print(f"wrote {args.output_dir}/{PRESET}_grid.csv" + (f" and {PRESET}_grid.png" if drew else ""))
     return cells
 

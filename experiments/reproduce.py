@@ -47,6 +47,8 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
 LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its docs/results.md rows)
+TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
+                                                                            (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
 LOPTI_CLIP = ["--clip-low", "0.2", "--clip-high", "0.24", "--dual-clip", "10"]  # the Lopti recipes' clip
 
 # name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
@@ -70,6 +72,10 @@ CELLS = {
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
                                                5, {**env, **ONE})
        for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(20) for config in ("grpo", "softmax")},
+    # the referees' tuning grid (experiments.referee_tuning): 15 cells x seeds 0-2, one run each
+    **{f"countdown3-tuning-{config}-seed{seed}": ("compare", ["countdown3-tuning", config, str(seed)],
+                                                  "referee_tuning_runs.csv", 4, ONE)
+       for seed in range(3) for config in TUNING_CONFIGS},
 }
 
 
@@ -80,6 +86,13 @@ def shipped_rows(name):
         return []
     with open(path, newline="") as f:
         return [row for row in csv.DictReader(f) if row["cell"] == name]
+
+
+def shipped_values(name, machine=None):
+    """{metric: value} of a cell's rows shipped from one CPU: the rows whose machine contains `machine`, or by default
+    those of this machine's CPU kind; {} if that CPU shipped none (no fallback: each CPU has its own trajectories)."""
+    return {row["metric"]: float(row["value"]) for row in shipped_rows(name)
+            if (machine in row["machine"] if machine else cpu_kind(row["machine"]) == cpu_kind(this_machine()))}
 
 
 def cpu_kind(machine):
@@ -267,11 +280,16 @@ def ship(name, values, made=None):
 
 
 def ship_from(folder, load):
-    """Ship every finished run of an experiments.compare output folder (countdown3 preset, run on this machine with
-    its cells' environment) as its cell: the commit from each run's code.json (a run without one is refused),
-    the date its metrics were last written, this machine, `load` as given. -> the cells shipped."""
+    """Ship every finished run of an experiments.compare output folder (a preset whose runs are cells: countdown3,
+    countdown3-tuning; run on this machine with its cells' environment) as its cell <preset>-<config>-seed<N>: the
+    commit from each run's code.json (a run without one is refused), the date its metrics were last written, this
+    machine, `load` as given. -> the cells shipped."""
     from experiments.runs import CODE_FILE, recorded_code
-    preset = "countdown3"
+    presets = sorted(name[:-len("_runs.csv")] for name in os.listdir(folder) if name.endswith("_runs.csv"))
+    if len(presets) != 1:
+        raise SystemExit(f"reproduce: error: {folder} holds {len(presets)} experiments.compare runs files "
+                         f"(<preset>_runs.csv); --ship-from takes a folder of one preset")
+    preset = presets[0]
     with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
         runs = list(csv.DictReader(f))
     names = []
@@ -298,8 +316,8 @@ def main(argv=None):
     parser.add_argument("cell", nargs="?", help="the cell to rerun (--list names them)")
     parser.add_argument("--list", action="store_true", help="every cell: shipped or not, its file, cost, command")
     parser.add_argument("--ship", action="store_true", help="write the rerun's values as the cell's shipped ones")
-    parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an experiments.compare --preset "
-                        "countdown3 output folder (trained here, with its cells' environment) as its cell")
+    parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an experiments.compare output "
+                        "folder (countdown3 or countdown3-tuning, trained here with its cells' environment) as its cells")
     parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
     args = parser.parse_args(argv)
     if args.ship_from:

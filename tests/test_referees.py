@@ -77,6 +77,24 @@ def test_tuning_best_cells_and_paired_difference_by_hand(capsys):
     assert "8 of 30 runs done" in out and "softmax-M4-tau1.0) - best GRPO (grpo-M4)" in out and "+0.195" in out
 
 
+def test_tuning_grid_from_its_shipped_rows_uses_only_the_named_cpus(tmp_path, monkeypatch, capsys):
+    from experiments import reproduce
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(referee_tuning, "FIGURE", str(tmp_path / "grid.png"))
+    for machine, shift in (("CPU A, avx512, 2 cores", 0.0), ("CPU B, avx2, 2 cores", 0.5)):
+        for seed, (grpo, softmax) in enumerate([(0.10, 0.30), (0.20, 0.10)]):
+            made = {"commit": "c", "date": "d", "load": "1", "machine": machine}
+            reproduce.ship(f"countdown3-tuning-grpo-M8-seed{seed}", {"after_pass@1": grpo + shift}, made)
+            reproduce.ship(f"countdown3-tuning-softmax-M8-tau0.1-seed{seed}", {"after_pass@1": softmax + shift}, made)
+    cells = referee_tuning.main(["--shipped", "CPU A"])
+    assert [(c["config"], c["after_pass@1"]) for c in cells] == [("grpo-M8", [0.10, 0.20]),
+                                                                 ("softmax-M8-tau0.1", [0.30, 0.10])]
+    assert "4 of 45 runs done" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        referee_tuning.main(["--shipped", "CPU C"])
+    assert "no run of the grid was shipped from a CPU named 'CPU C'" in capsys.readouterr().err
+
+
 def test_tuning_sweep_end_to_end_then_summary_only(tmp_path, capsys, one_thread):
     out = str(tmp_path)
     referee_tuning.main(["--seeds", "0", "--output-dir", out, "--configs", "grpo-M8,softmax-M4-tau1.0", "--pass-k",

@@ -128,6 +128,32 @@ def test_a_compare_folder_ships_only_runs_that_name_their_code(tmp_path, monkeyp
     assert {row["commit"] for row in rows.values()} == {"aaaaaaa"} and rows["after_pass@1"]["load"] == "1-2"
 
 
+def test_the_tuning_grid_ships_one_cell_per_run_and_names_compares_grid():
+    from experiments import compare  # imports torch: reproduce itself stays light, so its copy of the names is tied here
+    assert reproduce.TUNING_CONFIGS == list(compare.PRESETS["countdown3-tuning"]["configs"])
+    assert len([name for name in reproduce.CELLS if name.startswith("countdown3-tuning-")]) == 15 * 3
+
+
+def test_a_tuning_folder_ships_as_its_presets_cells_and_two_presets_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
+    folder, run_dir = tmp_path / "grid", tmp_path / "grid" / "countdown3-tuning" / "softmax-M4-tau0.3-seed1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    (run_dir / "code.json").write_text(json.dumps({"commit": "b" * 40}))
+    with open(folder / "countdown3-tuning_runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["config", "seed", "after_pass@1", "sampled_pass@16", "output_dir"])
+        writer.writeheader()
+        writer.writerow({"config": "softmax-M4-tau0.3", "seed": 1, "after_pass@1": 0.17, "sampled_pass@16": 0.31,
+                         "output_dir": str(run_dir)})
+    assert reproduce.ship_from(str(folder), "2") == ["countdown3-tuning-softmax-M4-tau0.3-seed1"]
+    rows = reproduce.shipped("countdown3-tuning-softmax-M4-tau0.3-seed1")
+    assert {key: float(row["value"]) for key, row in rows.items()} == {"after_pass@1": 0.17, "sampled_pass@16": 0.31}
+    assert os.path.isfile(tmp_path / "results" / "referee_tuning_runs.csv")
+    (folder / "countdown3_runs.csv").write_text("config,seed\n")
+    with pytest.raises(SystemExit, match="2 experiments.compare runs files"):
+        reproduce.ship_from(str(folder), "2")
+
+
 def test_the_eq4_cell_counts_the_intervals_that_hold_the_exact_weight():
     rows = [{"M": "8", "tau": "0.1", "p": str(p), "mc_mean": str(mean), "z": str(z)}
             for p, mean, z in ((0.1, 5.2, -0.5), (0.5, 2.0, 1.96), (0.9, 1.1, -2.3), (0.3, 3.0, 0.1))]

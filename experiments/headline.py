@@ -91,11 +91,20 @@ def report(by_seed, target):
         label = "greedy pass@1" if key == "after_pass@1" else key.replace("sampled_", "") + " (8 samples)"
         first, _, power = difference(diff, target).partition(" | ")
         print(f"| {label} | {text(a)} | {text(b)} | {first} | {power.replace(' | ', ', ')} |")
+    table3_measured(by_seed, "each trained policy")
+
+
+def table3_measured(by_seed, policies):
+    """Print Table 3's measured part (DESIGN.md section 7) from by_seed's table3_* metrics: per pass-rate bin, the
+    prompts of each trained policy in it and each method's budget share on its own policy under its own advantages,
+    mean +- SE over seeds, the differences paired by seed with their 95% t-intervals. `policies` names the
+    checkpoints (e.g. "each trained policy", "the checkpoints of step 50")."""
     if not paired(by_seed, f"table3_prompts_{BIN_NAMES[0]}")[2]:
-        print("\nTable 3: not shipped for these seeds")
+        print(f"\nTable 3 ({policies}): not shipped for these seeds")
         return
-    print("\nTable 3, measured part: each trained policy on 256 held-out prompts x 16 samples (p = k/16); "
-          "mean ± SE over seeds, difference paired by seed")
+    print(f"\nTable 3, measured part: {policies} on 256 held-out prompts x 16 samples (p = k/16); "
+          f"n = {len(paired(by_seed, f'table3_prompts_{BIN_NAMES[0]}')[2])} seeds, mean ± SE over seeds, "
+          "difference (SoftmaxGRPO-trained − GRPO-trained) paired by seed")
     print("| pass-rate bin | prompts, GRPO-trained | prompts, SoftmaxGRPO-trained | difference, 95% CI | "
           "own share, GRPO-trained (GRPO adv.) | own share, SoftmaxGRPO-trained (its adv.) | difference, 95% CI |")
     print("|---|---|---|---|---|---|---|")

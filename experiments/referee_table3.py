@@ -2,6 +2,7 @@
 
     python -m experiments.referee_table3                  # steps 50, 100, 150 of the sweep's M 8 runs, seeds 0,1,2
     python -m experiments.referee_table3 --steps 100,150 --seeds 0,1
+    python -m experiments.referee_table3 --shipped        # docs/results.md's numbers and figure, from the shipped rows
 
 The protocol (DESIGN.md section 7 states it): the policies are experiments.referee_tuning's countdown3-tuning runs
 of train.py's countdown3 recipe, GRPO (grpo-M8) and SoftmaxGRPO tau 0.1 (softmax-M8-tau0.1), 150 steps of 64
@@ -9,23 +10,26 @@ prompts x M 8 under the unclipped-in-effect on-policy surrogate (one epoch, one 
 their checkpoint-<step> (kept: --keep-checkpoints 0) is scored by experiments.table3_allocation through
 experiments.compare.table3_over_runs: 256 held-out prompts x 16 samples at temperature 1, torch seeded with the
 run's seed; p = k / 16; both estimators' advantages (GRPO z-score, SoftmaxGRPO tau 0.1) on the same samples; a
-prompt's budget sum_i |A_i| len_i; a bin's share = its budget / the total. Aggregated: per (step, trained policy,
-bin) the mean +- SE over seeds of each run's share, and the hardest bin's SoftmaxGRPO - GRPO share paired on the
-same samples with its 95% t-interval. A run not yet trained (or a step not yet saved) is left out and counted.
+prompt's budget sum_i |A_i| len_i; a bin's share = its budget / the total. Printed per step, the measured part
+(experiments.headline.table3_measured): the prompts of each trained policy per pass-rate bin and each method's
+share on its own policy, mean +- SE over seeds, differences paired by seed with 95% t-intervals. The two estimators'
+shares on the same samples differ by an identity of the formulas (DESIGN.md section 7) and are not compared. A run
+not yet trained (or a step not yet saved) is left out and counted.
 
-Writes <output-dir>/countdown3-tuning_table3_steps.csv (one row per step, policy, seed and bin) and, with matplotlib,
-countdown3-tuning_table3_steps.png (each bin's share vs step, per trained policy and estimator, SE bars).
+Writes <output-dir>/countdown3-tuning_table3_steps.csv (one row per step, policy, seed and bin: both estimators'
+shares) and, with matplotlib, countdown3-tuning_table3_steps.png (the measured part vs step, SE bars).
 Numbers: docs/results.md.
 """
 import argparse
 import os
 
-from experiments import compare, pyplot, save_figure
-from experiments.seed_stats import mean_se_interval, paired_text
+from experiments import compare, headline, pyplot, reproduce, save_figure
+from experiments.seed_stats import mean_se_interval
 from experiments.table3_allocation import BIN_NAMES
 
 PRESET = "countdown3-tuning"
 CONFIGS = ("grpo-M8", "softmax-M8-tau0.1")  # train.py's countdown3 recipe, both methods
+FIGURE = os.path.join(reproduce.REPO, "docs", "referee_table3_steps.png")
 
 
 def available_runs(output_dir, seeds, step):
@@ -42,39 +46,67 @@ def available_runs(output_dir, seeds, step):
     return runs, missing
 
 
+def by_seed_of(rows, step):
+    """One step's rows -> {"grpo"|"softmax": {seed: {table3_<kind>_<bin>: value}}}, as experiments.headline reads its
+    shipped seeds (the trained policy's method; the shares under both estimators)."""
+    by_seed = {"grpo": {}, "softmax": {}}
+    for r in rows:
+        if r["step"] == step:
+            values = by_seed["grpo" if r["config"].startswith("grpo") else "softmax"].setdefault(int(r["seed"]), {})
+            values.update({f"table3_prompts_{r['bin']}": r["prompts"],
+                           f"table3_share_grpo_adv_{r['bin']}": r["share_grpo_advantages"],
+                           f"table3_share_softmax_adv_{r['bin']}": r["share_softmax_advantages"]})
+    both = sorted(set(by_seed["grpo"]) & set(by_seed["softmax"]))
+    return {method: {seed: by_seed[method][seed] for seed in both} for method in by_seed}
+
+
 def summary(rows):
-    """Print per step and trained policy the hardest bin's paired difference; -> the same as (step, config, text)."""
-    lines = []
-    for step in dict.fromkeys(r["step"] for r in rows):
+    """Print, per step, Table 3's measured part (experiments.headline.table3_measured): the two trained policies'
+    prompts per pass-rate bin and each method's own budget share, paired by seed. The two estimators' shares on the
+    same samples are not compared: they differ by an identity (DESIGN.md section 7)."""
+    for step in sorted({r["step"] for r in rows}):
+        headline.table3_measured(by_seed_of(rows, step), f"the checkpoints of step {step}")
+
+
+def shipped_rows(seeds, steps, machine=None):
+    """The rows summary and plot take, from the cells countdown3-tuning-<grpo-M8|softmax-M8-tau0.1>-seed<N> shipped
+    in docs/results/referee_tuning_runs.csv (metrics table3_step<N>_*) by one CPU (default: this machine's)."""
+    rows = []
+    for seed in seeds:
         for config in CONFIGS:
-            hardest = [r["share_softmax_advantages"] - r["share_grpo_advantages"] for r in rows
-                       if r["step"] == step and r["config"] == config and r["bin"] == BIN_NAMES[0]]
-            if hardest:
-                lines.append((step, config, paired_text(hardest)))
-                print(f"step {step}, {config} policies ({len(hardest)} seeds): hardest bin {BIN_NAMES[0]} share, "
-                      f"SoftmaxGRPO's advantages - GRPO's, paired, 95% t-interval: {paired_text(hardest)}")
-    return lines
+            values = reproduce.shipped_values(f"{PRESET}-{config}-seed{seed}", machine)
+            for step in steps:
+                for name in BIN_NAMES:
+                    if f"table3_step{step}_prompts_{name}" in values:
+                        rows.append({"step": step, "config": config, "seed": seed, "bin": name, **{
+                            key: values[f"table3_step{step}_{short}_{name}"] for key, short in
+                            (("prompts", "prompts"), ("share_grpo_advantages", "share_grpo_adv"),
+                             ("share_softmax_advantages", "share_softmax_adv"))}})
+    return rows
 
 
 def plot(path, rows, title):
+    """Left: prompts per pass-rate bin vs step, per trained policy; right: each method's budget share on its own
+    policy under its own advantages; mean +- SE over seeds (the measured part; no same-samples comparison)."""
     plt = pyplot("the PNG; the CSV has the numbers")
     if plt is None or not rows:
         return False
-    fig, axes = plt.subplots(1, len(CONFIGS), figsize=(5.2 * len(CONFIGS) + 2.4, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     steps = sorted({r["step"] for r in rows})
-    for ax, config in zip(axes, CONFIGS):
+    for config, style in zip(CONFIGS, ("--", "-")):
+        own = "share_grpo_advantages" if config.startswith("grpo") else "share_softmax_advantages"
         for b, name in enumerate(BIN_NAMES):
-            for key, style in (("share_grpo_advantages", "--"), ("share_softmax_advantages", "-")):
+            for ax, key in zip(axes, ("prompts", own)):
                 stats = [mean_se_interval([r[key] for r in rows if r["step"] == s and r["config"] == config
                                            and r["bin"] == name] or [float("nan")]) for s in steps]
                 ax.errorbar(steps, [m for m, _, _ in stats], yerr=[se or 0 for _, se, _ in stats], color=f"C{b}",
-                            linestyle=style, marker="o", capsize=3,
-                            label=f"{name}, {'SoftmaxGRPO' if 'softmax' in key else 'GRPO'} advantages")
-        ax.set_title(f"policy trained with {config}", fontsize=9)
+                            linestyle=style, marker="o", capsize=3, label=f"{name}, trained with {config}")
+    axes[0].set_ylabel("prompts of 256 (mean ± SE over seeds)")
+    axes[1].set_ylabel("own budget share (mean ± SE over seeds)")
+    for ax in axes:
         ax.set_xlabel("RL step of the checkpoint")
         ax.set_xticks(steps)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("share of the token budget (mean ± SE)")
     axes[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1))
     return save_figure(plt, fig, path, title)
 
@@ -87,12 +119,26 @@ def main(argv=None):
     parser.add_argument("--steps", default="50,100,150")
     parser.add_argument("--output-dir", default="runs/referees", help="experiments.referee_tuning's output dir")
     parser.add_argument("-M", type=int, default=16, help="samples per held-out prompt")
+    parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="score nothing: the rows shipped "
+                        "in docs/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine contains "
+                        "MACHINE), the figure drawn into docs/")
     args, extra = parser.parse_known_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds / --steps: expected comma-separated integers, got {args.seeds!r} / {args.steps!r}")
+    title = (f"Table 3 at steps {args.steps}: prompts per pass-rate bin and each method's own budget share "
+             "(dashed: GRPO-trained, solid: SoftmaxGRPO-trained)")
+    if args.shipped is not None:
+        rows = shipped_rows(seeds, steps, args.shipped or None)
+        if not rows:
+            parser.error("Table 3 at steps was not shipped from " + (f"a CPU named {args.shipped!r}" if args.shipped
+                                                                     else "this CPU"))
+        summary(rows)
+        if plot(FIGURE, rows, title):
+            print(f"drew {FIGURE}")
+        return rows
     rows = []
     for step in steps:
         runs, missing = available_runs(args.output_dir, seeds, step)
@@ -107,9 +153,7 @@ def main(argv=None):
     print()
     summary(rows)
     compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_table3_steps.csv"), rows)
-    drew = plot(os.path.join(args.output_dir, f"{PRESET}_table3_steps.png"), rows,
-                f"Table 3 at steps {args.steps}: token-budget share per pass-rate bin (solid: SoftmaxGRPO's "
-                "advantages, dashed: GRPO's; the same samples)")
+    drew = plot(os.path.join(args.output_dir, f"{PRESET}_table3_steps.png"), rows, title)
     print(f"wrote {args.output_dir}/{PRESET}_table3_steps.csv" + (f" and {PRESET}_table3_steps.png" if drew else ""))
     return rows
 

@@ -49,6 +49,7 @@ ONE = {"OMP_NUM_THREADS": "1"}
 LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its docs/results.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
+TABLE3_STEPS = {("countdown3-tuning", "grpo-M8"), ("countdown3-tuning", "softmax-M8-tau0.1")}  # referee_table3's
 LOPTI_CLIP = ["--clip-low", "0.2", "--clip-high", "0.24", "--dual-clip", "10"]  # the Lopti recipes' clip
 
 # name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
@@ -76,6 +77,10 @@ CELLS = {
     **{f"countdown3-tuning-{config}-seed{seed}": ("compare", ["countdown3-tuning", config, str(seed)],
                                                   "referee_tuning_runs.csv", 4, ONE)
        for seed in range(3) for config in TUNING_CONFIGS},
+    # the referees' clipping runs (experiments.referee_clipping): Eq. (2), the recipe, the recipe with 2 mini-batches
+    **{f"countdown3-eq2-{method}-{name}-seed{seed}": ("compare", ["countdown3-eq2", f"{method}-{name}", str(seed)],
+                                                     "referee_clipping_runs.csv", 4, ONE)
+       for seed in range(3) for method in ("grpo", "softmax") for name in ("eq2", "recipe", "recipe-2mb")},
 }
 
 
@@ -116,7 +121,9 @@ def command_text(name):
     if kind == "train":
         return prefix + "python train.py " + " ".join(args)
     if kind == "compare":
-        return prefix + f"python -m experiments.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
+        command = prefix + f"python -m experiments.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
+        return command + ("; " + prefix + f"python -m experiments.referee_table3 --seeds {args[2]} (metrics "
+                          "table3_step<N>_*)" if (args[0], args[1]) in TABLE3_STEPS else "")
     if kind == "eq4":
         return prefix + "python -m experiments.eq4_monte_carlo"
     if kind == "fig1":
@@ -169,6 +176,9 @@ def rerun(name, folder):
     preset, config, seed = args
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
+    if (preset, config) in TABLE3_STEPS:  # the referees' Table 3 at steps 50, 100, 150 of this run's checkpoints
+        run_quietly([sys.executable, "-m", "experiments.referee_table3", "--seeds", seed, "--output-dir", folder],
+                    environment)
     return compare_metrics(folder, preset)
 
 
@@ -190,20 +200,43 @@ def eq4_metrics(rows):
 def compare_metrics(folder, preset, config=None, seed=None):
     """The metrics of one run of an experiments.compare output folder (the first run, or config/seed's): greedy
     pass@1 before/after and sampled pass@k (<preset>_runs.csv), and where the preset measured it, Table 3 on the
-    final policy (<preset>_table3.csv): per pass-rate bin the prompts in it and its share of the token budget under
+    final policy (<preset>_table3.csv) or at several steps (experiments.referee_table3's <preset>_table3_steps.csv,
+    metrics table3_step<N>_*): per pass-rate bin the prompts in it and its share of the token budget under
     GRPO's and SoftmaxGRPO's advantages."""
     def mine(path):
         with open(path, newline="") as f:
             rows = [row for row in csv.DictReader(f)
                     if config is None or (row["config"], row["seed"]) == (config, str(seed))]
-        return [row for row in rows if (row["config"], row["seed"]) == (rows[0]["config"], rows[0]["seed"])]
-    metrics = {key: float(value) for key, value in mine(os.path.join(folder, f"{preset}_runs.csv"))[0].items()
-               if "pass@" in key and value != ""}
-    table3 = os.path.join(folder, f"{preset}_table3.csv")
-    for row in mine(table3) if os.path.isfile(table3) else []:
-        metrics.update({f"table3_prompts_{row['bin']}": float(row["prompts"]),
-                        f"table3_share_grpo_adv_{row['bin']}": float(row["share_grpo_advantages"]),
-                        f"table3_share_softmax_adv_{row['bin']}": float(row["share_softmax_advantages"])})
+        return [row for row in rows if (row["config"], row["seed"]) == (rows[0]["config"], rows[0]["seed"])] if rows \
+            else []
+    run = mine(os.path.join(folder, f"{preset}_runs.csv"))[0]
+    metrics = {key: float(value) for key, value in run.items() if "pass@" in key and value != ""}
+    if preset == "countdown3-eq2":  # the clip's and the KL's activity over training (experiments.referee_clipping)
+        metrics.update(clip_activity(run["output_dir"]))
+    for suffix in ("table3", "table3_steps"):
+        path = os.path.join(folder, f"{preset}_{suffix}.csv")
+        for row in mine(path) if os.path.isfile(path) else []:
+            name = f"table3_step{row['step']}" if "step" in row else "table3"
+            metrics.update({f"{name}_prompts_{row['bin']}": float(row["prompts"]),
+                            f"{name}_share_grpo_adv_{row['bin']}": float(row["share_grpo_advantages"]),
+                            f"{name}_share_softmax_adv_{row['bin']}": float(row["share_softmax_advantages"])})
+    return metrics
+
+
+def clip_activity(run_dir):
+    """One run's clip and KL activity from its metrics.jsonl (experiments.referee_clipping.activity): the clipped
+    token fractions' mean over steps, the largest ratio of any step, the k3 KL at steps 50 and the last, and whether
+    every ratio was exactly 1 (1.0) or not (0.0)."""
+    from experiments.referee_clipping import activity, ratio_is_one
+    series = activity(os.path.join(run_dir, "metrics.jsonl"))
+    kl = dict(series["kl"])
+    metrics = {f"{key}_mean": round(sum(v for _, v in series[key]) / len(series[key]), 8)
+               for key in ("clip_frac_low", "clip_frac_high") if series[key]}
+    if series["ratio_max"]:
+        metrics.update(ratio_max=max(v for _, v in series["ratio_max"]), ratio_exactly_one=float(ratio_is_one(series)))
+    for step in (50, max(kl)) if kl else ():
+        if step in kl:
+            metrics[f"kl_step{step}"] = kl[step]
     return metrics
 
 
@@ -281,7 +314,7 @@ def ship(name, values, made=None):
 
 def ship_from(folder, load):
     """Ship every finished run of an experiments.compare output folder (a preset whose runs are cells: countdown3,
-    countdown3-tuning; run on this machine with its cells' environment) as its cell <preset>-<config>-seed<N>: the
+    countdown3-tuning, countdown3-eq2; run on this machine with its cells' environment) as its cell <preset>-<config>-seed<N>: the
     commit from each run's code.json (a run without one is refused), the date its metrics were last written, this
     machine, `load` as given. -> the cells shipped."""
     from experiments.runs import CODE_FILE, recorded_code
@@ -317,7 +350,7 @@ def main(argv=None):
     parser.add_argument("--list", action="store_true", help="every cell: shipped or not, its file, cost, command")
     parser.add_argument("--ship", action="store_true", help="write the rerun's values as the cell's shipped ones")
     parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an experiments.compare output "
-                        "folder (countdown3 or countdown3-tuning, trained here with its cells' environment) as its cells")
+                        "folder (countdown3, countdown3-tuning or countdown3-eq2, trained here with its cells' environment) as its cells")
     parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
     args = parser.parse_args(argv)
     if args.ship_from:

@@ -303,7 +303,9 @@ def test_table3_at_steps_over_seeds(tmp_path, capsys, monkeypatch, one_thread):
                          "--pass-k", "off", *small])
     rows = referee_table3.main(["--seeds", "0,1", "--steps", "1,2", "--output-dir", out, "-M", "4", *SMALL_TRAIN,
                                 "--task", "digits"])  # the runs' flags, for their task and temperature
-    assert "2 of 4 runs have checkpoint-1" in capsys.readouterr().out  # seed 1 not trained
+    out_text = capsys.readouterr().out
+    assert "2 of 4 runs have checkpoint-1" in out_text  # seed 1 not trained
+    assert "measured part: the checkpoints of step 2" in out_text  # one seed: means, no interval
     assert {(r["step"], r["config"]) for r in rows} == {(s, c) for s in (1, 2) for c in referee_table3.CONFIGS}
     for step in (1, 2):
         for config in referee_table3.CONFIGS:
@@ -311,3 +313,25 @@ def test_table3_at_steps_over_seeds(tmp_path, capsys, monkeypatch, one_thread):
             for key in ("share_grpo_advantages", "share_softmax_advantages"):
                 assert sum(r[key] for r in mine) == pytest.approx(1, abs=1e-3)
     assert len(read_csv(os.path.join(out, "countdown3-tuning_table3_steps.csv"))) == len(rows)
+
+
+def test_table3_at_steps_from_shipped_rows_pairs_the_trained_policies_by_seed(tmp_path, monkeypatch, capsys):
+    from experiments import referee_table3, reproduce
+    from experiments.table3_allocation import BIN_NAMES
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(referee_table3, "FIGURE", str(tmp_path / "steps.png"))
+    made = {"commit": "c", "date": "d", "load": "1", "machine": "CPU A, avx512, 2 cores"}
+    for seed, (hard_grpo, hard_softmax) in enumerate([(200, 180), (210, 170), (220, 175)]):
+        for config, hard in (("grpo-M8", hard_grpo), ("softmax-M8-tau0.1", hard_softmax)):
+            values = {}
+            for name, prompts in zip(BIN_NAMES, (hard, 256 - hard, 0, 0)):
+                values.update({f"table3_step50_prompts_{name}": prompts, f"table3_step50_share_grpo_adv_{name}": 0.25,
+                               f"table3_step50_share_softmax_adv_{name}": 0.25})
+            reproduce.ship(f"countdown3-tuning-{config}-seed{seed}", values, made)
+    rows = referee_table3.main(["--shipped", "CPU A", "--steps", "50"])
+    assert len(rows) == 3 * 2 * len(BIN_NAMES)
+    by_seed = referee_table3.by_seed_of(rows, 50)
+    assert [by_seed["softmax"][s][f"table3_prompts_{BIN_NAMES[0]}"] - by_seed["grpo"][s][f"table3_prompts_{BIN_NAMES[0]}"]
+            for s in range(3)] == [-20, -40, -45]
+    out = capsys.readouterr().out
+    assert "n = 3 seeds" in out and "-35.0 [" in out  # the hardest bin's paired difference: mean of -20, -40, -45

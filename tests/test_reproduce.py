@@ -154,6 +154,17 @@ def test_a_tuning_folder_ships_as_its_presets_cells_and_two_presets_are_refused(
         reproduce.ship_from(str(folder), "2")
 
 
+def test_a_clipping_cell_summarizes_the_clip_and_kl_activity_by_hand(tmp_path):
+    rows = [{"step": step, "clip_frac_low": low, "clip_frac_high": high, "ratio_mean": 1.0, "ratio_max": top,
+             "kl": kl} for step, low, high, top, kl in ((1, 0.0, 0.0, 1.0, 0.0), (50, 0.2, 0.0, 3.5, 0.25),
+                                                       (150, 0.1, 0.3, 1.0, 0.5))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows)
+                                            + json.dumps({"step": 150, "eval": True, "pass@1": 0.2}) + "\n")
+    assert reproduce.clip_activity(str(tmp_path)) == {
+        "clip_frac_low_mean": 0.1, "clip_frac_high_mean": 0.1, "ratio_max": 3.5, "ratio_exactly_one": 0.0,
+        "kl_step50": 0.25, "kl_step150": 0.5}
+
+
 def test_the_eq4_cell_counts_the_intervals_that_hold_the_exact_weight():
     rows = [{"M": "8", "tau": "0.1", "p": str(p), "mc_mean": str(mean), "z": str(z)}
             for p, mean, z in ((0.1, 5.2, -0.5), (0.5, 2.0, 1.96), (0.9, 1.1, -2.3), (0.3, 3.0, 0.1))]

@@ -380,8 +380,9 @@ def summarize(rows, cosines):
 
 def onpolicy_metrics(rows):
     """The on-policy rows (referee_lopti.csv) of several batches, beta 0 -> {metric: value}: per quartile q
-    "onpolicy_Q{q}_mean_abs_w" (the mean over the batches) and its SE over them (_se), the quartile's p_old range over
-    the batches (_p_old_min, _p_old_max), and "onpolicy_G_Q4_over_G_Q1"
+    "onpolicy_Q{q}_mean_abs_w", its summed gradient's share of the full norm (_share_of_norm) and cosine with the full
+    gradient (_cos_with_full), each the mean over the batches with its SE over them (_se), the quartile's p_old range
+    over the batches (_p_old_min, _p_old_max), and "onpolicy_G_Q4_over_G_Q1"
     (||G_Q4|| / ||G_Q1|| per batch, its mean and _se). A single batch has no SE: left out."""
     metrics = {}
     mine = [r for r in rows if r["beta"] == 0]
@@ -395,6 +396,8 @@ def onpolicy_metrics(rows):
     for q in sorted({int(r["quartile"]) for r in mine}):
         cells = [r for r in mine if int(r["quartile"]) == q]
         put(f"onpolicy_Q{q}_mean_abs_w", [r["mean_abs_w"] for r in cells])
+        put(f"onpolicy_Q{q}_share_of_norm", [r["share_of_full_norm"] for r in cells])
+        put(f"onpolicy_Q{q}_cos_with_full", [r["cos_with_full"] for r in cells])
         metrics[f"onpolicy_Q{q}_p_old_min"] = round(min(r["p_min"] for r in cells), 6)
         metrics[f"onpolicy_Q{q}_p_old_max"] = round(max(r["p_max"] for r in cells), 6)
     norm = {(r["seed"], int(r["quartile"])): r["summed_grad_norm"] for r in mine}

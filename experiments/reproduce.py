@@ -70,6 +70,9 @@ CELLS = {
     "lopti-offpolicy-seed0": ("referee-lopti", ["countdown3", "grpo", "0", LOPTI_BATCHES,
                                                 {"run_clip": [], "lopti_clip": LOPTI_CLIP}],
                               "referee_lopti_offpolicy.csv", 8, ONE),
+    # items 5-6 before RL: the same run's warm start (referee_lopti --initial), on-policy and off-policy
+    "lopti-initial-seed0": ("referee-lopti", ["countdown3", "grpo", "0", LOPTI_BATCHES, {"initial": ["--initial"]}],
+                            "referee_lopti_offpolicy.csv", 8, ONE),
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
                                                5, {**env, **ONE})
        for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(20) for config in ("grpo", "softmax")},

@@ -3,6 +3,8 @@ training, and what does the exact Eq. (2) objective give against the clipped rec
 
     OMP_NUM_THREADS=1 python -m experiments.referee_clipping            # seeds 0,1,2 -> runs/referees (18 runs)
     python -m experiments.referee_clipping --summary-only               # the runs finished so far
+    python -m experiments.referee_clipping --shipped                    # docs/results.md's numbers and figure, from
+                                                                        # docs/results/referee_clipping_runs.csv
 
 The runs are experiments.compare's preset countdown3-eq2 (countdown3's prompts, warm starts and budget; a finished
 run is reused), for GRPO and SoftmaxGRPO (tau 0.1) each:
@@ -36,6 +38,8 @@ from harness.metrics import read_metrics
 
 PRESET = "countdown3-eq2"
 ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
+FIGURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                      "referee_clipping_activity.png")
 SWEEP_CELL = {"grpo": "grpo-M8", "softmax": "softmax-M8-tau0.1"}  # the same train.py run but the clip bounds
 COMPARED = ("reward_mean", "pass_rate", "zero_var_share", "pg_loss", "grad_norm", "entropy")
 
@@ -109,6 +113,61 @@ def report(runs, output_dir):
     return rows
 
 
+SHIPPED_ACTIVITY = ("clip_frac_low_mean", "clip_frac_high_mean", "ratio_max", "kl_step50", "kl_step150")
+
+
+def shipped_report(seeds, machine=None):
+    """The runs shipped as cells countdown3-eq2-<config>-seed<N> (docs/results/referee_clipping_runs.csv) by one CPU
+    (default: this machine's): per config the activity summaries (reproduce.clip_activity) over seeds and the paired
+    differences recipe - eq2 -> {config: {seed: {metric: value}}}."""
+    from experiments import reproduce
+    runs = {config: {seed: values for seed in seeds
+                     if (values := reproduce.shipped_values(f"{PRESET}-{config}-seed{seed}", machine))}
+            for config in compare.PRESETS[PRESET]["configs"]}
+    print(f"{PRESET}, shipped: per config, mean over seeds [max over seeds] of each run's activity summary")
+    print("| config | seeds | clip low (mean over steps) | clip high | max ratio | KL step 50 | KL step 150 | "
+          "every ratio exactly 1 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for config, by_seed in runs.items():
+        if not by_seed:
+            continue
+        cells = []
+        for key in SHIPPED_ACTIVITY:
+            values = [v[key] for v in by_seed.values() if key in v]
+            cells.append(f"{statistics.fmean(values):.4g} [{max(values):.4g}]" if values else "-")
+        ones = sum(v.get("ratio_exactly_one") == 1.0 for v in by_seed.values())
+        print(f"| {config} | {len(by_seed)} | " + " | ".join(cells) + f" | {ones} of {len(by_seed)} runs |")
+    print("\npaired by seed, 95% t-interval over seeds")
+    for method in ("grpo", "softmax"):
+        base = runs[f"{method}-eq2"]
+        for other in ("recipe", "recipe-2mb"):
+            mine = {seed: v for seed, v in runs[f"{method}-{other}"].items() if seed in base}
+            if mine:
+                print(f"{method}-{other} - {method}-eq2 ({len(mine)} seeds): " + "; ".join(
+                    f"{compare.metric_label(key)} {paired_text([v[key] - base[seed][key] for seed, v in mine.items()])}"
+                    for key in METRICS if all(key in v and key in base[seed] for seed, v in mine.items())))
+    return runs
+
+
+def plot_shipped(path, runs, title):
+    """One panel per activity summary: each config's per-seed values (dots) and their mean (bar)."""
+    plt = pyplot("the PNG; the printed table has the numbers")
+    if plt is None:
+        return False
+    configs = [config for config, by_seed in runs.items() if by_seed]
+    fig, axes = plt.subplots(1, len(SHIPPED_ACTIVITY), figsize=(3.3 * len(SHIPPED_ACTIVITY), 3.4))
+    for ax, key in zip(axes, SHIPPED_ACTIVITY):
+        for i, config in enumerate(configs):
+            values = [v[key] for v in runs[config].values() if key in v]
+            if values:
+                ax.bar(i, statistics.fmean(values), color=f"C{i % 3}", alpha=0.5 if config.startswith("grpo") else 0.9)
+                ax.scatter([i] * len(values), values, s=10, color="black")
+        ax.set_xticks(range(len(configs)), configs, rotation=60, ha="right", fontsize=7)
+        ax.set_title(key, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    return save_figure(plt, fig, path, title)
+
+
 def plot(path, rows, title):
     plt = pyplot("the PNG; the CSV has the numbers")
     if plt is None or not rows:
@@ -136,7 +195,18 @@ def main(argv=None):
     parser = sweep_parser(__doc__)
     parser.add_argument("--summary-only", action="store_true", help="train nothing: the runs in "
                         "<output-dir>/countdown3-eq2_runs.csv")
+    parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="train nothing: the runs shipped "
+                        "in docs/results/referee_clipping_runs.csv from this CPU (or the CPU whose machine contains "
+                        "MACHINE), the figure drawn into docs/")
     args, extra = parser.parse_known_args(argv)
+    if args.shipped is not None:
+        runs = shipped_report([int(s) for s in args.seeds.split(",") if s.strip()], args.shipped or None)
+        if not any(runs.values()):
+            parser.error("no clipping run was shipped from " + (f"a CPU named {args.shipped!r}" if args.shipped
+                                                                 else "this CPU"))
+        if plot_shipped(FIGURE, runs, f"{PRESET}: clip and KL activity per run (dots: seeds; bars: mean)"):
+            print(f"drew {FIGURE}")
+        return runs
     csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
     if not args.summary_only:
         compare.main(["--preset", PRESET, "--seeds", args.seeds, "--output-dir", args.output_dir, *extra])

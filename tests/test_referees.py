@@ -288,6 +288,24 @@ def test_eq2_run_has_ratio_one_and_equals_the_clipped_run_row_for_row(tmp_path, 
 
 
 # ------------------------------------------------------------------------------------------------------------
+def test_clipping_from_shipped_rows_by_hand(tmp_path, monkeypatch, capsys):
+    from experiments import referee_clipping, reproduce
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(referee_clipping, "FIGURE", str(tmp_path / "activity.png"))
+    made = {"commit": "c", "date": "d", "load": "1", "machine": "CPU A, avx512, 2 cores"}
+    for seed, (eq2, recipe) in enumerate([(0.10, 0.15), (0.20, 0.21), (0.30, 0.38)]):
+        reproduce.ship(f"countdown3-eq2-grpo-eq2-seed{seed}", {"after_pass@1": eq2, "ratio_exactly_one": 1.0,
+                                                               "clip_frac_low_mean": 0.0}, made)
+        reproduce.ship(f"countdown3-eq2-grpo-recipe-2mb-seed{seed}", {"after_pass@1": recipe, "ratio_exactly_one": 0.0,
+                                                                      "clip_frac_low_mean": 0.001 * (seed + 1)}, made)
+    runs = referee_clipping.main(["--shipped", "CPU A"])
+    assert sorted(runs["grpo-eq2"]) == [0, 1, 2] and not runs["softmax-eq2"]
+    out = capsys.readouterr().out
+    assert "| grpo-eq2 | 3 | 0 [0] |" in out and "| 3 of 3 runs |" in out
+    assert "| grpo-recipe-2mb | 3 | 0.002 [0.003] |" in out and "| 0 of 3 runs |" in out
+    assert "grpo-recipe-2mb - grpo-eq2 (3 seeds): " in out and "+0.047" in out  # mean of +0.05, +0.01, +0.08
+
+
 # item 3: Table 3 at several points of training
 
 def test_table3_at_steps_over_seeds(tmp_path, capsys, monkeypatch, one_thread):

@@ -84,6 +84,10 @@ CELLS = {
     **{f"countdown3-eq2-{method}-{name}-seed{seed}": ("compare", ["countdown3-eq2", f"{method}-{name}", str(seed)],
                                                      "referee_clipping_runs.csv", 4, ONE)
        for seed in range(3) for method in ("grpo", "softmax") for name in ("eq2", "recipe", "recipe-2mb")},
+    # GRPO vs AR vs Lopti vs AR+Lopti on the countdown3 prompts; the grpo cells carry Fig. 3 on their final policy
+    **{f"countdown3-lopti-{config}-seed{seed}": ("compare", ["countdown3-lopti", config, str(seed)],
+                                                "countdown3_lopti_runs.csv", 4 if config != "grpo" else 6, ONE)
+       for seed in range(5) for config in ("grpo", "ar", "lopti", "ar+lopti")},
 }
 
 
@@ -216,6 +220,11 @@ def compare_metrics(folder, preset, config=None, seed=None):
     metrics = {key: float(value) for key, value in run.items() if "pass@" in key and value != ""}
     if preset == "countdown3-eq2":  # the clip's and the KL's activity over training (experiments.referee_clipping)
         metrics.update(clip_activity(run["output_dir"]))
+    fig3 = os.path.join(folder, f"{preset}_fig3", "fig3_prob_rise.csv")
+    if run["config"] == "grpo" and os.path.isfile(fig3):  # Lopti's Fig. 3 on this seed's final GRPO policy
+        with open(fig3, newline="") as f:
+            metrics.update({f"fig3_{row['method']}_{row['group']}_{key}": float(row[key]) for row in csv.DictReader(f)
+                            if row["seed"] == run["seed"] for key in ("pos_rose_share", "neg_fell_share")})
     for suffix in ("table3", "table3_steps"):
         path = os.path.join(folder, f"{preset}_{suffix}.csv")
         for row in mine(path) if os.path.isfile(path) else []:
@@ -315,17 +324,20 @@ def ship(name, values, made=None):
         writer.writerows(sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
 
 
-def ship_from(folder, load):
-    """Ship every finished run of an experiments.compare output folder (a preset whose runs are cells: countdown3,
-    countdown3-tuning, countdown3-eq2; run on this machine with its cells' environment) as its cell <preset>-<config>-seed<N>: the
-    commit from each run's code.json (a run without one is refused), the date its metrics were last written, this
-    machine, `load` as given. -> the cells shipped."""
+def ship_from(folder, load, preset=None):
+    """Ship every finished run of one preset in an experiments.compare output folder (a preset whose runs are cells:
+    countdown3, countdown3-tuning, countdown3-eq2, countdown3-lopti; run on this machine with its cells'
+    environment) as its cell <preset>-<config>-seed<N>: the commit from each run's code.json (a run without one is
+    refused), the date its metrics were last written, this machine, `load` as given. preset: needed when the
+    folder holds the runs of several. -> the cells shipped."""
     from experiments.runs import CODE_FILE, recorded_code
     presets = sorted(name[:-len("_runs.csv")] for name in os.listdir(folder) if name.endswith("_runs.csv"))
-    if len(presets) != 1:
-        raise SystemExit(f"reproduce: error: {folder} holds {len(presets)} experiments.compare runs files "
-                         f"(<preset>_runs.csv); --ship-from takes a folder of one preset")
-    preset = presets[0]
+    if preset is None and len(presets) != 1:
+        raise SystemExit(f"reproduce: error: {folder} holds the runs of {len(presets)} presets "
+                         f"({', '.join(presets) or 'none'}); name one with --preset")
+    preset = preset or presets[0]
+    if preset not in presets:
+        raise SystemExit(f"reproduce: error: {folder} has no {preset}_runs.csv")
     with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
         runs = list(csv.DictReader(f))
     names = []
@@ -353,11 +365,12 @@ def main(argv=None):
     parser.add_argument("--list", action="store_true", help="every cell: shipped or not, its file, cost, command")
     parser.add_argument("--ship", action="store_true", help="write the rerun's values as the cell's shipped ones")
     parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an experiments.compare output "
-                        "folder (countdown3, countdown3-tuning or countdown3-eq2, trained here with its cells' environment) as its cells")
+                        "folder of one preset (trained here with its cells' environment) as its cells")
+    parser.add_argument("--preset", help="with --ship-from: the preset to ship, where the folder holds several")
     parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
     args = parser.parse_args(argv)
     if args.ship_from:
-        for name in ship_from(args.ship_from, args.load):
+        for name in ship_from(args.ship_from, args.load, args.preset):
             print(f"shipped: {name} -> docs/results/{CELLS[name][2]}")
         return 0
     if args.list or not args.cell:

@@ -134,7 +134,7 @@ def test_the_tuning_grid_ships_one_cell_per_run_and_names_compares_grid():
     assert len([name for name in reproduce.CELLS if name.startswith("countdown3-tuning-")]) == 15 * 3
 
 
-def test_a_tuning_folder_ships_as_its_presets_cells_and_two_presets_are_refused(tmp_path, monkeypatch):
+def test_a_tuning_folder_ships_as_its_presets_cells_and_two_presets_need_one_named(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
     folder, run_dir = tmp_path / "grid", tmp_path / "grid" / "countdown3-tuning" / "softmax-M4-tau0.3-seed1"
     run_dir.mkdir(parents=True)
@@ -150,8 +150,26 @@ def test_a_tuning_folder_ships_as_its_presets_cells_and_two_presets_are_refused(
     assert {key: float(row["value"]) for key, row in rows.items()} == {"after_pass@1": 0.17, "sampled_pass@16": 0.31}
     assert os.path.isfile(tmp_path / "results" / "referee_tuning_runs.csv")
     (folder / "countdown3_runs.csv").write_text("config,seed\n")
-    with pytest.raises(SystemExit, match="2 experiments.compare runs files"):
+    with pytest.raises(SystemExit, match="runs of 2 presets .countdown3, countdown3-tuning.; name one with --preset"):
         reproduce.ship_from(str(folder), "2")
+    assert reproduce.ship_from(str(folder), "2", "countdown3-tuning") == ["countdown3-tuning-softmax-M4-tau0.3-seed1"]
+
+
+def test_a_lopti_comparison_grpo_cell_carries_its_seeds_fig3_rows(tmp_path):
+    (tmp_path / "countdown3-lopti_fig3").mkdir()
+    with open(tmp_path / "countdown3-lopti_runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["config", "seed", "after_pass@1", "output_dir"])
+        writer.writeheader()
+        writer.writerows([{"config": config, "seed": 2, "after_pass@1": 0.15, "output_dir": "x"}
+                          for config in ("grpo", "lopti")])
+    with open(tmp_path / "countdown3-lopti_fig3" / "fig3_prob_rise.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["seed", "method", "group", "pos_rose_share", "neg_fell_share"])
+        writer.writeheader()
+        writer.writerows([{"seed": seed, "method": "lopti", "group": "Q4", "pos_rose_share": share,
+                           "neg_fell_share": 0.5} for seed, share in ((2, 0.61), (3, 0.9))])
+    assert reproduce.compare_metrics(str(tmp_path), "countdown3-lopti", "grpo", 2) == {
+        "after_pass@1": 0.15, "fig3_lopti_Q4_pos_rose_share": 0.61, "fig3_lopti_Q4_neg_fell_share": 0.5}
+    assert reproduce.compare_metrics(str(tmp_path), "countdown3-lopti", "lopti", 2) == {"after_pass@1": 0.15}
 
 
 def test_a_clipping_cell_summarizes_the_clip_and_kl_activity_by_hand(tmp_path):

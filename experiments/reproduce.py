@@ -63,6 +63,9 @@ CELLS = {
     "default-mkl-avx512": ("train", [], "default.csv", 3, {"MKL_CBWR": "AVX512"}),
     "default-portable": ("train", [], "default.csv", 4, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}),
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
+    # Table 3 (exact budget) and Lopti's Fig. 1(d) / Fig. 3 on the embedded default's final checkpoint
+    "default-figures": ("default-figures", [], "default_figures.csv", 5, ONE),
+    "imagenet-toy": ("imagenet-toy", [], "imagenet_toy.csv", 8, ONE),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     "fig1-prompt-weight": ("fig1", ["8", "0.1"], "fig1_prompt_weight.csv", 0, {}),
@@ -88,6 +91,9 @@ CELLS = {
     **{f"countdown3-lopti-{config}-seed{seed}": ("compare", ["countdown3-lopti", config, str(seed)],
                                                 "countdown3_lopti_runs.csv", 4 if config != "grpo" else 6, ONE)
        for seed in range(5) for config in ("grpo", "ar", "lopti", "ar+lopti")},
+    # GRPO vs SoftmaxGRPO on train.py's default task (2-number Countdown)
+    **{f"countdown-{config}-seed{seed}": ("compare", ["countdown", config, str(seed)], "countdown_runs.csv", 3, ONE)
+       for seed in range(3) for config in ("grpo", "softmax")},
 }
 
 
@@ -133,6 +139,12 @@ def command_text(name):
                           "table3_step<N>_*)" if (args[0], args[1]) in TABLE3_STEPS else "")
     if kind == "eq4":
         return prefix + "python -m experiments.eq4_monte_carlo"
+    if kind == "imagenet-toy":
+        return prefix + "python -m experiments.imagenet_toy"
+    if kind == "default-figures":
+        return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.table3_allocation "
+                f"--checkpoint RUN/latest -M 16 --exact; {prefix}python -m experiments.lopti_token_stats "
+                "--checkpoint RUN/latest")
     if kind == "fig1":
         return f"experiments.fig1_prompt_weight.prompt_weight_curves(p = 0, 0.5, 1; M={args[0]}, taus=[{args[1]}])"
     if kind == "referee-lopti":
@@ -180,6 +192,13 @@ def rerun(name, folder):
         return {"before_pass@1": evals[0]["pass@1"], "after_pass@1": evals[-1]["pass@1"]}
     if kind == "referee-lopti":
         return rerun_referee_lopti(args, folder, environment)
+    if kind == "default-figures":
+        return rerun_default_figures(folder, environment)
+    if kind == "imagenet-toy":
+        run_quietly([sys.executable, "-m", "experiments.imagenet_toy", "--output-dir", folder], environment)
+        with open(os.path.join(folder, "final.csv"), newline="") as f:
+            return {f"{row['method']}{'_M' + row['M'] if row['M'] else ''}_{key}": round(float(row[key]), 6)
+                    for row in csv.DictReader(f) for key in ("top1", "pass@1", "pass@128")}
     preset, config, seed = args
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
@@ -223,8 +242,9 @@ def compare_metrics(folder, preset, config=None, seed=None):
     fig3 = os.path.join(folder, f"{preset}_fig3", "fig3_prob_rise.csv")
     if run["config"] == "grpo" and os.path.isfile(fig3):  # Lopti's Fig. 3 on this seed's final GRPO policy
         with open(fig3, newline="") as f:
-            metrics.update({f"fig3_{row['method']}_{row['group']}_{key}": float(row[key]) for row in csv.DictReader(f)
-                            if row["seed"] == run["seed"] for key in ("pos_rose_share", "neg_fell_share")})
+            metrics.update({f"fig3_{row['method']}_Q{row['group']}_{key}": round(float(row[key]), 6)
+                            for row in csv.DictReader(f) if row["seed"] == run["seed"]
+                            for key in ("pos_rose_share", "neg_fell_share") if row[key] not in ("", "nan")})
     for suffix in ("table3", "table3_steps"):
         path = os.path.join(folder, f"{preset}_{suffix}.csv")
         for row in mine(path) if os.path.isfile(path) else []:
@@ -281,6 +301,33 @@ def rerun_referee_lopti(args, folder, environment):
         metrics.update(offpolicy_metrics(read(os.path.join(out, "referee_lopti_offpolicy.csv")), prefix=f"{name}_",
                                          keys=OFFPOLICY_KEYS if first else OFFPOLICY_KEYS[2:], weights=first))
     return metrics
+
+
+def rerun_default_figures(folder, environment):
+    """`python train.py`, then Table 3 (-M 16 --exact) and Lopti's Fig. 1(d) / Fig. 3 on its final checkpoint ->
+    table3_prompts_<bin>, table3_<method>_<budget>_<bin> (shares), fig1d_Q<q>_share, fig3_<method>_Q<q>_pos_rose."""
+    run = os.path.join(folder, "default")
+    run_quietly([sys.executable, "train.py", "--output-dir", run], environment)
+    checkpoint = os.path.join(run, "latest")
+    run_quietly([sys.executable, "-m", "experiments.table3_allocation", "--checkpoint", checkpoint, "-M", "16",
+                 "--exact", "--output-dir", os.path.join(folder, "table3")], environment)
+    run_quietly([sys.executable, "-m", "experiments.lopti_token_stats", "--checkpoint", checkpoint,
+                 "--output-dir", os.path.join(folder, "lopti")], environment)
+    metrics = {}
+    for row in read_rows(os.path.join(folder, "table3", "table3_allocation.csv")):
+        metrics[f"table3_prompts_{row['bin']}"] = float(row["prompts"])
+        metrics[f"table3_{row['method']}_{row['budget']}_{row['bin']}"] = round(float(row["share"]), 6)
+    for row in read_rows(os.path.join(folder, "lopti", "fig1d_grad_norm.csv")):
+        metrics[f"fig1d_Q{row['group']}_share"] = round(float(row["share_of_sum"]), 6)
+    for row in read_rows(os.path.join(folder, "lopti", "fig3_prob_rise.csv")):
+        if row["pos_rose_share"] not in ("", "nan"):  # nan: no A > 0 token in that quartile
+            metrics[f"fig3_{row['method']}_Q{row['group']}_pos_rose"] = round(float(row["pos_rose_share"]), 6)
+    return metrics
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def machine_isa():

@@ -165,10 +165,10 @@ def test_a_lopti_comparison_grpo_cell_carries_its_seeds_fig3_rows(tmp_path):
     with open(tmp_path / "countdown3-lopti_fig3" / "fig3_prob_rise.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["seed", "method", "group", "pos_rose_share", "neg_fell_share"])
         writer.writeheader()
-        writer.writerows([{"seed": seed, "method": "lopti", "group": "Q4", "pos_rose_share": share,
-                           "neg_fell_share": 0.5} for seed, share in ((2, 0.61), (3, 0.9))])
+        writer.writerows([{"seed": seed, "method": "lopti", "group": 4, "pos_rose_share": share,
+                           "neg_fell_share": "nan" if seed == 2 else 0.5} for seed, share in ((2, 0.61), (3, 0.9))])
     assert reproduce.compare_metrics(str(tmp_path), "countdown3-lopti", "grpo", 2) == {
-        "after_pass@1": 0.15, "fig3_lopti_Q4_pos_rose_share": 0.61, "fig3_lopti_Q4_neg_fell_share": 0.5}
+        "after_pass@1": 0.15, "fig3_lopti_Q4_pos_rose_share": 0.61}  # nan (no A < 0 token there): not a metric
     assert reproduce.compare_metrics(str(tmp_path), "countdown3-lopti", "lopti", 2) == {"after_pass@1": 0.15}
 
 

@@ -381,7 +381,8 @@ def summarize(rows, cosines):
 def onpolicy_metrics(rows):
     """The on-policy rows (referee_lopti.csv) of several batches, beta 0 -> {metric: value}: per quartile q
     "onpolicy_Q{q}_mean_abs_w", its summed gradient's share of the full norm (_share_of_norm) and cosine with the full
-    gradient (_cos_with_full), each the mean over the batches with its SE over them (_se), the quartile's p_old range
+    gradient (_cos_with_full) and item 7's per-token logits- and parameter-gradient norms (_token_logit_grad_norm,
+    _token_param_grad_norm), each the mean over the batches with its SE over them (_se), the quartile's p_old range
     over the batches (_p_old_min, _p_old_max), and "onpolicy_G_Q4_over_G_Q1"
     (||G_Q4|| / ||G_Q1|| per batch, its mean and _se). A single batch has no SE: left out."""
     metrics = {}
@@ -398,10 +399,25 @@ def onpolicy_metrics(rows):
         put(f"onpolicy_Q{q}_mean_abs_w", [r["mean_abs_w"] for r in cells])
         put(f"onpolicy_Q{q}_share_of_norm", [r["share_of_full_norm"] for r in cells])
         put(f"onpolicy_Q{q}_cos_with_full", [r["cos_with_full"] for r in cells])
+        for key in ("token_logit_grad_norm", "token_param_grad_norm"):  # item 7's per-token norms
+            put(f"onpolicy_Q{q}_{key}", [r[key] for r in cells])
         metrics[f"onpolicy_Q{q}_p_old_min"] = round(min(r["p_min"] for r in cells), 6)
         metrics[f"onpolicy_Q{q}_p_old_max"] = round(max(r["p_max"] for r in cells), 6)
     norm = {(r["seed"], int(r["quartile"])): r["summed_grad_norm"] for r in mine}
     put("onpolicy_G_Q4_over_G_Q1", [norm[(s, 4)] / norm[(s, 1)] for s in sorted({r["seed"] for r in mine})])
+    return metrics
+
+
+def cosine_metrics(rows):
+    """The cosines between the quartiles' summed gradients (referee_lopti_cosines.csv rows of several batches, beta 0)
+    -> {"onpolicy_cos_Q{a}_Q{b}": mean over the batches, and its _se}."""
+    metrics = {}
+    mine = [r for r in rows if r["beta"] == 0]
+    for a, b in sorted({(int(r["quartile"]), int(r["with"])) for r in mine}):
+        mean, se, _ = mean_se_interval([r["cos"] for r in mine if (int(r["quartile"]), int(r["with"])) == (a, b)])
+        metrics[f"onpolicy_cos_Q{a}_Q{b}"] = round(mean, 6)
+        if se is not None:
+            metrics[f"onpolicy_cos_Q{a}_Q{b}_se"] = round(se, 6)
     return metrics
 
 

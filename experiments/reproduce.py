@@ -283,7 +283,7 @@ def rerun_referee_lopti(args, folder, environment):
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder, "--no-diagnostics"], environment)
     checkpoint = os.path.join(folder, preset, f"{config}-seed{seed}", "latest")
-    from experiments.referee_lopti import OFFPOLICY_KEYS, offpolicy_metrics, onpolicy_metrics
+    from experiments.referee_lopti import OFFPOLICY_KEYS, cosine_metrics, offpolicy_metrics, onpolicy_metrics
 
     def read(path):
         with open(path, newline="") as f:
@@ -298,6 +298,7 @@ def rerun_referee_lopti(args, folder, environment):
         first = len(metrics) == 0
         if first:  # the on-policy part and the off-policy state do not depend on the clip: their numbers once
             metrics.update(onpolicy_metrics(read(os.path.join(out, "referee_lopti.csv"))))
+            metrics.update(cosine_metrics(read(os.path.join(out, "referee_lopti_cosines.csv"))))
         metrics.update(offpolicy_metrics(read(os.path.join(out, "referee_lopti_offpolicy.csv")), prefix=f"{name}_",
                                          keys=OFFPOLICY_KEYS if first else OFFPOLICY_KEYS[2:], weights=first))
     return metrics

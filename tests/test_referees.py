@@ -208,7 +208,8 @@ def test_onpolicy_metrics_by_hand():
     0.1); beta 1e-3 rows are not read."""
     from experiments.referee_lopti import onpolicy_metrics
     rows = [{"seed": s, "beta": b, "quartile": q, "mean_abs_w": w, "summed_grad_norm": g, "p_min": q / 10 + s / 100,
-             "p_max": q / 10 + 0.05 + s / 100, "share_of_full_norm": g / 1.5, "cos_with_full": 1.0 if q == 1 else 0.0}
+             "p_max": q / 10 + 0.05 + s / 100, "share_of_full_norm": g / 1.5, "cos_with_full": 1.0 if q == 1 else 0.0,
+             "token_logit_grad_norm": 0.1 * q, "token_param_grad_norm": 2.0 * q}
             for b in (0.0, 1e-3) for s, w1, g4 in ((0, 0.9, 0.1), (1, 0.7, 0.3))
             for q, w, g in ((1, w1 + b, 1.0), (2, 0.5, 0.2), (3, 0.5, 0.2), (4, 0.5, g4))]
     m = onpolicy_metrics(rows)
@@ -217,6 +218,11 @@ def test_onpolicy_metrics_by_hand():
     assert m["onpolicy_G_Q4_over_G_Q1"] == 0.2 and m["onpolicy_G_Q4_over_G_Q1_se"] == 0.1
     assert m["onpolicy_Q2_p_old_min"] == 0.2 and m["onpolicy_Q2_p_old_max"] == 0.26  # over both batches
     assert m["onpolicy_Q4_share_of_norm"] == round(0.2 / 1.5, 6) and m["onpolicy_Q1_cos_with_full"] == 1.0
+    assert m["onpolicy_Q3_token_param_grad_norm"] == 6.0 and m["onpolicy_Q3_token_param_grad_norm_se"] == 0
+    from experiments.referee_lopti import cosine_metrics
+    cosines = cosine_metrics([{"seed": s, "beta": b, "quartile": 1, "with": 2, "cos": c + b}
+                              for b in (0.0, 1e-3) for s, c in ((0, 0.1), (1, 0.3))])
+    assert cosines == {"onpolicy_cos_Q1_Q2": 0.2, "onpolicy_cos_Q1_Q2_se": 0.1}
 
 
 def test_lopti_verdict_reads_the_interval():

@@ -413,7 +413,8 @@ def cosine_metrics(rows):
     -> {"onpolicy_cos_Q{a}_Q{b}": mean over the batches, and its _se}."""
     metrics = {}
     mine = [r for r in rows if r["beta"] == 0]
-    for a, b in sorted({(int(r["quartile"]), int(r["with"])) for r in mine if int(r["quartile"]) < int(r["with"])}):
+    pairs = {(int(r["quartile"]), int(r["with"])) for r in mine}
+    for a, b in sorted((a, b) for a, b in pairs if a < b):
         mean, se, _ = mean_se_interval([r["cos"] for r in mine if (int(r["quartile"]), int(r["with"])) == (a, b)])
         metrics[f"onpolicy_cos_Q{a}_Q{b}"] = round(mean, 6)
         if se is not None:

@@ -4,6 +4,7 @@
     python -m experiments.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
                                                       # then "reproduced: NAME" (exit 0) or "differs: NAME" (exit 1)
     python -m experiments.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
+    python -m experiments.reproduce --summary countdown3-lopti   # a compare preset's shipped cells, paired by seed
 
 A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under docs/results/
 (one row per metric: cell, metric, value, and the commit, date, load, machine and command that made it); the docs'
@@ -331,6 +332,42 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
+def summary(preset, machine=None, metrics=None):
+    """Print a compare preset's shipped cells from one CPU (default this machine's): per config, each pass metric's
+    mean +- SE over seeds, then each config minus the preset's first config, paired by seed with its 95%
+    t-interval over seeds and "none resolved" where it holds 0. -> {config: {seed: {metric: value}}}."""
+    from experiments.seed_stats import mean_se, mean_se_interval, paired_text
+    runs = {}
+    for name, (kind, args, *_) in CELLS.items():
+        if kind == "compare" and args[0] == preset and (values := shipped_values(name, machine)):
+            runs.setdefault(args[1], {})[int(args[2])] = values
+    if not runs:
+        raise SystemExit(f"reproduce: error: no cell of {preset} was shipped from "
+                         + (f"a CPU named {machine!r}" if machine else "this CPU"))
+    keys = metrics or [key for key in ("before_pass@1", "after_pass@1") + tuple(
+        f"sampled_pass@{k}" for k in (1, 2, 4, 8, 16)) if any(key in v for c in runs.values() for v in c.values())]
+    print(f"{preset}: mean ± SE over seeds (n per config in brackets); shipped rows of "
+          + (machine or cpu_kind(this_machine())))
+    print("| config | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for config, by_seed in runs.items():
+        print(f"| {config} ({len(by_seed)}) | " + " | ".join(
+            mean_se([v[key] for v in by_seed.values() if key in v]) for key in keys) + " |")
+    base_name, base = next(iter(runs.items()))
+    for config, by_seed in list(runs.items())[1:]:
+        seeds = sorted(set(by_seed) & set(base))
+        texts = []
+        for key in keys:
+            diff = [by_seed[s][key] - base[s][key] for s in seeds if key in by_seed[s] and key in base[s]]
+            if diff:
+                _, _, interval = mean_se_interval(diff)
+                held = interval is not None and interval[0] <= 0 <= interval[1]
+                texts.append(f"{key} {paired_text(diff)}" + (" (holds 0)" if held else ""))
+        print(f"{config} − {base_name}, paired by seed, n = {len(seeds)}, 95% t-interval over seeds: "
+              + "; ".join(texts))
+    return runs
+
+
 def machine_isa():
     """The vector ISA torch's CPU kernels and MKL pick on this machine: avx512 or avx2 (x86), else the platform."""
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
@@ -415,8 +452,14 @@ def main(argv=None):
     parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an experiments.compare output "
                         "folder of one preset (trained here with its cells' environment) as its cells")
     parser.add_argument("--preset", help="with --ship-from: the preset to ship, where the folder holds several")
+    parser.add_argument("--summary", metavar="PRESET", help="print a compare preset's shipped cells (mean ± SE over "
+                        "seeds, each config minus the first, paired by seed)")
+    parser.add_argument("--machine", help="with --summary: the rows of the CPU whose machine contains this")
     parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
     args = parser.parse_args(argv)
+    if args.summary:
+        summary(args.summary, args.machine)
+        return 0
     if args.ship_from:
         for name in ship_from(args.ship_from, args.load, args.preset):
             print(f"shipped: {name} -> docs/results/{CELLS[name][2]}")

@@ -183,6 +183,21 @@ def test_a_clipping_cell_summarizes_the_clip_and_kl_activity_by_hand(tmp_path):
         "kl_step50": 0.25, "kl_step150": 0.5}
 
 
+def test_a_presets_summary_pairs_its_shipped_cells_by_seed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    made = {"commit": "c", "date": "d", "load": "1", "machine": "CPU A, avx512, 2 cores"}
+    for seed, (grpo, softmax) in enumerate([(0.50, 0.55), (0.60, 0.61), (0.70, 0.78)]):
+        reproduce.ship(f"countdown-grpo-seed{seed}", {"after_pass@1": grpo}, made)
+        reproduce.ship(f"countdown-softmax-seed{seed}", {"after_pass@1": softmax}, made)
+    runs = reproduce.summary("countdown", "CPU A")
+    assert runs["softmax"] == {0: {"after_pass@1": 0.55}, 1: {"after_pass@1": 0.61}, 2: {"after_pass@1": 0.78}}
+    out = capsys.readouterr().out
+    assert "| grpo (3) | 0.600 +- 0.058 |" in out  # mean 0.6, SE 0.1 / sqrt(3)
+    assert "softmax − grpo, paired by seed, n = 3" in out and "after_pass@1 +0.047 [" in out and "(holds 0)" in out
+    with pytest.raises(SystemExit, match="no cell of countdown was shipped from a CPU named 'CPU B'"):
+        reproduce.summary("countdown", "CPU B")
+
+
 def test_the_eq4_cell_counts_the_intervals_that_hold_the_exact_weight():
     rows = [{"M": "8", "tau": "0.1", "p": str(p), "mc_mean": str(mean), "z": str(z)}
             for p, mean, z in ((0.1, 5.2, -0.5), (0.5, 2.0, 1.96), (0.9, 1.1, -2.3), (0.3, 3.0, 0.1))]

@@ -21,8 +21,8 @@ run folder and no cached warm start is reused. Kinds of cell:
             |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
   referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
             per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
-            off-policy state, per mini-batch and p_old quartile (referee_lopti.offpolicy_metrics), and the on-policy
-            mean |w| per quartile and ||G_Q4|| / ||G_Q1|| (onpolicy_metrics)
+            off-policy state, per mini-batch and p_old quartile (referee_lopti_offpolicy.offpolicy_metrics), and the
+            on-policy mean |w| per quartile and ||G_Q4|| / ||G_Q1|| (referee_lopti.onpolicy_metrics)
 What the equality rests on: the same code (the commit), torch build, thread count and CPU. torch's CPU kernels
 and MKL choose their code path by the CPU (its vendor and vector ISA), and the paths sum in other orders, so another
 CPU gives other numbers from the same seed; holding torch and MKL to AVX2 (the -avx2 cells) does not make an Intel
@@ -284,7 +284,8 @@ def rerun_referee_lopti(args, folder, environment):
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder, "--no-diagnostics"], environment)
     checkpoint = os.path.join(folder, preset, f"{config}-seed{seed}", "latest")
-    from experiments.referee_lopti import OFFPOLICY_KEYS, cosine_metrics, offpolicy_metrics, onpolicy_metrics
+    from experiments.referee_lopti import cosine_metrics, onpolicy_metrics
+    from experiments.referee_lopti_offpolicy import OFFPOLICY_KEYS, offpolicy_metrics
 
     def read(path):
         with open(path, newline="") as f:

@@ -154,7 +154,7 @@ def test_clipped_tokens_and_their_weight_by_hand():
 
     import torch
 
-    from experiments.referee_lopti import loss_token_weights, trust_region_masks
+    from experiments.referee_lopti_offpolicy import loss_token_weights, trust_region_masks
     ratio = torch.tensor([[1.0, 1.5, 0.5, 1.0], [0.5, 1.1, 4.0, 2.0]], dtype=torch.float64)
     old = torch.full_like(ratio, math.log(0.5))
     new = old + ratio.log()
@@ -182,7 +182,7 @@ def test_offpolicy_metrics_sum_counts_and_average_weights_over_batches():
     clipped is the max over batches per beta, and a quartile with nothing clipped has no such metric (not nan)."""
     import math
 
-    from experiments.referee_lopti import offpolicy_metrics
+    from experiments.referee_lopti_offpolicy import offpolicy_metrics
     base = {"mini_batch": 2, "quartile": 1, "tokens": 10, "clipped_high": 0, "dual_clipped": 0, "inside": 0,
             "neg_above_clip_high": 1, "max_abs_w_neg_above": 1.5, "ratio_min": 0.7, "ratio_max": 1.2}
     rows = [{**base, "seed": 0, "beta": 0.0, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 0.0},

@@ -198,6 +198,20 @@ def test_a_presets_summary_pairs_its_shipped_cells_by_seed(tmp_path, monkeypatch
         reproduce.summary("countdown", "CPU B")
 
 
+def test_fig3_over_seeds_from_the_grpo_cells_by_hand(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    made = {"commit": "c", "date": "d", "load": "1", "machine": "CPU A, avx512, 2 cores"}
+    for seed, (grpo, lopti) in enumerate([(0.7, 0.6), (0.5, 0.3)]):
+        reproduce.ship(f"countdown3-lopti-grpo-seed{seed}", {"after_pass@1": 0.1, **{
+            f"fig3_{m}_Q{q}_pos_rose_share": share for m, share in (("grpo", grpo), ("lopti", lopti))
+            for q in range(1, 5)}}, made)
+    reproduce.summary("countdown3-lopti", "CPU A", figure=str(tmp_path / "fig3.png"))
+    out = capsys.readouterr().out
+    assert "n = 2 seeds" in out and "| grpo | 0.60 ± 0.14 |" in out and "| lopti | 0.45 ± 0.21 |" in out
+    assert "lopti − grpo: Q1 -0.150 ± 0.050" in out  # differences -0.1 and -0.2: mean -0.15, SE 0.05
+    assert (tmp_path / "fig3.png").exists() or "matplotlib" in out
+
+
 def test_the_eq4_cell_counts_the_intervals_that_hold_the_exact_weight():
     rows = [{"M": "8", "tau": "0.1", "p": str(p), "mc_mean": str(mean), "z": str(z)}
             for p, mean, z in ((0.1, 5.2, -0.5), (0.5, 2.0, 1.96), (0.9, 1.1, -2.3), (0.3, 3.0, 0.1))]

@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 python -m experiments.referee_tuning              # seeds 0,1,2 -> runs/referees (~45 runs)
     python -m experiments.referee_tuning --summary-only                 # the grid from the runs finished so far
-    python -m experiments.referee_tuning --shipped                      # the grid docs/results.md shows, from its
-                                                                        # shipped rows (docs/results/referee_tuning_runs.csv)
+    python -m experiments.referee_tuning --shipped        # the grid docs/results.md shows, from its shipped rows
+                                                          # (docs/results/referee_tuning_runs.csv)
 
 The headline (M, tau) = (8, 0.1) is the best cell of the paper's sweep while GRPO got one configuration. Here both
 get a grid on experiments.compare's countdown3 prompts (the tiny model on 3-number Countdown, warm start at ~5%):

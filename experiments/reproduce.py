@@ -394,7 +394,8 @@ def fig3_summary(by_seed, figure=None):
     for m in methods[1:]:
         texts = []
         for q in range(1, 5):
-            diff = [v[key(m, q)] - v[key("grpo", q)] for v in by_seed.values() if key(m, q) in v and key("grpo", q) in v]
+            diff = [v[key(m, q)] - v[key("grpo", q)] for v in by_seed.values()
+                    if key(m, q) in v and key("grpo", q) in v]
             mean, _, se = mean_sd_se(diff)
             texts.append(f"Q{q} {mean:+.3f}" + ("" if se is None else f" ± {se:.3f}"))
         print(f"{m} − grpo: " + ", ".join(texts))

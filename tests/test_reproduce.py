@@ -129,7 +129,7 @@ def test_a_compare_folder_ships_only_runs_that_name_their_code(tmp_path, monkeyp
 
 
 def test_the_tuning_grid_ships_one_cell_per_run_and_names_compares_grid():
-    from experiments import compare  # imports torch: reproduce itself stays light, so its copy of the names is tied here
+    from experiments import compare  # imports torch; reproduce stays light, so its copy of the names is tied here
     assert reproduce.TUNING_CONFIGS == list(compare.PRESETS["countdown3-tuning"]["configs"])
     assert len([name for name in reproduce.CELLS if name.startswith("countdown3-tuning-")]) == 15 * 3
 

@@ -4,7 +4,8 @@ metrics.jsonl stays the source of truth; each row written to it goes here too: a
 eval row's as `eval/<key>`, at the row's step, and at each eval a table of the first held-out prompts with their
 greedy completions and rewards (`eval/samples`). Each logger is imported only when asked for, with a one-line error
 naming its pip command when missing (checked before the run starts: config.check_libraries), and a W&B login or
-network failure is one line naming `wandb login` and WANDB_MODE=offline:
+network failure is one line naming `wandb login` and WANDB_MODE=offline (W&B online without an API key: found out
+before torch loads, check_wandb_login, never W&B's prompt):
   tensorboard   torch's SummaryWriter into <output-dir>/tensorboard (`tensorboard --logdir <output-dir>`); a
                 resumed run writes a new event file there, whose purge_step hides the replaced timeline's steps
   wandb         a W&B run in <output-dir>/wandb, whose id (run.json's wandb_run_id) a resumed run continues;
@@ -42,6 +43,7 @@ def open_reporters(config, first_step):
         elif name == "wandb":
             require_library("wandb", "--report-to wandb")
             import wandb
+            check_wandb_login(config)  # a key wandb.init finds without asking: it never prompts
             try:
                 run = wandb.init(project=os.environ.get("WANDB_PROJECT", "softmax-grpo-lopti"),
                                  name=os.path.basename(os.path.abspath(config.output_dir)), id=config.wandb_run_id,
@@ -54,12 +56,36 @@ def open_reporters(config, first_step):
     return Reporters(writers)
 
 
+def check_wandb_login(config):
+    """--report-to wandb online (W&B's own settings say so: WANDB_MODE, `wandb offline`) needs an API key where W&B
+    itself looks for one (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the netrc entry of its server, its settings
+    files), looked up as wandb.init does but without its prompt: none is an InputError naming the ways out. Called
+    before torch loads (config.check_libraries) and before wandb.init, which would otherwise ask at a terminal (EOF
+    there: a KeyboardInterrupt) or, without one, fail only after the model loaded."""
+    import wandb
+    try:  # W&B's own lookup (wandb 0.31); a W&B without it: wandb.init decides, as before
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:
+        return
+    try:
+        settings = wandb_setup.singleton().settings  # what wandb.init reads: loaded once per process, no service
+        if settings.mode in ("offline", "dryrun", "disabled"):
+            return
+        host = wbauth.HostUrl(settings.base_url)
+        found = wbauth.authenticate_session(host=host, source="train.py", prompt=False, update_session=False)
+    except wandb.errors.Error as error:  # a key of the wrong form (WANDB_API_KEY, the netrc entry), a bad setting
+        raise InputError(wandb_failed(error, config.output_dir)) from None
+    if found is None:
+        raise InputError(wandb_failed(f"no API key for {host.url}", config.output_dir))
+
+
 def wandb_failed(error, output_dir):
-    """One line for a wandb.init that failed (no API key, no network)."""
+    """One line for a W&B run that cannot start (no API key, no network): error, a W&B error or its text."""
     cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return (f"--report-to wandb: W&B could not start a run ({cause}); log in with `wandb login`, or set "
-            f"WANDB_MODE=offline to write the run into {os.path.join(output_dir, 'wandb')} (`wandb sync` uploads it "
-            "later)")
+    return (f"--report-to wandb: W&B could not start a run ({cause}); log in with `wandb login` (or set "
+            f"WANDB_API_KEY), or set WANDB_MODE=offline to write the run into {os.path.join(output_dir, 'wandb')} "
+            "(`wandb sync` uploads it later)")
 
 
 def prompt_text(prompt):

@@ -11,6 +11,9 @@ before torch loads, check_wandb_login, never W&B's prompt):
   wandb         a W&B run in <output-dir>/wandb, whose id (run.json's wandb_run_id) a resumed run continues;
                 WANDB_MODE=offline writes it without a network (`wandb sync` uploads it later)
 """
+import errno
+import functools
+import logging
 import os
 import sys
 import threading
@@ -44,16 +47,48 @@ def open_reporters(config, first_step):
             require_library("wandb", "--report-to wandb")
             import wandb
             check_wandb_login(config)  # a key wandb.init finds without asking: it never prompts
+            folder = os.path.join(config.output_dir, "wandb")
+            try:  # wandb.init meets a full disk in its own log handler, which prints a traceback per failed write
+                check_writable(folder)
+            except OSError as error:  # a full disk, a file in the folder's place: before the run's folder changes
+                Reporters(writers).close()
+                raise RunError(write_failed(f"the W&B log {folder}", error)) from None
             try:
                 run = wandb.init(project=os.environ.get("WANDB_PROJECT", "softmax-grpo-lopti"),
                                  name=os.path.basename(os.path.abspath(config.output_dir)), id=config.wandb_run_id,
                                  resume="allow", dir=config.output_dir, config=config.saved())
             except wandb.errors.Error as error:  # not logged in, no network: W&B's own errors, not a bug here
-                for writer in writers:
-                    writer.close()
+                Reporters(writers).close()
                 raise InputError(wandb_failed(error, config.output_dir)) from None
-            writers.append(WandB(wandb, run, os.path.join(config.output_dir, "wandb")))
+            writers.append(WandB(wandb, run, folder))
     return Reporters(writers)
+
+
+def no_room(folder):
+    """An OSError (ENOSPC or EROFS) when statvfs says folder's filesystem is read-only or has no free block left (one
+    that reports no size, f_blocks 0, is never taken as full), else None."""
+    stats = os.statvfs(folder)
+    code = errno.EROFS if stats.f_flag & os.ST_RDONLY else errno.ENOSPC if stats.f_blocks and not stats.f_bavail \
+        else None
+    return OSError(code, os.strerror(code), folder) if code else None
+
+
+PROBE_BYTES = 64 * 1024  # check_writable's test write: about what W&B writes as its run opens
+
+
+def check_writable(folder):
+    """Make folder if missing, then write PROBE_BYTES to a file there and delete it: a full disk, a read-only folder or
+    a file in its place raises its OSError now, before the run's folder changes."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, ".write-test")
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def check_wandb_login(config):
@@ -161,15 +196,43 @@ class TensorBoard:
 
 
 class WandB:
+    """A W&B run in folder. A write there that fails (a full disk) stops the run in one line (Reporters), however W&B
+    meets it: its tables' files raise here; its log file (debug.log) is written by a handler of the `wandb` logger
+    that would print a traceback for each failed write, so the first error is kept instead (failed_write) and raised
+    after the row; its own process (wandb-core: the run's .wandb file) tells this one of none, so after each row a
+    disk with no room under folder is taken as its error (no_room)."""
+
     def __init__(self, wandb, run, folder):
         self.wandb, self.run, self.folder = wandb, run, folder
+        self.error, self.reported = None, False
+        inside = os.path.realpath(folder) + os.sep
+        for handler in logging.getLogger("wandb").handlers:
+            if isinstance(handler, logging.FileHandler) and os.path.realpath(handler.baseFilename).startswith(inside):
+                handler.handleError = functools.partial(self.failed_write, handler.handleError)
+
+    def failed_write(self, handle_error, record):
+        """logging's handleError for W&B's log file: an OSError is kept (the first), anything else is logging's."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            return handle_error(record)
+        self.error = self.error or error
+
+    def raise_failed_write(self):
+        """Raise, once, the kept OSError of W&B's log file, else no_room's."""
+        error = self.error or no_room(self.folder)
+        if error is not None and not self.reported:
+            self.reported = True
+            raise error
 
     def scalars(self, scalars, step):
         self.run.log(scalars, step=step)
+        self.raise_failed_write()
 
     def samples(self, samples, step):
         table = self.wandb.Table(columns=["prompt", "completion", "reward"], data=[list(row) for row in samples])
         self.run.log({"eval/samples": table}, step=step)
+        self.raise_failed_write()
 
     def close(self):
         self.run.finish()
+        self.raise_failed_write()

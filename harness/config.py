@@ -357,8 +357,9 @@ def require_library(module, needed_by):
 
 def check_libraries(config):
     """Every optional library config's settings need, checked before any model loads (config.load for the command
-    line, run.settle for a Config from Python): an InputError naming the pip command of the first one missing.
-    A .gguf model or --model smollm2 is checked by model.model_source, which load and the tokenizer call."""
+    line, run.settle for a Config from Python): an InputError naming the pip command of the first one missing;
+    then W&B's API key when it runs online (report.check_wandb_login). A .gguf model or --model smollm2 is checked
+    by model.model_source, which load and the tokenizer call."""
     reporters = (config.report_to or "").split(",")
     rules = (config.task_options.get("rules", tasks.RULES[config.task][0]) if config.task in tasks.RULES else None)
     gguf_reference = config.resume and config.kl_coef > 0 and not config.lora_rank and (
@@ -374,6 +375,9 @@ def check_libraries(config):
             (gguf_reference, "accelerate", f"--kl-coef's reference policy {config.initial_policy}")]:
         if needed:
             require_library(module, needed_by)
+    if "wandb" in reporters:
+        from harness.report import check_wandb_login  # torch-free; report.py imports this module
+        check_wandb_login(config)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -4,12 +4,16 @@ metrics.jsonl stays the source of truth; each row written to it goes here too: a
 eval row's as `eval/<key>`, at the row's step, and at each eval a table of the first held-out prompts with their
 greedy completions and rewards (`eval/samples`). Each logger is imported only when asked for, with a one-line error
 naming its pip command when missing (checked before the run starts: config.check_libraries), and a W&B login or
-network failure is one line naming `wandb login` and WANDB_MODE=offline:
+network failure is one line naming `wandb login` and WANDB_MODE=offline (W&B online without an API key: found out
+before torch loads, check_wandb_login, never W&B's prompt):
   tensorboard   torch's SummaryWriter into <output-dir>/tensorboard (`tensorboard --logdir <output-dir>`); a
                 resumed run writes a new event file there, whose purge_step hides the replaced timeline's steps
   wandb         a W&B run in <output-dir>/wandb, whose id (run.json's wandb_run_id) a resumed run continues;
                 WANDB_MODE=offline writes it without a network (`wandb sync` uploads it later)
 """
+import errno
+import functools
+import logging
 import os
 import sys
 import threading
@@ -42,24 +46,81 @@ def open_reporters(config, first_step):
         elif name == "wandb":
             require_library("wandb", "--report-to wandb")
             import wandb
+            check_wandb_login(config)  # a key wandb.init finds without asking: it never prompts
+            folder = os.path.join(config.output_dir, "wandb")
+            try:  # wandb.init meets a full disk in its own log handler, which prints a traceback per failed write
+                check_writable(folder)
+            except OSError as error:  # a full disk, a file in the folder's place: before the run's folder changes
+                Reporters(writers).close()
+                raise RunError(write_failed(f"the W&B log {folder}", error)) from None
             try:
                 run = wandb.init(project=os.environ.get("WANDB_PROJECT", "softmax-grpo-lopti"),
                                  name=os.path.basename(os.path.abspath(config.output_dir)), id=config.wandb_run_id,
                                  resume="allow", dir=config.output_dir, config=config.saved())
             except wandb.errors.Error as error:  # not logged in, no network: W&B's own errors, not a bug here
-                for writer in writers:
-                    writer.close()
+                Reporters(writers).close()
                 raise InputError(wandb_failed(error, config.output_dir)) from None
-            writers.append(WandB(wandb, run, os.path.join(config.output_dir, "wandb")))
+            writers.append(WandB(wandb, run, folder))
     return Reporters(writers)
 
 
+def no_room(folder):
+    """An OSError (ENOSPC or EROFS) when statvfs says folder's filesystem is read-only or has no free block left (one
+    that reports no size, f_blocks 0, is never taken as full), else None."""
+    stats = os.statvfs(folder)
+    code = errno.EROFS if stats.f_flag & os.ST_RDONLY else errno.ENOSPC if stats.f_blocks and not stats.f_bavail \
+        else None
+    return OSError(code, os.strerror(code), folder) if code else None
+
+
+PROBE_BYTES = 64 * 1024  # check_writable's test write: about what W&B writes as its run opens
+
+
+def check_writable(folder):
+    """Make folder if missing, then write PROBE_BYTES to a file there and delete it: a full disk, a read-only folder or
+    a file in its place raises its OSError now, before the run's folder changes."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, ".write-test")
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def check_wandb_login(config):
+    """--report-to wandb online (W&B's own settings say so: WANDB_MODE, `wandb offline`) needs an API key where W&B
+    itself looks for one (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the netrc entry of its server, its settings
+    files), looked up as wandb.init does but without its prompt: none is an InputError naming the ways out. Called
+    before torch loads (config.check_libraries) and before wandb.init, which would otherwise ask at a terminal (EOF
+    there: a KeyboardInterrupt) or, without one, fail only after the model loaded."""
+    import wandb
+    try:  # W&B's own lookup (wandb 0.31); a W&B without it: wandb.init decides, as before
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:
+        return
+    try:
+        settings = wandb_setup.singleton().settings  # what wandb.init reads: loaded once per process, no service
+        if settings.mode in ("offline", "dryrun", "disabled"):
+            return
+        host = wbauth.HostUrl(settings.base_url)
+        found = wbauth.authenticate_session(host=host, source="train.py", prompt=False, update_session=False)
+    except wandb.errors.Error as error:  # a key of the wrong form (WANDB_API_KEY, the netrc entry), a bad setting
+        raise InputError(wandb_failed(error, config.output_dir)) from None
+    if found is None:
+        raise InputError(wandb_failed(f"no API key for {host.url}", config.output_dir))
+
+
 def wandb_failed(error, output_dir):
-    """One line for a wandb.init that failed (no API key, no network)."""
+    """One line for a W&B run that cannot start (no API key, no network): error, a W&B error or its text."""
     cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return (f"--report-to wandb: W&B could not start a run ({cause}); log in with `wandb login`, or set "
-            f"WANDB_MODE=offline to write the run into {os.path.join(output_dir, 'wandb')} (`wandb sync` uploads it "
-            "later)")
+    return (f"--report-to wandb: W&B could not start a run ({cause}); log in with `wandb login` (or set "
+            f"WANDB_API_KEY), or set WANDB_MODE=offline to write the run into {os.path.join(output_dir, 'wandb')} "
+            "(`wandb sync` uploads it later)")
 
 
 def prompt_text(prompt):
@@ -135,15 +196,43 @@ class TensorBoard:
 
 
 class WandB:
+    """A W&B run in folder. A write there that fails (a full disk) stops the run in one line (Reporters), however W&B
+    meets it: its tables' files raise here; its log file (debug.log) is written by a handler of the `wandb` logger
+    that would print a traceback for each failed write, so the first error is kept instead (failed_write) and raised
+    after the row; its own process (wandb-core: the run's .wandb file) tells this one of none, so after each row a
+    disk with no room under folder is taken as its error (no_room)."""
+
     def __init__(self, wandb, run, folder):
         self.wandb, self.run, self.folder = wandb, run, folder
+        self.error, self.reported = None, False
+        inside = os.path.realpath(folder) + os.sep
+        for handler in logging.getLogger("wandb").handlers:
+            if isinstance(handler, logging.FileHandler) and os.path.realpath(handler.baseFilename).startswith(inside):
+                handler.handleError = functools.partial(self.failed_write, handler.handleError)
+
+    def failed_write(self, handle_error, record):
+        """logging's handleError for W&B's log file: an OSError is kept (the first), anything else is logging's."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            return handle_error(record)
+        self.error = self.error or error
+
+    def raise_failed_write(self):
+        """Raise, once, the kept OSError of W&B's log file, else no_room's."""
+        error = self.error or no_room(self.folder)
+        if error is not None and not self.reported:
+            self.reported = True
+            raise error
 
     def scalars(self, scalars, step):
         self.run.log(scalars, step=step)
+        self.raise_failed_write()
 
     def samples(self, samples, step):
         table = self.wandb.Table(columns=["prompt", "completion", "reward"], data=[list(row) for row in samples])
         self.run.log({"eval/samples": table}, step=step)
+        self.raise_failed_write()
 
     def close(self):
         self.run.finish()
+        self.raise_failed_write()

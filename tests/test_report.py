@@ -1,6 +1,7 @@
 """--report-to (harness/report.py): TensorBoard's event files, read back with tensorboard's own reader, hold exactly
 metrics.jsonl's numbers; W&B in offline mode writes its run, which a resumed run continues."""
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from harness import checkpoint, metrics
+from harness import checkpoint, metrics, report
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
 
@@ -123,3 +124,44 @@ def test_a_full_disk_under_the_tensorboard_folder_is_one_line(tmp_path, when):
         assert not (out / "metrics.jsonl").exists()
     else:
         assert "continue with --resume" in errors[0] and checkpoint.checkpoint_steps(str(out))
+
+
+@pytest.mark.parametrize("when", ["full at the start", "fills during the run"])
+def test_a_full_disk_under_the_wandb_folder_is_one_line(tmp_path, when):
+    # W&B's own log handler printed a traceback for each write that failed (140 in a 2-step run), and a fresh run
+    # left a metrics.jsonl behind (its first eval's table failed after the row was written)
+    pytest.importorskip("wandb")
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    with small_disk(out / "wandb", "4k" if when == "full at the start" else "128k"):
+        if when == "full at the start":
+            with contextlib.suppress(OSError), open(out / "wandb" / "filler", "wb") as f:
+                f.write(b"x" * 8192)
+        proc = subprocess.run([sys.executable, "train.py", "--task", "countdown", "--output-dir", str(out), *SMALL,
+                               "--steps", "40", "--save-every", "1", "--idle-stop", "0", "--report-to", "wandb"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error") or "Error" in line]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert errors[0].startswith("train.py: error: could not write") and str(out / "wandb") in errors[0]
+    assert "No space left on device" in errors[0] and "free some disk space" in errors[0]
+    if when == "full at the start":  # nothing in the folder claims a run: the same command starts once there is room
+        assert checkpoint.holds_a_run(str(out)) == []
+    else:  # every step up to the last checkpoint is in metrics.jsonl: --resume goes on from there
+        assert "continue with --resume" in errors[0]
+        steps = [row["step"] for row in metrics.read_metrics(str(out / "metrics.jsonl")) if not row.get("eval")]
+        assert checkpoint.checkpoint_steps(str(out)) and steps[-1] >= checkpoint.checkpoint_steps(str(out))[-1]
+
+
+def test_a_disk_that_w_and_bs_own_process_fills_is_seen_after_the_row(tmp_path):
+    # wandb-core writes the run's .wandb file and tells this process of none of its failed writes (the file was cut
+    # short without a word): a disk with no room left under wandb/ is taken as its error, raised once
+    folder = tmp_path / "wandb"
+    with small_disk(folder, "8k"):
+        writer = report.WandB(None, None, str(folder))
+        writer.raise_failed_write()  # room left: nothing to say
+        with contextlib.suppress(OSError), open(folder / "filler", "wb") as f:
+            f.write(b"x" * 16384)
+        with pytest.raises(OSError) as error:
+            writer.raise_failed_write()
+        writer.raise_failed_write()  # said once: closing the run adds nothing
+    assert error.value.errno == errno.ENOSPC and error.value.filename == str(folder)

@@ -93,6 +93,7 @@ def test_each_optional_library_a_setting_needs_is_named(monkeypatch, flags, modu
     with pytest.raises(config.InputError, match=re.escape(pip)):
         config.check_libraries(config.parse_args(flags))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B without a key then (report.check_wandb_login)
     config.check_libraries(config.parse_args(flags))  # all installed: nothing to say
     # rules that need no math-verify are not stopped by its absence
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
@@ -150,6 +151,59 @@ def test_wandb_without_a_login_is_one_line_and_the_same_command_then_runs(tmp_pa
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert [row["step"] for row in train_rows(str(out))] == [1]
+
+
+def run_in_terminal(command, env, stdin_closed, timeout=300):
+    """A real process whose stderr (and stdin, unless stdin_closed: fd 0 closed) is a pseudo-terminal, as in a shell;
+    a prompt it shows gets EOF (Ctrl-D). -> (exit code, stdout, the terminal's text)."""
+    import pty
+    import select
+    import time
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=secondary,
+                            stdin=subprocess.DEVNULL if stdin_closed else secondary,
+                            preexec_fn=(lambda: os.close(0)) if stdin_closed else None)
+    os.close(secondary)
+    screen, deadline, answered = b"", time.time() + timeout, False
+    while time.time() < deadline:
+        if select.select([primary], [], [], 1)[0]:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: every copy of the terminal's other end is closed (the process ended)
+                break
+            screen += chunk
+            if b"Enter your choice" in screen and not answered:  # W&B's login prompt
+                os.write(primary, b"\x04")
+                answered = True
+        elif proc.poll() is not None:
+            break
+    os.close(primary)
+    if proc.poll() is None:  # still running at the deadline
+        proc.kill()
+    return proc.wait(), proc.stdout.read().decode(), screen.decode(errors="replace").replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("stdin_closed", [False, True], ids=["terminal", "stdin-closed"])
+def test_wandb_online_without_a_key_is_one_line_before_torch_loads_and_never_a_prompt(tmp_path, stdin_closed):
+    # W&B online (no WANDB_MODE) and no key where it looks (HOME empty: no netrc, no settings file). On a terminal
+    # wandb.init asked for a key once the model had loaded, and EOF there was a KeyboardInterrupt traceback; without
+    # a terminal it was one line, but only after the model loaded. Now: decided before torch loads, one line.
+    pytest.importorskip("wandb")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_") and key != "NETRC"}
+    env.update(HOME=str(home), TERM="xterm")
+    reports_torch = ("import runpy, sys\nsys.argv[0] = 'train.py'\ntry:\n    runpy.run_path('train.py', "
+                     "run_name='__main__')\nfinally:\n    print('torch loaded:', 'torch' in sys.modules)")
+    code, out, screen = run_in_terminal(
+        [sys.executable, "-c", reports_torch, "--task", "countdown", *SMALL, "--steps", "1", "--output-dir",
+         str(tmp_path / "run"), "--report-to", "wandb"], env, stdin_closed)
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in screen and "choice" not in screen, screen
+    assert lines[0].startswith("train.py: error: --report-to wandb:") and "`wandb login`" in lines[0]
+    assert "WANDB_API_KEY" in lines[0] and "WANDB_MODE=offline" in lines[0]
+    assert out.split() == ["torch", "loaded:", "False"]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_a_folder_whose_only_run_file_is_metrics_is_started_afresh(tmp_path, capsys):

@@ -246,6 +246,13 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def then_resume(output_dir):
+    """What to do after fixing what stopped a run: continue it with --resume when it has saved a checkpoint, else
+    start it again (there is nothing to resume yet)."""
+    saved = os.path.lexists(os.path.join(output_dir, "latest")) or checkpoint_steps(output_dir)
+    return ", then continue with --resume" if saved else ", then run the command again (no checkpoint saved yet)"
+
+
 def write_failed(what, error, *, otherwise="; use another --output-dir"):
     """"could not write WHAT: its cause; what to do" for a failed write: the OS's message (else the error's first
     line, else its type), then the remedy its cause calls for (`otherwise` when the cause is not the disk's)."""

@@ -1,15 +1,15 @@
 """A run's metrics.jsonl: one JSON object per line with an integer "step" (train rows, and eval rows marked "eval").
 
 Appended a row at a time (never truncated in place); read one line at a time, however long the file (a line longer
-than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half-written end of the file); rewritten only through a temporary file renamed into place (the
-resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
+than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half-written end of the file);
+rewritten only through a temporary file renamed into place (the resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
 warning; a bad line elsewhere is a RunError naming the file and the line.
 """
 import contextlib
 import json
 import os
 
-from harness.checkpoint import RunError, write_failed
+from harness.checkpoint import RunError, then_resume, write_failed
 
 MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 
@@ -19,7 +19,7 @@ def append_metrics(path, row):
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
     except OSError as error:
-        raise RunError(write_failed(path, error) + ", then continue with --resume") from None
+        raise RunError(write_failed(path, error) + then_resume(os.path.dirname(path) or ".")) from None
 
 
 def metrics_rows(path, warn=print):

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-from harness.checkpoint import RunError, write_failed
+from harness.checkpoint import RunError, then_resume, write_failed
 from harness.config import InputError, require_library
 
 SAMPLES_LOGGED = 8  # greedy completions in each eval's table
@@ -156,7 +156,8 @@ class Reporters:
             try:
                 getattr(writer, method)(*args)
             except OSError as error:
-                raise RunError(write_failed(writer.folder, error) + ", then continue with --resume") from None
+                hint = then_resume(os.path.dirname(writer.folder))  # writer.folder: <output-dir>/<logger>
+                raise RunError(write_failed(writer.folder, error) + hint) from None
 
     def close(self):
         for writer in self.writers:

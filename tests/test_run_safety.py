@@ -738,3 +738,16 @@ def test_a_config_that_asks_for_too_much_is_refused_before_anything_is_built(fin
     started = time.time()
     err = fails(capsys, argv, code=1)
     assert message in err and time.time() - started < 30, err
+
+
+def test_a_stopped_run_is_told_to_resume_only_when_it_has_a_checkpoint(tmp_path):
+    """A write that fails before the first checkpoint (a logger's full disk at step 1) cannot be resumed: the line
+    says to run the command again; once a checkpoint exists it says --resume."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert checkpoint.then_resume(str(tmp_path)) == ", then run the command again (no checkpoint saved yet)"
+    with pytest.raises(checkpoint.RunError, match="no checkpoint saved yet"):
+        from harness.metrics import append_metrics
+        append_metrics(str(tmp_path / "no-such-folder" / "metrics.jsonl"), {"step": 2})
+    (tmp_path / "checkpoint-2").mkdir()
+    os.symlink("checkpoint-2", tmp_path / "latest")
+    assert checkpoint.then_resume(str(tmp_path)) == ", then continue with --resume"

@@ -437,10 +437,11 @@ def this_machine():
 
 
 def provenance():
-    """The commit (with -dirty for uncommitted changes), date, load and machine of a measurement made now."""
+    """The commit (with -dirty for uncommitted changes to Python files: a results file a ship has just written does
+    not count), date, load and machine of a measurement made now."""
     from experiments.runs import git
-    commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no")
-                                                   else "")
+    commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no",
+                                                                     "--", "*.py") else "")  # code, not results files
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load": " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "",
             "machine": this_machine()}

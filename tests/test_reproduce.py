@@ -212,6 +212,21 @@ def test_fig3_over_seeds_from_the_grpo_cells_by_hand(tmp_path, monkeypatch, caps
     assert (tmp_path / "fig3.png").exists() or "matplotlib" in out
 
 
+def test_a_changed_results_file_does_not_mark_the_code_dirty_but_a_changed_python_file_does(tmp_path, monkeypatch):
+    from experiments import runs
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "cells.csv").write_text("a\n")
+    (tmp_path / "step.py").write_text("x = 1\n")
+    for args in (["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True)
+    monkeypatch.setattr(runs, "REPO", str(tmp_path))
+    (tmp_path / "docs" / "cells.csv").write_text("a\nb\n")  # what a --ship just wrote
+    assert not reproduce.provenance()["commit"].endswith("-dirty")
+    (tmp_path / "step.py").write_text("x = 2\n")
+    assert reproduce.provenance()["commit"].endswith("-dirty")
+
+
 def test_the_eq4_cell_counts_the_intervals_that_hold_the_exact_weight():
     rows = [{"M": "8", "tau": "0.1", "p": str(p), "mc_mean": str(mean), "z": str(z)}
             for p, mean, z in ((0.1, 5.2, -0.5), (0.5, 2.0, 1.96), (0.9, 1.1, -2.3), (0.3, 3.0, 0.1))]

@@ -378,8 +378,9 @@ def fig3_summary(by_seed, figure=None):
     from experiments.seed_stats import mean_sd_se
     methods = list(dict.fromkeys(key.split("_")[1] for values in by_seed.values() for key in values
                                  if key.startswith("fig3_") and key.endswith("_pos_rose_share")))
-    if not methods:
+    if "grpo" not in methods:
         return {}
+    methods = ["grpo"] + [m for m in methods if m != "grpo"]  # the baseline first, the others minus it
     key = "fig3_{}_Q{}_pos_rose_share".format
     shares = {m: [[v[key(m, q)] for v in by_seed.values() if key(m, q) in v] for q in range(1, 5)] for m in methods}
     print(f"\nFig. 3 on each seed's final GRPO policy, n = {len(by_seed)} seeds: share of A > 0 tokens whose "

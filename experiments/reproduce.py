@@ -19,6 +19,10 @@ run folder and no cached warm start is reused. Kinds of cell:
   fig1      Fig. 1's exact prompt weights (experiments.fig1_prompt_weight) at p = 0, 0.5, 1: exact
   eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
             |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
+  smollm2   `python -m experiments.smollm2_cpu --seeds S` (SmolLM2-135M-Instruct, text similarity, 60 steps): the
+            held-out greedy reward and pass@1 at every eval step
+  default-fig3-sgd  `python train.py`, then Lopti's Fig. 3 on its final checkpoint with one SGD step (lr 0.5) in
+            place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
   referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
             per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
             off-policy state, per mini-batch and p_old quartile (referee_lopti_offpolicy.offpolicy_metrics), and the
@@ -66,7 +70,11 @@ CELLS = {
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
     # Table 3 (exact budget) and Lopti's Fig. 1(d) / Fig. 3 on the embedded default's final checkpoint
     "default-figures": ("default-figures", [], "default_figures.csv", 5, ONE),
+    # the same checkpoint's Fig. 3 under one plain SGD step (lr 0.5), the optimizer the Lopti paper's Fig. 3 assumes
+    "default-fig3-sgd": ("default-fig3-sgd", ["--optimizer", "sgd", "--lr", "0.5"], "default_figures.csv", 5, ONE),
     "imagenet-toy": ("imagenet-toy", [], "imagenet_toy.csv", 8, ONE),
+    # a real model learns on a CPU (docs/results.md, "A real model learns on a CPU"): one seed a cell, ~21 min
+    **{f"smollm2-cpu-seed{seed}": ("smollm2", [str(seed)], "smollm2_cpu.csv", 21, ONE) for seed in (0, 1)},
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     "fig1-prompt-weight": ("fig1", ["8", "0.1"], "fig1_prompt_weight.csv", 0, {}),
@@ -142,6 +150,11 @@ def command_text(name):
         return prefix + "python -m experiments.eq4_monte_carlo"
     if kind == "imagenet-toy":
         return prefix + "python -m experiments.imagenet_toy"
+    if kind == "smollm2":
+        return prefix + f"python -m experiments.smollm2_cpu --seeds {args[0]}"
+    if kind == "default-fig3-sgd":
+        return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.lopti_token_stats "
+                f"--checkpoint RUN/latest {' '.join(args)}")
     if kind == "default-figures":
         return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.table3_allocation "
                 f"--checkpoint RUN/latest -M 16 --exact; {prefix}python -m experiments.lopti_token_stats "
@@ -195,6 +208,13 @@ def rerun(name, folder):
         return rerun_referee_lopti(args, folder, environment)
     if kind == "default-figures":
         return rerun_default_figures(folder, environment)
+    if kind == "default-fig3-sgd":
+        return rerun_default_figures(folder, environment, lopti_flags=args, table3=False)
+    if kind == "smollm2":
+        run_quietly([sys.executable, "-m", "experiments.smollm2_cpu", "--seeds", args[0], "--output-dir", folder],
+                    environment)
+        return {f"{key}_step{row['step']}": round(float(row[key]), 6)
+                for row in read_rows(os.path.join(folder, "smollm2_cpu.csv")) for key in ("reward", "pass@1")}
     if kind == "imagenet-toy":
         run_quietly([sys.executable, "-m", "experiments.imagenet_toy", "--output-dir", folder], environment)
         with open(os.path.join(folder, "final.csv"), newline="") as f:
@@ -306,18 +326,20 @@ def rerun_referee_lopti(args, folder, environment):
     return metrics
 
 
-def rerun_default_figures(folder, environment):
+def rerun_default_figures(folder, environment, lopti_flags=(), table3=True):
     """`python train.py`, then Table 3 (-M 16 --exact) and Lopti's Fig. 1(d) / Fig. 3 on its final checkpoint ->
-    table3_prompts_<bin>, table3_<method>_<budget>_<bin> (shares), fig1d_Q<q>_share, fig3_<method>_Q<q>_pos_rose."""
+    table3_prompts_<bin>, table3_<method>_<budget>_<bin> (shares), fig1d_Q<q>_share, fig3_<method>_Q<q>_pos_rose.
+    lopti_flags: extra lopti_token_stats flags (the SGD variant); table3=False skips Table 3."""
     run = os.path.join(folder, "default")
     run_quietly([sys.executable, "train.py", "--output-dir", run], environment)
     checkpoint = os.path.join(run, "latest")
-    run_quietly([sys.executable, "-m", "experiments.table3_allocation", "--checkpoint", checkpoint, "-M", "16",
-                 "--exact", "--output-dir", os.path.join(folder, "table3")], environment)
-    run_quietly([sys.executable, "-m", "experiments.lopti_token_stats", "--checkpoint", checkpoint,
+    if table3:
+        run_quietly([sys.executable, "-m", "experiments.table3_allocation", "--checkpoint", checkpoint, "-M", "16",
+                     "--exact", "--output-dir", os.path.join(folder, "table3")], environment)
+    run_quietly([sys.executable, "-m", "experiments.lopti_token_stats", "--checkpoint", checkpoint, *lopti_flags,
                  "--output-dir", os.path.join(folder, "lopti")], environment)
     metrics = {}
-    for row in read_rows(os.path.join(folder, "table3", "table3_allocation.csv")):
+    for row in read_rows(os.path.join(folder, "table3", "table3_allocation.csv")) if table3 else ():
         metrics[f"table3_prompts_{row['bin']}"] = float(row["prompts"])
         metrics[f"table3_{row['method']}_{row['budget']}_{row['bin']}"] = round(float(row["share"]), 6)
     for row in read_rows(os.path.join(folder, "lopti", "fig1d_grad_norm.csv")):

@@ -23,6 +23,8 @@ run folder and no cached warm start is reused. Kinds of cell:
             held-out greedy reward and pass@1 at every eval step
   default-fig3-sgd  `python train.py`, then Lopti's Fig. 3 on its final checkpoint with one SGD step (lr 0.5) in
             place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
+  referee-lopti-pretrained  `python -m experiments.referee_lopti --checkpoint smollm2` on experiments.smollm2_cpu's
+            data (the pretrained model, before RL; its own pi_ref): items 5-7's on-policy numbers, as below
   referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
             per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
             off-policy state, per mini-batch and p_old quartile (referee_lopti_offpolicy.offpolicy_metrics), and the
@@ -70,6 +72,11 @@ CELLS = {
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
     # Table 3 (exact budget) and Lopti's Fig. 1(d) / Fig. 3 on the embedded default's final checkpoint
     "default-figures": ("default-figures", [], "default_figures.csv", 5, ONE),
+    # items 5-7 on the pretrained SmolLM2-135M-Instruct (before RL), 3 batches of 8 held-out prompts x 4
+    "lopti-smollm2-initial": ("referee-lopti-pretrained",
+                              ["--checkpoint", "smollm2", "--task", "text_match", "--data", "DATA", "--num-prompts",
+                               "8", "-M", "4", "--max-new-tokens", "32", "--token-samples", "4", "--micro-batch", "8",
+                               "--seeds", "0,1,2"], "referee_lopti_smollm2.csv", 30, ONE),
     # the same checkpoint's Fig. 3 under one plain SGD step (lr 0.5), the optimizer the Lopti paper's Fig. 3 assumes
     "default-fig3-sgd": ("default-fig3-sgd", ["--optimizer", "sgd", "--lr", "0.5"], "default_figures.csv", 5, ONE),
     "imagenet-toy": ("imagenet-toy", [], "imagenet_toy.csv", 8, ONE),
@@ -152,6 +159,9 @@ def command_text(name):
         return prefix + "python -m experiments.imagenet_toy"
     if kind == "smollm2":
         return prefix + f"python -m experiments.smollm2_cpu --seeds {args[0]}"
+    if kind == "referee-lopti-pretrained":
+        return (f"experiments.smollm2_cpu.write_data(DATA); {prefix}python -m experiments.referee_lopti "
+                + " ".join(args))
     if kind == "default-fig3-sgd":
         return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.lopti_token_stats "
                 f"--checkpoint RUN/latest {' '.join(args)}")
@@ -210,6 +220,16 @@ def rerun(name, folder):
         return rerun_default_figures(folder, environment)
     if kind == "default-fig3-sgd":
         return rerun_default_figures(folder, environment, lopti_flags=args, table3=False)
+    if kind == "referee-lopti-pretrained":
+        from experiments.referee_lopti import cosine_metrics, onpolicy_metrics
+        from experiments.smollm2_cpu import write_data
+        data = os.path.join(folder, "data")
+        write_data(data)
+        out = os.path.join(folder, "referee")
+        run_quietly([sys.executable, "-m", "experiments.referee_lopti", *[data if a == "DATA" else a for a in args],
+                     "--output-dir", out], environment)
+        return {**onpolicy_metrics(read_referee_rows(os.path.join(out, "referee_lopti.csv"))),
+                **cosine_metrics(read_referee_rows(os.path.join(out, "referee_lopti_cosines.csv")))}
     if kind == "smollm2":
         run_quietly([sys.executable, "-m", "experiments.smollm2_cpu", "--seeds", args[0], "--output-dir", folder],
                     environment)
@@ -298,6 +318,13 @@ def referee_task(preset):
     return ["--task-option", "num_count=3"] if preset.startswith("countdown3") else []
 
 
+def read_referee_rows(path):
+    """A referee_lopti CSV's rows, every value a float but adamw_moments'."""
+    with open(path, newline="") as f:
+        return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
+                for row in csv.DictReader(f)]
+
+
 def rerun_referee_lopti(args, folder, environment):
     """The referee-lopti kind: train the compare run, then measure each clip setting -> {metric: value}."""
     preset, config, seed, batches, variants = args
@@ -307,11 +334,7 @@ def rerun_referee_lopti(args, folder, environment):
     from experiments.referee_lopti import cosine_metrics, onpolicy_metrics
     from experiments.referee_lopti_offpolicy import OFFPOLICY_KEYS, offpolicy_metrics
 
-    def read(path):
-        with open(path, newline="") as f:
-            return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
-                    for row in csv.DictReader(f)]
-
+    read = read_referee_rows
     metrics = {}
     for name, flags in variants.items():
         out = os.path.join(folder, f"referee-{name}")

@@ -515,7 +515,8 @@ HEAD_UPDATE = ["--steps", "3", "--kl-coef", "0.05", "--alpha", "0.3", "--lopti-e
 def test_without_the_new_flags_the_update_is_bit_for_bit_commit_9824049s(tmp_path, digits_task):
     # tests/data/update_at_9824049/<CPU>.safetensors: the weights after these 3 steps at commit 9824049 (before
     # --param-dtype), written by the same train.main call there on that CPU (each CPU adds in its own order:
-    # docs/results.md, "Determinism"; the Intel and AMD files differ by up to 5e-7)
+    # docs/results.md, "Determinism"; the Intel and AMD AVX-512 files differ by up to 5e-7, the AMD AVX-512 and
+    # AVX2-only ones by up to 2.2e-7)
     from safetensors.torch import load_file
     from experiments.reproduce import cpu_kind, this_machine
     path = os.path.join(os.path.dirname(__file__), "data", "update_at_9824049", f"{cpu_kind(this_machine())}.safetensors")

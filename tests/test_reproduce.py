@@ -25,6 +25,9 @@ def test_every_cell_names_a_results_file_and_a_command(capsys):
         "OMP_NUM_THREADS=1 python -m experiments.referee_lopti --checkpoint RUNS/countdown3/grpo-seed0/latest "
         "--task-option num_count=3 --seeds 0,1,2 --num-prompts 64 (metrics run_clip_*; lopti_clip_*: the same with "
         "--clip-low 0.2 --clip-high 0.24 --dual-clip 10)"]
+    assert reproduce.command_text("step-time-smollm2-cpu") == ("OMP_NUM_THREADS=1 python benchmarks/step_time.py "
+                                                               "--preset smollm2-cpu --steps 2 --warmup 1 --no-memory "
+                                                               "--threads 1")
 
 
 def test_the_identity_cell_reproduces_and_a_changed_number_differs(tmp_path, monkeypatch, capsys):

@@ -37,7 +37,7 @@ and an AMD CPU agree either (docs/results.md, "Determinism"). So a cell is shipp
 machine it ran on (CPU model, ISA, cores), a rerun compares with the rows of its own CPU model and ISA, and where
 none was shipped it says so and compares with another CPU's rows (expect them to differ). Tolerance: 0 for every
 metric of a deterministic cell; a timing cell's ratio agrees within its relative tolerance (TIMING_TOLERANCE), and
-the row records the load at the rerun's start, which a timing depends on.
+the row records the load at the rerun's start and end (a timing depends on what else ran).
 """
 import argparse
 import csv

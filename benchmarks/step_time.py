@@ -5,6 +5,7 @@
     python benchmarks/step_time.py --preset gpu       # Qwen2.5-0.5B-Instruct, bf16, 16 prompts x M=8, 256 tokens
     python benchmarks/step_time.py --profile torch    # where our step spends its time (or --profile cprofile)
     python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to config.parse_args
+    python benchmarks/step_time.py --json step.json   # the numbers also as data (experiments.reproduce's timing cells)
     pip install -r requirements-bench.txt             # the TRL side (optional: without it only ours is timed)
 
 Our configuration is config.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate
@@ -49,6 +50,7 @@ from benchmarks import floor  # noqa: E402
 from harness.model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
 
+NO_TRL = "TRL is not installed (pip install -r requirements-bench.txt)"
 SMOLLM2_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
                             "text_match_small")
 PRESETS = {  # train.py flags + benchmark length + the targets the ratio lines print
@@ -86,12 +88,16 @@ def parse_args(argv=None):
                    help="the floor's peaks from this datasheet (default: the CUDA device's, else a probe)")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
     p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
+    p.add_argument("--json", metavar="PATH", help="also write the report's numbers here (step_numbers: per side s/step "
+                   "and each phase against its floor, the ratios, the peaks)")
     args, train_argv = p.parse_known_args(argv)
     preset = PRESETS[args.preset]
     for key in ("steps", "warmup", "threads"):
         setattr(args, key, preset[key] if getattr(args, key) is None else getattr(args, key))
     if args.steps < 1 or args.warmup < 0:
         p.error("need --steps >= 1 and --warmup >= 0")
+    if args.json and (args.only in ("ours", "trl") or args.profile != "none"):
+        p.error("--json writes the report's numbers: not with --only ours / trl or --profile")
     args.train = settings.parse_args(preset["train"] + train_argv, prog="step_time.py")  # later flags win
     if args.train.model == "smollm2":
         try:
@@ -175,12 +181,13 @@ def our_step(side, task, examples, device):
     return dict(seconds), int(completion_mask.sum().item()), rows
 
 
-def make_our_side(name, model, tokenizer, train_args, *, alpha, eta):
+def make_our_side(key, name, model, tokenizer, train_args, *, alpha, eta):
+    """One of our sides: key ("one_pass" or "lopti") names it in step_numbers, name in the printed report."""
     model = copy.deepcopy(model).train()  # as train.py main() before its loop
     optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr, weight_decay=train_args.weight_decay)
     update_config = dataclasses.replace(train_args, alpha=alpha, lopti_eta=eta)
-    return dict(name=name, model=model, tokenizer=tokenizer, optimizer=optimizer, G=train_args.prompts_per_step,
-                rollout_config=train_args, update_config=update_config,
+    return dict(key=key, name=name, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                G=train_args.prompts_per_step, rollout_config=train_args, update_config=update_config,
                 seconds=[], phases=[], tokens=[], rows=[], floor_measured=[], workloads=[])
 
 
@@ -261,8 +268,57 @@ def make_trl_trainer(model, tokenizer, task, examples, args, after_step):
 
 
 # --- Reporting -----------------------------------------------------------------------------------------------------
+def after_warmup(values, warmup):
+    """The measured steps' values (all of them where there are no more than the warm-up's)."""
+    return values[warmup:] or values
+
+
 def median_after_warmup(values, warmup):
-    return statistics.median(values[warmup:] or values) if values else float("nan")
+    return statistics.median(after_warmup(values, warmup)) if values else float("nan")
+
+
+def side_floors(args, side):
+    """(measured, floors) of one of our sides: each phase's seconds and its Floor, medians over the measured steps."""
+    floors = floor.median_floors([floor.step_floors(args.shape, w, args.peaks)
+                                  for w in after_warmup(side["workloads"], args.warmup)])
+    return floor.median_phases(after_warmup(side["floor_measured"], args.warmup)), floors
+
+
+def against_floor(measured, floors):
+    """{phase: {measured_s, floor_s, ratio, bound, part}}: the rows of floor.report_rows (the step last; part: a part
+    of the phase above it); ratio None where a phase has no floor or was not measured."""
+    return {name.strip(): dict(measured_s=seconds, floor_s=floor_s, bound=bound, part=name.startswith(" "),
+                               ratio=seconds / floor_s if seconds is not None and floor_s else None)
+            for name, seconds, floor_s, bound in floor.report_rows(measured, floors)}
+
+
+def quoted_ratios(sides):
+    """The ratios docs/performance.md quotes, <a>_over_<b>, of the sides that ran: one_pass_over_trl (ours/TRL, s per
+    step), lopti_over_one_pass, each of our sides' step over its floor, TRL's step over the one-pass floor."""
+    seconds = {key: side["s_per_step"] for key, side in sides.items()}
+    ratios = {f"{key}_step_over_floor": side["phases"]["step"]["ratio"] for key, side in sides.items()
+              if "phases" in side}
+    if {"one_pass", "trl"} <= seconds.keys():
+        ratios["one_pass_over_trl"] = seconds["one_pass"] / seconds["trl"]
+        ratios["trl_step_over_floor"] = seconds["trl"] / sides["one_pass"]["phases"]["step"]["floor_s"]
+    if {"one_pass", "lopti"} <= seconds.keys():
+        ratios["lopti_over_one_pass"] = seconds["lopti"] / seconds["one_pass"]
+    return ratios
+
+
+def step_numbers(args, sides, trl_clock, trl_skipped):
+    """The report's numbers as data (--json writes them): the run's settings, the floor's peaks, per side ("one_pass",
+    "lopti", "trl") its median s/step and, for ours, each phase against its floor (against_floor), the quoted ratios
+    (quoted_ratios); trl_skipped: why TRL did not run (its side and ratios are then absent), else None."""
+    numbers = {key: {"name": side["name"], "s_per_step": median_after_warmup(side["seconds"], args.warmup),
+                     "phases": against_floor(*side_floors(args, side))} for side in sides for key in [side["key"]]}
+    if trl_clock is not None:
+        numbers["trl"] = {"name": "TRL GRPOTrainer", "s_per_step": median_after_warmup(trl_clock.seconds, args.warmup),
+                          "generate_s": median_after_warmup(trl_clock.generate_seconds, args.warmup)}
+    return {"preset": args.preset, "steps": args.steps, "warmup": args.warmup, "threads": torch.get_num_threads(),
+            "peaks": {"tflops": args.peaks.flops / 1e12, "gbps": args.peaks.bandwidth / 1e9,
+                      "source": args.peaks.source},
+            "sides": numbers, "ratios": quoted_ratios(numbers), "trl_skipped": trl_skipped}
 
 
 def measure_memory_in_subprocesses(sides, argv):
@@ -284,7 +340,8 @@ def target_note(targets, key):
     return "" if targets.get(key) is None else f"  (target <= {targets[key]})"
 
 
-def report(args, n_params, sides, trl_clock, memory):
+def report(args, n_params, sides, trl_clock, memory, numbers):
+    """Print the workload, each side's s/step, the ratios (step_numbers' numbers), each phase against its floor."""
     t = args.train
     print(f"\nworkload: {t.model} ({n_params:.2f}M params, {t.dtype}, {args.device}, {torch.get_num_threads()} "
           f"threads) | {t.task} {t.style} | {t.prompts_per_step} prompts x M={t.num_generations} | max_new_tokens "
@@ -294,19 +351,17 @@ def report(args, n_params, sides, trl_clock, memory):
     if trl_clock is not None:
         rows.append(("TRL GRPOTrainer", trl_clock.seconds, trl_clock.tokens))
     print(f"{'':30s} {'s/step':>8s} {'completion tok/step':>20s} {'tok/s':>8s}")
-    med = {}
     for name, seconds, tokens in rows:
-        med[name], tok = median_after_warmup(seconds, args.warmup), median_after_warmup(tokens, args.warmup)
-        print(f"{name:30s} {med[name]:8.3f} {tok:20.0f} {tok / med[name]:8.0f}")
-    if trl_clock is not None:
-        ratio = med[rows[0][0]] / med['TRL GRPOTrainer']
-        print(f"ratio ours/TRL: {ratio:.2f}" + target_note(args.targets, "trl"))
-        gen = median_after_warmup(trl_clock.generate_seconds, args.warmup)
-        print(f"TRL breakdown (median s): generate+reward+advantage {gen:.3f}, the rest (forward with entropy, "
-              f"backward, clip, AdamW) {med['TRL GRPOTrainer'] - gen:.3f}")
-    if len(sides) > 1:
-        ratio = med[rows[1][0]] / med[rows[0][0]]
-        print(f"ratio Lopti/one pass: {ratio:.2f}" + target_note(args.targets, "lopti"))
+        med, tok = median_after_warmup(seconds, args.warmup), median_after_warmup(tokens, args.warmup)
+        print(f"{name:30s} {med:8.3f} {tok:20.0f} {tok / med:8.0f}")
+    ratios, trl = numbers["ratios"], numbers["sides"].get("trl")
+    if "one_pass_over_trl" in ratios:
+        print(f"ratio ours/TRL: {ratios['one_pass_over_trl']:.2f}" + target_note(args.targets, "trl"))
+    if trl is not None:
+        print(f"TRL breakdown (median s): generate+reward+advantage {trl['generate_s']:.3f}, the rest (forward with "
+              f"entropy, backward, clip, AdamW) {trl['s_per_step'] - trl['generate_s']:.3f}")
+    if "lopti_over_one_pass" in ratios:
+        print(f"ratio Lopti/one pass: {ratios['lopti_over_one_pass']:.2f}" + target_note(args.targets, "lopti"))
     for side in sides:
         phases = {k: median_after_warmup([p.get(k, 0.0) for p in side["phases"]], args.warmup)
                   for k in ("rollout", "reward+advantage", "log-prob forward", "update")}
@@ -318,9 +373,7 @@ def report(args, n_params, sides, trl_clock, memory):
               + ", ".join(f"{100 * median_after_warmup(s['rows'], args.warmup):.0f}% ({s['name']})" for s in sides))
     update_floors = []
     for side in sides:  # each phase against its floor: medians over the measured steps
-        floors = floor.median_floors([floor.step_floors(args.shape, w, args.peaks)
-                                      for w in side["workloads"][args.warmup:] or side["workloads"]])
-        measured = floor.median_phases(side["floor_measured"][args.warmup:] or side["floor_measured"])
+        measured, floors = side_floors(args, side)
         print("\n" + floor.format_report(measured, floors, args.peaks, title=f"{side['name']} vs floor"))
         update_floors.append((measured["update"] + measured.get("no-grad forwards", 0.0),
                               sum(floors[p].seconds for p in ("no-grad forwards", "forward+backward",
@@ -338,10 +391,8 @@ def report(args, n_params, sides, trl_clock, memory):
         print(floor.width_rates(args.shape, args.device, t.dtype, args.peaks,
                                 decode_rows=len(work.completion_lengths), train_tokens=tokens))
         print(floor.decode_costs(args.shape, args.device, t.dtype, args.peaks, rows=len(work.completion_lengths)))
-    if trl_clock is not None and sides:
-        total = sum(f.seconds for f in floor.median_floors([floor.step_floors(args.shape, w, args.peaks)
-                                                           for w in sides[0]["workloads"]]).values())
-        print(f"TRL GRPOTrainer step / the one-pass floor: {med['TRL GRPOTrainer'] / total:.1f}")
+    if "trl_step_over_floor" in ratios:
+        print(f"TRL GRPOTrainer step / the one-pass floor: {ratios['trl_step_over_floor']:.1f}")
     unit = "peak CUDA allocated" if args.device.type == "cuda" else "peak RSS"
     for side, (peak, before) in memory.items():
         print(f"memory, {side} alone ({unit}): {peak:.0f} MiB, {peak - before:+.0f} MiB above the pre-step level")
@@ -352,7 +403,7 @@ def report(args, n_params, sides, trl_clock, memory):
 
 def profile_ours(args, task, examples, model, tokenizer):
     """A warm-up step, then two profiled steps of our single-pass side; prints the top entries."""
-    side = make_our_side("ours", model, tokenizer, args.train, alpha=0.0, eta=0.0)
+    side = make_our_side("one_pass", "ours", model, tokenizer, args.train, alpha=0.0, eta=0.0)
     run_our_side(side, task, examples, args.device, 0)
     steps = range(1, min(3, args.warmup + args.steps))
     if args.profile == "cprofile":
@@ -371,6 +422,11 @@ def profile_ours(args, task, examples, model, tokenizer):
     print(prof.key_averages().table(sort_by=key, row_limit=25))
 
 
+def trl_installed():
+    """Whether TRL can be imported (else only our sides are timed; NO_TRL says why)."""
+    return importlib.util.find_spec("trl") is not None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -378,16 +434,16 @@ def main(argv=None):
     task, examples, model, tokenizer = build_workload(args)
     if args.profile != "none":
         return profile_ours(args, task, examples, model, tokenizer)
-    have_trl = importlib.util.find_spec("trl") is not None
+    have_trl = trl_installed()
     if not have_trl:
-        print("TRL is not installed (pip install -r requirements-bench.txt): timing ours only")
+        print(f"{NO_TRL}: timing ours only")
         if args.only == "trl":
             sys.exit("--only trl needs TRL")
     sides = []
     if args.only != "trl":
-        sides.append(make_our_side("ours, one pass", model, tokenizer, args.train, alpha=0.0, eta=0.0))
+        sides.append(make_our_side("one_pass", "ours, one pass", model, tokenizer, args.train, alpha=0.0, eta=0.0))
     if args.only in ("both", "ours+lopti"):
-        sides.append(make_our_side(f"ours, Lopti eta {args.lopti_eta} AR {args.lopti_alpha}", model, tokenizer,
+        sides.append(make_our_side("lopti", f"ours, Lopti eta {args.lopti_eta} AR {args.lopti_alpha}", model, tokenizer,
                                    args.train, alpha=args.lopti_alpha, eta=args.lopti_eta))
 
     def our_sides(step):  # after TRL's step `step`: one pass, then Lopti, on the same prompts
@@ -416,7 +472,13 @@ def main(argv=None):
         print("RESULT " + json.dumps({"memory": [memory_mib(args.device)[0], before], "seconds": seconds}))
         return
     memory = {} if args.no_memory else measure_memory_in_subprocesses(["ours"] + ["trl"] * have_trl, argv)
-    report(args, n_params, sides, trl_clock, memory)
+    numbers = step_numbers(args, sides, trl_clock, None if trl_clock else NO_TRL if not have_trl else
+                           f"--only {args.only}")
+    report(args, n_params, sides, trl_clock, memory, numbers)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(numbers, f, indent=1)
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ run folder and no cached warm start is reused. Kinds of cell:
             place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
   referee-lopti-pretrained  `python -m experiments.referee_lopti --checkpoint smollm2` on experiments.smollm2_cpu's
             data (the pretrained model, before RL; its own pi_ref): items 5-7's on-policy numbers, as below
+  timing    `python benchmarks/step_time.py ARGS --json` (our step against TRL's GRPOTrainer and against its floor,
+            docs/performance.md): ratios only, since seconds do not carry across machines or loads: ours/TRL and Lopti /
+            one pass (s per step), each side's step and phases over its floor; each within TIMING_TOLERANCE
   referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
             per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
             off-policy state, per mini-batch and p_old quartile (referee_lopti_offpolicy.offpolicy_metrics), and the
@@ -35,12 +38,15 @@ CPU gives other numbers from the same seed; holding torch and MKL to AVX2 (the -
 and an AMD CPU agree either (docs/results.md, "Determinism"). So a cell is shipped per CPU: every row records the
 machine it ran on (CPU model, ISA, cores), a rerun compares with the rows of its own CPU model and ISA, and where
 none was shipped it says so and compares with another CPU's rows (expect them to differ). Tolerance: 0 for every
-metric here (deterministic cells).
+metric of a deterministic cell; a timing cell's ratio agrees within its relative tolerance (TIMING_TOLERANCE), and
+the row records the load at the rerun's start and end (a timing depends on what else ran).
 """
 import argparse
 import csv
+import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -58,6 +64,10 @@ TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"so
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
 TABLE3_STEPS = {("countdown3-tuning", "grpo-M8"), ("countdown3-tuning", "softmax-M8-tau0.1")}  # referee_table3's
 LOPTI_CLIP = ["--clip-low", "0.2", "--clip-high", "0.24", "--dual-clip", "10"]  # the Lopti recipes' clip
+TIMING_TOLERANCE = {  # a timing cell's metric <a>_over_<b> agrees when within this fraction of the shipped value, by b:
+    "trl": 0.2, "one_pass": 0.2,  # two sides timed alternately, step by step, in one process: a load slows both
+    "floor": 0.4,  # the floor's peaks come from one probe before the steps: it reads the load of its own moment
+}
 
 # name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
 # runs the machine's own code path: it reproduces on a CPU of the same vector ISA as the row's machine.
@@ -82,6 +92,10 @@ CELLS = {
     "imagenet-toy": ("imagenet-toy", [], "imagenet_toy.csv", 8, ONE),
     # a real model learns on a CPU (docs/results.md, "A real model learns on a CPU"): one seed a cell, ~21 min
     **{f"smollm2-cpu-seed{seed}": ("smollm2", [str(seed)], "smollm2_cpu.csv", 21, ONE) for seed in (0, 1)},
+    # docs/performance.md's step-time tables: ours against TRL and each phase against its floor (ratios, tolerance)
+    "step-time-tiny-cpu": ("timing", ["--no-memory"], "performance_step.csv", 3, ONE),
+    "step-time-smollm2-cpu": ("timing", ["--preset", "smollm2-cpu", "--steps", "2", "--warmup", "1", "--no-memory",
+                                         "--threads", "1"], "performance_step.csv", 8, ONE),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     "fig1-prompt-weight": ("fig1", ["8", "0.1"], "fig1_prompt_weight.csv", 0, {}),
@@ -155,6 +169,8 @@ def command_text(name):
                           "table3_step<N>_*)" if (args[0], args[1]) in TABLE3_STEPS else "")
     if kind == "eq4":
         return prefix + "python -m experiments.eq4_monte_carlo"
+    if kind == "timing":
+        return prefix + "python benchmarks/step_time.py " + " ".join(args)
     if kind == "imagenet-toy":
         return prefix + "python -m experiments.imagenet_toy"
     if kind == "smollm2":
@@ -216,6 +232,8 @@ def rerun(name, folder):
         return {"before_pass@1": evals[0]["pass@1"], "after_pass@1": evals[-1]["pass@1"]}
     if kind == "referee-lopti":
         return rerun_referee_lopti(args, folder, environment)
+    if kind == "timing":
+        return rerun_timing(args, folder, environment)
     if kind == "default-figures":
         return rerun_default_figures(folder, environment)
     if kind == "default-fig3-sgd":
@@ -247,6 +265,39 @@ def rerun(name, folder):
         run_quietly([sys.executable, "-m", "experiments.referee_table3", "--seeds", seed, "--output-dir", folder],
                     environment)
     return compare_metrics(folder, preset)
+
+
+def rerun_timing(args, folder, environment):
+    """The timing kind: benchmarks/step_time.py with `args`, its tiny model's warm start made afresh in `folder`
+    -> timing_metrics of the numbers it wrote; says so where TRL did not run (its ratios are then missing)."""
+    path = os.path.join(folder, "step_time.json")
+    run_quietly([sys.executable, os.path.join("benchmarks", "step_time.py"), *args, "--json", path,
+                 "--warm-start-cache", folder], environment)
+    with open(path) as f:
+        numbers = json.load(f)
+    if numbers["trl_skipped"]:
+        print(f"note: TRL's side did not run ({numbers['trl_skipped']}): no one_pass_over_trl, trl_step_over_floor")
+    return timing_metrics(numbers)
+
+
+def timing_metrics(numbers):
+    """A timing cell's metrics from step_time.py's step_numbers: its quoted ratios (one_pass_over_trl,
+    lopti_over_one_pass, <side>_step_over_floor, trl_step_over_floor) and each of our sides' phases (not their parts)
+    over its floor, <side>_<phase>_over_floor; rounded to 3 digits. Ratios only: seconds depend on the machine."""
+    metrics = {f"{side}_{re.sub('[^a-z0-9]+', '_', phase)}_over_floor": row["ratio"]
+               for side, numbers_of_side in numbers["sides"].items() for phase, row in
+               numbers_of_side.get("phases", {}).items() if not row["part"] and row["ratio"] is not None}
+    return {metric: round(value, 3) for metric, value in sorted({**metrics, **numbers["ratios"]}.items())}
+
+
+def tolerance(name, metric):
+    """The relative tolerance of a cell's metric: 0 (equal) but for a timing cell's ratios (TIMING_TOLERANCE)."""
+    return TIMING_TOLERANCE[metric.rsplit("_over_", 1)[1]] if CELLS[name][0] == "timing" else 0.0
+
+
+def agrees(shipped_value, value, relative_tolerance):
+    """Whether a rerun's value agrees with the shipped one: within relative_tolerance of it (0: equal)."""
+    return abs(value - shipped_value) <= relative_tolerance * abs(shipped_value)
 
 
 def eq4_metrics(rows):
@@ -482,15 +533,19 @@ def this_machine():
     return f"{cpu}, {machine_isa()}, {os.cpu_count()} cores"
 
 
-def provenance():
+def load_average():
+    """The 1-, 5- and 15-minute load averages now, as a results row writes them ("" where the OS has none)."""
+    return " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else ""
+
+
+def provenance(load=None):
     """The commit (with -dirty for uncommitted changes to Python files: a results file a ship has just written does
-    not count), date, load and machine of a measurement made now."""
+    not count), date, load (default: now's) and machine of a measurement made now."""
     from experiments.runs import git
     commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no",
                                                                      "--", "*.py") else "")  # code, not results files
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load": " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "",
-            "machine": this_machine()}
+            "load": load_average() if load is None else load, "machine": this_machine()}
 
 
 def ship(name, values, made=None):
@@ -584,6 +639,7 @@ def main(argv=None):
     if made and cpu_kind(made["machine"]) != cpu_kind(here):
         print(f"note: {args.cell} was never shipped from this CPU ({here}); comparing with {made['machine']}'s "
               "rows: its numbers follow the CPU's code path (docs/results.md, 'Determinism'); expect them to differ")
+    load_at_start = load_average()  # what else ran when it started: a timing depends on it
     with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
         now = rerun(args.cell, folder)
     same = True
@@ -593,10 +649,13 @@ def main(argv=None):
         if old == "none":  # measured now, never shipped for this cell: shown, not compared
             print(f"{args.cell} {metric} shipped none now {new} (not compared)")
             continue
-        same &= new != "none" and float(old) == float(new)
-        print(f"{args.cell} {metric} shipped {old} now {new}")
+        relative = tolerance(args.cell, metric)
+        agreed = new != "none" and agrees(float(old), float(new), relative)
+        same &= agreed
+        print(f"{args.cell} {metric} shipped {old} now {new}"
+              + (f" (tolerance ±{relative:.0%}: {'within' if agreed else 'outside'})" if relative else ""))
     if args.ship:
-        ship(args.cell, now)
+        ship(args.cell, now, provenance(f"{load_at_start} at start, {load_average()} at end"))
         print(f"shipped: {args.cell} -> docs/results/{CELLS[args.cell][2]}")
         return 0
     print(f"{'reproduced' if same else 'differs'}: {args.cell}")

@@ -38,12 +38,15 @@ def test_random_model_step_on_a_cpu(capsys, extra):
     assert "test vs floor (median)" in out and "0.100 TFLOP/s, 10.0 GB/s (given)" in out
 
 
+CHEAP_STEP_TIME = ["--no-memory", "--no-warm-start", "--steps", "1", "--warmup", "0", "--tiny-hidden", "32",
+                   "--tiny-layers", "1", "--prompts-per-step", "2", "-M", "2", "--max-new-tokens", "4",
+                   "--peak-tflops", "0.05", "--peak-gbps", "5"]  # a 1-layer tiny model at init, one step, given peaks
+
+
 def test_step_time_prints_each_phase_against_its_floor(capsys, one_thread):
     """Our two sides on a 1-layer tiny model at init (no TRL, no memory subprocesses): the floor table per side."""
     from benchmarks import step_time
-    step_time.main(["--only", "ours+lopti", "--no-memory", "--no-warm-start", "--steps", "1", "--warmup", "0",
-                    "--tiny-hidden", "32", "--tiny-layers", "1", "--prompts-per-step", "2", "-M", "2",
-                    "--max-new-tokens", "4", "--peak-tflops", "0.05", "--peak-gbps", "5"])
+    step_time.main(["--only", "ours+lopti", *CHEAP_STEP_TIME])
     out = capsys.readouterr().out
     assert out.count("vs floor") == 2 and "  prefill" in out and "  decode" in out
     assert "peaks: 0.050 TFLOP/s, 5.0 GB/s (given)" in out

@@ -25,6 +25,9 @@ def test_every_cell_names_a_results_file_and_a_command(capsys):
         "OMP_NUM_THREADS=1 python -m experiments.referee_lopti --checkpoint RUNS/countdown3/grpo-seed0/latest "
         "--task-option num_count=3 --seeds 0,1,2 --num-prompts 64 (metrics run_clip_*; lopti_clip_*: the same with "
         "--clip-low 0.2 --clip-high 0.24 --dual-clip 10)"]
+    assert reproduce.command_text("step-time-smollm2-cpu") == ("OMP_NUM_THREADS=1 python benchmarks/step_time.py "
+                                                               "--preset smollm2-cpu --steps 2 --warmup 1 --no-memory "
+                                                               "--threads 1")
 
 
 def test_the_identity_cell_reproduces_and_a_changed_number_differs(tmp_path, monkeypatch, capsys):
@@ -233,6 +236,78 @@ def test_the_eq4_cell_counts_the_intervals_that_hold_the_exact_weight():
     metrics = reproduce.eq4_metrics(rows)
     assert metrics == {"M8_tau0.1_max_abs_z": 2.3, "M8_tau0.1_intervals_holding": 3.0,  # |z| <= 1.96 holds
                        "M8_tau0.1_mc_mean_p0.1": 5.2, "M8_tau0.1_mc_mean_p0.5": 2.0, "M8_tau0.1_mc_mean_p0.9": 1.1}
+
+
+def test_a_timing_ratio_agrees_within_its_tolerance_and_an_exact_metric_only_when_equal():
+    assert reproduce.tolerance("step-time-tiny-cpu", "one_pass_over_trl") == 0.2
+    assert reproduce.tolerance("step-time-smollm2-cpu", "lopti_over_one_pass") == 0.2
+    assert reproduce.tolerance("step-time-tiny-cpu", "lopti_no_grad_forwards_over_floor") == 0.4
+    assert reproduce.tolerance("default", "after_pass@1") == 0.0
+    assert reproduce.agrees(0.35, 0.41, 0.2) and reproduce.agrees(0.35, 0.29, 0.2)  # +17%, -17%
+    assert not reproduce.agrees(0.35, 0.43, 0.2) and not reproduce.agrees(0.35, 0.27, 0.2)  # +23%, -23%
+    assert reproduce.agrees(0.57, 0.57, 0.0) and not reproduce.agrees(0.57, 0.5700001, 0.0)
+
+
+def test_a_timing_cell_reproduces_within_its_tolerance_and_records_the_load_at_its_start(tmp_path, monkeypatch,
+                                                                                          capsys):
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    made = {"commit": "abc", "date": "d", "load": "0.1 0.1 0.1", "machine": reproduce.this_machine()}
+    reproduce.ship("step-time-tiny-cpu", {"one_pass_over_trl": 0.35, "one_pass_step_over_floor": 6.5}, made)
+    reruns = iter([{"one_pass_over_trl": 0.4, "one_pass_step_over_floor": 8.5},  # +14%, +31%: within 20%, 40%
+                   {"one_pass_over_trl": 0.3, "one_pass_step_over_floor": 9.5},  # -14%, +46%: the floor's outside
+                   {"one_pass_step_over_floor": 6.5}])  # TRL not installed: its ratio not measured
+    monkeypatch.setattr(reproduce, "rerun", lambda name, folder: next(reruns))
+    assert reproduce.main(["step-time-tiny-cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "step-time-tiny-cpu one_pass_over_trl shipped 0.35 now 0.4 (tolerance ±20%: within)" in out
+    assert "step-time-tiny-cpu one_pass_step_over_floor shipped 6.5 now 8.5 (tolerance ±40%: within)" in out
+    assert out[-1] == "reproduced: step-time-tiny-cpu"
+    assert reproduce.main(["step-time-tiny-cpu"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "step-time-tiny-cpu one_pass_step_over_floor shipped 6.5 now 9.5 (tolerance ±40%: outside)" in out
+    assert out[-1] == "differs: step-time-tiny-cpu"
+    monkeypatch.setattr(reproduce, "load_average", iter(["1.50 1.00 0.50", "2.50 1.20 0.60"]).__next__)
+    assert reproduce.main(["step-time-tiny-cpu", "--ship"]) == 0
+    assert "shipped 0.35 now none (tolerance ±20%: outside)" in capsys.readouterr().out
+    rows = reproduce.shipped("step-time-tiny-cpu")
+    assert list(rows) == ["one_pass_step_over_floor"]
+    assert rows["one_pass_step_over_floor"]["load"] == "1.50 1.00 0.50 at start, 2.50 1.20 0.60 at end"
+
+
+def test_a_timing_cells_metrics_are_step_times_ratios_by_hand():
+    def phase(ratio, part=False):
+        return {"measured_s": 1.0, "floor_s": 0.5, "ratio": ratio, "bound": "", "part": part}
+    numbers = {"sides": {"one_pass": {"phases": {"rollout": phase(6.8123), "decode": phase(5.2, part=True),
+                                                 "reward+advantage": phase(None), "step": phase(6.5)}},
+                         "lopti": {"phases": {"no-grad forwards": phase(9.9), "step": phase(7.5)}},
+                         "trl": {"s_per_step": 0.785}},
+               "ratios": {"one_pass_over_trl": 0.30446, "one_pass_step_over_floor": 6.5}}
+    assert reproduce.timing_metrics(numbers) == {
+        "lopti_no_grad_forwards_over_floor": 9.9, "lopti_step_over_floor": 7.5, "one_pass_over_trl": 0.304,
+        "one_pass_rollout_over_floor": 6.812, "one_pass_step_over_floor": 6.5}  # not a part, nor a phase sans floor
+
+
+def test_step_time_writes_its_numbers_and_without_trl_leaves_trls_ratios_out(tmp_path, monkeypatch, one_thread):
+    """The cheapest step_time run (tests/test_benchmarks.py's), TRL taken as not installed: the file a timing cell
+    reads, its two sides' phases against their floors, no TRL side or ratio, and the reason written down."""
+    from benchmarks import step_time
+    from tests.test_benchmarks import CHEAP_STEP_TIME
+    monkeypatch.setattr(step_time, "trl_installed", lambda: False)
+    step_time.main([*CHEAP_STEP_TIME, "--json", str(tmp_path / "step.json")])
+    numbers = json.loads((tmp_path / "step.json").read_text())
+    assert numbers["trl_skipped"] == step_time.NO_TRL and set(numbers["sides"]) == {"one_pass", "lopti"}
+    assert numbers["peaks"] == {"tflops": 0.05, "gbps": 5.0, "source": "given"}
+    one_pass = numbers["sides"]["one_pass"]
+    assert list(one_pass["phases"])[-1] == "step" and one_pass["phases"]["decode"]["part"]
+    step = one_pass["phases"]["step"]
+    assert step["ratio"] == pytest.approx(step["measured_s"] / step["floor_s"]) and step["ratio"] > 1
+    assert set(numbers["ratios"]) == {"one_pass_step_over_floor", "lopti_step_over_floor", "lopti_over_one_pass"}
+    assert numbers["ratios"]["lopti_over_one_pass"] == pytest.approx(
+        numbers["sides"]["lopti"]["s_per_step"] / one_pass["s_per_step"])
+    metrics = reproduce.timing_metrics(numbers)
+    assert {"one_pass_rollout_over_floor", "lopti_step_over_floor"} <= metrics.keys()
+    assert not any("trl" in metric for metric in metrics)
+    assert all(reproduce.tolerance("step-time-tiny-cpu", metric) > 0 for metric in metrics)
 
 
 @pytest.mark.slow

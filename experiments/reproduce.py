@@ -90,6 +90,8 @@ CELLS = {
     # the same checkpoint's Fig. 3 under one plain SGD step (lr 0.5), the optimizer the Lopti paper's Fig. 3 assumes
     "default-fig3-sgd": ("default-fig3-sgd", ["--optimizer", "sgd", "--lr", "0.5"], "default_figures.csv", 5, ONE),
     "imagenet-toy": ("imagenet-toy", [], "imagenet_toy.csv", 8, ONE),
+    # the same under Adam (lr 3e-4, same schedule) at M = 1024, GRPO included
+    "imagenet-toy-adam": ("imagenet-toy", ["--optimizer", "adam", "--group-sizes", "1024"], "imagenet_toy.csv", 3, ONE),
     # a real model learns on a CPU (docs/results.md, "A real model learns on a CPU"): one seed a cell, ~21 min
     **{f"smollm2-cpu-seed{seed}": ("smollm2", [str(seed)], "smollm2_cpu.csv", 21, ONE) for seed in (0, 1)},
     # docs/performance.md's step-time tables: ours against TRL and each phase against its floor (ratios, tolerance)
@@ -172,7 +174,7 @@ def command_text(name):
     if kind == "timing":
         return prefix + "python benchmarks/step_time.py " + " ".join(args)
     if kind == "imagenet-toy":
-        return prefix + "python -m experiments.imagenet_toy"
+        return prefix + " ".join(["python -m experiments.imagenet_toy", *args])
     if kind == "smollm2":
         return prefix + f"python -m experiments.smollm2_cpu --seeds {args[0]}"
     if kind == "referee-lopti-pretrained":
@@ -254,7 +256,7 @@ def rerun(name, folder):
         return {f"{key}_step{row['step']}": round(float(row[key]), 6)
                 for row in read_rows(os.path.join(folder, "smollm2_cpu.csv")) for key in ("reward", "pass@1")}
     if kind == "imagenet-toy":
-        run_quietly([sys.executable, "-m", "experiments.imagenet_toy", "--output-dir", folder], environment)
+        run_quietly([sys.executable, "-m", "experiments.imagenet_toy", *args, "--output-dir", folder], environment)
         with open(os.path.join(folder, "final.csv"), newline="") as f:
             return {f"{row['method']}{'_M' + row['M'] if row['M'] else ''}_{key}": round(float(row[key]), 6)
                     for row in csv.DictReader(f) for key in ("top1", "pass@1", "pass@128")}

@@ -71,6 +71,20 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
                      [[], ["-M", "4", "--prompts", "32"], ["--prompt-digits", "96", "--max-new-tokens", "24"],
                       ["--micro-batch", "8"], ["--rollout-batch", "32"],
                       ["--lora-rank", "8", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
+    # issue 38 item 7, LoRA: the plan frozen at the commit of its GQA, backward and gradient terms (mem-lora), before
+    # these were measured: a tiny model of yet another width and depth, LoRA ranks 4, 32, 16, with and without
+    # checkpointing, another micro-batch, M and length
+    "tiny-cpu-oos-lora": (["--model", "tiny", "--tiny-hidden", "256", "--tiny-layers", "8", "--prompts", "8", "-M", "8",
+                           "--prompt-digits", "40", "--max-new-tokens", "40", "--micro-batch", "32"],
+                          [["--lora-rank", "4", "--kl-coef", "0.01"], ["--lora-rank", "32", "--gradient-checkpointing"],
+                           ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing", "--micro-batch", "16",
+                            "-M", "4", "--prompts", "16"]]),
+    # the same, on SmolLM2 (GQA: 9 query heads on 3 KV heads), the plan frozen at 634e2db
+    "smollm2-cpu-oos-lora": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
+                              "--max-new-tokens", "32", "--micro-batch", "16"],
+                             [["--lora-rank", "8", "--kl-coef", "0.01", "--prompts", "2", "-M", "8", "--max-new-tokens",
+                               "48"],
+                              ["--lora-rank", "32", "--micro-batch", "8", "--prompt-digits", "32"]]),
 }
 
 

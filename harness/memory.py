@@ -213,6 +213,13 @@ def memory_plan(shape, config, prompt_length):
     else:  # shared prompts: each distinct prompt's P tokens once, every row's T, and each row's K, V over P + T
         tokens = math.ceil(micro / M) * P + micro * T
         layer_activations = L * (per_token_layer * tokens + compute * 2 * kv * micro * P)
+    # GQA: transformers' repeat_kv copies each layer's K and V to every query head before SDPA, which saves the
+    # copies (measured on SmolLM2: [rows, 9, P + T - 1, 64] x 2 per layer); (q - kv) per token more than counted
+    gqa_copies = compute * 2 * (q - kv) * micro * (P + T) * (1 if config.gradient_checkpointing else L)
+    # one layer's backward, on top of what is saved: its MLP's input gradients (2 [tokens, I] in the compute dtype)
+    # and the residual stream's gradient and its sum (2 [tokens, H]: fp32, or bf16 under bf16 storage); tokens as
+    # the forward's (measured: the checkpointed tiny runs missed ~50-90 MiB of it)
+    backward = (2 * compute * I + 2 * stored * H) * tokens
     head_tokens = micro * T  # the tokens whose log-probs are scored
     logit_chunk = 3 * 4 * shape.vocab * min(config.logit_chunk, head_tokens)  # logits, their scaling, softmax
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
@@ -229,8 +236,9 @@ def memory_plan(shape, config, prompt_length):
         "reference": stored * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
         "kv_cache": compute * 2 * L * kv * max(generate_rows, eval_rows) * (P + T),
         "sampling_logits": 3 * 4 * shape.vocab * max(generate_rows, eval_rows),  # float32 logits, scaled, softmax of one token
-        "activations": layer_activations + 8 * H * tokens + autocast_copies + head_copy,  # + the final norm's
-        # input and output
+        "activations": layer_activations + gqa_copies + 8 * H * tokens + autocast_copies + head_copy,  # + the
+        # final norm's input and output
+        "backward": backward,
         # NF4: each forward (and backward) dequantizes one frozen linear at a time to --param-dtype; the largest is
         # an MLP matrix (autograd saves the NF4 tensor, not the copy). Counted in both phases.
         "nf4_dequantized": stored * H * I if nf4 else 0,
@@ -248,10 +256,18 @@ def memory_plan(shape, config, prompt_length):
     held = sum(plan[name] for name in HELD)
     if any(value < 0 for value in plan.values()):  # cannot happen after check_inputs; a plan never "fits" by it
         raise ValueError(f"memory plan: a negative part {min(plan, key=plan.get)}")
-    plan["rollout_peak"] = held + plan["kv_cache"] + plan["sampling_logits"] + plan["nf4_dequantized"]
-    plan["update_peak"] = held + max(plan["activations"] + plan["logit_chunk"] + plan["head_gradients"]
-                                     + plan["nf4_dequantized"],
-                                     plan["optimizer_step"])
+    # the gradients exist from the first backward to the next mini-batch's zero_grad (set_to_none), so only while
+    # the optimizer steps and, with several micro-batches a mini-batch, in the later ones' forward; MasterWeights
+    # (bf16 storage, offload) sets each to None after its step, so the rollout holds them only for fp32 in place
+    micro_batches = math.ceil(math.ceil(rows / getattr(config, "mini_batches", 1)) / micro)  # per mini-batch
+    grads_in_forward = plan["gradients"] if micro_batches > 1 else 0
+    grads_in_rollout = plan["gradients"] if stored == 4 and not offload else 0
+    plan["rollout_peak"] = held - plan["gradients"] + grads_in_rollout + plan["kv_cache"] + plan["sampling_logits"] \
+        + plan["nf4_dequantized"]
+    plan["update_peak"] = held - plan["gradients"] + max(grads_in_forward + plan["activations"] + plan["backward"]
+                                                         + plan["logit_chunk"] + plan["head_gradients"]
+                                                         + plan["nf4_dequantized"],
+                                                         plan["gradients"] + plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
                            eval_rows=eval_rows,
@@ -307,7 +323,7 @@ def headroom_text(device):
 
 HELD = ("weights", "gradients", "master_weights", "optimizer", "reference")  # held all the time, whatever the batch
 PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits",
-         "activations", "nf4_dequantized", "logit_chunk", "head_gradients", "optimizer_step")
+         "activations", "backward", "nf4_dequantized", "logit_chunk", "head_gradients", "optimizer_step")
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # torchao's NF4: 4 bits a weight, an int8 scale per 64, a float32 per 256
 # scales (harness/model.py's NF4_BLOCK, NF4_SCALER_BLOCK; measured: 0.5158 bytes a weight of a 896 x 896 matrix)
 

@@ -329,23 +329,13 @@ def test_the_planned_activations_are_the_tensors_autograd_saves(one_thread):
     P, T, M, rows = 24, 16, 4, 8
     torch.manual_seed(0)
     ids = torch.cat([torch.randint(4, 20, (rows // M, P)).repeat_interleave(M, 0), torch.randint(4, 20, (rows, T))], 1)
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     for checkpointing in (False, True):
         if checkpointing:
             enable_checkpointing(model)
-        saved = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in weights:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return tensor
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            token_logprobs(model, ids, torch.ones_like(ids), torch.ones(rows, T), logit_chunk=4)
+        counted = saved_bytes(model, ids, T)
         config = Config(prompts_per_step=rows // M, num_generations=M, max_new_tokens=T, micro_batch=rows,
                         logit_chunk=4, dtype="fp32", device="cpu", gradient_checkpointing=checkpointing)
         planned = memory.memory_plan(shape, config, P)["activations"]
-        counted = sum(saved.values())
         if checkpointing:  # one layer's tensors, recomputed in backward, are not saved in the forward
             H, I = shape.hidden, shape.intermediate  # 4 heads of H / 4, no GQA: q = kv = H
             planned -= (16 * H + 4 * (3 * H + 2 * H + 4 * I)) * rows * (P + T)
@@ -612,6 +602,22 @@ def test_bf16_storage_with_an_fp32_setting_is_one_line(flags, message, capsys):
     assert capsys.readouterr().err.strip() == f"train.py: error: {message}"
 
 
+def saved_bytes(model, ids, T):
+    """Bytes of the distinct storages autograd saves (weights excluded) in a training forward of `ids` whose last T
+    positions are the completion: what the plan's activations count."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        token_logprobs(model, ids, torch.ones_like(ids), torch.ones(ids.shape[0], T), logit_chunk=4)
+    return sum(saved.values())
+
+
 def test_the_planned_gqa_copies_are_the_k_and_v_sdpa_saves(one_thread):
     # A tiny Llama with 8 query heads on 1 KV head: transformers' repeat_kv copies K and V to every head and SDPA
     # saves the copies (a small MLP, so that they weigh). The planned activations within 5% of the tensors autograd
@@ -624,20 +630,10 @@ def test_the_planned_gqa_copies_are_the_k_and_v_sdpa_saves(one_thread):
     shape = memory.shape_from_config(model.config)
     P, T, rows = 24, 16, 8
     ids = torch.randint(4, 40, (rows, P + T))
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        token_logprobs(model, ids, torch.ones_like(ids), torch.ones(rows, T), logit_chunk=4)
+    counted = saved_bytes(model, ids, T)
     run = Config(prompts_per_step=rows, num_generations=1, max_new_tokens=T, micro_batch=rows, logit_chunk=4,
                  dtype="fp32", device="cpu")  # M = 1: no shared prompts
     plan = memory.memory_plan(shape, run, P)
-    counted = sum(saved.values())
     gqa = 4 * 2 * (shape.heads - shape.kv_heads) * shape.head_dim * rows * (P + T) * shape.layers
     assert abs(plan["activations"] / counted - 1) < 0.05, (plan["activations"], counted)
     assert abs((plan["activations"] - gqa) / counted - 1) > 0.10, (plan["activations"] - gqa, counted)

@@ -435,7 +435,14 @@ def main(argv=None):
         r = json.loads(lines[0][7:])
         print(table_row(r, r["plan"]), flush=True)
         with open(os.environ.get("MEMORY_CHECK_LOG", os.devnull), "a") as f:
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(log_row(r, command)) + "\n")
+
+
+def log_row(result, command):
+    """A measured row as MEMORY_CHECK_LOG keeps it: the result, and the commit, date, load and machine that made it
+    (experiments.reproduce.provenance) with its command, so that a reused row names its code."""
+    from experiments.reproduce import provenance
+    return {**result, **provenance(), "command": " ".join(command[1:])}
 
 
 if __name__ == "__main__":

@@ -920,3 +920,12 @@ def test_the_plan_counts_the_held_out_evals_generate_batch_and_the_eval_honours_
     train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--steps", "1",
                 "--rollout-batch", "4"])
     assert sizes and set(sizes) == {4}  # the eval's generate calls as small as the rollouts'
+
+
+def test_a_logged_memory_row_names_its_commit_date_machine_and_command():
+    from benchmarks.memory_check import log_row
+    result = {"setting": "base", "plan": {"peak": 1}, "measured": {"peak": 2}}
+    row = log_row(result, ["python", "benchmarks/memory_check.py", "--model", "tiny"])
+    assert row["setting"] == "base" and row["plan"] == {"peak": 1}  # the result kept as it was
+    assert row["commit"] and row["date"].endswith("UTC") and row["machine"] and row["load"] is not None
+    assert row["command"] == "benchmarks/memory_check.py --model tiny"

@@ -241,15 +241,13 @@ def rerun(name, folder):
     if kind == "default-fig3-sgd":
         return rerun_default_figures(folder, environment, lopti_flags=args, table3=False)
     if kind == "referee-lopti-pretrained":
-        from experiments.referee_lopti import cosine_metrics, onpolicy_metrics
         from experiments.smollm2_cpu import write_data
         data = os.path.join(folder, "data")
         write_data(data)
         out = os.path.join(folder, "referee")
         run_quietly([sys.executable, "-m", "experiments.referee_lopti", *[data if a == "DATA" else a for a in args],
                      "--output-dir", out], environment)
-        return {**onpolicy_metrics(read_referee_rows(os.path.join(out, "referee_lopti.csv"))),
-                **cosine_metrics(read_referee_rows(os.path.join(out, "referee_lopti_cosines.csv")))}
+        return onpolicy_cell_metrics(out)
     if kind == "smollm2":
         run_quietly([sys.executable, "-m", "experiments.smollm2_cpu", "--seeds", args[0], "--output-dir", folder],
                     environment)
@@ -378,16 +376,21 @@ def read_referee_rows(path):
                 for row in csv.DictReader(f)]
 
 
+def onpolicy_cell_metrics(out):
+    """The on-policy numbers of a referee_lopti output folder: per-quartile metrics and the quartiles' cosines."""
+    from experiments.referee_lopti import cosine_metrics, onpolicy_metrics
+    return {**onpolicy_metrics(read_referee_rows(os.path.join(out, "referee_lopti.csv"))),
+            **cosine_metrics(read_referee_rows(os.path.join(out, "referee_lopti_cosines.csv")))}
+
+
 def rerun_referee_lopti(args, folder, environment):
     """The referee-lopti kind: train the compare run, then measure each clip setting -> {metric: value}."""
     preset, config, seed, batches, variants = args
     run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder, "--no-diagnostics"], environment)
     checkpoint = os.path.join(folder, preset, f"{config}-seed{seed}", "latest")
-    from experiments.referee_lopti import cosine_metrics, onpolicy_metrics
     from experiments.referee_lopti_offpolicy import OFFPOLICY_KEYS, offpolicy_metrics
 
-    read = read_referee_rows
     metrics = {}
     for name, flags in variants.items():
         out = os.path.join(folder, f"referee-{name}")
@@ -395,9 +398,8 @@ def rerun_referee_lopti(args, folder, environment):
                      *referee_task(preset), *batches, *flags, "--output-dir", out], environment)
         first = len(metrics) == 0
         if first:  # the on-policy part and the off-policy state do not depend on the clip: their numbers once
-            metrics.update(onpolicy_metrics(read(os.path.join(out, "referee_lopti.csv"))))
-            metrics.update(cosine_metrics(read(os.path.join(out, "referee_lopti_cosines.csv"))))
-        metrics.update(offpolicy_metrics(read(os.path.join(out, "referee_lopti_offpolicy.csv")), prefix=f"{name}_",
+            metrics.update(onpolicy_cell_metrics(out))
+        metrics.update(offpolicy_metrics(read_referee_rows(os.path.join(out, "referee_lopti_offpolicy.csv")), prefix=f"{name}_",
                                          keys=OFFPOLICY_KEYS if first else OFFPOLICY_KEYS[2:], weights=first))
     return metrics
 

@@ -259,15 +259,15 @@ def memory_plan(shape, config, prompt_length):
     # the gradients exist from the first backward to the next mini-batch's zero_grad (set_to_none), so only while
     # the optimizer steps and, with several micro-batches a mini-batch, in the later ones' forward; MasterWeights
     # (bf16 storage, offload) sets each to None after its step, so the rollout holds them only for fp32 in place
-    micro_batches = math.ceil(math.ceil(rows / getattr(config, "mini_batches", 1)) / micro)  # per mini-batch
+    micro_batches = math.ceil(math.ceil(rows / config.mini_batches) / micro)  # per mini-batch
     grads_in_forward = plan["gradients"] if micro_batches > 1 else 0
     grads_in_rollout = plan["gradients"] if stored == 4 and not offload else 0
-    plan["rollout_peak"] = held - plan["gradients"] + grads_in_rollout + plan["kv_cache"] + plan["sampling_logits"] \
+    always = held - plan["gradients"]  # what every phase holds; the gradients are counted per phase here
+    plan["rollout_peak"] = always + grads_in_rollout + plan["kv_cache"] + plan["sampling_logits"] \
         + plan["nf4_dequantized"]
-    plan["update_peak"] = held - plan["gradients"] + max(grads_in_forward + plan["activations"] + plan["backward"]
-                                                         + plan["logit_chunk"] + plan["head_gradients"]
-                                                         + plan["nf4_dequantized"],
-                                                         plan["gradients"] + plan["optimizer_step"])
+    plan["update_peak"] = always + max(grads_in_forward + plan["activations"] + plan["backward"] + plan["logit_chunk"]
+                                       + plan["head_gradients"] + plan["nf4_dequantized"],
+                                       plan["gradients"] + plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
                            eval_rows=eval_rows,

@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from harness.checkpoint import RunError, resolve_checkpoint, write_failed
+from harness.checkpoint import RunError, new_file, refuse_link, resolve_checkpoint, write_failed
 from lopti import isolation_masks, reweight_advantages
 from ppo import clip_masks
 from rollout import token_logprobs
@@ -136,23 +136,26 @@ def after_update(record, model, stats, *, path=None):
     low_clip, high_clip = clip_masks(record.ratio, record.token_advantages, record.mask,
                                      clip_low=record.config.clip_low, clip_high=record.config.clip_high)
     record.clipped, record.stats = low_clip | high_clip, stats
-    path = path or os.path.join(record.config.output_dir, "inspect", f"step-{record.step}.html")
+    path = path or os.path.join(refuse_link(os.path.join(record.config.output_dir, "inspect")),
+                                f"step-{record.step}.html")
     write_page(path, page_html(record))
     return path
 
 
 def write_page(path, text):
-    """Write the page atomically (a temporary file renamed into place); a failure is one RunError."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """Write the page atomically (a new temporary file, never through a link, renamed into place; a link at path is
+    replaced, not followed); a failure is one RunError."""
+    tmp, created = f"{path}.tmp-{os.getpid()}", False
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
+        with new_file(tmp) as f:
+            created = True
             f.write(text)
         os.replace(tmp, path)
     except OSError as error:
         raise RunError(write_failed(f"the step's page {path}", error, otherwise="")) from None
     finally:
-        if os.path.exists(tmp):
+        if created and os.path.lexists(tmp):
             os.remove(tmp)
 
 

@@ -30,6 +30,7 @@ import math
 import os
 
 from experiments import pyplot
+from harness.checkpoint import RunError, new_file, write_failed
 from harness.metrics import MAX_METRICS_LINE, bounded_lines
 
 # panel title -> list of series; a series is (label, training-row aliases, eval-row aliases)
@@ -182,8 +183,16 @@ def plot(panels, path, smooth=1, multiple_runs=False):
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp, created = f"{path}.tmp-{os.getpid()}", False
+    try:
+        with new_file(tmp, "wb") as f:  # a link at path is replaced by the picture, never written through
+            created = True
+            fig.savefig(f, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if created and os.path.lexists(tmp):
+            os.remove(tmp)
     return True
 
 
@@ -222,7 +231,11 @@ def main(argv=None):
         panels = [(title, found) for title, found in panels if any(title.lower().startswith(n) for n in wanted)]
     print_summary(panels)
     output = args.output or default_output(args.metrics)
-    if plot(panels, output, args.smooth, multiple_runs=len(args.metrics) > 1):
+    try:
+        drawn = plot(panels, output, args.smooth, multiple_runs=len(args.metrics) > 1)
+    except (RunError, OSError) as error:
+        parser.exit(1, f"error: {write_failed(output, error, otherwise='') if isinstance(error, OSError) else error}\n")
+    if drawn:
         print(f"wrote {output}")
     return panels
 

@@ -33,11 +33,11 @@ import statistics
 
 from experiments import compare, pyplot, save_figure
 from experiments.referee_tuning import METRICS, sweep_parser
+from experiments.runs import ACTIVITY, activity, ratio_is_one  # noqa: F401 (this script's API)
 from experiments.seed_stats import paired_text
 from harness.metrics import read_metrics
 
 PRESET = "countdown3-eq2"
-ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
 FIGURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                       "referee_clipping_activity.png")
 SWEEP_CELL = {"grpo": "grpo-M8", "softmax": "softmax-M8-tau0.1"}  # the same train.py run but the clip bounds
@@ -50,17 +50,6 @@ def read_runs(path):
         return [{"config": r["config"], "seed": int(r["seed"]), "output_dir": r["output_dir"],
                  **{key: float(r[key]) for key in METRICS if r.get(key) not in (None, "")}}
                 for r in csv.DictReader(f)]
-
-
-def activity(metrics_path):
-    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]} (missing keys: none)."""
-    rows = [r for r in read_metrics(metrics_path) if not r.get("eval")]
-    return {key: [(r["step"], r[key]) for r in rows if key in r] for key in ACTIVITY}
-
-
-def ratio_is_one(series):
-    """Every step's token-mean ratio and maximum ratio are 1 (then every ratio is 1: none above, mean 1)."""
-    return bool(series["ratio_mean"]) and all(v == 1.0 for _, v in series["ratio_mean"] + series["ratio_max"])
 
 
 def same_run(metrics_a, metrics_b):

@@ -44,6 +44,7 @@ the row records the load at the rerun's start and end (a timing depends on what 
 import argparse
 import csv
 import json
+import math
 import os
 import platform
 import re
@@ -129,13 +130,44 @@ CELLS = {
 }
 
 
-def shipped_rows(name):
-    """Every shipped row of a cell, of every CPU it was shipped from ([] if none)."""
-    path = os.path.join(RESULTS, CELLS[name][2])
+def ledger_rows(path):
+    """Every row of a results CSV, checked as it is read: the header is FIELDS, each row has one field per column and
+    a finite number as its value. A tampered file (a bad number, a missing column, a short or long row, an over-long
+    field) is one line naming file:line; nothing is written. [] if the file does not exist."""
+    if os.path.islink(path):
+        raise SystemExit(f"reproduce: error: {path} is a link; the ledger is never read or written through one: "
+                         f"restore it with git checkout -- docs/results/{os.path.basename(path)}")
     if not os.path.isfile(path):
         return []
+    rows = []
     with open(path, newline="") as f:
-        return [row for row in csv.DictReader(f) if row["cell"] == name]
+        reader = csv.reader(f)
+        try:
+            header = next(reader, None)
+            if tuple(header or ()) != FIELDS:
+                raise ValueError(f"its header is {','.join(header or ['(empty)'])}; expected {','.join(FIELDS)}")
+            for fields in reader:
+                if not fields:
+                    continue  # a blank line
+                if len(fields) != len(FIELDS):
+                    raise ValueError(f"{len(fields)} fields; expected {len(FIELDS)} ({','.join(FIELDS)})")
+                row = dict(zip(FIELDS, fields))
+                try:
+                    number = float(row["value"])
+                except ValueError:
+                    number = None
+                if number is None or not math.isfinite(number):
+                    raise ValueError(f"value {row['value'][:40]!r} is not a finite number")
+                rows.append(row)
+        except (ValueError, csv.Error) as error:
+            raise SystemExit(f"reproduce: error: {path}:{reader.line_num}: {error}; restore it with "
+                             f"git checkout -- docs/results/{os.path.basename(path)}") from None
+    return rows
+
+
+def shipped_rows(name):
+    """Every shipped row of a cell, of every CPU it was shipped from ([] if none)."""
+    return [row for row in ledger_rows(os.path.join(RESULTS, CELLS[name][2])) if row["cell"] == name]
 
 
 def shipped_values(name, machine=None):
@@ -348,10 +380,10 @@ def compare_metrics(folder, preset, config=None, seed=None):
 
 
 def clip_activity(run_dir):
-    """One run's clip and KL activity from its metrics.jsonl (experiments.referee_clipping.activity): the clipped
+    """One run's clip and KL activity from its metrics.jsonl (experiments.runs.activity): the clipped
     token fractions' mean over steps, the largest ratio of any step, the k3 KL at steps 50 and the last, and whether
     every ratio was exactly 1 (1.0) or not (0.0)."""
-    from experiments.referee_clipping import activity, ratio_is_one
+    from experiments.runs import activity, ratio_is_one
     series = activity(os.path.join(run_dir, "metrics.jsonl"))
     kl = dict(series["kl"])
     metrics = {f"{key}_mean": round(sum(v for _, v in series[key]) / len(series[key]), 8)
@@ -556,18 +588,38 @@ def ship(name, values, made=None):
     """Write a cell's values as its shipped rows for this CPU (replacing that CPU's old ones) in its results file."""
     path = os.path.join(RESULTS, CELLS[name][2])
     made = made or provenance()
-    rows = []
-    if os.path.isfile(path):  # another CPU's rows of this cell stay: each CPU has its own trajectory
-        with open(path, newline="") as f:
-            rows = [row for row in csv.DictReader(f)
-                    if row["cell"] != name or cpu_kind(row["machine"]) != cpu_kind(made["machine"])]
+    rows = [row for row in ledger_rows(path)  # another CPU's rows of this cell stay: each has its own trajectory
+            if row["cell"] != name or cpu_kind(row["machine"]) != cpu_kind(made["machine"])]
     rows += [{"cell": name, "metric": metric, "value": value, **made, "command": command_text(name)}
              for metric, value in values.items()]
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
+    write_results(path, sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
+
+
+def write_results(path, rows):
+    """Replace a results CSV atomically: a new file beside it (O_EXCL, O_NOFOLLOW), flushed to disk, renamed over
+    it. A full disk, a read-only folder or a link in the file's place is one line; the old file stays as it was."""
+    tmp = None
+    try:
+        if os.path.islink(path):
+            raise OSError(f"{path} is a link; the ledger is never written through one: restore it with git checkout")
+        os.makedirs(RESULTS, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as error:
+        from harness.checkpoint import write_failed
+        raise SystemExit(f"reproduce: error: {write_failed(path, error, otherwise='')}; {path} is as it was") \
+            from None
+    finally:
+        if tmp:
+            os.remove(tmp)
 
 
 def ship_from(folder, load, preset=None):

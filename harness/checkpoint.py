@@ -43,6 +43,58 @@ class RunError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Links: a run writes, truncates and deletes only inside its folder, never through a link planted there
+# ---------------------------------------------------------------------------------------------------------------
+PRUNING = ".pruning"  # checkpoint-<step>.pruning: a checkpoint being deleted (renamed first, so a kill leaves no
+# half-deleted checkpoint-<step>); recover() finishes the deletion
+
+
+def refuse_link(path):
+    """path, unless it is a symbolic link: then a RunError naming it (whatever it points to stays as it is)."""
+    if os.path.islink(path):
+        raise RunError(f"{path} is a link (to {os.readlink(path)}); a run never writes through a link in its folder: "
+                       "remove the link, or use another --output-dir")
+    return path
+
+
+def open_nofollow(path, flags, mode=0o644):
+    """os.open that never follows a link at path (O_NOFOLLOW; add O_EXCL for a new file): a link there is a
+    RunError naming it, and nothing it points to is opened."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP or (error.errno == errno.EEXIST and os.path.islink(path)):
+            refuse_link(path)
+        raise
+
+
+@contextlib.contextmanager
+def new_file(path, mode="w"):
+    """A file object for a new file at path (O_CREAT | O_EXCL | O_NOFOLLOW): whatever is already there, a planted
+    link or a file, is never written through (a link is a RunError; anything else raises FileExistsError)."""
+    fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        yield f
+
+
+def run_owns(name):
+    """Whether a run creates, rewrites or deletes <output-dir>/name: its lock, metrics and their temporaries, its
+    checkpoints and `latest`, the outputs drawn from it (RUN_OUTPUTS) and the tiny model's warm-start caches."""
+    return name in (LOCK, "latest.tmp", "metrics.jsonl.tmp", "unsaved-metrics.jsonl", *RUN_FILES, *RUN_OUTPUTS) \
+        or re.match(r"(checkpoint-\d+|warm_start-)", name) is not None
+
+
+def refuse_planted_links(output_dir):
+    """A RunError naming the first entry of output_dir that the run owns (run_owns) and that is a link; `latest`
+    may be one, to a checkpoint-<step> beside it (the link each save writes)."""
+    for name in sorted(os.listdir(output_dir)):
+        path = os.path.join(output_dir, name)
+        if os.path.islink(path) and run_owns(name) and not (
+                name == "latest" and re.fullmatch(r"checkpoint-\d+", os.readlink(path))):
+            refuse_link(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The run folder: one run at a time, leftovers of a kill, an existing run
 # ---------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
@@ -54,7 +106,7 @@ def locked(output_dir):
     import fcntl  # POSIX only, like the rest of the run's files
     path = os.path.join(output_dir, LOCK)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
     except OSError as error:
         raise RunError(f"cannot write in {output_dir}: {error.strerror or error}; use another --output-dir") from None
     try:
@@ -76,8 +128,8 @@ def lock_holder(output_dir):
     """Who holds output_dir's lock (the text its holder wrote), or None when no live process holds it."""
     import fcntl
     try:
-        fd = os.open(os.path.join(output_dir, LOCK), os.O_RDONLY)
-    except OSError:
+        fd = os.open(os.path.join(output_dir, LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # none, or a link: no run of ours holds that
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: nobody holds it (released at once, below)
@@ -110,6 +162,8 @@ def checkpoint_step(run_dir, name):
     """The step of run_dir/name when it is one of the run's checkpoint folders: checkpoint-<step>, or the
     checkpoint-<step>.tmp of a save (marked as its own) that a kill interrupted; else None."""
     match = re.fullmatch(r"checkpoint-(\d+)(\.tmp)?", name)
+    if os.path.islink(os.path.join(run_dir, name)):  # a link is never one of the run's own folders
+        return None
     if match and (not match.group(2) or os.path.isfile(os.path.join(run_dir, name, SAVE_MARK))):
         return int(match.group(1))
     return None
@@ -137,8 +191,17 @@ def is_complete(folder):
 def recover(output_dir, log=print):
     """Put right what a kill during a save left: a complete checkpoint-N.tmp of a save whose checkpoint-N is missing
     becomes checkpoint-N, any other save's .tmp is removed, and a `latest` that points nowhere is pointed at the
-    newest complete checkpoint. Folders no save of this program marked are left alone."""
+    newest complete checkpoint; a prune that a kill interrupted (checkpoint-N.pruning, or before such renames a
+    marked checkpoint-N left incomplete) is finished. Folders no save of this program marked are left alone, and
+    links are never followed (refuse_planted_links)."""
     for name in sorted(os.listdir(output_dir)):
+        path = os.path.join(output_dir, name)
+        if not os.path.islink(path) and (re.fullmatch(r"checkpoint-\d+" + re.escape(PRUNING), name) or (
+                checkpoint_step(output_dir, name) is not None and not name.endswith(".tmp") and not is_complete(path)
+                and os.path.isfile(os.path.join(path, SAVE_MARK)))):
+            shutil.rmtree(path, ignore_errors=True)
+            log(f"note: removed {path}, a checkpoint whose deletion was interrupted")
+            continue
         if not name.endswith(".tmp") or checkpoint_step(output_dir, name) is None:
             continue
         leftover, final = os.path.join(output_dir, name), os.path.join(output_dir, name[:-len(".tmp")])
@@ -206,8 +269,22 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     earlier = [s for s in checkpoint_steps(output_dir) if s < step]
     pruned = earlier[:-(keep - 1) or None] if keep > 0 else []  # never the one just written
     for name in later_checkpoints(output_dir, step) + [f"checkpoint-{s}" for s in pruned]:
-        shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+        prune(os.path.join(output_dir, name))
     return final
+
+
+def prune(folder):
+    """Delete a checkpoint folder: renamed to <folder>.pruning first (atomic), then removed, so a kill midway leaves
+    no half-deleted checkpoint-<step> but a .pruning folder that recover() removes."""
+    doomed = folder + PRUNING
+    try:
+        if os.path.isdir(doomed) and not os.path.islink(doomed):
+            shutil.rmtree(doomed)  # an earlier prune's leftover
+        os.replace(folder, doomed)
+        folder = doomed
+    except OSError:
+        pass  # the rmtree below removes what it can
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
@@ -219,8 +296,11 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     tmp = f"{folder}.tmp-{os.getpid()}"
     if not cache and os.path.lexists(folder):
         raise RunError(f"{folder} already exists; name a folder that does not exist yet (nothing was written)")
+    refuse_link(folder), refuse_link(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
+        os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if info is not None:
@@ -274,7 +354,8 @@ def existing_copy(checkpoint_dir):
 def checkpoint_steps(output_dir):
     """Sorted steps of the complete checkpoint-<step> folders in output_dir."""
     names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    steps = [int(m.group(1)) for m in map(re.compile(r"checkpoint-(\d+)$").match, names) if m]
+    steps = [int(m.group(1)) for m in map(re.compile(r"checkpoint-(\d+)$").match, names)
+             if m and not os.path.islink(os.path.join(output_dir, m.group(0)))]
     return sorted(s for s in steps if is_complete(os.path.join(output_dir, f"checkpoint-{s}")))
 
 
@@ -307,6 +388,11 @@ def resolve_checkpoint(path, log=print):
         if not is_complete(latest):
             complete = [os.path.join(run_dir, name) for name in os.listdir(run_dir)
                         if checkpoint_step(run_dir, name) is not None and is_complete(os.path.join(run_dir, name))]
+            beside = checkpoint_steps(os.path.dirname(run_dir)) if re.fullmatch(
+                r"checkpoint-\d+", os.path.basename(run_dir)) else []  # PATH: a checkpoint cut short, not a run
+            if not complete and beside:
+                raise RunError(f"--resume {path}: an incomplete checkpoint (a save or a deletion was interrupted); "
+                               f"resume from checkpoint-{beside[-1]} beside it, the newest complete one")
             if not complete:
                 holder = lock_holder(run_dir)
                 raise RunError(f"--resume {path}: no complete checkpoint in this folder; " + (
@@ -322,8 +408,11 @@ def resolve_checkpoint(path, log=print):
                        "resumed run writes only into its own run folder: resume from the checkpoint where it is")
     path = os.path.realpath(path)
     if not is_complete(path):
+        steps = checkpoint_steps(os.path.dirname(path))
+        good = f"resume from checkpoint-{steps[-1]} beside it (the newest complete one)" if steps else \
+            "pass a checkpoint-<step> folder or the run folder"
         raise RunError(f"--resume {path}: not a complete train.py checkpoint (no {RUN_SETTINGS} or "
-                       f"{TRAINER_STATE}); pass a checkpoint-<step> folder or the run folder")
+                       f"{TRAINER_STATE}); {good}")
     return path
 
 
@@ -349,10 +438,7 @@ def load_trainer_state(checkpoint_dir):
     """The optimizer, RNG states and step saved with a checkpoint. Read with weights_only=True: a file that needs
     arbitrary Python objects unpickled (which can run code) is refused. RunError if missing, corrupt or wrong."""
     import torch
-    path = os.path.join(checkpoint_dir, TRAINER_STATE)
-    others = [s for s in checkpoint_steps(os.path.dirname(checkpoint_dir))
-              if f"checkpoint-{s}" != os.path.basename(checkpoint_dir)]
-    hint = f"resume from checkpoint-{others[-1]}" if others else "start the run again"
+    path, hint = os.path.join(checkpoint_dir, TRAINER_STATE), instead_of(checkpoint_dir)
     try:
         state = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -374,6 +460,50 @@ def load_trainer_state(checkpoint_dir):
     if not all(isinstance(state["initial_eval"].get(key), (int, float)) for key in ("pass@1", "reward")):
         raise RunError(f"{path}: no valid 'initial_eval' (pass@1, reward) in it; {hint}")
     return state
+
+
+def instead_of(checkpoint_dir):
+    """What to resume from when checkpoint_dir is refused: the newest other complete checkpoint of its run."""
+    others = [s for s in checkpoint_steps(os.path.dirname(checkpoint_dir))
+              if f"checkpoint-{s}" != os.path.basename(checkpoint_dir)]
+    return f"resume from checkpoint-{others[-1]}" if others else "no other complete checkpoint: start the run again"
+
+
+def tensor_problem(value, dtype, shape=None):
+    """What keeps value from being a finite tensor of `dtype` (and `shape`), as "is ..." text; None when nothing."""
+    import torch
+    if not torch.is_tensor(value):
+        return f"is a {type(value).__name__}, not a tensor"
+    if value.dtype != dtype:
+        return f"is {str(value.dtype).removeprefix('torch.')}, not {str(dtype).removeprefix('torch.')}"
+    if shape is not None and value.shape != shape:
+        return f"has shape {tuple(value.shape)}, not {tuple(shape)}"
+    if value.is_floating_point() and not torch.isfinite(value).all():
+        return "is not finite (nan or inf)"
+    return None
+
+
+def check_weights(checkpoint_dir, dtype, model):
+    """A RunError naming the file and the tensor when a checkpoint's weight files (*.safetensors: the policy, or a
+    LoRA run's adapters) hold one that is not finite (a nan fails the first rollout) or not of `dtype`, what
+    --param-dtype saves (from_pretrained would cast an int64 one to whole numbers). Tensors that are not floating
+    in the loaded `model` (an integer buffer) keep their own dtype. Read one tensor at a time."""
+    from safetensors import safe_open
+    kept = {name: value.dtype for name, value in model.state_dict().items() if not value.is_floating_point()}
+    for name in sorted(os.listdir(checkpoint_dir)):
+        path = os.path.join(checkpoint_dir, name)
+        if not name.endswith(".safetensors"):
+            continue
+        try:
+            with safe_open(path, framework="pt") as weights:
+                problems = {key: tensor_problem(weights.get_tensor(key), kept.get(key, dtype))
+                            for key in weights.keys()}
+        except Exception as error:  # noqa: BLE001 -- a truncated or corrupt file: safetensors raises its own
+            raise RunError(f"{path} is truncated or corrupt ({type(error).__name__}); "
+                           f"{instead_of(checkpoint_dir)}") from None
+        for key, problem in problems.items():
+            if problem:
+                raise RunError(f"{path}: weight {key!r} {problem}; {instead_of(checkpoint_dir)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

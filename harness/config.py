@@ -358,7 +358,7 @@ def require_library(module, needed_by):
 def check_libraries(config):
     """Every optional library config's settings need, checked before any model loads (config.load for the command
     line, run.settle for a Config from Python): an InputError naming the pip command of the first one missing;
-    then W&B's API key when it runs online (report.check_wandb_login). A .gguf model or --model smollm2 is checked
+    then W&B's API key when it runs online (check_wandb_login). A .gguf model or --model smollm2 is checked
     by model.model_source, which load and the tokenizer call."""
     reporters = (config.report_to or "").split(",")
     rules = (config.task_options.get("rules", tasks.RULES[config.task][0]) if config.task in tasks.RULES else None)
@@ -376,7 +376,6 @@ def check_libraries(config):
         if needed:
             require_library(module, needed_by)
     if "wandb" in reporters:
-        from harness.report import check_wandb_login  # torch-free; report.py imports this module
         check_wandb_login(config)
 
 
@@ -546,8 +545,50 @@ def resumed(config, log=print):
         elif normal(value) != normal(getattr(saved, key)):
             raise RunError(f"{flag_name(key)} {getattr(config, key)} conflicts with the run being resumed "
                            f"({getattr(saved, key)!r}); drop the flag, or start a new run with another --output-dir")
-    try:
-        return dataclasses.replace(saved, **changes, resume=checkpoint_dir, output_dir=run_dir,
+    def merged(**changed):
+        return dataclasses.replace(saved, **changed, resume=checkpoint_dir, output_dir=run_dir,
                                    dry_run=config.dry_run, given=config.given).validate()
-    except (TypeError, ValueError) as error:
-        raise RunError(f"{path}: {error}; resume from another checkpoint") from None
+
+    def fails(**changed):
+        try:
+            return merged(**changed) and False
+        except (TypeError, ValueError):
+            return True
+    try:
+        return merged(**changes)
+    except (TypeError, ValueError) as error:  # saved passed validate() alone: a flag given now is the cause
+        culprits = [flag_name(key) for key in sorted(changes) if key in config.given and fails(**{key: changes[key]})]
+        raise RunError(f"{' '.join(culprits) or 'the flags given'} {'with' if culprits else 'conflict with'} the "
+                       f"run being resumed ({path}): {error}; drop or change the flag") from None
+
+
+def check_wandb_login(config):
+    """--report-to wandb online (W&B's own settings say so: WANDB_MODE, `wandb offline`) needs an API key where W&B
+    itself looks for one (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the netrc entry of its server, its settings
+    files), looked up as wandb.init does but without its prompt: none is an InputError naming the ways out. Called
+    before torch loads (config.check_libraries) and before wandb.init, which would otherwise ask at a terminal (EOF
+    there: a KeyboardInterrupt) or, without one, fail only after the model loaded."""
+    import wandb
+    try:  # W&B's own lookup (wandb 0.31); a W&B without it: wandb.init decides, as before
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:
+        return
+    try:
+        settings = wandb_setup.singleton().settings  # what wandb.init reads: loaded once per process, no service
+        if settings.mode in ("offline", "dryrun", "disabled"):
+            return
+        host = wbauth.HostUrl(settings.base_url)
+        found = wbauth.authenticate_session(host=host, source="train.py", prompt=False, update_session=False)
+    except wandb.errors.Error as error:  # a key of the wrong form (WANDB_API_KEY, the netrc entry), a bad setting
+        raise InputError(wandb_failed(error, config.output_dir)) from None
+    if found is None:
+        raise InputError(wandb_failed(f"no API key for {host.url}", config.output_dir))
+
+
+def wandb_failed(error, output_dir):
+    """One line for a W&B run that cannot start (no API key, no network): error, a W&B error or its text."""
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (f"--report-to wandb: W&B could not start a run ({cause}); log in with `wandb login` (or set "
+            f"WANDB_API_KEY), or set WANDB_MODE=offline to write the run into {os.path.join(output_dir, 'wandb')} "
+            "(`wandb sync` uploads it later)")

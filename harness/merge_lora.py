@@ -25,6 +25,11 @@ def main(argv=None):
         if os.path.lexists(args.output):  # before anything loads: nothing there is ever replaced
             raise RunError(f"{args.output} already exists; name a folder that does not exist yet")
         checkpoint = resolve_checkpoint(args.checkpoint)
+        run_dir, out = os.path.dirname(checkpoint), os.path.join(os.path.realpath(os.path.dirname(
+            os.path.abspath(args.output))), os.path.basename(os.path.abspath(args.output)))
+        if os.path.commonpath([run_dir, out]) == run_dir:  # the run saves and prunes there: never beside them
+            raise RunError(f"{args.output} is inside the run folder {run_dir}, where its run saves and prunes "
+                           "checkpoints; name a folder outside it")
         settings = saved_config(checkpoint)  # run.json, validated
         if not settings.lora_rank:
             raise RunError(f"{checkpoint}: not a LoRA run (its weights are already a plain model)")

@@ -9,14 +9,15 @@ import contextlib
 import json
 import os
 
-from harness.checkpoint import RunError, then_resume, write_failed
+from harness.checkpoint import RunError, new_file, open_nofollow, then_resume, write_failed
 
 MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 
 
 def append_metrics(path, row):
+    """Append one row (never through a link: open_nofollow)."""
     try:
-        with open(path, "a") as f:
+        with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
             f.write(json.dumps(row) + "\n")
     except OSError as error:
         raise RunError(write_failed(path, error) + then_resume(os.path.dirname(path) or ".")) from None
@@ -86,14 +87,20 @@ def read_metrics(path, warn=print):
 
 def rewrite_metrics(path, rows):
     """Replace the file with `rows` (an iterable; it may be read from the file itself, as the tmp file is written
-    beside it), atomically: a kill mid-write leaves the old file, never an empty one."""
+    beside it), atomically: a kill mid-write leaves the old file, never an empty one. The temporary is a new file
+    (new_file): a leftover one is removed first, a link in its place is a RunError and stays."""
     tmp = path + ".tmp"
+    if os.path.isfile(tmp) and not os.path.islink(tmp):
+        os.remove(tmp)  # what a kill mid-rewrite left
+    created = False
     try:
-        with open(tmp, "w") as f:
+        with new_file(tmp) as f:
+            created = True
             f.writelines(json.dumps(row) + "\n" for row in rows)
         os.replace(tmp, path)
     except OSError as error:
         raise RunError(write_failed(path, error)) from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)  # after a RunError from the rows themselves (a corrupt line)
+        if created:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)  # after a RunError from the rows themselves (a corrupt line)

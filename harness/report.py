@@ -16,10 +16,11 @@ import functools
 import logging
 import os
 import sys
+import tempfile
 import threading
 
-from harness.checkpoint import RunError, then_resume, write_failed
-from harness.config import InputError, require_library
+from harness.checkpoint import RunError, refuse_link, then_resume, write_failed
+from harness.config import InputError, check_wandb_login, require_library, wandb_failed
 
 SAMPLES_LOGGED = 8  # greedy completions in each eval's table
 
@@ -36,7 +37,7 @@ def open_reporters(config, first_step):
         if name == "tensorboard":
             require_library("tensorboard", "--report-to tensorboard")
             from torch.utils.tensorboard import SummaryWriter
-            folder = os.path.join(config.output_dir, "tensorboard")
+            folder = refuse_link(os.path.join(config.output_dir, "tensorboard"))
             threading.excepthook = quiet_writer_thread
             try:
                 writers.append(TensorBoard(SummaryWriter(folder, purge_step=first_step or None), folder))
@@ -47,7 +48,7 @@ def open_reporters(config, first_step):
             require_library("wandb", "--report-to wandb")
             import wandb
             check_wandb_login(config)  # a key wandb.init finds without asking: it never prompts
-            folder = os.path.join(config.output_dir, "wandb")
+            folder = refuse_link(os.path.join(config.output_dir, "wandb"))
             try:  # wandb.init meets a full disk in its own log handler, which prints a traceback per failed write
                 check_writable(folder)
             except OSError as error:  # a full disk, a file in the folder's place: before the run's folder changes
@@ -80,47 +81,14 @@ def check_writable(folder):
     """Make folder if missing, then write PROBE_BYTES to a file there and delete it: a full disk, a read-only folder or
     a file in its place raises its OSError now, before the run's folder changes."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, ".write-test")
+    fd, path = tempfile.mkstemp(prefix=".write-test-", dir=folder)  # a new file (O_EXCL, O_NOFOLLOW)
     try:
-        with open(path, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(b"\0" * PROBE_BYTES)
             f.flush()
             os.fsync(f.fileno())
     finally:
-        if os.path.exists(path):
-            os.remove(path)
-
-
-def check_wandb_login(config):
-    """--report-to wandb online (W&B's own settings say so: WANDB_MODE, `wandb offline`) needs an API key where W&B
-    itself looks for one (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the netrc entry of its server, its settings
-    files), looked up as wandb.init does but without its prompt: none is an InputError naming the ways out. Called
-    before torch loads (config.check_libraries) and before wandb.init, which would otherwise ask at a terminal (EOF
-    there: a KeyboardInterrupt) or, without one, fail only after the model loaded."""
-    import wandb
-    try:  # W&B's own lookup (wandb 0.31); a W&B without it: wandb.init decides, as before
-        from wandb.sdk import wandb_setup
-        from wandb.sdk.lib import wbauth
-    except ImportError:
-        return
-    try:
-        settings = wandb_setup.singleton().settings  # what wandb.init reads: loaded once per process, no service
-        if settings.mode in ("offline", "dryrun", "disabled"):
-            return
-        host = wbauth.HostUrl(settings.base_url)
-        found = wbauth.authenticate_session(host=host, source="train.py", prompt=False, update_session=False)
-    except wandb.errors.Error as error:  # a key of the wrong form (WANDB_API_KEY, the netrc entry), a bad setting
-        raise InputError(wandb_failed(error, config.output_dir)) from None
-    if found is None:
-        raise InputError(wandb_failed(f"no API key for {host.url}", config.output_dir))
-
-
-def wandb_failed(error, output_dir):
-    """One line for a W&B run that cannot start (no API key, no network): error, a W&B error or its text."""
-    cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return (f"--report-to wandb: W&B could not start a run ({cause}); log in with `wandb login` (or set "
-            f"WANDB_API_KEY), or set WANDB_MODE=offline to write the run into {os.path.join(output_dir, 'wandb')} "
-            "(`wandb sync` uploads it later)")
+        os.remove(path)
 
 
 def prompt_text(prompt):

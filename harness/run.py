@@ -36,9 +36,10 @@ from tqdm import tqdm
 
 import tasks
 from harness import memory, report, tiny
-from harness.checkpoint import (RunError, checkpoint_step, checkpoint_steps, existing_copy, holds_a_run,
-                                later_checkpoints, load_trainer_state, locked, point_latest, recover, remove_run,
-                                restore_rng, rng_state, save_checkpoint, write_failed)
+from harness.checkpoint import (RunError, check_weights, checkpoint_step, checkpoint_steps, existing_copy,
+                                holds_a_run, instead_of, later_checkpoints, load_trainer_state, locked, point_latest,
+                                recover, refuse_planted_links, remove_run, restore_rng, rng_state, save_checkpoint,
+                                tensor_problem, write_failed)
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, require_library
@@ -75,7 +76,7 @@ def input_errors():
         yield
     except (RunError, InputError):
         raise
-    except ValueError as error:
+    except (ValueError, RewardTimeout) as error:  # RewardTimeout: a task file's first rewards (check_protocol)
         raise InputError(str(error)) from None
     except OSError as error:
         raise RunError(f"{error.filename + ': ' if error.filename else ''}{error.strerror or error}") from None
@@ -115,15 +116,15 @@ def settle(config):
             config = dataclasses.replace(config, style="compact" if compact else "chat")
             config = tiny.apply_cpu_defaults(config) if compact else config
         config = task_file(config)
+        timed = functools.partial(TimedRewards, seconds=config.reward_timeout)  # a task file's first rewards too
         if config.dry_run:  # no data file is read (but a task file's): the steps --epochs sets from --train-size
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
                 config.train_size else config.steps
             built = tasks.is_task_file(config.task) or (config.data is None and config.task not in tasks.NEEDS_DATA)
-            task = tasks.get_task(config.task, data=config.data, **config.task_options) if built else None
+            task = tasks.get_task(config.task, data=config.data, wrap=timed, **config.task_options) if built else None
             prompts = None
         else:
-            task = TimedRewards(tasks.get_task(config.task, data=config.data, **config.task_options),
-                                config.reward_timeout)
+            task = tasks.get_task(config.task, data=config.data, wrap=timed, **config.task_options)
             prompts, steps = training_prompts(task, tokenizer, config)
     changes = dict(steps=steps)
     if "wandb" in (config.report_to or "") and config.wandb_run_id is None:  # the W&B run a resume continues
@@ -174,8 +175,9 @@ class TimedRewards:
                 say(f"a reward call of task {self.task.name} did not return within {STOP_GRACE:g} s of the stop "
                     "signal: the run ends now, nothing of this step saved")
                 raise Stopped(TimedRewards.stop_signal)
+            source = f" ({self.task.source})" if hasattr(self.task, "source") else ""  # a task file: its path
             raise RewardTimeout(f"task {self.task.name}: reward() ran for more than {self.seconds:g} s on the "
-                                f"completion {completion[:80]!r}; fix the task, or raise --reward-timeout")
+                                f"completion {completion[:80]!r}; fix the task{source}, or raise --reward-timeout")
         limit = min(self.seconds or STOP_GRACE, STOP_GRACE) if TimedRewards.stop_signal else self.seconds
         previous = signal.signal(signal.SIGALRM, expired)
         if limit > 0:
@@ -220,9 +222,10 @@ def hardware(config):
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
     cuda = device.startswith("cuda")
-    if config.optimizer_offload and not cuda and not config.dry_run:
+    if config.optimizer_offload and not cuda:  # a dry run too: it plans only what the run would do
         raise InputError(f"--optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "
-                         f"--device {device} they are in that memory already: drop the flag")
+                         f"--device {device} they are in that memory already: drop the flag (a dry run plans a "
+                         "CUDA run with --device cuda)")
     bf16 = cuda and (not torch.cuda.is_available() or torch.cuda.is_bf16_supported())  # no CUDA: a dry run's plan
     if config.dtype == "auto" and cuda and not bf16:
         say(f"note: {torch.cuda.get_device_name(device)} has no bf16: --dtype auto computes in fp32 (slower than "
@@ -306,6 +309,8 @@ def build_policy(config, tokenizer, task, *, log=print):
         else:  # a resumed LoRA run: its base (the initial weights), then its adapters (below)
             source = config.initial_policy if config.resume and config.lora_rank else config.resume or config.model
             model, _ = load_policy(source, device=device, tokenizer=tokenizer)
+    if config.resume:  # its weights (a LoRA run's: its adapters) as saved, before anything runs on them
+        check_weights(config.resume, storage_dtype(config), model)
     if config.threads:
         torch.set_num_threads(config.threads)
     if not config.resume and config.model == "tiny":
@@ -389,6 +394,23 @@ def check_optimizer_settings(optimizer, saved, checkpoint_dir):
             if not same:
                 raise RunError(f"{checkpoint_dir}/trainer_state.pt: its optimizer's {key} is {other!r}, but this "
                                f"run's settings (run.json) make it {mine!r}; resume from another checkpoint")
+
+
+def check_master_weights(optimizer, model, saved, checkpoint_dir):
+    """--param-dtype bf16 (MasterWeights): a RunError naming the weight when a checkpoint's master weight is not a
+    finite tensor of its master's dtype (fp32) and its parameter's shape (load_state_dict would cast an int64 one
+    to whole numbers, and a nan would reach the weights). A list of another length is load_state_dict's error."""
+    if not isinstance(optimizer, MasterWeights):
+        return
+    pairs, masters = [(p, m) for p, m in zip(optimizer.params, optimizer.masters) if m is not p], saved.get("masters")
+    if not isinstance(masters, list) or len(masters) != len(pairs):
+        return
+    names = {param: name for name, param in model.named_parameters()}
+    for (param, master), value in zip(pairs, masters):
+        problem = tensor_problem(value, master.dtype, master.shape)
+        if problem:
+            raise RunError(f"{checkpoint_dir}/trainer_state.pt: master weight {names[param]!r} {problem}; "
+                           f"{instead_of(checkpoint_dir)}")
 
 
 def memory_options(config, model):
@@ -482,6 +504,7 @@ class RunState:
         if self.config.resume:
             saved = load_trainer_state(self.config.resume)
             check_optimizer_settings(optimizer, saved["optimizer"], self.config.resume)
+            check_master_weights(optimizer, model, saved["optimizer"], self.config.resume)
             try:
                 optimizer.load_state_dict(saved["optimizer"])
                 for param in model.parameters():  # load_state_dict checks counts, not shapes
@@ -633,6 +656,7 @@ def start(config):
     except OSError as error:
         raise RunError(f"cannot create --output-dir {config.output_dir}: {error.strerror or error}") from None
     with locked(config.output_dir):
+        refuse_planted_links(config.output_dir)  # before anything is put right, set aside or deleted
         recover(config.output_dir)
         if not config.resume:
             set_aside_unsaved_metrics(config.output_dir)

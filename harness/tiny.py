@@ -17,7 +17,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.checkpoint import RunError, save_policy_atomically
+from harness.checkpoint import RunError, refuse_link, save_policy_atomically
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 
@@ -200,7 +200,7 @@ def initial_policy_dir(config):
 def prepare(config, model, tokenizer, task, *, log=print):
     """A fresh tiny run's initial policy: the cached warm start (trained now if missing), or the random init when
     warm_start_steps is 0, kept in initial_policy_dir(config). -> the model."""
-    folder = initial_policy_dir(config)
+    folder = refuse_link(initial_policy_dir(config))  # loaded or written: never through a link planted there
     if config.warm_start_steps > 0 and not hasattr(task, "solution"):
         log(f"note: task {task.name} has no solution(example, style): no warm start, the tiny model starts from "
             "random weights and will learn little (give the task a solution to warm-start it)")

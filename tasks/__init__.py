@@ -49,11 +49,12 @@ __all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "NEEDS_DATA", "RULES", "TASKS"
            "is_task_file", "math_helper_process", "reward_number"]
 
 
-def get_task(name, *, data=None, **options):
+def get_task(name, *, data=None, wrap=None, **options):
     """Build the task `name` (or the task file / module `name`: tasks/custom.py); `data` is a file path for the
-    data-file tasks, `options` go to its factory."""
+    data-file tasks, `options` go to its factory. wrap: a function of the task -> the task returned (train.py's
+    TimedRewards), applied before a task file's rewards are first called, so that it bounds those calls too."""
     if name not in TASKS and is_task_file(name):
-        return custom.load(name, data=data, **options)
+        return custom.load(name, data=data, wrap=wrap, **options)
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(sorted(TASKS))}")
     factory = TASKS[name]
@@ -61,4 +62,5 @@ def get_task(name, *, data=None, **options):
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"task {name!r} has no option(s) {unknown}; options: {allowed}")
-    return factory(data=data, **options)
+    task = factory(data=data, **options)
+    return wrap(task) if wrap else task

@@ -92,8 +92,9 @@ def file_sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def load(name, *, data=None, **options):
-    """Import the task file or module `name`, call its make_task(data=data, **options) -> a FileTask."""
+def load(name, *, data=None, wrap=None, **options):
+    """Import the task file or module `name`, call its make_task(data=data, **options) -> a FileTask, or wrap(it)
+    (train.py's TimedRewards: --reward-timeout), its protocol checked through that (check_protocol)."""
     path = source_file(name)
     if name.endswith(".py"):
         spec = importlib.util.spec_from_file_location(f"task_file_{hashlib.sha256(path.encode()).hexdigest()[:12]}",
@@ -111,7 +112,19 @@ def load(name, *, data=None, **options):
     if unknown or ("data" not in parameters and not takes_any):
         raise TaskError(f"{path}: make_task takes no " + (f"option(s) {unknown}" if unknown else "data= argument")
                         + f"; its parameters: {list(parameters)}")
-    return FileTask(make_task(data=data, **options), path, data)
+    task = FileTask(make_task(data=data, **options), path, data)
+    return check_protocol(wrap(task) if wrap else task)
+
+
+def check_protocol(task):
+    """The protocol checked on two training examples before any training: their prompts, the rewards of an empty
+    completion and of the solution. -> task."""
+    for example in task.examples("train", 2, seed=0):
+        task.prompt(example, "chat")
+        task.reward("", example, style="chat")
+        if hasattr(task, "solution"):
+            task.reward(task.solution(example, "chat"), example, style="chat")
+    return task
 
 
 class FileTask:
@@ -140,11 +153,6 @@ class FileTask:
             self.splits = load_splits(data, ("prompt",), key="prompt")
         if hasattr(user, "solution"):
             self.solution = self._solution
-        for example in self.examples("train", 2, seed=0):  # the protocol, checked before any training
-            self.prompt(example, "chat")
-            self.reward("", example, "chat")
-            if hasattr(user, "solution"):
-                self.reward(self.solution(example, "chat"), example, "chat")
 
     def examples(self, split, n, seed):
         if self.splits is not None:

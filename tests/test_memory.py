@@ -729,7 +729,7 @@ def test_optimizer_offload_on_a_cpu_is_one_line(tmp_path, digits_task, capsys):
                     "--device", "cpu", "--optimizer-offload"])
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "train.py: error: --optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "
-        "--device cpu they are in that memory already: drop the flag")
+        "--device cpu they are in that memory already: drop the flag (a dry run plans a CUDA run with --device cuda)")
     assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
 
 

@@ -93,7 +93,7 @@ def test_each_optional_library_a_setting_needs_is_named(monkeypatch, flags, modu
     with pytest.raises(config.InputError, match=re.escape(pip)):
         config.check_libraries(config.parse_args(flags))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
-    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B without a key then (report.check_wandb_login)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B without a key then (config.check_wandb_login)
     config.check_libraries(config.parse_args(flags))  # all installed: nothing to say
     # rules that need no math-verify are not stopped by its absence
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))

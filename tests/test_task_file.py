@@ -292,3 +292,21 @@ def test_sigterm_inside_a_hanging_reward_ends_the_run_in_seconds(tmp_path):
     assert proc.returncode == 143 and time.time() - sent < 15, stderr  # the reward's 5 s grace, then the exit
     assert "did not return within 5 s of the stop signal" in stdout and f"--resume {out}" in stdout
     assert checkpoint.checkpoint_steps(out) == [1]
+
+
+PROBE_HANGS = DIGITS_TASK.replace("{BROKEN}", "1").replace(
+    "        self.calls += 1\n", "        self.calls += 1\n        while completion == '':  # the check's empty one\n"
+    "            pass\n")
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+def test_a_reward_that_hangs_while_the_task_file_is_checked_is_stopped_by_its_time_limit(tmp_path, dry_run):
+    """The rewards that check a task file as it is built (an empty completion's) run under --reward-timeout too."""
+    path = task_file(tmp_path, PROBE_HANGS)
+    command = [sys.executable, "train.py", "--task", path, "--output-dir", str(tmp_path / "run"), *SMALL,
+               "--reward-timeout", "1"] + (["--dry-run"] if dry_run else [])
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert last.startswith("train.py: error: task my_task: reward() ran for more than 1 s on the completion ''")
+    assert f"fix the task ({path}), or raise --reward-timeout" in last

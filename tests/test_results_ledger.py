@@ -1,0 +1,109 @@
+"""The results ledger is replaced, never cut: a ship that fails midway (a full disk, a read-only folder, a link in the
+file's place) is one line, and the shipped rows are byte for byte as they were."""
+import errno
+import os
+import shutil
+
+import pytest
+
+from experiments import reproduce
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch):
+    """A copy of the shipped results, and the path of the default cell's file in it."""
+    shutil.copytree(reproduce.RESULTS, tmp_path / "results")
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
+    return tmp_path / "results" / reproduce.CELLS["default"][2]
+
+
+MADE = {"commit": "abc", "date": "2026-12-02", "load": "0", "machine": "test"}
+
+
+def test_a_ship_that_meets_a_full_disk_midway_leaves_every_row(ledger, monkeypatch, capsys):
+    before = ledger.read_bytes()
+    real_fsync = os.fsync
+
+    def full(fd):  # the rows went into the file's buffer; the disk refuses them
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.ship("default", {"final_reward": 0.5}, made=MADE)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    message = str(exit_info.value.code)
+    assert message.startswith("reproduce: error:") and "free some disk space" in message and "\n" not in message
+    assert ledger.read_bytes() == before and sorted(os.listdir(ledger.parent)) == sorted(os.listdir(
+        os.path.join(os.path.dirname(os.path.dirname(reproduce.__file__)), "docs", "results")))
+
+
+def test_a_read_only_folder_is_one_line_and_the_file_stays(ledger, monkeypatch):
+    before = ledger.read_bytes()
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    monkeypatch.setattr(reproduce.tempfile, "mkstemp", read_only)
+    with pytest.raises(SystemExit, match="reproduce: error: .*not writable"):
+        reproduce.ship("default", {"final_reward": 0.5}, made=MADE)
+    assert ledger.read_bytes() == before
+
+
+def test_a_link_in_the_ledgers_place_is_never_written_through(ledger, tmp_path):
+    target = tmp_path / "mine.csv"
+    target.write_text("my own rows\n")
+    os.remove(ledger)
+    ledger.symlink_to(target)
+    with pytest.raises(SystemExit, match="is a link"):
+        reproduce.ship("default", {"final_reward": 0.5}, made=MADE)
+    assert target.read_text() == "my own rows\n" and os.path.islink(ledger)
+
+
+def test_a_ship_that_succeeds_keeps_the_other_cpus_rows(ledger):
+    others = [row for row in reproduce.read_rows(str(ledger)) if reproduce.cpu_kind(row["machine"])
+              != reproduce.cpu_kind(MADE["machine"])]
+    reproduce.ship("default", {"final_reward": 0.5}, made=MADE)
+    rows = reproduce.read_rows(str(ledger))
+    assert [row for row in rows if row["machine"] == "test"][0]["value"] == "0.5"
+    assert all(row in rows for row in others) and oct(os.stat(ledger).st_mode & 0o777) == "0o644"
+
+
+# A tampered ledger: each reader of the shipped rows (reproduce --list, a cell's comparison, headline) ends in one line
+# naming the file and its line, never a traceback; the file is not touched.
+def tamper(ledger, how):
+    lines = ledger.read_text().splitlines(keepends=True)
+    if how == "header":  # a missing column
+        lines[0] = lines[0].replace(",load", "")
+    elif how == "number":
+        lines[3] = lines[3].replace(lines[3].split(",")[2], "0.5x", 1)
+    elif how == "nan":
+        lines[3] = lines[3].replace(lines[3].split(",")[2], "nan", 1)
+    elif how == "short":
+        lines[3] = ",".join(lines[3].split(",")[:4]) + "\n"
+    elif how == "long":  # one field too many
+        lines[3] = lines[3].rstrip("\n") + ",extra\n"
+    elif how == "huge":  # a field over csv's size limit
+        lines[3] = lines[3].rstrip("\n") + "x" * 200_000 + "\n"
+    ledger.write_text("".join(lines))
+    return 4 if how != "header" else 1
+
+
+@pytest.mark.parametrize("how", ["header", "number", "nan", "short", "long", "huge"])
+def test_a_tampered_ledger_is_one_line_naming_its_line(ledger, capsys, how):
+    line = tamper(ledger, how)
+    before = ledger.read_bytes()
+    for call in (lambda: reproduce.main(["--list"]), lambda: reproduce.main(["default"]),
+                 lambda: reproduce.ship("default", {"final_reward": 0.5}, made=MADE)):
+        with pytest.raises(SystemExit) as exit_info:
+            call()
+        message = str(exit_info.value.code)
+        assert message.startswith(f"reproduce: error: {ledger}:{line}:") and "\n" not in message, message
+    assert ledger.read_bytes() == before
+
+
+def test_headline_reads_a_tampered_ledger_in_one_line(tmp_path, monkeypatch):
+    from experiments import headline
+    shutil.copytree(reproduce.RESULTS, tmp_path / "results")
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
+    ledger = tmp_path / "results" / reproduce.CELLS["countdown3-grpo-seed0"][2]
+    line = tamper(ledger, "number")
+    with pytest.raises(SystemExit, match=f"{ledger}:{line}: value"):
+        headline.main([])

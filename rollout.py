@@ -6,7 +6,6 @@ completion being the last T columns. `completion_mask` [B, T] marks the generate
 including the first EOS; the log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
-import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -15,25 +14,26 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-from fast.generate import generate_options, self_check
-from fast.kv_cache import cache_name, prefill_prompt_cache
+from fast.generate import sample_completions as fast_sample_completions
 from fast.logprobs import token_logprobs as fast_token_logprobs
+
+
+def precision(device, dtype):
+    """The compute context of a forward: bf16 autocast over fp32 weights ("bf16"), or nothing ("fp32")."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bf16" \
+        else contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------------------------------
 # Prompts: chat template for instruct models, plain text otherwise
 # --------------------------------------------------------------------------------------------------
 def render_prompts(tokenizer, task, examples, style):
-    """Token ids of each example's prompt (list of lists of ints, no padding).
+    """Token ids of each example's prompt (lists of ints, no padding).
 
-    style "compact": the task's one-line prompt; the tokenizer adds its own BOS (the tiny char
-    tokenizer does).
-    style "chat": the task's messages through the tokenizer's chat template with the generation
-    prompt, then the task's assistant_prefill (see there). A tokenizer without a template
-    (a base model) gets plain_text_conversation (harness/run.py notes it once per run),
-    then " " and the prefill. An example that carries its prompt already rendered (a data file
-    whose one message is the whole templated text, as AR-Lopti's K&K and Countdown files are:
-    example["rendered_prompt"]) is tokenized as it is, the way those runs fed it to the tokenizer.
+    "compact": the task's one-line prompt (the tokenizer adds its BOS). "chat": the task's messages through the
+    chat template, then the task's assistant_prefill; a tokenizer without a template gets
+    plain_text_conversation. An example carrying its prompt already rendered (example["rendered_prompt"]) is
+    tokenized as it is.
     """
     if style == "chat" and any("rendered_prompt" in ex for ex in examples):
         return [tokenizer(ex["rendered_prompt"], add_special_tokens=False)["input_ids"]
@@ -57,11 +57,8 @@ def render_prompts(tokenizer, task, examples, style):
 
 
 def assistant_prefill(task):
-    """The text a task's chat prompt puts at the start of the assistant's turn,
-    after the generation prompt: the task's optional `assistant_prefill` attribute
-    (a string; "" or absent: none). The model writes its completion after it,
-    and the completion alone reaches task.reward, so the task scores it knowing its own prefill
-    (knights_knaves with think_prefill=true: "<think>", as the official K&K prompts end)."""
+    """The text the task puts at the start of the assistant's turn (its optional `assistant_prefill`
+    string, e.g. "<think>"); the completion after it is what task.reward scores."""
     prefill = getattr(task, "assistant_prefill", "") or ""
     if not isinstance(prefill, str):
         raise TypeError(
@@ -71,10 +68,8 @@ def assistant_prefill(task):
 
 
 def plain_text_conversation(messages):
-    """The prompt a base model without a chat template gets, in the form of the
-    R1-Zero-style base-model runs (TinyZero, Logic-RL): a line naming the conversation,
-    the system text (the tasks' asks for <think> reasoning and an <answer>), "User: ..."
-    and "Assistant: ..." turns, ending with "Assistant:" for the model to continue."""
+    """A base model's prompt without a chat template, as the R1-Zero-style runs write it: the system text,
+    "User: ..." and "Assistant: ..." turns, ending with "Assistant:"."""
     system = " ".join(m["content"] for m in messages if m["role"] == "system")
     turns = [f"{'Assistant' if m['role'] == 'assistant' else 'User'}: {m['content']}"
              for m in messages if m["role"] != "system"]
@@ -100,10 +95,8 @@ def left_pad(prompt_ids, pad_token_id):
 def completion_mask_from_ids(completion_ids, eos_token_id):
     """completion_ids [B, T] -> (completion_mask [B, T] float 0/1, truncated [B] bool).
 
-    A row's mask covers columns 0..e where e is its first EOS (kept: the model must learn to stop);
-    a row with no EOS is truncated and keeps all T columns. Works when pad == eos:
-    generate pads finished rows with the pad id, and only the first EOS counts.
-    eos_token_id: an int or a list of ints (several stop tokens).
+    mask[b, t] = 1 for t <= the row's first EOS (kept: the model must learn to stop); a row without EOS is
+    truncated and keeps all T. Only the first EOS counts, so pad == eos works. eos_token_id: int or list.
     """
     eos_ids = torch.as_tensor(eos_token_id if isinstance(eos_token_id, (list, tuple))
                               else [eos_token_id], device=completion_ids.device)
@@ -130,58 +123,30 @@ class Rollouts:
     completions: list              # [B] decoded completion text (special tokens dropped)
 
 
-def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
-                       share_prefill, drop_finished_every, generate_kwargs, fast=True,
-                       compiled=False):
-    """HF generate for all rows of `prompt_ids` ->
-    (prompt ids [N*M, P], prompt mask, completion ids [N*M, T]).
+def plain_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id, generate_kwargs):
+    """One HF generate call on rows already repeated M times -> completion ids [rows, T]."""
+    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                               pad_token_id=pad_id, eos_token_id=eos_id, **generate_kwargs)
+    return sequences[:, input_ids.shape[1]:]
 
-    drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS
-    (and their KV cache) out of the batch before going on; a single generate call keeps decoding
-    finished rows until the last row stops. None: one generate call for all max_new_tokens.
-    fast=False: the plain generate call. fast=True: the same completions, token for token, in less
-    time (fast/generate.py): each prompt prefilled once for its M rows (share_prefill), into a KV
-    cache written in place; compiled: a static KV cache and a compiled decode step.
+
+def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
+                       generate_kwargs, fast=None):
+    """M completions of each prompt -> (prompt ids [N*M, P], prompt mask [N*M, P], completion ids [N*M, T]).
+
+    fast: None, the plain generate call; or fast/generate.py's options (share_prefill, drop_finished_every,
+    compiled): the same completions, token for token, in less time.
     """
-    if compiled and drop_finished_every:
-        raise ValueError("fast generate keeps every row in its static cache: "
-                         "no drop_finished_every")
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
-    cache = None  # the plain call: generate makes its own DynamicCache
-    if fast and share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
-        row_prompt = torch.arange(len(prompt_input_ids),
-                                  device=device).repeat_interleave(num_generations)
-        cache = prefill_prompt_cache(model, prompt_input_ids, prompt_mask, row_prompt)
-    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
-    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    completion_ids = torch.full((len(prompt_input_ids), max_new_tokens), pad_id, device=device)
-    running = torch.arange(len(prompt_input_ids), device=device)  # rows still decoding
-    input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
-    while True:
-        segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
-        cache_options = {cache_name(model): cache}  # None: generate makes its own
-        if fast:  # the same completions, less time a token: fast/generate.py
-            cache_options = generate_options(model, cache, len(input_ids), input_ids.shape[1],
-                                             max_new_tokens - width, compiled)
-        output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                **cache_options, max_new_tokens=segment,
-                                pad_token_id=pad_id, eos_token_id=eos_id,
-                                return_dict_in_generate=True, **generate_kwargs)
-        new_ids = output.sequences[:, input_ids.shape[1]:]
-        completion_ids[running, width:width + new_ids.shape[1]] = new_ids
-        width += new_ids.shape[1]
-        going = ~torch.isin(new_ids, torch.tensor(eos_id, device=device)).any(dim=1)
-        # done: all max_new_tokens, or every row stopped
-        # (the only reason generate returns short of `segment`)
-        if width == max_new_tokens or new_ids.shape[1] < segment or not going.any():
-            return prompt_input_ids, prompt_mask, completion_ids[:, :width]
-        # the unfinished rows go on from their sequences so far;
-        # the cache holds all but their last token
-        running, input_ids = running[going], output.sequences[going]
-        attention_mask = torch.cat([attention_mask, torch.ones_like(new_ids)], dim=1)[going]
-        cache = getattr(output, cache_name(model))
-        cache.batch_select_indices(going.nonzero().squeeze(1))
+    if fast:  # the same completions, less time a token: fast/generate.py
+        return fast_sample_completions(model, plain_generate, prompt_input_ids, prompt_mask, num_generations,
+                                       max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
+                                       generate_kwargs=generate_kwargs, **fast)
+    input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
+    attention_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    return input_ids, attention_mask, plain_generate(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                                                     pad_id=pad_id, eos_id=eos_id, generate_kwargs=generate_kwargs)
 
 
 @torch.no_grad()
@@ -189,28 +154,13 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
                       temperature=1.0, top_p=1.0, greedy=False, mask_truncated=False,
                       share_prefill=True, rollout_batch=None, drop_finished_every=None,
                       fast=True, fast_generate=False):
-    """Sample `num_generations` (M) completions for each prompt with HF generate; returns Rollouts.
+    """M = num_generations sampled completions of each prompt (token-id lists) -> Rollouts.
 
-    prompt_ids: list of token-id lists (see render_prompts). Sampling is plain ancestral sampling
-    at `temperature` (top_k off, no repetition penalty), so p_old = softmax(logits / temperature)
-    up to top_p; greedy=True is plain argmax. Nothing else from the model folder's
-    generation_config.json applies (its min_new_tokens, no_repeat_ngram_size, min_p, num_beams, ...
-    would sample from another distribution than the one the PPO ratio assumes). Randomness comes
-    from torch's global RNG: seed with torch.manual_seed for reproducible rollouts.
-    mask_truncated: zero the completion mask of rows that hit max_new_tokens without an EOS.
-    share_prefill: run each prompt through the model once and copy its KV cache to
-    its M rows (same samples, less compute; see prefill_prompt_cache). rollout_batch:
-    at most this many rows per generate call (whole groups, at least one group per call)
-    to bound generate's memory; None = all rows in one call. The calls' results are joined
-    with the usual layout: prompts left-padded to the widest, completions right-padded.
-    drop_finished_every: stop decoding rows that reached EOS every
-    that many tokens (see sample_completions); the same distribution,
-    but other random draws than one call (fewer rows per sampling step).
-    fast=False: the plain generate call (see sample_completions; share_prefill is then off). At the
-    first rollout on a CUDA device, fast/generate.py's self_check holds the fast paths to it on two
-    rows and falls back to it on a difference.
-    fast_generate: a static KV cache and a compiled decode step in the same generate call (the same
-    samples up to float rounding; compiled once per run and shape: see fast/generate.py).
+    Plain ancestral sampling at `temperature` up to top_p (top_k off, no repetition penalty, nothing from the
+    model folder's generation_config.json), so p_old = softmax(logits / temperature): what the PPO ratio assumes.
+    greedy: argmax. Seed with torch.manual_seed. mask_truncated: rows without EOS leave the loss (still
+    rewarded). rollout_batch: at most this many rows (whole groups) per generate call. fast: fast/generate.py's
+    paths (share_prefill, drop_finished_every, fast_generate), the same tokens sooner (DESIGN.md section 5).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
@@ -226,18 +176,12 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     # generate fills every setting not given here from model.generation_config: a blank one instead
     model.generation_config = GenerationConfig(pad_token_id=pad_id, eos_token_id=eos_id,
                                                bos_token_id=folder_config.bos_token_id)
+    fast = fast and dict(share_prefill=share_prefill, drop_finished_every=drop_finished_every,
+                         compiled=fast_generate)
     try:
-        if fast:  # once, on a device the fast paths were never tested on: the same tokens, or plain
-            fast = self_check(model, functools.partial(
-                sample_completions, model, prompt_ids[:1], 2, pad_id=pad_id, eos_id=eos_id,
-                share_prefill=share_prefill, drop_finished_every=None,
-                generate_kwargs=dict(repetition_penalty=1.0, **GREEDY)), fast_generate)
-        parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call],
-                                    num_generations, pad_id=pad_id, eos_id=eos_id,
-                                    max_new_tokens=max_new_tokens, share_prefill=share_prefill,
-                                    drop_finished_every=drop_finished_every,
-                                    generate_kwargs=generate_kwargs, fast=fast,
-                                    compiled=fast and fast_generate)
+        parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call], num_generations,
+                                    pad_id=pad_id, eos_id=eos_id, max_new_tokens=max_new_tokens,
+                                    generate_kwargs=generate_kwargs, fast=fast)
                  for start in range(0, len(prompt_ids), prompts_per_call)]
     finally:
         model.train(was_training)
@@ -274,29 +218,18 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
                    fp32_head=True, body_autocast=True, share_prompts=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
-    input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used here:
-    the completion is the last T columns). Gradients flow unless called under torch.no_grad().
-    with_entropy=True also returns the per-token entropy [B, T] of softmax(logits / temperature),
-    detached (a metric). micro_batch: rows per forward (None: all). Positions follow
-    HF generate with left padding: position_id = (number of real tokens before)
-    clipped at 0, so each token is scored exactly as generate sampled it.
-    body_autocast=False runs the forward outside autocast,
-    in the weights' dtype (float32 in train.py).
-    fast=True (default): fast/logprobs.py's token_logprobs, the same values up to float rounding
-    with less memory and compute: each group's prompt runs through the model once (share_prompts),
-    the LM head and log-softmax run in float32 (fp32_head, even under autocast)
-    on `logit_chunk` tokens at a time. Numbers: benchmarks/logprob_memory.py
-    (memory by logit_chunk), benchmarks/logprob_fidelity.py (bf16 precision).
-    fast=False: the plain path below, the definition
-    (the tests' reference); it ignores those three options.
+    input_ids, attention_mask [B, P+T]; completion_mask [B, T] (its width T: the completion is the last T
+    columns). with_entropy: also the entropy of each token's distribution [B, T], detached. micro_batch: rows
+    per forward. Positions as HF generate gives them with left padding, so each token is scored as it was
+    sampled. body_autocast=False: the forward in the weights' dtype. fast: fast/logprobs.py, the same values
+    up to rounding with less memory (shared prompts, a float32 head on logit_chunk tokens at a time); the
+    plain path below is the definition.
     """
     if fast:  # same numbers, less memory and compute: see fast/logprobs.py
         return fast_token_logprobs(
             model, input_ids, attention_mask, completion_mask, temperature=temperature,
             micro_batch=micro_batch, with_entropy=with_entropy, logit_chunk=logit_chunk,
             fp32_head=fp32_head, body_autocast=body_autocast, share_prompts=share_prompts)
-    # Plain path: no logit chunking (holds [b, T, V] float32 logits),
-    # no prompt sharing, the model's own head.
     T = completion_mask.shape[1]
     micro_batch = micro_batch or input_ids.shape[0]
     logprob_parts, entropy_parts = [], []

@@ -15,41 +15,25 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step (sections 1 and 2) uses only the lesson files beside this one (and fast/, the same numbers
-sooner: --no-fast turns it off). The loop (section 3) runs on harness/, which runs the lesson (its
-__init__.py lists its files); a reader of the algorithm may skip both folders.
-
-What this step leaves out, and a production trainer adds: generation on a serving engine (vLLM,
-SGLang) with the weights synced to it each step, sequence packing instead of padded rows, several
-processes (FSDP or DeepSpeed over GPUs and nodes), and a learned reward or value model where a
-task's reward is not a rule. Here one process on one device generates with HF `generate` and
-scores with a rule. The scale-out lives in integrations/ (these advantages and losses inside verl
-and TRL) and docs/scale-out.md.
+The step (sections 1 and 2) uses only the lesson files beside this one (and fast/: the same numbers
+sooner; --no-fast turns it off); the loop (section 3) runs on harness/. What a production trainer adds
+(a serving engine, packing, several processes): docs/scale-out.md.
 """
 import contextlib
 import sys
 
 from harness import config as settings
 
-if __name__ == "__main__":
-    # flags parsed once, before torch loads: --help and a bad flag answer at once
-    command_line = settings.load()
-
-import torch
+command_line = settings.load() if __name__ == "__main__" else None  # before torch: --help answers at once
+import torch  # noqa: E402
 from tqdm import tqdm
 
-from experiments import inspect_step  # --inspect-every: an HTML page of a step (docs/runs.md)
 from harness import run
-from lopti import isolation_masks, lopti_passes, reweight_advantages
-from ppo import StepStats, policy_loss
-from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
+from harness.step_stats import StepStats
+from lopti import lopti_passes, reweight_advantages
+from ppo import forward_chunks, policy_loss, row_shares
+from rollout import evaluate, generate_rollouts, precision, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
-
-
-def precision(device, dtype):
-    """The compute context: bf16 autocast over fp32 weights ("bf16"), or nothing ("fp32")."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bf16" \
-        else contextlib.nullcontext()
 
 
 def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks pass a real one
@@ -128,15 +112,15 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     token_adv = reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
 
     # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches steps
-    stats = StepStats()  # the loss's stats, summed on the device (ppo.py)
-    for name, pass_adv, pass_mask in lopti_passes(token_adv, old_probs, mask, config.lopti_eta,
-                                                  config.lopti_order):
+    stats = StepStats()  # the loss's stats, summed on the device (harness/step_stats.py)
+    passes = lopti_passes(token_adv, old_probs, mask, config.lopti_eta, config.lopti_order)
+    for name, pass_adv, pass_mask in passes:
         trained = rows_with_gradient(pass_adv, pass_mask, kl=ref_model is not None)  # [B] bool
         for epoch in range(config.ppo_epochs):
             for mini_batch, rows in mini_batches_with_gradient(trained, config.mini_batches):
                 share = row_shares(mask, mini_batch, config.loss_agg, config.micro_batch)
                 optimizer.zero_grad(set_to_none=True)
-                for micro in forward_chunks(rows, mini_batch, config):  # micro_batch rows at a time
+                for micro in forward_chunks(rows, mini_batch, config.loss_agg, config.micro_batch):
                     logprobs, entropy = logprobs_of(model, micro, with_entropy=True)
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[micro]
                     loss, loss_stats = policy_loss(
@@ -150,7 +134,9 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                 stats.grad_norms.append(
                     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
                 optimizer.step()
-    return {**stats.result(), **low_probability_share(old_probs, mask, active, config.lopti_eta)}
+    low = {name: pass_mask for name, _, pass_mask in passes}.get("low")  # Lopti's split, as trained
+    return {**stats.result(), **({} if low is None else  # its share of the tokens that can learn
+                                 {"lopti_low_share": (low[active].sum() / mask[active].sum().clamp_min(1)).item()})}
 
 
 def fixed_pi_old(model, logprobs_of, rows, mask, old_logprobs, config):
@@ -186,44 +172,6 @@ def mini_batches_with_gradient(trained, count):
             for mini_batch in splits if trained[mini_batch].any()]
 
 
-def row_shares(completion_mask, mini_batch, loss_agg, micro_batch):
-    """[B] each row's weight in its mini-batch's loss: its tokens / the mini-batch's tokens
-    (token-mean), its tokens / its micro-batch's tokens / the number of micro-batches
-    (token-mean-per-micro-batch: the micro-batches are the mini-batch's rows, micro_batch at a
-    time, as verl forms them), else 1 / rows. Forward chunks' losses times their rows' shares add
-    up to the mini-batch's loss."""
-    share = torch.zeros(len(completion_mask), device=completion_mask.device)
-    tokens = completion_mask[mini_batch].sum(1)
-    if loss_agg == "token-mean":
-        share[mini_batch] = tokens / tokens.sum().clamp_min(1)
-    elif loss_agg == "token-mean-per-micro-batch":
-        parts = tokens.split(micro_batch)
-        share[mini_batch] = torch.cat([part / part.sum().clamp_min(1) / len(parts)
-                                       for part in parts])
-    else:
-        share[mini_batch] = 1.0 / len(mini_batch)
-    return share
-
-
-def low_probability_share(old_probs, mask, active, eta):
-    """{"lopti_low_share": the share of the active rows' tokens in Lopti's low-probability pass};
-    {} without Lopti."""
-    if eta <= 0:
-        return {}
-    low, _ = isolation_masks(old_probs, mask, eta)
-    return {"lopti_low_share": (low[active].sum() / mask[active].sum().clamp_min(1)).item()}
-
-
-def forward_chunks(rows, mini_batch, config):
-    """The trained rows of a mini-batch, micro_batch at a time. token-mean-per-micro-batch: within
-    each of the mini-batch's own micro-batches, so that no chunk mixes two micro-batches' token
-    means."""
-    if config.loss_agg != "token-mean-per-micro-batch":
-        return rows.split(config.micro_batch)
-    chunks = [micro[torch.isin(micro, rows)] for micro in mini_batch.split(config.micro_batch)]
-    return [chunk for chunk in chunks if len(chunk)]
-
-
 # --------------------------------------------------------------------------------------------------
 # 3. The loop
 # --------------------------------------------------------------------------------------------------
@@ -248,24 +196,21 @@ def train(config):
                                 max_new_tokens=config.max_new_tokens, samples=samples,
                                 fast=config.fast, batch_size=config.rollout_batch or 256)
 
-        state.begin(model, tokenizer, optimizer, evaluate_now,  # fresh: eval at step 0; or restored
-                    [task.prompt(example, config.style) for example in eval_examples])
+        state.begin(model, tokenizer, optimizer, evaluate_now, task, eval_examples)  # fresh: eval at 0
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
                         total=config.steps, desc="RL", bar_format=run.BAR_FORMAT)
         for step in progress:
             # --- 1. rollouts, rewards, group advantages -------------------------------------------
-            for group in optimizer.param_groups:  # linear warm-up, then constant
-                group["lr"] = config.lr * min(1.0, step / (config.warmup_steps + 1))
+            run.set_learning_rate(optimizer, config, step)  # linear warm-up, then constant
             examples = prompts(step)  # the step's prompts_per_step training examples
             rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
                                                              config, clock=state.clock)
             # --- 2. the update --------------------------------------------------------------------
-            page = inspect_step.before_update(config, step, model, tokenizer, task, rollouts,
-                                              rewards)  # --inspect-every's page, else None
+            page = state.page_before_update(step, task, rollouts, rewards)  # --inspect-every, else None
             stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
                                   rollouts.completion_mask, advantages, config, ref_model=ref_model,
                                   clock=state.clock)
-            inspect_step.after_update(page, model, stats)
+            state.page_after_update(page, stats)  # the step's HTML page (docs/runs.md, "See one step")
             # --- 3. metrics, held-out eval, checkpoint (harness/run.py) ---------------------------
             batch = rollout_stats(task, rollouts, rewards, advantages, config.num_generations)
             row = state.log({"step": step, **batch, **stats, "lr": optimizer.param_groups[0]["lr"]},

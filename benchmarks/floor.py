@@ -410,11 +410,11 @@ def recorded(clock, optimizer):
 
     Yields a dict: "forwards" (a Forward per token_logprobs call of update_policy), "optimizer steps".
     clock(name) times "prefill" (rollout's shared prefill), "no-grad forwards" and "optimizer step"."""
-    import rollout
+    from fast import kv_cache
     import train
 
     record = defaultdict(list)
-    token_logprobs, prefill, step = train.token_logprobs, rollout.prefill_prompt_cache, optimizer.step
+    token_logprobs, prefill, step = train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
 
     def recording_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs):
         trains = torch.is_grad_enabled()
@@ -432,11 +432,11 @@ def recorded(clock, optimizer):
             return step(*args, **kwargs)
 
     own_step = "step" in vars(optimizer)
-    train.token_logprobs, rollout.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
+    train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
     try:
         yield record
     finally:
-        train.token_logprobs, rollout.prefill_prompt_cache = token_logprobs, prefill
+        train.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
         if own_step:
             optimizer.step = step
         else:

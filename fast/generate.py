@@ -1,5 +1,6 @@
 """The fast paths of rollout.sample_completions' generate call: the same completions, less time per
-token, and the self-check that holds them to the plain call on a device where they never ran.
+token (the shared prefill, the roomy cache, finished rows dropped, opt-in a compiled decode step), and the
+self-check that holds them to the plain call on a device where they never ran.
 
 On (`--no-fast` turns it off): the roomy cache (fast/kv_cache.py), DynamicCache's values written in
 place instead of concatenated, in the same generate call.
@@ -103,3 +104,82 @@ def self_check(model, sample, compiled, log=print):
         f"fast-path self-check ({rows}): {paths} DIFFER from plain generate on this device: "
         "generating with the plain call for this run (--no-fast does so from the start)")
     return verdicts[compiled]
+
+
+# --------------------------------------------------------------------------------------------------
+# rollout.sample_completions' fast path: the shared prefill, the roomy or static cache, finished rows
+# dropped every drop_finished_every tokens; the self-check first where the paths were never tested
+# --------------------------------------------------------------------------------------------------
+GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None, repetition_penalty=1.0)
+
+
+def sample_completions(model, plain, prompt_input_ids, prompt_mask, num_generations, *, max_new_tokens, pad_id,
+                       eos_id, generate_kwargs, share_prefill=True, drop_finished_every=None, compiled=False):
+    """rollout.sample_completions with fast=options: the same (prompt ids, prompt mask, completion ids) as the
+    plain call `plain` (rollout.plain_generate), in less time. prompt_input_ids, prompt_mask [N, P], left-padded.
+
+    share_prefill: each prompt runs through the model once, its KV cache copied to its M rows.
+    drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS (and their KV
+    cache) out of the batch (the same distribution, other random draws than one call). compiled: a static KV
+    cache and a compiled decode step. On a device the paths were never tested on, self_check runs first; on a
+    difference, the plain call.
+    """
+    if compiled and drop_finished_every:
+        raise ValueError("fast generate keeps every row in its static cache: no drop_finished_every")
+    options = dict(max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id)
+    if self_check(model, check_sample(model, plain, prompt_input_ids[:1], prompt_mask[:1], share_prefill,
+                                      **options), compiled):
+        return segmented_generate(model, prompt_input_ids, prompt_mask, num_generations, **options,
+                                  generate_kwargs=generate_kwargs, share_prefill=share_prefill,
+                                  drop_finished_every=drop_finished_every, compiled=compiled)
+    input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
+    attention_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    return input_ids, attention_mask, plain(model, input_ids, attention_mask, **options,
+                                            generate_kwargs=generate_kwargs)
+
+
+def check_sample(model, plain, prompt_input_ids, prompt_mask, share_prefill, *, pad_id, eos_id, **_):
+    """What self_check compares: sample(fast=, compiled=, max_new_tokens=) -> two greedy rows of the prompt."""
+    def sample(fast, compiled, max_new_tokens):
+        options = dict(max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id, generate_kwargs=GREEDY)
+        if fast:
+            return segmented_generate(model, prompt_input_ids, prompt_mask, 2, share_prefill=share_prefill,
+                                      drop_finished_every=None, compiled=compiled, **options)
+        ids, mask = prompt_input_ids.repeat_interleave(2, dim=0), prompt_mask.repeat_interleave(2, dim=0)
+        return ids, mask, plain(model, ids, mask, **options)
+    return sample
+
+
+def segmented_generate(model, prompt_input_ids, prompt_mask, num_generations, *, max_new_tokens, pad_id, eos_id,
+                       generate_kwargs, share_prefill, drop_finished_every, compiled):
+    """The fast generate: the shared prefill into a roomy (or static, compiled) cache, then generate in segments of
+    drop_finished_every tokens (None: one), the finished rows and their cache dropped between segments."""
+    device = prompt_input_ids.device
+    cache = None  # generate makes its own
+    if share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
+        row_prompt = torch.arange(len(prompt_input_ids), device=device).repeat_interleave(num_generations)
+        cache = kv_cache.prefill_prompt_cache(model, prompt_input_ids, prompt_mask, row_prompt)
+    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
+    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    completion_ids = torch.full((len(prompt_input_ids), max_new_tokens), pad_id, device=device)
+    running = torch.arange(len(prompt_input_ids), device=device)  # rows still decoding
+    input_ids, attention_mask, width = prompt_input_ids, prompt_mask, 0
+    while True:
+        segment = min(drop_finished_every or max_new_tokens, max_new_tokens - width)
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                **generate_options(model, cache, len(input_ids), input_ids.shape[1],
+                                                   max_new_tokens - width, compiled),
+                                max_new_tokens=segment, pad_token_id=pad_id, eos_token_id=eos_id,
+                                return_dict_in_generate=True, **generate_kwargs)
+        new_ids = output.sequences[:, input_ids.shape[1]:]
+        completion_ids[running, width:width + new_ids.shape[1]] = new_ids
+        width += new_ids.shape[1]
+        going = ~torch.isin(new_ids, torch.tensor(eos_id, device=device)).any(dim=1)
+        # done: all max_new_tokens, or every row stopped (the only reason generate returns short of `segment`)
+        if width == max_new_tokens or new_ids.shape[1] < segment or not going.any():
+            return prompt_input_ids, prompt_mask, completion_ids[:, :width]
+        # the unfinished rows go on from their sequences so far; the cache holds all but their last token
+        running, input_ids = running[going], output.sequences[going]
+        attention_mask = torch.cat([attention_mask, torch.ones_like(new_ids)], dim=1)[going]
+        cache = getattr(output, kv_cache.cache_name(model))
+        cache.batch_select_indices(going.nonzero().squeeze(1))

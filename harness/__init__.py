@@ -10,8 +10,11 @@
     memory.py      the memory plan of --dry-run and --memory-budget: what a step holds, per card
     report.py      --report-to tensorboard,wandb: metrics.jsonl's rows and eval samples to a logger
     merge_lora.py  `python -m harness.merge_lora`: a LoRA run's adapters merged into a plain model folder
+    watch.py       the notes on learning: a start, a fall, a flat run or a collapse, said in words
+    step_page.py   --inspect-every's HTML page of one step (the command: experiments/inspect_step.py)
+    step_stats.py  the step's loss statistics, summed on the device and read once
 
 The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions) import nothing from here; train.py's
-loop and `main` do. Nothing in this package imports torch at import time except run.py and tiny.py, so `--help` and
+loop and `main` do. config.py and what it imports load no torch, so `--help` and
 a bad flag answer before torch loads.
 """

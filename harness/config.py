@@ -128,8 +128,8 @@ class Config:
     mask_truncated: bool = setting(False, "drop completions without EOS from the loss")
     rollout_batch: int | None = setting(None, "rows per generate call, whole groups (memory only)",
                                         resumable=True)
-    drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (faster "
-                                              "when lengths vary; same distribution, other random draws)")
+    drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (a fast "
+                                              "path: faster when lengths vary; same distribution, other random draws)")
     fast: bool = setting(True, "the fast paths (fast/: shared prefill, roomy KV cache, chunked log-probs, no pi_old "
                          "forward when nothing reads it); --no-fast: the lesson as written, the same up to float rounding, slower",
                          resumable=True)
@@ -254,6 +254,8 @@ class Config:
                  "static cache: give it or --drop-finished-every, not both"),
                 (self.fast or not self.fast_generate, "--no-fast turns every fast path off: give it or "
                  "--fast-generate, not both"),
+                (self.fast or not self.drop_finished_every, "--no-fast turns every fast path off (the plain rollout "
+                 "is one generate call): give it or --drop-finished-every, not both"),
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
                 (1 <= self.max_new_tokens <= MAX_NEW_TOKENS, f"--max-new-tokens must lie in [1, {MAX_NEW_TOKENS}]"),

@@ -46,6 +46,7 @@ from harness.config import Config, InputError, check_libraries, require_library
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
+from harness.watch import Watch, top_answer
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
@@ -458,6 +459,12 @@ def idle_note(config, row, streak):
 # ---------------------------------------------------------------------------------------------------------------
 # The run's state: the folder, metrics, evals, checkpoints, Ctrl-C
 # ---------------------------------------------------------------------------------------------------------------
+def set_learning_rate(optimizer, config, step):
+    """The step's learning rate: linear warm-up over --warmup-steps, then constant at --lr."""
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr * min(1.0, step / (config.warmup_steps + 1))
+
+
 @dataclasses.dataclass
 class RunState:
     """What the loop reads and calls: step (the last finished step), initial_eval, begin(), log(), end_of_step(),
@@ -480,6 +487,9 @@ class RunState:
     trained_steps: int = 0            # steps that took at least one optimizer step (over the whole run)
     idle_streak: int = 0              # the latest steps in a row that took none
     idle_stopped: bool = False        # stopped after --idle-stop such steps
+    task: object = None               # the task and its held-out examples (begin)
+    eval_examples: list = None
+    watch: Watch = None               # the notes on whether the run learns (harness/watch.py)
 
     @property
     def exit_code(self):
@@ -491,14 +501,16 @@ class RunState:
     def metrics_path(self):
         return os.path.join(self.config.output_dir, "metrics.jsonl")
 
-    def begin(self, model, tokenizer, optimizer, evaluate, eval_prompts=None):
+    def begin(self, model, tokenizer, optimizer, evaluate, task=None, eval_examples=()):
         """Fresh: the loggers opened (a W&B login or network failure is one line here, before any file), then
         metrics.jsonl begun with the held-out eval at step 0. Resumed: the optimizer, RNG states and step from the
         checkpoint; only then, and only when there is a step to train, are the metrics rows written after it dropped
-        and `latest` pointed at it (a refused or empty resume changes nothing in the folder). eval_prompts: the
-        held-out prompts (task.prompt's), for the loggers' samples tables."""
+        and `latest` pointed at it (a refused or empty resume changes nothing in the folder). task, eval_examples:
+        the held-out examples, for the loggers' samples tables and the notes on learning (harness/watch.py)."""
         self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
-        self.eval_prompts = [report.prompt_text(prompt) for prompt in eval_prompts or []]
+        self.task, self.eval_examples = task, list(eval_examples)
+        self.eval_prompts = [report.prompt_text(task.prompt(example, self.config.style)) for example in eval_examples]
+        self.watch = Watch(tiny=self.config.model == "tiny")
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
         if self.config.resume:
@@ -531,8 +543,14 @@ class RunState:
                     point_latest(self.config.output_dir, self.step)
                     say(f"note: resuming from checkpoint-{self.step}: the later {', '.join(later)} of this run "
                         "will be replaced from this run's first checkpoint on")
-            self.count_trained(row for row in metrics_rows(self.metrics_path, print)
-                               if not row.get("eval") and row["step"] <= self.step)
+            kept = [row for row in metrics_rows(self.metrics_path, print) if row["step"] <= self.step]
+            self.count_trained(row for row in kept if not row.get("eval"))
+            self.watch.first = self.initial_eval  # the notes go on from the rows so far, silently
+            for row in kept:
+                if row.get("eval") and row["step"] > 0 and self.initial_eval:
+                    self.watch.eval(row["step"], row, [])
+                elif not row.get("eval"):
+                    self.watch.train_row(row)
             print(f"resumed from step {self.step} ({self.config.resume})"
                   + ("" if self.step < self.config.steps else f"; --steps {self.config.steps} is reached: nothing "
                      "to train (raise --steps to go on)"), flush=True)
@@ -558,6 +576,7 @@ class RunState:
         self.reporters.row(row)
         self.phase_seconds.clear()
         self.count_trained([row])
+        self.watch.train_row(row)
         if self.idle_streak == self.config.idle_warn:
             say(idle_note(self.config, row, self.idle_streak))
         return row
@@ -571,7 +590,9 @@ class RunState:
 
     def trained_line(self):
         """The end-of-run table's line: how many steps trained."""
-        return f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}"
+        verdict = self.watch.verdict() if self.watch else None
+        return f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}" + \
+            (f"\n{verdict}" if verdict else "")
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
@@ -584,7 +605,32 @@ class RunState:
         say(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}")
         for completion, reward in samples[:shown]:
             say(f"    reward {reward:.3f}  {completion[:160]!r}")
+        notes = [self.watch.start(result, samples, self.constant_pass(samples))] if step == 0 else \
+            self.watch.eval(step, result, samples)
+        for note in filter(None, notes):
+            say(note)
         return result
+
+    def constant_pass(self, samples):
+        """The held-out pass@1 of answering the most common greedy completion to every prompt (None without the
+        task's examples)."""
+        answer, _ = top_answer(samples)
+        if answer is None or self.task is None or len(self.eval_examples) != len(samples):
+            return None
+        return sum(float(self.task.reward(answer, example, style=self.config.style)) >= self.task.pass_threshold
+                   for example in self.eval_examples) / len(self.eval_examples)
+
+    def page_before_update(self, step, task, rollouts, rewards):
+        """--inspect-every's hook before the update: the step's page record (harness/step_page.py), p_old fixed from
+        the weights before it; None on a step the flag does not ask for."""
+        from harness.step_page import before_update  # the page's code loads only when a page is made
+        return before_update(self.config, step, self.model, self.tokenizer, task, rollouts, rewards)
+
+    def page_after_update(self, record, stats):
+        """--inspect-every's hook after the update: the page written, and its path said."""
+        if record is not None:
+            from harness.step_page import after_update
+            say(f"step {record.step}: its page is {after_update(record, self.model, stats)}")
 
     def end_of_step(self, step):
         """The held-out eval and the checkpoint when due (every eval_every / save_every steps, the last step, and

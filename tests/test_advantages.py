@@ -150,7 +150,7 @@ def test_maxrl_all_fail_is_zero_and_binary_is_M_over_K():
     (torch.zeros(2, 4), "softmax", {"tau": -1.0}, "tau"),
     (torch.zeros(2, 4), "softmax", {"tau": float("inf")}, "tau"),
     (torch.zeros(2, 4), "softmax", {"tau": float("nan")}, "tau"),
-    (torch.zeros(3, 1), "grpo", {}, "M=1"),
+    (torch.zeros(3, 1), "grpo", {}, "M >= 2"),
     (torch.zeros(8), "grpo", {}, "shape"),
     (torch.tensor([[0.0, float("nan")]]), "grpo", {}, "NaN"),
     (torch.tensor([[0.0, float("inf")]]), "softmax", {}, "inf"),

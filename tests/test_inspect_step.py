@@ -1,4 +1,4 @@
-"""experiments/inspect_step.py: the page of one step shows the lesson's own numbers (advantages, p_old, AR's weights,
+"""harness/step_page.py (and experiments/inspect_step.py): the page of one step shows the lesson's own numbers (advantages, p_old, AR's weights,
 Lopti's passes, the clip), holds no external reference, escapes completions, stays small, and is the same page
 whether train.py --inspect-every wrote it or the command re-sampled the step from the checkpoint before it; a run
 without the flag writes what it wrote before."""
@@ -16,6 +16,7 @@ import torch
 import tasks
 import train
 from experiments import inspect_step
+from harness import step_page
 from harness import run as run_module
 from harness.checkpoint import remove_run
 from harness.config import Config
@@ -68,7 +69,7 @@ def record_of_tiny_rollouts(rewards, *, lr=None, **settings):
     config = Config(num_generations=4, prompts_per_step=2, max_new_tokens=6, dtype="fp32", device="cpu",
                     output_dir="unused", **settings)
     rewards = torch.tensor(rewards, dtype=torch.float32).flatten()
-    record = inspect_step.before_update(config, 5, model, tokenizer, DigitsTask(), rollouts, rewards, due=True)
+    record = step_page.before_update(config, 5, model, tokenizer, DigitsTask(), rollouts, rewards, due=True)
     stats = {}
     if lr is not None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -79,7 +80,7 @@ def record_of_tiny_rollouts(rewards, *, lr=None, **settings):
 
 
 def finished_page(record, model, stats, tmp_path):
-    path = inspect_step.after_update(record, model, stats, path=str(tmp_path / "page.html"))
+    path = step_page.after_update(record, model, stats, path=str(tmp_path / "page.html"))
     return open(path, encoding="utf-8").read()
 
 
@@ -104,7 +105,7 @@ def test_the_page_shows_the_advantages_p_old_ar_weights_and_lopti_passes_of_the_
         p_old = token_logprobs(model, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
                                fast=False).exp()
     mask = rollouts.completion_mask
-    weights = reweight_advantages(torch.ones(8), p_old, mask, inspect_step.SHOWN_ALPHA)
+    weights = reweight_advantages(torch.ones(8), p_old, mask, step_page.SHOWN_ALPHA)
     tokens = 0
     for b, row in enumerate(page.rows):
         assert len(row["tokens"]) == int(mask[b].sum())
@@ -113,7 +114,7 @@ def test_the_page_shows_the_advantages_p_old_ar_weights_and_lopti_passes_of_the_
             assert numbers["p_old"] == pytest.approx(float(p_old[b, t]), abs=6e-4)
             assert numbers["AR weight"] == pytest.approx(float(weights[b, t]), abs=6e-4)
             assert numbers["AR weight"] == pytest.approx(0.3 * numbers["p_old"] + 0.7, abs=1e-3)
-            low = float(p_old[b, t]) < inspect_step.SHOWN_ETA
+            low = float(p_old[b, t]) < step_page.SHOWN_ETA
             assert ("Lopti low" in title) == low and ("lo" in classes.split()) == low
             assert numbers["ratio"] == 1.0 and "(clipped)" not in title  # no update: pi_after = pi_old
             tokens += 1
@@ -188,8 +189,8 @@ def long_record(T=5000, G=8, M=16):
     advantages = {name: group_advantages(rewards, name, tau=0.1) for name in ("softmax", "grpo")}
     token_advantages = advantages["softmax"].view(-1, 1) * mask
     ratio = (torch.randn(G * M, T) * 0.3).exp()
-    low, high = inspect_step.clip_masks(ratio, token_advantages, mask)
-    return inspect_step.StepRecord(
+    low, high = step_page.clip_masks(ratio, token_advantages, mask)
+    return step_page.StepRecord(
         config=config, step=7, pass_threshold=1.0, prompts=["x" * 10_000] * G, rewards=rewards,
         lengths=mask.sum(1).view(G, M), advantages=advantages, completion_ids=ids, mask=mask,
         old_logprobs=old_logprobs, ar_weight=reweight_advantages(torch.ones(G * M), old_logprobs.exp(), mask, 0.3),
@@ -198,22 +199,22 @@ def long_record(T=5000, G=8, M=16):
 
 
 def test_a_page_of_long_completions_stays_small_and_says_what_it_cut():
-    text = inspect_step.page_html(long_record())
+    text = step_page.page_html(long_record())
     assert len(text.encode()) < 400_000, len(text.encode())
     page = Page(text)
     assert len(page.rows) == 4 * 16  # GROUPS_SHOWN groups, COMPLETIONS_SHOWN each
-    shown = inspect_step.tokens_shown_per_completion(len(page.rows))
+    shown = step_page.tokens_shown_per_completion(len(page.rows))
     assert all(len(row["tokens"]) == shown for row in page.rows)
     assert text.count(f"… {5000 - shown} more tokens not shown") == len(page.rows) and "(cut)" in text
-    more = inspect_step.page_html(long_record(M=32))
+    more = step_page.page_html(long_record(M=32))
     assert len(more.encode()) < 400_000 and "16 more completions of this group not shown" in more
 
 
 def test_the_groups_shown_are_the_hardest_a_mixed_the_easiest_and_one_without_signal():
     rewards = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
-    assert inspect_step.chosen_groups(rewards, 1.0) == [("hardest", 2), ("mixed", 3), ("easiest", 4),
+    assert step_page.chosen_groups(rewards, 1.0) == [("hardest", 2), ("mixed", 3), ("easiest", 4),
                                                         ("no signal", 1)]
-    assert inspect_step.chosen_groups(torch.zeros(3, 4), 1.0) == [("hardest", 0)]  # all alike: one group
+    assert step_page.chosen_groups(torch.zeros(3, 4), 1.0) == [("hardest", 0)]  # all alike: one group
 
 
 # --- the run's pages: train.py --inspect-every and the command on a checkpoint ------------------------------------

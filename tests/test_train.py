@@ -129,7 +129,7 @@ def test_no_fast_runs_the_lesson_as_written_to_the_same_weights(tmp_path, monkey
     original = train.token_logprobs
     monkeypatch.setattr(train, "token_logprobs",
                         lambda *args, **kwargs: (calls.append(torch.is_grad_enabled()), original(*args, **kwargs))[1])
-    for name in ("prefill_prompt_cache", "generate_options", "fast_token_logprobs"):
+    for name in ("fast_sample_completions", "fast_token_logprobs"):
         monkeypatch.setattr(rollout, name, lambda *args, **kwargs: pytest.fail("a fast path ran under --no-fast"))
     _, plain_steps, _, plain_out = run(tmp_path, "--steps", "2", "--lr", "1e-3", "--no-fast", name="plain")
     assert calls.count(False) == 2  # one pi_old forward a step
@@ -479,7 +479,7 @@ def test_python_train_py_reads_its_flags_and_a_resumed_run_once(tmp_path):
 
 def test_the_step_uses_only_the_lesson_files():
     # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/: copying the step
-    # takes rollout, softmax_grpo, lopti, ppo (and rollout's fast path), not the run's plumbing.
+    # takes rollout, softmax_grpo, lopti, ppo (and rollout's fast path) and harness/step_stats.py, not the run's plumbing.
     import ast
     tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
     origin = {}  # imported name -> module
@@ -498,8 +498,9 @@ def test_the_step_uses_only_the_lesson_files():
                 todo.append(node.id)
             elif isinstance(node, ast.Name) and node.id in origin:
                 modules.add(origin[node.id])
-    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo"}, modules
-    assert {"rows_with_gradient", "row_shares", "forward_chunks", "precision"} <= seen
+    # and the loss's statistics, summed on the device (bookkeeping, not the algorithm)
+    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo", "harness.step_stats"}, modules
+    assert {"rows_with_gradient", "fixed_pi_old", "mini_batches_with_gradient"} <= seen
 
 
 def test_the_embedded_default_learns(tmp_path):

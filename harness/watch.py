@@ -1,0 +1,129 @@
+"""Whether the run learns, said in words: the notes a run prints at its evals and in its end table (docs/tasks.md,
+"When a run says it learns nothing").
+
+Each check reads the held-out greedy eval (pass@1 and its standard error over the prompts, the greedy answers) and
+the train rows' reward; each note says what it saw, the likely causes and the flags that address them:
+
+  degenerate start  before RL: one greedy answer for most prompts, or a pass@1 that answering that one string to
+                    every prompt would reach
+  fell              held-out pass@1 below where RL started by more than the noise of the two evals
+                    (2 sqrt(se_0^2 + se_now^2)); with the train reward's rise beside it when the two move apart
+  flat              FLAT_EVALS evals after the start, none above it by more than that noise
+  collapsed         one greedy answer for most held-out prompts after RL started
+
+What the notes cannot see: a task whose right answer is the same string for most prompts looks collapsed; a gain
+smaller than the eval's noise looks flat (a larger --eval-size resolves less); a reward that rewards the wrong thing
+looks like learning.
+"""
+import collections
+import math
+
+COLLAPSED_SHARE = 0.5    # one greedy answer for at least this share of the held-out prompts
+MIN_PROMPTS = 8          # fewer held-out prompts: too few to call anything collapsed
+FLAT_EVALS = 4           # evals after the start before "flat" is said
+REWARD_WINDOW = 10       # train rows averaged at each end of the train-reward trend
+
+
+def top_answer(samples):
+    """(the most common greedy completion, its share of the prompts) of an eval's (completion, reward) samples."""
+    if not samples:
+        return None, 0.0
+    answer, count = collections.Counter(text.strip() for text, _ in samples).most_common(1)[0]
+    return answer, count / len(samples)
+
+
+def noise(first, now):
+    """Twice the standard error of the difference of two evals' pass@1 (unpaired: an upper bound for the same
+    prompts)."""
+    return 2 * math.sqrt(first.get("pass@1_se", 0.0) ** 2 + now.get("pass@1_se", 0.0) ** 2)
+
+
+def shown(text, limit=40):
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+class Watch:
+    """The notes of one run: start() at the step-0 eval, eval() at each later one, train_row() for each step's
+    row, verdict() for the end table. Each kind of note is said once; the verdict repeats what was found."""
+
+    def __init__(self, tiny):
+        self.tiny = tiny                  # the tiny model: its warm start is what a degenerate start blames
+        self.first = None                 # the step-0 eval's result
+        self.evals = 0                    # evals after the start
+        self.best = None                  # the best pass@1 after the start
+        self.rewards = []                 # the train rows' reward_mean, in step order
+        self.found = {}                   # kind -> the short form of its note, for the verdict
+
+    def train_row(self, row):
+        self.rewards.append(row.get("reward_mean"))
+
+    def start(self, result, samples, constant_pass=None):
+        """The step-0 eval -> its note, or None. constant_pass: the pass@1 of answering the most common greedy
+        answer to every held-out prompt."""
+        self.first = result
+        answer, share = top_answer(samples)
+        collapsed = len(samples) >= MIN_PROMPTS and share >= COLLAPSED_SHARE
+        constant = constant_pass is not None and 0 < constant_pass and result["pass@1"] <= constant_pass
+        if not (collapsed or constant):
+            return None
+        what = "the warm start ended" if self.tiny else "the initial policy is"
+        seen = (f"{shown(answer)} for {share:.0%} of the {len(samples)} held-out prompts" if collapsed else
+                f"pass@1 {result['pass@1']:.3f}, which answering {shown(answer)} to every prompt reaches "
+                f"({constant_pass:.3f})")
+        self.found["degenerate start"] = f"{what} degenerate ({seen})"
+        fix = ("raise --warm-start-target (e.g. 0.4) or --warm-start-steps, so RL starts from a policy that "
+               "answers the prompts apart" if self.tiny else "warm it up on the task first (supervised), or raise "
+               "--temperature so the groups differ")
+        return (f"note: {what} degenerate before RL: {seen}. RL samples around one answer, so most groups tie "
+                f"and the gradient pushes toward that answer; {fix} (docs/tasks.md)")
+
+    def eval(self, step, result, samples):
+        """A later eval -> its new notes (a list, often empty)."""
+        if self.first is None:
+            return []
+        self.evals += 1
+        self.best = result["pass@1"] if self.best is None else max(self.best, result["pass@1"])
+        notes, start, now = [], self.first["pass@1"], result["pass@1"]
+        margin = noise(self.first, result)
+        if start - now > margin and "fell" not in self.found:
+            trend = self.reward_trend()
+            apart = trend is not None and trend[1] - trend[0] > 0.05
+            self.found["fell"] = f"held-out pass@1 fell {start:.3f} -> {now:.3f}"
+            notes.append(
+                f"note: step {step}: held-out pass@1 fell to {now:.3f} from {start:.3f} where RL started (more than "
+                f"the evals' noise, {margin:.3f})" + (f", while the train reward rose {trend[0]:.3f} -> "
+                                                      f"{trend[1]:.3f}: the policy learns the train prompts' reward, "
+                                                      "not the task" if apart else "")
+                + ". Likely: a step too large (lower --lr), a collapse onto one answer, a reward that pays for "
+                "something else; try a lower --lr, --kl-coef 0.01, a larger --num-generations")
+        if self.evals >= FLAT_EVALS and self.best - start <= margin and "flat" not in self.found \
+                and "fell" not in self.found:
+            self.found["flat"] = f"held-out pass@1 flat at {start:.3f} over {self.evals} evals"
+            notes.append(
+                f"note: step {step}: held-out pass@1 is flat ({start:.3f} at the start, at best {self.best:.3f} in "
+                f"{self.evals} evals, within the evals' noise {margin:.3f}). Likely: groups that all tie (see "
+                "zero_var_share), too small a step, a start too weak to sample a success; try a higher "
+                "--warm-start-target (tiny model), a larger --num-generations, --temperature 1.0 or above, a "
+                "higher --lr")
+        answer, share = top_answer(samples)
+        if len(samples) >= MIN_PROMPTS and share >= COLLAPSED_SHARE and "collapsed" not in self.found \
+                and "degenerate start" not in self.found:
+            self.found["collapsed"] = f"greedy answers collapsed onto {shown(answer)} ({share:.0%})"
+            notes.append(
+                f"note: step {step}: the greedy answers collapsed: {shown(answer)} for {share:.0%} of the "
+                f"{len(samples)} held-out prompts. Likely: a step too large, a reward that pays that answer often; "
+                "try a lower --lr, --kl-coef 0.01, a higher --temperature")
+        return notes
+
+    def reward_trend(self):
+        """(mean train reward of the first REWARD_WINDOW rows, of the last ones), or None with too few rows."""
+        rewards = [r for r in self.rewards if r is not None]
+        if len(rewards) < 2 * REWARD_WINDOW:
+            return None
+        return (sum(rewards[:REWARD_WINDOW]) / REWARD_WINDOW, sum(rewards[-REWARD_WINDOW:]) / REWARD_WINDOW)
+
+    def verdict(self):
+        """The end table's line on learning: what the notes found, or None when they found nothing."""
+        if not self.found:
+            return None
+        return "this run may not be learning: " + "; ".join(self.found.values()) + " (the notes above say why)"

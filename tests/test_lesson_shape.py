@@ -1,0 +1,112 @@
+"""The lesson stays a lesson (docs/tests.md): its five files read in one sitting, import nothing above them, and
+the project's imports draw no circle. Measured from the code's own text with ast and tokenize, so a change that
+breaks a bound fails here.
+
+prose: docstring lines and comment-only lines, over the file's non-blank lines.
+guard lines: the lines of `if ...: raise ...` statements (a check ahead of the math).
+"""
+import ast
+import io
+import os
+import tokenize
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LESSON = ("softmax_grpo.py", "lopti.py", "ppo.py", "rollout.py", "train.py")
+# what each lesson file may import of the project: the lesson files below it, fast/ (rollout) and, for the loop
+# that runs it (train.py), harness/
+ALLOWED = {"softmax_grpo.py": set(), "lopti.py": set(), "ppo.py": set(), "rollout.py": {"fast"},
+           "train.py": {"softmax_grpo", "lopti", "ppo", "rollout", "harness", "fast"}}
+
+
+def shape(path):
+    """(prose lines, non-blank lines, guard lines) of one Python file."""
+    source = open(path).read()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                    and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    comments = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT and lines[token.start[0] - 1].strip().startswith("#")}
+    nonblank = {number for number, line in enumerate(lines, 1) if line.strip()}
+    guards = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and not node.orelse and all(isinstance(b, ast.Raise) for b in node.body):
+            guards.update(range(node.lineno, node.end_lineno + 1))
+    return len((docstrings | comments) & nonblank), len(nonblank), len(guards)
+
+
+def project_imports(path):
+    """The top-level names of the project's own modules that one file imports (anywhere in it, lazily too)."""
+    own = {name.removesuffix(".py") for name in os.listdir(ROOT)
+           if name.endswith(".py") or os.path.isfile(os.path.join(ROOT, name, "__init__.py"))}
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] in own}
+
+
+@pytest.mark.parametrize("name", LESSON)
+def test_a_lesson_file_is_at_most_40_percent_prose(name):
+    prose, nonblank, _ = shape(os.path.join(ROOT, name))
+    assert prose / nonblank <= 0.40, f"{name}: {prose} of {nonblank} lines are prose"
+
+
+def test_the_lesson_together_is_at_most_a_third_prose_and_40_guard_lines():
+    prose, nonblank, guards = map(sum, zip(*(shape(os.path.join(ROOT, name)) for name in LESSON)))
+    assert prose / nonblank <= 0.33 and guards <= 40, (prose / nonblank, guards)
+
+
+def test_train_py_reads_in_under_300_lines():
+    assert len(open(os.path.join(ROOT, "train.py")).read().splitlines()) < 300
+
+
+@pytest.mark.parametrize("name", LESSON)
+def test_a_lesson_file_imports_nothing_above_it(name):
+    above = {module for module in project_imports(os.path.join(ROOT, name))
+             if module.split(".")[0] not in ALLOWED[name]}
+    assert not above, f"{name} imports {sorted(above)}"
+
+
+def modules():
+    """{module name: path} of every Python file of the project outside tests/."""
+    found = {}
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [s for s in subfolders if not s.startswith(".") and s not in ("tests", "__pycache__")]
+        for file in files:
+            if file.endswith(".py"):
+                relative = os.path.relpath(os.path.join(folder, file), ROOT).removesuffix(".py")
+                found[relative.replace(os.sep, ".").removesuffix(".__init__")] = os.path.join(folder, file)
+    return found
+
+
+def test_the_project_imports_draw_no_circle():
+    files = modules()
+    def module_of(imported):  # "a.b" a module, or "a.b" the name b of module a
+        return imported if imported in files else imported.rsplit(".", 1)[0]
+    # a module's own package (its __init__) is not an arrow: Python loads it first, whatever the module imports
+    edges = {name: {module_of(imported) for imported in project_imports(path)} & set(files)
+             - {name} - {name.rsplit(".", 1)[0]} for name, path in files.items()}
+    state, circles = {}, []
+
+    def visit(name, trail):
+        state[name] = "open"
+        for target in sorted(edges[name]):
+            if state.get(target) == "open":
+                circles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[name] = "done"
+    for name in sorted(files):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, " ; ".join(" -> ".join(circle) for circle in circles)

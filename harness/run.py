@@ -46,7 +46,7 @@ from harness.config import Config, InputError, check_libraries, require_library
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
-from harness.watch import Watch, top_answer
+from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, top_answer
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
@@ -613,9 +613,10 @@ class RunState:
 
     def constant_pass(self, samples):
         """The held-out pass@1 of answering the most common greedy completion to every prompt (None without the
-        task's examples)."""
-        answer, _ = top_answer(samples)
-        if answer is None or self.task is None or len(self.eval_examples) != len(samples):
+        task's examples, under MIN_PROMPTS prompts, or when that answer is rarer than CONSTANT_CHECKED: the reward is
+        then not called)."""
+        answer, share = top_answer(samples)  # scored only where one answer is common enough to matter
+        if len(samples) < MIN_PROMPTS or share < CONSTANT_CHECKED or self.task is None or len(self.eval_examples) != len(samples):
             return None
         return sum(float(self.task.reward(answer, example, style=self.config.style)) >= self.task.pass_threshold
                    for example in self.eval_examples) / len(self.eval_examples)

@@ -19,7 +19,8 @@ import collections
 import math
 
 COLLAPSED_SHARE = 0.5    # one greedy answer for at least this share of the held-out prompts
-MIN_PROMPTS = 8          # fewer held-out prompts: too few to call anything collapsed
+CONSTANT_CHECKED = 0.25  # a start's most common answer is scored as a constant answer from this share on
+MIN_PROMPTS = 8          # fewer held-out prompts: too few to call anything collapsed or constant
 FLAT_EVALS = 4           # evals after the start before "flat" is said
 REWARD_WINDOW = 10       # train rows averaged at each end of the train-reward trend
 

@@ -361,7 +361,7 @@ def page_html(record):
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>step {record.step}: what the step '
             f'did</title><style>{STYLE}</style></head><body><h1>Step {record.step}: what the step did</h1>'
             f'<p class="meta">{esc(config.output_dir)}{source}; task {esc(os.path.basename(str(config.task)))}, model '
-            f'{esc(os.path.basename(str(config.model)))}, seed {config.seed}. Made by experiments/inspect_step.py; '
+            f'{esc(os.path.basename(str(config.model)))}, seed {config.seed}. Made by harness/step_page.py; '
             f'how to read it: docs/runs.md, “See one step”.</p>{prompt_format(config)}{step_section(record)}{legend()}{groups}'
             f'<p class="note">Rewards ≥ {record.pass_threshold:g} count as a success (bold). ω<sub>M,τ</sub> is '
             'Eq. (4)\'s '

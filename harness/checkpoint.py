@@ -388,11 +388,11 @@ def resolve_checkpoint(path, log=print):
         if not is_complete(latest):
             complete = [os.path.join(run_dir, name) for name in os.listdir(run_dir)
                         if checkpoint_step(run_dir, name) is not None and is_complete(os.path.join(run_dir, name))]
-            beside = checkpoint_steps(os.path.dirname(run_dir)) if re.fullmatch(
-                r"checkpoint-\d+", os.path.basename(run_dir)) else []  # PATH: a checkpoint cut short, not a run
+            beside = instead_of(run_dir, otherwise=None) if re.fullmatch(
+                r"checkpoint-\d+", os.path.basename(run_dir)) else None  # PATH: a checkpoint cut short, not a run
             if not complete and beside:
                 raise RunError(f"--resume {path}: an incomplete checkpoint (a save or a deletion was interrupted); "
-                               f"resume from checkpoint-{beside[-1]} beside it, the newest complete one")
+                               f"{beside} beside it, the newest complete one")
             if not complete:
                 holder = lock_holder(run_dir)
                 raise RunError(f"--resume {path}: no complete checkpoint in this folder; " + (
@@ -408,11 +408,10 @@ def resolve_checkpoint(path, log=print):
                        "resumed run writes only into its own run folder: resume from the checkpoint where it is")
     path = os.path.realpath(path)
     if not is_complete(path):
-        steps = checkpoint_steps(os.path.dirname(path))
-        good = f"resume from checkpoint-{steps[-1]} beside it (the newest complete one)" if steps else \
-            "pass a checkpoint-<step> folder or the run folder"
+        good = instead_of(path, otherwise=None)
         raise RunError(f"--resume {path}: not a complete train.py checkpoint (no {RUN_SETTINGS} or "
-                       f"{TRAINER_STATE}); {good}")
+                       f"{TRAINER_STATE}); " + (f"{good} beside it (the newest complete one)" if good else
+                                                "pass a checkpoint-<step> folder or the run folder"))
     return path
 
 
@@ -462,11 +461,12 @@ def load_trainer_state(checkpoint_dir):
     return state
 
 
-def instead_of(checkpoint_dir):
-    """What to resume from when checkpoint_dir is refused: the newest other complete checkpoint of its run."""
+def instead_of(checkpoint_dir, otherwise="no other complete checkpoint: start the run again"):
+    """What to resume from when checkpoint_dir is refused: the newest other complete checkpoint of its run, or
+    `otherwise` when it has none."""
     others = [s for s in checkpoint_steps(os.path.dirname(checkpoint_dir))
               if f"checkpoint-{s}" != os.path.basename(checkpoint_dir)]
-    return f"resume from checkpoint-{others[-1]}" if others else "no other complete checkpoint: start the run again"
+    return f"resume from checkpoint-{others[-1]}" if others else otherwise
 
 
 def tensor_problem(value, dtype, shape=None):

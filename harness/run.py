@@ -548,7 +548,7 @@ class RunState:
             self.watch.first = self.initial_eval  # the notes go on from the rows so far, silently
             for row in kept:
                 if row.get("eval") and row["step"] > 0 and self.initial_eval:
-                    self.watch.eval(row["step"], row, [])
+                    self.watch.later_eval(row["step"], row, [])
                 elif not row.get("eval"):
                     self.watch.train_row(row)
             print(f"resumed from step {self.step} ({self.config.resume})"
@@ -606,7 +606,7 @@ class RunState:
         for completion, reward in samples[:shown]:
             say(f"    reward {reward:.3f}  {completion[:160]!r}")
         notes = [self.watch.start(result, samples, self.constant_pass(samples))] if step == 0 else \
-            self.watch.eval(step, result, samples)
+            self.watch.later_eval(step, result, samples)
         for note in filter(None, notes):
             say(note)
         return result

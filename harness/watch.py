@@ -44,7 +44,7 @@ def shown(text, limit=40):
 
 
 class Watch:
-    """The notes of one run: start() at the step-0 eval, eval() at each later one, train_row() for each step's
+    """The notes of one run: start() at the step-0 eval, later_eval() at each later one, train_row() for each step's
     row, verdict() for the end table. Each kind of note is said once; the verdict repeats what was found."""
 
     def __init__(self, tiny):
@@ -78,7 +78,7 @@ class Watch:
         return (f"note: {what} degenerate before RL: {seen}. RL samples around one answer, so most groups tie "
                 f"and the gradient pushes toward that answer; {fix} (docs/tasks.md)")
 
-    def eval(self, step, result, samples):
+    def later_eval(self, step, result, samples):
         """A later eval -> its new notes (a list, often empty)."""
         if self.first is None:
             return []

@@ -19,7 +19,7 @@ def test_a_learning_run_says_nothing():
     watch = Watch(tiny=True)
     assert watch.start(result(0.6), varied(), constant_pass=0.05) is None
     for step, p in enumerate((0.65, 0.72, 0.8, 0.85, 0.9), 1):
-        assert watch.eval(step * 20, result(p), varied()) == []
+        assert watch.later_eval(step * 20, result(p), varied()) == []
     assert watch.verdict() is None
 
 
@@ -28,23 +28,23 @@ def test_a_fall_beyond_the_noise_is_said_once_with_the_train_reward_beside_it():
     watch.start(result(0.205, 0.028), varied(), constant_pass=0.0)
     for r in [0.1] * 10 + [0.4] * 10:
         watch.train_row({"reward_mean": r})
-    notes = watch.eval(20, result(0.10, 0.021), varied())  # fell 0.105 > 2 sqrt(.028^2 + .021^2) = 0.070
+    notes = watch.later_eval(20, result(0.10, 0.021), varied())  # fell 0.105 > 2 sqrt(.028^2 + .021^2) = 0.070
     assert len(notes) == 1 and "fell to 0.100 from 0.205" in notes[0] and "train reward rose 0.100 -> 0.400" \
         in notes[0] and "--lr" in notes[0]
-    assert watch.eval(30, result(0.0, 0.0), varied()) == []  # said once
+    assert watch.later_eval(30, result(0.0, 0.0), varied()) == []  # said once
     assert "fell" in watch.verdict()
 
 
 def test_a_dip_within_the_noise_is_not_a_fall():
     watch = Watch(tiny=True)
     watch.start(result(0.2, 0.028), varied())
-    assert watch.eval(20, result(0.15, 0.025), varied()) == []  # 0.05 < 0.075
+    assert watch.later_eval(20, result(0.15, 0.025), varied()) == []  # 0.05 < 0.075
 
 
 def test_flat_over_the_evals_is_said():
     watch = Watch(tiny=True)
     watch.start(result(0.105, 0.022), varied())
-    notes = [watch.eval(step, result(0.105 + 0.01 * (step % 2), 0.022), varied()) for step in range(1, FLAT_EVALS + 1)]
+    notes = [watch.later_eval(step, result(0.105 + 0.01 * (step % 2), 0.022), varied()) for step in range(1, FLAT_EVALS + 1)]
     assert notes[:-1] == [[]] * (FLAT_EVALS - 1) and "flat" in notes[-1][0] and "--warm-start-target" in notes[-1][0]
 
 
@@ -59,4 +59,4 @@ def test_collapsed_answers_and_a_degenerate_start():
     assert "which answering 'a0' to every prompt reaches (0.100)" in other.start(result(0.1), varied(), 0.1)
     later = Watch(tiny=True)
     later.start(result(0.5), varied())
-    assert "collapsed" in later.eval(20, result(0.5), samples)[0]
+    assert "collapsed" in later.later_eval(20, result(0.5), samples)[0]

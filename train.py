@@ -206,7 +206,7 @@ def train(config):
             rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
                                                              config, clock=state.clock)
             # --- 2. the update --------------------------------------------------------------------
-            page = state.page_before_update(step, task, rollouts, rewards)  # --inspect-every, else None
+            page = state.page_before_update(step, rollouts, rewards)  # --inspect-every, else None
             stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
                                   rollouts.completion_mask, advantages, config, ref_model=ref_model,
                                   clock=state.clock)

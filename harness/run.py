@@ -616,16 +616,17 @@ class RunState:
         task's examples, under MIN_PROMPTS prompts, or when that answer is rarer than CONSTANT_CHECKED: the reward is
         then not called)."""
         answer, share = top_answer(samples)  # scored only where one answer is common enough to matter
-        if len(samples) < MIN_PROMPTS or share < CONSTANT_CHECKED or self.task is None or len(self.eval_examples) != len(samples):
+        if len(samples) < MIN_PROMPTS or share < CONSTANT_CHECKED or self.task is None \
+                or len(self.eval_examples) != len(samples):
             return None
         return sum(float(self.task.reward(answer, example, style=self.config.style)) >= self.task.pass_threshold
                    for example in self.eval_examples) / len(self.eval_examples)
 
-    def page_before_update(self, step, task, rollouts, rewards):
+    def page_before_update(self, step, rollouts, rewards):
         """--inspect-every's hook before the update: the step's page record (harness/step_page.py), p_old fixed from
         the weights before it; None on a step the flag does not ask for."""
         from harness.step_page import before_update  # the page's code loads only when a page is made
-        return before_update(self.config, step, self.model, self.tokenizer, task, rollouts, rewards)
+        return before_update(self.config, step, self.model, self.tokenizer, self.task, rollouts, rewards)
 
     def page_after_update(self, record, stats):
         """--inspect-every's hook after the update: the page written, and its path said."""

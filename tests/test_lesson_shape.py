@@ -8,6 +8,7 @@ guard lines: the lines of `if ...: raise ...` statements (a check ahead of the m
 import ast
 import io
 import os
+import subprocess
 import tokenize
 
 import pytest
@@ -78,14 +79,18 @@ def test_a_lesson_file_imports_nothing_above_it(name):
 
 
 def modules():
-    """{module name: path} of every Python file of the project outside tests/."""
+    """{module name: path} of every tracked Python file of the project outside tests/ (git ls-files: a run folder's
+    files, a virtual environment or any other untracked .py is not the project's code); without git, every .py."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        listed = [os.path.relpath(os.path.join(folder, file), ROOT) for folder, subfolders, files in os.walk(ROOT)
+                  for file in files if file.endswith(".py") and not folder.startswith(os.path.join(ROOT, "."))]
     found = {}
-    for folder, subfolders, files in os.walk(ROOT):
-        subfolders[:] = [s for s in subfolders if not s.startswith(".") and s not in ("tests", "__pycache__")]
-        for file in files:
-            if file.endswith(".py"):
-                relative = os.path.relpath(os.path.join(folder, file), ROOT).removesuffix(".py")
-                found[relative.replace(os.sep, ".").removesuffix(".__init__")] = os.path.join(folder, file)
+    for relative in listed:
+        if relative.split("/")[0] not in ("tests",) and not relative.startswith("."):
+            found[relative.removesuffix(".py").replace("/", ".").removesuffix(".__init__")] = os.path.join(ROOT, relative)
     return found
 
 

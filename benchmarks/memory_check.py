@@ -440,8 +440,8 @@ def main(argv=None):
 
 def log_row(result, command):
     """A measured row as MEMORY_CHECK_LOG keeps it: the result, and the commit, date, load and machine that made it
-    (experiments.reproduce.provenance) with its command, so that a reused row names its code."""
-    from experiments.reproduce import provenance
+    (lab.reproduce.provenance) with its command, so that a reused row names its code."""
+    from lab.reproduce import provenance
     return {**result, **provenance(), "command": " ".join(command[1:])}
 
 

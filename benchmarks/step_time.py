@@ -5,7 +5,7 @@
     python benchmarks/step_time.py --preset gpu       # Qwen2.5-0.5B-Instruct, bf16, 16 prompts x M=8, 256 tokens
     python benchmarks/step_time.py --profile torch    # where our step spends its time (or --profile cprofile)
     python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to config.parse_args
-    python benchmarks/step_time.py --json step.json   # the numbers also as data (experiments.reproduce's timing cells)
+    python benchmarks/step_time.py --json step.json   # the numbers also as data (lab.reproduce's timing cells)
     pip install -r requirements-bench.txt             # the TRL side (optional: without it only ours is timed)
 
 Our configuration is config.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate

@@ -1,5 +1,8 @@
-"""Scripts that reproduce the papers' figures and tables, and the ImageNet checks (imagenet_toy, imagenet_real);
-run each with python -m experiments.NAME."""
+"""For a learner: the papers' figures and tables, the ImageNet checks, plotting and inspecting a run; run each with
+python -m experiments.NAME. (The results ledger and the referee studies are the maintainers' lab/.)"""
+import csv
+import math
+import statistics
 
 
 def pyplot(skipped, log=print):
@@ -15,7 +18,6 @@ def pyplot(skipped, log=print):
     return plt
 
 
-
 def save_figure(plt, fig, path, title):
     """Title the figure, lay it out, write it to `path` (PNG, 80 dpi) and close it. -> True (the figure exists)."""
     fig.suptitle(title, fontsize=9)
@@ -23,3 +25,20 @@ def save_figure(plt, fig, path, title):
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True
+
+
+def write_csv(path, rows):
+    """Write `rows` (dicts with the same keys) as a CSV file with a header."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def mean_sd_se(values):
+    """(mean, sample std, standard error = std / sqrt(n)); std and SE are None for fewer than two values."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, None, None
+    sd = statistics.stdev(values)
+    return mean, sd, sd / math.sqrt(len(values))

@@ -25,8 +25,7 @@ import os
 import numpy as np
 import torch
 
-from experiments import pyplot
-from experiments.compare import write_csv
+from experiments import pyplot, write_csv
 from ppo import policy_loss
 from softmax_grpo import group_advantages, prompt_weight
 

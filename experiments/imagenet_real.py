@@ -31,8 +31,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from experiments.imagenet_toy import (DEFAULT_LR, PASS_K, lr_factor, make_optimizer, metric_sums, one_step_rl_loss,
-                                      write_csv)
+from experiments import write_csv
+from experiments.imagenet_toy import DEFAULT_LR, PASS_K, lr_factor, make_optimizer, metric_sums, one_step_rl_loss
 from softmax_grpo import METHODS
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from experiments import pyplot
+from experiments import pyplot, write_csv
 from softmax_grpo import METHODS, group_advantages
 
 
@@ -261,13 +261,6 @@ def run(data, cfg, output_dir, log=print):
     write_csv(os.path.join(output_dir, "final.csv"), finals)
     plot_curves(curves, cfg, os.path.join(output_dir, "curves.png"), log)
     return finals
-
-
-def write_csv(path, rows):
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def format_table(finals, cfg):

@@ -115,3 +115,12 @@ def test_the_project_imports_draw_no_circle():
         if name not in state:
             visit(name, [name])
     assert not circles, " ; ".join(" -> ".join(circle) for circle in circles)
+
+
+def test_only_the_lab_imports_the_lab():
+    """The two wings (docs/tests.md): lab/ (the results ledger, the referee studies) may use the learner's scripts,
+    never the other way round; only the lab, the benchmarks (whose logs carry the ledger's provenance) and the tests
+    import it."""
+    users = {name: sorted(module for module in project_imports(path) if module.split(".")[0] == "lab")
+             for name, path in modules().items() if name.split(".")[0] not in ("lab", "benchmarks")}
+    assert not {name: found for name, found in users.items() if found}

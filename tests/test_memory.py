@@ -522,7 +522,7 @@ def test_without_the_new_flags_the_update_is_bit_for_bit_commit_9824049s(tmp_pat
     # docs/results.md, "Determinism"; the Intel and AMD AVX-512 files differ by up to 5e-7, the AMD AVX-512 and
     # AVX2-only ones by up to 2.2e-7)
     from safetensors.torch import load_file
-    from experiments.reproduce import cpu_kind, this_machine
+    from lab.reproduce import cpu_kind, this_machine
     path = os.path.join(os.path.dirname(__file__), "data", "update_at_9824049", f"{cpu_kind(this_machine())}.safetensors")
     if not os.path.isfile(path):
         pytest.skip(f"no update at 9824049 recorded on this CPU ({cpu_kind(this_machine())})")

@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from experiments import eq4_monte_carlo, referee_tuning
+from experiments import eq4_monte_carlo
+
+from lab import referee_tuning
 from softmax_grpo import grpo_prompt_weight
 from tests.stubs import SMALL_TRAIN
 
@@ -78,7 +80,7 @@ def test_tuning_best_cells_and_paired_difference_by_hand(capsys):
 
 
 def test_tuning_grid_from_its_shipped_rows_uses_only_the_named_cpus(tmp_path, monkeypatch, capsys):
-    from experiments import reproduce
+    from lab import reproduce
     monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
     monkeypatch.setattr(referee_tuning, "FIGURE", str(tmp_path / "grid.png"))
     for machine, shift in (("CPU A, avx512, 2 cores", 0.0), ("CPU B, avx2, 2 cores", 0.5)):
@@ -116,7 +118,7 @@ def test_quartile_gradients_add_up_to_train_py_gradient_with_kl(one_thread):
 
     import torch
 
-    from experiments import referee_lopti
+    from lab import referee_lopti
     from experiments.lopti_token_stats import probability_groups
     from ppo import policy_loss
     from rollout import token_logprobs
@@ -154,7 +156,7 @@ def test_clipped_tokens_and_their_weight_by_hand():
 
     import torch
 
-    from experiments.referee_lopti_offpolicy import loss_token_weights, trust_region_masks
+    from lab.referee_lopti_offpolicy import loss_token_weights, trust_region_masks
     ratio = torch.tensor([[1.0, 1.5, 0.5, 1.0], [0.5, 1.1, 4.0, 2.0]], dtype=torch.float64)
     old = torch.full_like(ratio, math.log(0.5))
     new = old + ratio.log()
@@ -182,7 +184,7 @@ def test_offpolicy_metrics_sum_counts_and_average_weights_over_batches():
     clipped is the max over batches per beta, and a quartile with nothing clipped has no such metric (not nan)."""
     import math
 
-    from experiments.referee_lopti_offpolicy import offpolicy_metrics
+    from lab.referee_lopti_offpolicy import offpolicy_metrics
     base = {"mini_batch": 2, "quartile": 1, "tokens": 10, "clipped_high": 0, "dual_clipped": 0, "inside": 0,
             "neg_above_clip_high": 1, "max_abs_w_neg_above": 1.5, "ratio_min": 0.7, "ratio_max": 1.2}
     rows = [{**base, "seed": 0, "beta": 0.0, "clipped_low": 3, "mean_abs_w_inside": 0.8, "max_abs_w_clipped": 0.0},
@@ -206,7 +208,7 @@ def test_offpolicy_metrics_sum_counts_and_average_weights_over_batches():
 def test_onpolicy_metrics_by_hand():
     """Two batches: mean |w| of Q1 0.9 and 0.7 (0.8, SE 0.1); ||G_Q4|| / ||G_Q1|| = 0.1 / 1 and 0.3 / 1 (0.2, SE
     0.1); beta 1e-3 rows are not read."""
-    from experiments.referee_lopti import onpolicy_metrics
+    from lab.referee_lopti import onpolicy_metrics
     rows = [{"seed": s, "beta": b, "quartile": q, "mean_abs_w": w, "summed_grad_norm": g, "p_min": q / 10 + s / 100,
              "p_max": q / 10 + 0.05 + s / 100, "share_of_full_norm": g / 1.5, "cos_with_full": 1.0 if q == 1 else 0.0,
              "token_logit_grad_norm": 0.1 * q, "token_param_grad_norm": 2.0 * q}
@@ -219,14 +221,14 @@ def test_onpolicy_metrics_by_hand():
     assert m["onpolicy_Q2_p_old_min"] == 0.2 and m["onpolicy_Q2_p_old_max"] == 0.26  # over both batches
     assert m["onpolicy_Q4_share_of_norm"] == round(0.2 / 1.5, 6) and m["onpolicy_Q1_cos_with_full"] == 1.0
     assert m["onpolicy_Q3_token_param_grad_norm"] == 6.0 and m["onpolicy_Q3_token_param_grad_norm_se"] == 0
-    from experiments.referee_lopti import cosine_metrics
+    from lab.referee_lopti import cosine_metrics
     cosines = cosine_metrics([{"seed": s, "beta": b, "quartile": 1, "with": 2, "cos": c + b}
                               for b in (0.0, 1e-3) for s, c in ((0, 0.1), (1, 0.3))])
     assert cosines == {"onpolicy_cos_Q1_Q2": 0.2, "onpolicy_cos_Q1_Q2_se": 0.1}
 
 
 def test_lopti_verdict_reads_the_interval():
-    from experiments.referee_lopti import verdict
+    from lab.referee_lopti import verdict
     assert verdict([0.10, 0.12, 0.11]).endswith("the dominance claim holds")
     assert verdict([0.9, 1.1, 1.0]).endswith("the dominance claim fails")
     assert verdict([0.1, 0.9, 0.5]).startswith("undecided")
@@ -234,7 +236,7 @@ def test_lopti_verdict_reads_the_interval():
 
 def test_referee_lopti_end_to_end_before_and_after(tmp_path, digits_task, capsys):
     import train
-    from experiments import referee_lopti
+    from lab import referee_lopti
     run = str(tmp_path / "run")
     train.main(["--task", "digits", *SMALL_TRAIN, "--steps", "2", "--output-dir", run])
     common = ["--checkpoint", os.path.join(run, "latest"), "--task", "digits", "--num-prompts", "3", "-M", "4",
@@ -274,7 +276,7 @@ def test_eq2_run_has_ratio_one_and_equals_the_clipped_run_row_for_row(tmp_path, 
     mini-batches the second step is off-policy and the ratio leaves 1. The digits stub task (graded rewards, so
     an untrained model's groups differ) stands in for Countdown, whose task options it ignores."""
     import tasks
-    from experiments import referee_clipping
+    from lab import referee_clipping
     from tests.stubs import DigitsTask
     monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None, num_count=3: DigitsTask())
     out = str(tmp_path)
@@ -295,7 +297,7 @@ def test_eq2_run_has_ratio_one_and_equals_the_clipped_run_row_for_row(tmp_path, 
 
 # ------------------------------------------------------------------------------------------------------------
 def test_clipping_from_shipped_rows_by_hand(tmp_path, monkeypatch, capsys):
-    from experiments import referee_clipping, reproduce
+    from lab import referee_clipping, reproduce
     monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
     monkeypatch.setattr(referee_clipping, "FIGURE", str(tmp_path / "activity.png"))
     made = {"commit": "c", "date": "d", "load": "1", "machine": "CPU A, avx512, 2 cores"}
@@ -318,7 +320,7 @@ def test_table3_at_steps_over_seeds(tmp_path, capsys, monkeypatch, one_thread):
     """Both recipe runs keep every checkpoint; Table 3 on each of two steps gives shares summing to 1 per run,
     estimator and step, and counts what is not trained yet."""
     import tasks
-    from experiments import referee_table3
+    from lab import referee_table3
     from tests.stubs import DigitsTask
     monkeypatch.setitem(tasks.TASKS, "digits", lambda data=None, num_count=3: DigitsTask())
     out = str(tmp_path)
@@ -341,7 +343,7 @@ def test_table3_at_steps_over_seeds(tmp_path, capsys, monkeypatch, one_thread):
 
 
 def test_table3_at_steps_from_shipped_rows_pairs_the_trained_policies_by_seed(tmp_path, monkeypatch, capsys):
-    from experiments import referee_table3, reproduce
+    from lab import referee_table3, reproduce
     from experiments.table3_allocation import BIN_NAMES
     monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
     monkeypatch.setattr(referee_table3, "FIGURE", str(tmp_path / "steps.png"))

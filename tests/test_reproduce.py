@@ -1,4 +1,4 @@
-"""experiments/reproduce.py: a shipped cell rerun from scratch compares equal, and a changed number is reported."""
+"""lab/reproduce.py: a shipped cell rerun from scratch compares equal, and a changed number is reported."""
 import csv
 import json
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from experiments import headline, reproduce
+from lab import headline, reproduce
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,12 +17,12 @@ def test_every_cell_names_a_results_file_and_a_command(capsys):
     assert reproduce.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in reproduce.CELLS)
-    assert "python -m experiments.compare --preset countdown3 --configs softmax --seeds 12" in out
+    assert "python -m lab.compare --preset countdown3 --configs softmax --seeds 12" in out
     # item 5's clipped case: the run, then referee_lopti on its checkpoint once per clip setting
     assert reproduce.command_text("lopti-offpolicy-seed0").split("; ", 1) == [
-        "OMP_NUM_THREADS=1 python -m experiments.compare --preset countdown3 --configs grpo --seeds 0 "
+        "OMP_NUM_THREADS=1 python -m lab.compare --preset countdown3 --configs grpo --seeds 0 "
         "--output-dir RUNS",
-        "OMP_NUM_THREADS=1 python -m experiments.referee_lopti --checkpoint RUNS/countdown3/grpo-seed0/latest "
+        "OMP_NUM_THREADS=1 python -m lab.referee_lopti --checkpoint RUNS/countdown3/grpo-seed0/latest "
         "--task-option num_count=3 --seeds 0,1,2 --num-prompts 64 (metrics run_clip_*; lopti_clip_*: the same with "
         "--clip-low 0.2 --clip-high 0.24 --dual-clip 10)"]
     assert reproduce.command_text("step-time-smollm2-cpu") == ("OMP_NUM_THREADS=1 python benchmarks/step_time.py "
@@ -132,7 +132,7 @@ def test_a_compare_folder_ships_only_runs_that_name_their_code(tmp_path, monkeyp
 
 
 def test_the_tuning_grid_ships_one_cell_per_run_and_names_compares_grid():
-    from experiments import compare  # imports torch; reproduce stays light, so its copy of the names is tied here
+    from lab import compare  # imports torch; reproduce stays light, so its copy of the names is tied here
     assert reproduce.TUNING_CONFIGS == list(compare.PRESETS["countdown3-tuning"]["configs"])
     assert len([name for name in reproduce.CELLS if name.startswith("countdown3-tuning-")]) == 15 * 3
 
@@ -216,7 +216,7 @@ def test_fig3_over_seeds_from_the_grpo_cells_by_hand(tmp_path, monkeypatch, caps
 
 
 def test_a_changed_results_file_does_not_mark_the_code_dirty_but_a_changed_python_file_does(tmp_path, monkeypatch):
-    from experiments import runs
+    from lab import runs
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "cells.csv").write_text("a\n")
@@ -316,7 +316,7 @@ def test_the_smoke_cell_reproduces_from_scratch():
     here = reproduce.cpu_kind(reproduce.this_machine())
     if not any(reproduce.cpu_kind(row["machine"]) == here for row in reproduce.shipped_rows("smoke-avx2")):
         pytest.skip(f"smoke-avx2 was never shipped from this CPU ({here}): each CPU has its own trajectory")
-    proc = subprocess.run([sys.executable, "-m", "experiments.reproduce", "smoke-avx2"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "lab.reproduce", "smoke-avx2"], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "reproduced: smoke-avx2", \
         proc.stdout + proc.stderr[-2000:]

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from experiments import reproduce
+from lab import reproduce
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_a_tampered_ledger_is_one_line_naming_its_line(ledger, capsys, how):
 
 
 def test_headline_reads_a_tampered_ledger_in_one_line(tmp_path, monkeypatch):
-    from experiments import headline
+    from lab import headline
     shutil.copytree(reproduce.RESULTS, tmp_path / "results")
     monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
     ledger = tmp_path / "results" / reproduce.CELLS["countdown3-grpo-seed0"][2]

@@ -1,9 +1,9 @@
 """Training comparisons over seeds: train.py configurations side by side, held-out greedy pass@1 and pass@k.
 
-    python -m experiments.compare                       # countdown3: GRPO vs SoftmaxGRPO, seeds 0-4 (~30 CPU-min)
-    python -m experiments.compare --preset countdown3-lopti   # GRPO vs AR vs Lopti vs AR+Lopti, then Fig. 3
-    python -m experiments.compare --preset countdown --seeds 0,1,2   # the easy 2-number default task
-    python -m experiments.compare --seeds 0,1 --steps 100 --prompts-per-step 32   # extra flags -> train.py
+    python -m lab.compare                       # countdown3: GRPO vs SoftmaxGRPO, seeds 0-4 (~30 CPU-min)
+    python -m lab.compare --preset countdown3-lopti   # GRPO vs AR vs Lopti vs AR+Lopti, then Fig. 3
+    python -m lab.compare --preset countdown --seeds 0,1,2   # the easy 2-number default task
+    python -m lab.compare --seeds 0,1 --steps 100 --prompts-per-step 32   # extra flags -> train.py
 
 Every run is `train.main([...])` in this process with --task, --seed, --output-dir <output-dir>/<preset>/<config>-
 seed<s>, then the preset's shared flags, then the config's flags, then your extra flags (last wins). The score is
@@ -24,10 +24,10 @@ Presets (method flags; everything else is train.py's default unless listed):
   countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
              ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values; then Lopti's Fig. 3 on each seed's final
              GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-diagnostics skips it)
-  countdown3-tuning  issue 30's fair tuning grid on the countdown3 prompts (experiments.referee_tuning): grpo-M<M>
+  countdown3-tuning  issue 30's fair tuning grid on the countdown3 prompts (lab.referee_tuning): grpo-M<M>
              for M 4, 8, 16 and softmax-M<M>-tau<tau> for tau 0.05, 0.1, 0.3, 1.0, each with 512 // M prompts per
              step (512 samples per step in every cell); pass@k from 16 samples per held-out prompt in every cell
-  countdown3-eq2  issue 30's Eq. (2) runs on the countdown3 prompts (experiments.referee_clipping): for grpo and
+  countdown3-eq2  issue 30's Eq. (2) runs on the countdown3 prompts (lab.referee_clipping): for grpo and
              softmax (tau 0.1): eq2 (--kl-coef 0 --ppo-epochs 1 --mini-batches 1 --clip-low 0.999 --clip-high
              1000), recipe (--kl-coef 1e-3), recipe-2mb (--kl-coef 1e-3 --mini-batches 2)
   countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
@@ -64,9 +64,9 @@ import time
 import train
 from harness.metrics import read_metrics
 from harness.config import parse_args
-from experiments import pyplot
-from experiments.runs import finished_run, record_code, train_flags
-from experiments.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
+from experiments import pyplot, write_csv
+from lab.runs import finished_run, record_code, train_flags
+from lab.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
 TUNING_MS, TUNING_TAUS, TUNING_SAMPLES = (8, 4, 16), (0.1, 0.05, 0.3, 1.0), 512  # samples/step = prompts x M
 
@@ -74,7 +74,7 @@ TUNING_MS, TUNING_TAUS, TUNING_SAMPLES = (8, 4, 16), (0.1, 0.05, 0.3, 1.0), 512 
 def tuning_configs():
     """The countdown3-tuning grid: GRPO over M, SoftmaxGRPO over M x tau, prompts x M = 512 samples per step in every
     cell (the countdown3 budget). The cells of train.py's countdown3 recipe (M 8, tau 0.1) come first in each seed
-    and keep all their checkpoints, for Table 3 at steps 50, 100, 150 (experiments.referee_table3)."""
+    and keep all their checkpoints, for Table 3 at steps 50, 100, 150 (lab.referee_table3)."""
     configs = {}
     for M in TUNING_MS:
         budget = ["-M", str(M), "--prompts-per-step", str(TUNING_SAMPLES // M)]
@@ -107,11 +107,11 @@ PRESETS = {
                                                        "--steps", "150", "--method", "grpo"],
                              configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
                                       "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
-    # issue 30's fair tuning grid (experiments.referee_tuning): the same grid and budget for both methods
+    # issue 30's fair tuning grid (lab.referee_tuning): the same grid and budget for both methods
     "countdown3-tuning": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
                                                         "--steps", "150"],
                               configs=tuning_configs(), pass_samples=16),
-    # issue 30's Eq. (2) question (experiments.referee_clipping): the unclipped objective vs the clipped recipes
+    # issue 30's Eq. (2) question (lab.referee_clipping): the unclipped objective vs the clipped recipes
     "countdown3-eq2": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
                                                      "--steps", "150"],
                            configs={f"{method}-{name}": [*method_flags, *flags]
@@ -347,13 +347,6 @@ def plot(path, summary, title):
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True
-
-
-def write_csv(path, rows):
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def main(argv=None):

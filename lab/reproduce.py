@@ -1,10 +1,10 @@
 """One command per claim: rerun any shipped cell of docs/results.md from scratch at HEAD and compare.
 
-    python -m experiments.reproduce --list            # every cell behind a table or figure: its file, cost, command
-    python -m experiments.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
+    python -m lab.reproduce --list            # every cell behind a table or figure: its file, cost, command
+    python -m lab.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
                                                       # then "reproduced: NAME" (exit 0) or "differs: NAME" (exit 1)
-    python -m experiments.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
-    python -m experiments.reproduce --summary countdown3-lopti   # a compare preset's shipped cells, paired by seed
+    python -m lab.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
+    python -m lab.reproduce --summary countdown3-lopti   # a compare preset's shipped cells, paired by seed
 
 A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under docs/results/
 (one row per metric: cell, metric, value, and the commit, date, load, machine and command that made it); the docs'
@@ -12,23 +12,23 @@ tables are typed from those files and the figure scripts read them. A rerun uses
 run folder and no cached warm start is reused. Kinds of cell:
   train     `python train.py FLAGS` in a fresh process (ENV set, if the cell has one): held-out greedy pass@1 of the
             starting policy (before) and of the final one (after)
-  compare   one run of an experiments.compare preset (`--configs C --seeds S`): greedy pass@1 before/after, the
+  compare   one run of an lab.compare preset (`--configs C --seeds S`): greedy pass@1 before/after, the
             sampled pass@k of the final policy and (countdown3) Table 3 on it: each pass-rate bin's prompts and share
             of the token budget under both estimators
   identity  a formula evaluated by the lesson's own functions (no training): exact
   fig1      Fig. 1's exact prompt weights (experiments.fig1_prompt_weight) at p = 0, 0.5, 1: exact
   eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
             |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
-  smollm2   `python -m experiments.smollm2_cpu --seeds S` (SmolLM2-135M-Instruct, text similarity, 60 steps): the
+  smollm2   `python -m lab.smollm2_cpu --seeds S` (SmolLM2-135M-Instruct, text similarity, 60 steps): the
             held-out greedy reward and pass@1 at every eval step
   default-fig3-sgd  `python train.py`, then Lopti's Fig. 3 on its final checkpoint with one SGD step (lr 0.5) in
             place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
-  referee-lopti-pretrained  `python -m experiments.referee_lopti --checkpoint smollm2` on experiments.smollm2_cpu's
+  referee-lopti-pretrained  `python -m lab.referee_lopti --checkpoint smollm2` on lab.smollm2_cpu's
             data (the pretrained model, before RL; its own pi_ref): items 5-7's on-policy numbers, as below
   timing    `python benchmarks/step_time.py ARGS --json` (our step against TRL's GRPOTrainer and against its floor,
             docs/performance.md): ratios only, since seconds do not carry across machines or loads: ours/TRL and Lopti /
             one pass (s per step), each side's step and phases over its floor; each within TIMING_TOLERANCE
-  referee-lopti  a compare run (as above), then `python -m experiments.referee_lopti` on its final checkpoint, once
+  referee-lopti  a compare run (as above), then `python -m lab.referee_lopti` on its final checkpoint, once
             per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
             off-policy state, per mini-batch and p_old quartile (referee_lopti_offpolicy.offpolicy_metrics), and the
             on-policy mean |w| per quartile and ||G_Q4|| / ||G_Q1|| (referee_lopti.onpolicy_metrics)
@@ -112,11 +112,11 @@ CELLS = {
     **{f"countdown3{pin}-{config}-seed{seed}": ("compare", ["countdown3", config, str(seed)], "countdown3_runs.csv",
                                                5, {**env, **ONE})
        for pin, env in (("", {}), ("-avx2", AVX2)) for seed in range(20) for config in ("grpo", "softmax")},
-    # the referees' tuning grid (experiments.referee_tuning): 15 cells x seeds 0-2, one run each
+    # the referees' tuning grid (lab.referee_tuning): 15 cells x seeds 0-2, one run each
     **{f"countdown3-tuning-{config}-seed{seed}": ("compare", ["countdown3-tuning", config, str(seed)],
                                                   "referee_tuning_runs.csv", 4, ONE)
        for seed in range(3) for config in TUNING_CONFIGS},
-    # the referees' clipping runs (experiments.referee_clipping): Eq. (2), the recipe, the recipe with 2 mini-batches
+    # the referees' clipping runs (lab.referee_clipping): Eq. (2), the recipe, the recipe with 2 mini-batches
     **{f"countdown3-eq2-{method}-{name}-seed{seed}": ("compare", ["countdown3-eq2", f"{method}-{name}", str(seed)],
                                                      "referee_clipping_runs.csv", 4, ONE)
        for seed in range(3) for method in ("grpo", "softmax") for name in ("eq2", "recipe", "recipe-2mb")},
@@ -198,8 +198,8 @@ def command_text(name):
     if kind == "train":
         return prefix + "python train.py " + " ".join(args)
     if kind == "compare":
-        command = prefix + f"python -m experiments.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
-        return command + ("; " + prefix + f"python -m experiments.referee_table3 --seeds {args[2]} (metrics "
+        command = prefix + f"python -m lab.compare --preset {args[0]} --configs {args[1]} --seeds {args[2]}"
+        return command + ("; " + prefix + f"python -m lab.referee_table3 --seeds {args[2]} (metrics "
                           "table3_step<N>_*)" if (args[0], args[1]) in TABLE3_STEPS else "")
     if kind == "eq4":
         return prefix + "python -m experiments.eq4_monte_carlo"
@@ -208,9 +208,9 @@ def command_text(name):
     if kind == "imagenet-toy":
         return prefix + " ".join(["python -m experiments.imagenet_toy", *args])
     if kind == "smollm2":
-        return prefix + f"python -m experiments.smollm2_cpu --seeds {args[0]}"
+        return prefix + f"python -m lab.smollm2_cpu --seeds {args[0]}"
     if kind == "referee-lopti-pretrained":
-        return (f"experiments.smollm2_cpu.write_data(DATA); {prefix}python -m experiments.referee_lopti "
+        return (f"lab.smollm2_cpu.write_data(DATA); {prefix}python -m lab.referee_lopti "
                 + " ".join(args))
     if kind == "default-fig3-sgd":
         return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.lopti_token_stats "
@@ -224,9 +224,9 @@ def command_text(name):
     if kind == "referee-lopti":
         preset, config, seed, batches, variants = args
         checkpoint = f"RUNS/{preset}/{config}-seed{seed}/latest"
-        measure = " ".join([f"{prefix}python -m experiments.referee_lopti --checkpoint {checkpoint}",
+        measure = " ".join([f"{prefix}python -m lab.referee_lopti --checkpoint {checkpoint}",
                             *referee_task(preset), *batches])
-        return "; ".join([prefix + f"python -m experiments.compare --preset {preset} --configs {config} --seeds "
+        return "; ".join([prefix + f"python -m lab.compare --preset {preset} --configs {config} --seeds "
                           f"{seed} --output-dir RUNS", measure + " (metrics " + "; ".join(
                               f"{name}_*" + (f": the same with {' '.join(flags)}" if flags else "")
                               for name, flags in variants.items()) + ")"])
@@ -273,15 +273,15 @@ def rerun(name, folder):
     if kind == "default-fig3-sgd":
         return rerun_default_figures(folder, environment, lopti_flags=args, table3=False)
     if kind == "referee-lopti-pretrained":
-        from experiments.smollm2_cpu import write_data
+        from lab.smollm2_cpu import write_data
         data = os.path.join(folder, "data")
         write_data(data)
         out = os.path.join(folder, "referee")
-        run_quietly([sys.executable, "-m", "experiments.referee_lopti", *[data if a == "DATA" else a for a in args],
+        run_quietly([sys.executable, "-m", "lab.referee_lopti", *[data if a == "DATA" else a for a in args],
                      "--output-dir", out], environment)
         return onpolicy_cell_metrics(out)
     if kind == "smollm2":
-        run_quietly([sys.executable, "-m", "experiments.smollm2_cpu", "--seeds", args[0], "--output-dir", folder],
+        run_quietly([sys.executable, "-m", "lab.smollm2_cpu", "--seeds", args[0], "--output-dir", folder],
                     environment)
         return {f"{key}_step{row['step']}": round(float(row[key]), 6)
                 for row in read_rows(os.path.join(folder, "smollm2_cpu.csv")) for key in ("reward", "pass@1")}
@@ -291,10 +291,10 @@ def rerun(name, folder):
             return {f"{row['method']}{'_M' + row['M'] if row['M'] else ''}_{key}": round(float(row[key]), 6)
                     for row in csv.DictReader(f) for key in ("top1", "pass@1", "pass@128")}
     preset, config, seed = args
-    run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
+    run_quietly([sys.executable, "-m", "lab.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
     if (preset, config) in TABLE3_STEPS:  # the referees' Table 3 at steps 50, 100, 150 of this run's checkpoints
-        run_quietly([sys.executable, "-m", "experiments.referee_table3", "--seeds", seed, "--output-dir", folder],
+        run_quietly([sys.executable, "-m", "lab.referee_table3", "--seeds", seed, "--output-dir", folder],
                     environment)
     return compare_metrics(folder, preset)
 
@@ -348,9 +348,9 @@ def eq4_metrics(rows):
 
 
 def compare_metrics(folder, preset, config=None, seed=None):
-    """The metrics of one run of an experiments.compare output folder (the first run, or config/seed's): greedy
+    """The metrics of one run of an lab.compare output folder (the first run, or config/seed's): greedy
     pass@1 before/after and sampled pass@k (<preset>_runs.csv), and where the preset measured it, Table 3 on the
-    final policy (<preset>_table3.csv) or at several steps (experiments.referee_table3's <preset>_table3_steps.csv,
+    final policy (<preset>_table3.csv) or at several steps (lab.referee_table3's <preset>_table3_steps.csv,
     metrics table3_step<N>_*): per pass-rate bin the prompts in it and its share of the token budget under
     GRPO's and SoftmaxGRPO's advantages."""
     def mine(path):
@@ -361,7 +361,7 @@ def compare_metrics(folder, preset, config=None, seed=None):
             else []
     run = mine(os.path.join(folder, f"{preset}_runs.csv"))[0]
     metrics = {key: float(value) for key, value in run.items() if "pass@" in key and value != ""}
-    if preset == "countdown3-eq2":  # the clip's and the KL's activity over training (experiments.referee_clipping)
+    if preset == "countdown3-eq2":  # the clip's and the KL's activity over training (lab.referee_clipping)
         metrics.update(clip_activity(run["output_dir"]))
     fig3 = os.path.join(folder, f"{preset}_fig3", "fig3_prob_rise.csv")
     if run["config"] == "grpo" and os.path.isfile(fig3):  # Lopti's Fig. 3 on this seed's final GRPO policy
@@ -380,10 +380,10 @@ def compare_metrics(folder, preset, config=None, seed=None):
 
 
 def clip_activity(run_dir):
-    """One run's clip and KL activity from its metrics.jsonl (experiments.runs.activity): the clipped
+    """One run's clip and KL activity from its metrics.jsonl (lab.runs.activity): the clipped
     token fractions' mean over steps, the largest ratio of any step, the k3 KL at steps 50 and the last, and whether
     every ratio was exactly 1 (1.0) or not (0.0)."""
-    from experiments.runs import activity, ratio_is_one
+    from lab.runs import activity, ratio_is_one
     series = activity(os.path.join(run_dir, "metrics.jsonl"))
     kl = dict(series["kl"])
     metrics = {f"{key}_mean": round(sum(v for _, v in series[key]) / len(series[key]), 8)
@@ -410,7 +410,7 @@ def read_referee_rows(path):
 
 def onpolicy_cell_metrics(out):
     """The on-policy numbers of a referee_lopti output folder: per-quartile metrics and the quartiles' cosines."""
-    from experiments.referee_lopti import cosine_metrics, onpolicy_metrics
+    from lab.referee_lopti import cosine_metrics, onpolicy_metrics
     return {**onpolicy_metrics(read_referee_rows(os.path.join(out, "referee_lopti.csv"))),
             **cosine_metrics(read_referee_rows(os.path.join(out, "referee_lopti_cosines.csv")))}
 
@@ -418,15 +418,15 @@ def onpolicy_cell_metrics(out):
 def rerun_referee_lopti(args, folder, environment):
     """The referee-lopti kind: train the compare run, then measure each clip setting -> {metric: value}."""
     preset, config, seed, batches, variants = args
-    run_quietly([sys.executable, "-m", "experiments.compare", "--preset", preset, "--configs", config, "--seeds", seed,
+    run_quietly([sys.executable, "-m", "lab.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder, "--no-diagnostics"], environment)
     checkpoint = os.path.join(folder, preset, f"{config}-seed{seed}", "latest")
-    from experiments.referee_lopti_offpolicy import OFFPOLICY_KEYS, offpolicy_metrics
+    from lab.referee_lopti_offpolicy import OFFPOLICY_KEYS, offpolicy_metrics
 
     metrics = {}
     for name, flags in variants.items():
         out = os.path.join(folder, f"referee-{name}")
-        run_quietly([sys.executable, "-m", "experiments.referee_lopti", "--checkpoint", checkpoint,
+        run_quietly([sys.executable, "-m", "lab.referee_lopti", "--checkpoint", checkpoint,
                      *referee_task(preset), *batches, *flags, "--output-dir", out], environment)
         first = len(metrics) == 0
         if first:  # the on-policy part and the off-policy state do not depend on the clip: their numbers once
@@ -469,7 +469,7 @@ def summary(preset, machine=None, metrics=None, figure=None):
     """Print a compare preset's shipped cells from one CPU (default this machine's): per config, each pass metric's
     mean +- SE over seeds, then each config minus the preset's first config, paired by seed with its 95%
     t-interval over seeds and "none resolved" where it holds 0. -> {config: {seed: {metric: value}}}."""
-    from experiments.seed_stats import mean_se, mean_se_interval, paired_text
+    from lab.seed_stats import mean_se, mean_se_interval, paired_text
     runs = {}
     for name, (kind, args, *_) in CELLS.items():
         if kind == "compare" and args[0] == preset and (values := shipped_values(name, machine)):
@@ -507,7 +507,7 @@ def fig3_summary(by_seed, figure=None):
     GRPO policy, one update per method from the same weights and rollouts): per method and quartile the mean ± SD
     over seeds of the share of A > 0 tokens whose probability rose, and minus GRPO's on the same seed (mean ± SE);
     with `figure`, a bar chart of the means (SD bars). -> {method: [[per-seed shares] for Q1..Q4]}."""
-    from experiments.seed_stats import mean_sd_se
+    from experiments import mean_sd_se
     methods = list(dict.fromkeys(key.split("_")[1] for values in by_seed.values() for key in values
                                  if key.startswith("fig3_") and key.endswith("_pos_rose_share")))
     if "grpo" not in methods:
@@ -577,7 +577,7 @@ def load_average():
 def provenance(load=None):
     """The commit (with -dirty for uncommitted changes to Python files: a results file a ship has just written does
     not count), date, load (default: now's) and machine of a measurement made now."""
-    from experiments.runs import git
+    from lab.runs import git
     commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no",
                                                                      "--", "*.py") else "")  # code, not results files
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -623,12 +623,12 @@ def write_results(path, rows):
 
 
 def ship_from(folder, load, preset=None):
-    """Ship every finished run of one preset in an experiments.compare output folder (a preset whose runs are cells:
+    """Ship every finished run of one preset in an lab.compare output folder (a preset whose runs are cells:
     countdown3, countdown3-tuning, countdown3-eq2, countdown3-lopti; run on this machine with its cells'
     environment) as its cell <preset>-<config>-seed<N>: the commit from each run's code.json (a run without one is
     refused), the date its metrics were last written, this machine, `load` as given. preset: needed when the
     folder holds the runs of several. -> the cells shipped."""
-    from experiments.runs import CODE_FILE, recorded_code
+    from lab.runs import CODE_FILE, recorded_code
     presets = sorted(name[:-len("_runs.csv")] for name in os.listdir(folder) if name.endswith("_runs.csv"))
     if preset is None and len(presets) != 1:
         raise SystemExit(f"reproduce: error: {folder} holds the runs of {len(presets)} presets "
@@ -658,11 +658,11 @@ def ship_from(folder, load, preset=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.reproduce", description=__doc__.split("\n")[0])
     parser.add_argument("cell", nargs="?", help="the cell to rerun (--list names them)")
     parser.add_argument("--list", action="store_true", help="every cell: shipped or not, its file, cost, command")
     parser.add_argument("--ship", action="store_true", help="write the rerun's values as the cell's shipped ones")
-    parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an experiments.compare output "
+    parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an lab.compare output "
                         "folder of one preset (trained here with its cells' environment) as its cells")
     parser.add_argument("--preset", help="with --ship-from: the preset to ship, where the folder holds several")
     parser.add_argument("--summary", metavar="PRESET", help="print a compare preset's shipped cells (mean ± SE over "

@@ -1,12 +1,12 @@
 """The headline comparison, read from its shipped results: SoftmaxGRPO (tau 0.1) vs GRPO on 3-number Countdown at
-the fixed recipe (experiments.compare's countdown3 preset: M 8, 64 prompts a step, 150 steps; no cell selected from a
+the fixed recipe (lab.compare's countdown3 preset: M 8, 64 prompts a step, 150 steps; no cell selected from a
 sweep), paired by seed, with the power calculation and Table 3's measured part.
 
-    python -m experiments.headline                  # the rows shipped from this CPU (docs/results/countdown3_runs.csv)
-    python -m experiments.headline --machine Intel  # another CPU's rows (each CPU trains its own trajectories)
+    python -m lab.headline                  # the rows shipped from this CPU (docs/results/countdown3_runs.csv)
+    python -m lab.headline --machine Intel  # another CPU's rows (each CPU trains its own trajectories)
 
 Every number comes from docs/results/countdown3_runs.csv (cells countdown3-<grpo|softmax>-seed<N>, one row per metric;
-`python -m experiments.reproduce countdown3-grpo-seed3` reruns one). It prints:
+`python -m lab.reproduce countdown3-grpo-seed3` reruns one). It prints:
   1. per metric (held-out greedy pass@1; sampled pass@1..8 from 8 samples per prompt): each method's mean +- SE over
      seeds, the paired difference (same seed: same warm start, prompts and held-out set) with its 95% t-interval
      over seeds, the SD of the differences, and the power calculation: how many paired seeds make the 95%
@@ -24,8 +24,10 @@ import os
 import statistics
 import sys
 
-from experiments import pyplot, reproduce
-from experiments.seed_stats import mean_se_interval, seeds_for_half_width
+from experiments import pyplot
+
+from lab import reproduce
+from lab.seed_stats import mean_se_interval, seeds_for_half_width
 from experiments.table3_allocation import BIN_NAMES
 
 METRICS = ("after_pass@1", "sampled_pass@1", "sampled_pass@2", "sampled_pass@4", "sampled_pass@8")
@@ -159,7 +161,7 @@ def plot(by_seed, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.headline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.headline", description=__doc__.split("\n")[0])
     parser.add_argument("--machine", help="the rows of the CPU whose machine field contains this (default: this "
                                           "machine's CPU)")
     parser.add_argument("--target", type=float, default=0.03, help="the 95%% half-width the power calculation "
@@ -172,7 +174,7 @@ def main(argv=None):
     if not by_seed["grpo"]:
         parser.error("no countdown3 seed is shipped for both methods from "
                      + (f"a machine matching {args.machine!r}" if args.machine else "this CPU")
-                     + " (python -m experiments.reproduce --list)")
+                     + " (python -m lab.reproduce --list)")
     report(by_seed, args.target)
     if plot(by_seed, args.figure):
         print(f"wrote {args.figure}")

@@ -1,8 +1,10 @@
-"""Statistics over seeds and samples, for the comparison scripts (compare.py, lopti_token_stats.py): the unbiased
+"""Statistics over seeds and samples, for the lab's comparisons (compare.py, the referee studies): the unbiased
 pass@k estimator, mean +- standard error, and Student's t-intervals for paired differences (no scipy)."""
 import functools
 import math
 import statistics
+
+from experiments import mean_sd_se
 
 
 def pass_at_k(n, c, k):
@@ -42,15 +44,6 @@ def t_quantile(q, df):
         mid = (low + high) / 2
         low, high = (mid, high) if cdf(mid) < q else (low, mid)
     return (low + high) / 2
-
-
-def mean_sd_se(values):
-    """(mean, sample std, standard error = std / sqrt(n)); std and SE are None for fewer than two values."""
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return mean, None, None
-    sd = statistics.stdev(values)
-    return mean, sd, sd / math.sqrt(len(values))
 
 
 def mean_se_interval(values, level=0.95):

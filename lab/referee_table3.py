@@ -1,17 +1,17 @@
 """The SoftmaxGRPO referee's Table 3 question (issue 30, item 3): Table 3 at three points of training, over seeds.
 
-    python -m experiments.referee_table3                  # steps 50, 100, 150 of the sweep's M 8 runs, seeds 0,1,2
-    python -m experiments.referee_table3 --steps 100,150 --seeds 0,1
-    python -m experiments.referee_table3 --shipped        # docs/results.md's numbers and figure, from the shipped rows
+    python -m lab.referee_table3                  # steps 50, 100, 150 of the sweep's M 8 runs, seeds 0,1,2
+    python -m lab.referee_table3 --steps 100,150 --seeds 0,1
+    python -m lab.referee_table3 --shipped        # docs/results.md's numbers and figure, from the shipped rows
 
-The protocol (DESIGN.md section 7 states it): the policies are experiments.referee_tuning's countdown3-tuning runs
+The protocol (DESIGN.md section 7 states it): the policies are lab.referee_tuning's countdown3-tuning runs
 of train.py's countdown3 recipe, GRPO (grpo-M8) and SoftmaxGRPO tau 0.1 (softmax-M8-tau0.1), 150 steps of 64
 prompts x M 8 under the unclipped-in-effect on-policy surrogate (one epoch, one mini-batch, no KL); at each step
 their checkpoint-<step> (kept: --keep-checkpoints 0) is scored by experiments.table3_allocation through
-experiments.compare.table3_over_runs: 256 held-out prompts x 16 samples at temperature 1, torch seeded with the
+lab.compare.table3_over_runs: 256 held-out prompts x 16 samples at temperature 1, torch seeded with the
 run's seed; p = k / 16; both estimators' advantages (GRPO z-score, SoftmaxGRPO tau 0.1) on the same samples; a
 prompt's budget sum_i |A_i| len_i; a bin's share = its budget / the total. Printed per step, the measured part
-(experiments.headline.table3_measured): the prompts of each trained policy per pass-rate bin and each method's
+(lab.headline.table3_measured): the prompts of each trained policy per pass-rate bin and each method's
 share on its own policy, mean +- SE over seeds, differences paired by seed with 95% t-intervals. The two estimators'
 shares on the same samples differ by an identity of the formulas (DESIGN.md section 7) and are not compared. A run
 not yet trained (or a step not yet saved) is left out and counted.
@@ -23,8 +23,10 @@ Numbers: docs/results.md.
 import argparse
 import os
 
-from experiments import compare, headline, pyplot, reproduce, save_figure
-from experiments.seed_stats import mean_se_interval
+from experiments import pyplot, save_figure, write_csv
+
+from lab import compare, headline, reproduce
+from lab.seed_stats import mean_se_interval
 from experiments.table3_allocation import BIN_NAMES
 
 PRESET = "countdown3-tuning"
@@ -47,7 +49,7 @@ def available_runs(output_dir, seeds, step):
 
 
 def by_seed_of(rows, step):
-    """One step's rows -> {"grpo"|"softmax": {seed: {table3_<kind>_<bin>: value}}}, as experiments.headline reads its
+    """One step's rows -> {"grpo"|"softmax": {seed: {table3_<kind>_<bin>: value}}}, as lab.headline reads its
     shipped seeds (the trained policy's method; the shares under both estimators)."""
     by_seed = {"grpo": {}, "softmax": {}}
     for r in rows:
@@ -61,7 +63,7 @@ def by_seed_of(rows, step):
 
 
 def summary(rows):
-    """Print, per step, Table 3's measured part (experiments.headline.table3_measured): the two trained policies'
+    """Print, per step, Table 3's measured part (lab.headline.table3_measured): the two trained policies'
     prompts per pass-rate bin and each method's own budget share, paired by seed. The two estimators' shares on the
     same samples are not compared: they differ by an identity (DESIGN.md section 7)."""
     for step in sorted({r["step"] for r in rows}):
@@ -117,7 +119,7 @@ def main(argv=None):
                                             "small settings a test trained them with).")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", default="50,100,150")
-    parser.add_argument("--output-dir", default="runs/referees", help="experiments.referee_tuning's output dir")
+    parser.add_argument("--output-dir", default="runs/referees", help="lab.referee_tuning's output dir")
     parser.add_argument("-M", type=int, default=16, help="samples per held-out prompt")
     parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="score nothing: the rows shipped "
                         "in docs/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine contains "
@@ -143,16 +145,16 @@ def main(argv=None):
     for step in steps:
         runs, missing = available_runs(args.output_dir, seeds, step)
         print(f"\n=== step {step}: {len(runs)} of {len(runs) + missing} runs have checkpoint-{step}"
-              + (" (rerun after experiments.referee_tuning has trained the others)" if missing else ""), flush=True)
+              + (" (rerun after lab.referee_tuning has trained the others)" if missing else ""), flush=True)
         if runs:
             rows += [{"step": step, **r} for r in compare.table3_over_runs(
                 PRESET, runs, args.output_dir, extra, M=args.M, checkpoint=f"checkpoint-{step}",
                 label=f"{PRESET}_table3_step{step}")]
     if not rows:
-        parser.error(f"no run in {args.output_dir}/{PRESET} has the checkpoints yet (run experiments.referee_tuning)")
+        parser.error(f"no run in {args.output_dir}/{PRESET} has the checkpoints yet (run lab.referee_tuning)")
     print()
     summary(rows)
-    compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_table3_steps.csv"), rows)
+    write_csv(os.path.join(args.output_dir, f"{PRESET}_table3_steps.csv"), rows)
     drew = plot(os.path.join(args.output_dir, f"{PRESET}_table3_steps.png"), rows, title)
     print(f"wrote {args.output_dir}/{PRESET}_table3_steps.csv" + (f" and {PRESET}_table3_steps.png" if drew else ""))
     return rows

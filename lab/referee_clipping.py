@@ -1,12 +1,12 @@
 """The SoftmaxGRPO referee's clipping-and-KL question (issue 30, item 2): how active are the clip and the KL over
 training, and what does the exact Eq. (2) objective give against the clipped recipe, on the same seeds?
 
-    OMP_NUM_THREADS=1 python -m experiments.referee_clipping            # seeds 0,1,2 -> runs/referees (18 runs)
-    python -m experiments.referee_clipping --summary-only               # the runs finished so far
-    python -m experiments.referee_clipping --shipped                    # docs/results.md's numbers and figure, from
+    OMP_NUM_THREADS=1 python -m lab.referee_clipping            # seeds 0,1,2 -> runs/referees (18 runs)
+    python -m lab.referee_clipping --summary-only               # the runs finished so far
+    python -m lab.referee_clipping --shipped                    # docs/results.md's numbers and figure, from
                                                                         # docs/results/referee_clipping_runs.csv
 
-The runs are experiments.compare's preset countdown3-eq2 (countdown3's prompts, warm starts and budget; a finished
+The runs are lab.compare's preset countdown3-eq2 (countdown3's prompts, warm starts and budget; a finished
 run is reused), for GRPO and SoftmaxGRPO (tau 0.1) each:
   eq2         Eq. (2) exactly: one epoch, one mini-batch, no KL, the clip bounds out of reach (0.999, 1000). With one
               optimizer step per batch the update is on-policy: train.py takes pi_old as the detached log-probs of
@@ -31,10 +31,12 @@ import csv
 import os
 import statistics
 
-from experiments import compare, pyplot, save_figure
-from experiments.referee_tuning import METRICS, sweep_parser
-from experiments.runs import ACTIVITY, activity, ratio_is_one  # noqa: F401 (this script's API)
-from experiments.seed_stats import paired_text
+from experiments import pyplot, save_figure, write_csv
+
+from lab import compare
+from lab.referee_tuning import METRICS, sweep_parser
+from lab.runs import ACTIVITY, activity, ratio_is_one  # noqa: F401 (this script's API)
+from lab.seed_stats import paired_text
 from harness.metrics import read_metrics
 
 PRESET = "countdown3-eq2"
@@ -109,7 +111,7 @@ def shipped_report(seeds, machine=None):
     """The runs shipped as cells countdown3-eq2-<config>-seed<N> (docs/results/referee_clipping_runs.csv) by one CPU
     (default: this machine's): per config the activity summaries (reproduce.clip_activity) over seeds and the paired
     differences recipe - eq2 -> {config: {seed: {metric: value}}}."""
-    from experiments import reproduce
+    from lab import reproduce
     runs = {config: {seed: values for seed in seeds
                      if (values := reproduce.shipped_values(f"{PRESET}-{config}-seed{seed}", machine))}
             for config in compare.PRESETS[PRESET]["configs"]}
@@ -203,7 +205,7 @@ def main(argv=None):
         parser.error(f"{csv_path}: no runs yet (run without --summary-only first)")
     runs = read_runs(csv_path)
     rows = report(runs, args.output_dir)
-    compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_activity.csv"), rows)
+    write_csv(os.path.join(args.output_dir, f"{PRESET}_activity.csv"), rows)
     drew = plot(os.path.join(args.output_dir, f"{PRESET}_activity.png"), rows,
                 f"{PRESET}: clip fractions, ratio, KL over training ({len(runs)} runs; solid softmax, dashed grpo)")
     print(f"wrote {args.output_dir}/{PRESET}_activity.csv" + (f" and {PRESET}_activity.png" if drew else ""))

@@ -99,7 +99,7 @@ def finished_run(argv_run):
     return {"before": evals[0], "after": evals[config.steps], "metrics_path": metrics_path}
 
 
-# The clip's and the KL's activity of one run (experiments.referee_clipping, reproduce's clipping cells)
+# The clip's and the KL's activity of one run (lab.referee_clipping, reproduce's clipping cells)
 ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
 
 

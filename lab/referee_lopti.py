@@ -1,9 +1,9 @@
 """The Lopti referee's questions (issue 30, items 5-7): per probability quartile, the token weights, the SUMMED
 parameter gradients and their directions, and logits- vs parameter-gradient norms, on one batch of rollouts.
 
-    python -m experiments.referee_lopti --checkpoint runs/default/latest            # after RL, pi_ref its start
-    python -m experiments.referee_lopti --checkpoint runs/default/latest --initial  # the same run before RL
-    python -m experiments.referee_lopti --checkpoint runs/smollm2/seed0/latest --task text_match \\
+    python -m lab.referee_lopti --checkpoint runs/default/latest            # after RL, pi_ref its start
+    python -m lab.referee_lopti --checkpoint runs/default/latest --initial  # the same run before RL
+    python -m lab.referee_lopti --checkpoint runs/smollm2/seed0/latest --task text_match \\
         --data runs/smollm2/data --num-prompts 8 -M 4 --max-new-tokens 32
 
 Per seed: the first --num-prompts held-out prompts x M rollouts at --temperature (experiments.table3_allocation's
@@ -25,7 +25,7 @@ beta measure the same tokens); they are cut into four equal-count quartiles of p
      (Prop. 4.2's quantity, lopti_token_stats.logit_gradient_norms) and the parameter-gradient norm
      |w| ||grad_theta log pi_t|| (one backward per token); their means per quartile.
   5, off-policy (the referee's clipped case; --no-off-policy skips it; referee_lopti_offpolicy.csv): its
-     protocol is experiments/referee_lopti_offpolicy.py's docstring.
+     protocol is lab/referee_lopti_offpolicy.py's docstring.
 The referee's test: "if the summed high-probability gradient is comparable to or larger than the low-probability
 one, the dominance claim fails". Here the high/low ratio ||G_Q4|| / ||G_Q1|| per seed, mean and 95% t-interval
 over seeds; the verdict reads "dominance holds" when the interval lies below 0.5, "fails" when it lies above 0.5,
@@ -43,10 +43,10 @@ import torch
 
 import train
 from experiments import pyplot, save_figure
-from experiments.compare import write_csv
+from experiments import write_csv
 from experiments.lopti_token_stats import NUM_GROUPS, logit_gradient_norms, probability_groups, sampled_batch
-from experiments.referee_lopti_offpolicy import measure_off_policy, saved_moments, step_settings, summarize_off_policy
-from experiments.seed_stats import interval_text, mean_se_interval
+from lab.referee_lopti_offpolicy import measure_off_policy, saved_moments, step_settings, summarize_off_policy
+from lab.seed_stats import interval_text, mean_se_interval
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment
 from harness.model import load_policy
 from rollout import token_logprobs

@@ -1,5 +1,5 @@
 """Item 5 of the Lopti referee's questions (issue 30), the clipped case: the token weight w per p_old quartile in
-the OFF-policy state, where the trust-region indicator can be 0. experiments.referee_lopti measures it on each of its
+the OFF-policy state, where the trust-region indicator can be 0. lab.referee_lopti measures it on each of its
 batches (its --no-off-policy skips it; --clip-low, --clip-high, --dual-clip set the clip) and writes
 referee_lopti_offpolicy.csv; the batch, the tokens measured, their p_old quartiles and w are that script's docstring's.
 
@@ -17,7 +17,7 @@ ratio > c, only with a dual clip); and A < 0 tokens with ratio > 1 + clip_high, 
 -N d loss / d log pi_t), not from the formula, so "w = 0 where the indicator is 0" is a measurement of the loss's
 gradient: with beta = 0 it must be exactly 0; with beta > 0 the KL part beta (pi_ref / pi - 1) remains. Per
 quartile: those counts, mean |w| on the tokens still inside, max |w| on the clipped ones, the ratio's range.
-offpolicy_metrics turns several batches' rows into the numbers a results file ships (experiments.reproduce).
+offpolicy_metrics turns several batches' rows into the numbers a results file ships (lab.reproduce).
 """
 import copy
 import json
@@ -31,7 +31,7 @@ from harness.checkpoint import load_trainer_state
 from harness.config import Config
 from harness.run import RunError
 from experiments.lopti_token_stats import NUM_GROUPS
-from experiments.seed_stats import interval_text, mean_se_interval
+from lab.seed_stats import interval_text, mean_se_interval
 from ppo import clip_masks, policy_loss
 from rollout import token_logprobs
 
@@ -130,7 +130,7 @@ def measure_off_policy(model, batch, advantages, logprobs, ref_logprobs, groups,
                        betas, ref_model, moments, temperature, micro_batch):
     """One batch's off-policy state -> rows per (beta, mini-batch, quartile) (off_policy_rows, plus "adamw_moments":
     saved or fresh). logprobs: the on-policy log pi_old [B, T]; groups, token_mask: the on-policy p_old quartiles and
-    the tokens measured (experiments.referee_lopti.measure's); settings: step_settings; moments: saved_moments."""
+    the tokens measured (lab.referee_lopti.measure's); settings: step_settings; moments: saved_moments."""
     mask = batch[2].float()
     new_logprobs, used = off_policy_logprobs(model, batch, advantages, logprobs, settings, ref_model=ref_model,
                                              moments=moments, temperature=temperature, micro_batch=micro_batch)

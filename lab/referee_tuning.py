@@ -1,15 +1,15 @@
 """The SoftmaxGRPO referee's fair-tuning question (issue 30, item 1): the same tuning grid and budget for both methods.
 
-    OMP_NUM_THREADS=1 python -m experiments.referee_tuning              # seeds 0,1,2 -> runs/referees (~45 runs)
-    python -m experiments.referee_tuning --summary-only                 # the grid from the runs finished so far
-    python -m experiments.referee_tuning --shipped        # the grid docs/results.md shows, from its shipped rows
+    OMP_NUM_THREADS=1 python -m lab.referee_tuning              # seeds 0,1,2 -> runs/referees (~45 runs)
+    python -m lab.referee_tuning --summary-only                 # the grid from the runs finished so far
+    python -m lab.referee_tuning --shipped        # the grid docs/results.md shows, from its shipped rows
                                                           # (docs/results/referee_tuning_runs.csv)
 
 The headline (M, tau) = (8, 0.1) is the best cell of the paper's sweep while GRPO got one configuration. Here both
-get a grid on experiments.compare's countdown3 prompts (the tiny model on 3-number Countdown, warm start at ~5%):
+get a grid on lab.compare's countdown3 prompts (the tiny model on 3-number Countdown, warm start at ~5%):
 GRPO over M in {4, 8, 16}, SoftmaxGRPO over M in {4, 8, 16} x tau in {0.05, 0.1, 0.3, 1.0}; every cell 150 steps of
 512 samples (512 // M prompts x M), the same lr (train.py's tiny-model default; not swept, for either), the same
-seeds, warm starts and held-out prompts. The runs are experiments.compare's preset countdown3-tuning, so a run
+seeds, warm starts and held-out prompts. The runs are lab.compare's preset countdown3-tuning, so a run
 already finished is reused and the grid grows by rerunning the command (or by --seeds 0,1,2,3,4).
 
 Per cell: held-out greedy pass@1 (train.py's final eval, 200 prompts) and sampled pass@k from 16 samples per
@@ -25,8 +25,10 @@ import csv
 import os
 import statistics
 
-from experiments import compare, pyplot, save_figure
-from experiments.seed_stats import mean_se, mean_se_interval, paired_text
+from experiments import pyplot, save_figure, write_csv
+
+from lab import compare
+from lab.seed_stats import mean_se, mean_se_interval, paired_text
 
 PRESET = "countdown3-tuning"
 FIGURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "referee_tuning_grid.png")
@@ -46,7 +48,7 @@ def shipped_runs(seeds, machine=None):
     """The grid's runs as read_runs gives them, from the rows shipped in docs/results/referee_tuning_runs.csv (cells
     countdown3-tuning-<config>-seed<N>, one row per metric) by one CPU (`machine`: a substring of the rows' machine;
     default this machine's CPU kind). A run not shipped from that CPU is left out."""
-    from experiments import reproduce
+    from lab import reproduce
     runs = []
     for seed in seeds:
         for config in compare.PRESETS[PRESET]["configs"]:
@@ -155,9 +157,9 @@ def plot(path, cells, title):
 
 
 def sweep_parser(doc):
-    """The flags the referee sweeps share (--seeds, --output-dir); any other flag goes on to experiments.compare."""
+    """The flags the referee sweeps share (--seeds, --output-dir); any other flag goes on to lab.compare."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False,
-                                     epilog="Any other flag is passed to experiments.compare (and so to train.py).")
+                                     epilog="Any other flag is passed to lab.compare (and so to train.py).")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--output-dir", default="runs/referees")
     return parser
@@ -179,7 +181,7 @@ def main(argv=None):
         runs = shipped_runs(seeds, args.shipped or None)
         if not runs:
             parser.error("no run of the grid was shipped from " + (f"a CPU named {args.shipped!r}" if args.shipped
-                                                                  else "this CPU") + " (python -m experiments."
+                                                                  else "this CPU") + " (python -m lab."
                          "reproduce --list names where each was)")
     else:
         csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
@@ -199,7 +201,7 @@ def main(argv=None):
         if plot(FIGURE, cells, title):
             print(f"drew {FIGURE}")
         return cells
-    compare.write_csv(os.path.join(args.output_dir, f"{PRESET}_grid.csv"), rows)
+    write_csv(os.path.join(args.output_dir, f"{PRESET}_grid.csv"), rows)
     drew = plot(os.path.join(args.output_dir, f"{PRESET}_grid.png"), cells, title)
     print(f"wrote {args.output_dir}/{PRESET}_grid.csv" + (f" and {PRESET}_grid.png" if drew else ""))
     return cells

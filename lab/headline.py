@@ -15,7 +15,9 @@ Every number comes from docs/results/countdown3_runs.csv (cells countdown3-<grpo
      (prompts of 256 in each pass-rate bin, from 16 samples each) and each method's budget share on its own policy
      under its own advantages, paired by seed. The two estimators' shares on the SAME samples differ by an identity
      (c(k), DESIGN.md section 7) and are not compared here.
-A difference is "resolved" when its interval excludes 0; otherwise "none resolved".
+A difference is "resolved" when its 95% interval excludes 0; otherwise "none resolved". The five metrics are tested
+at once, so the table also gives each paired t-test's p and whether it survives Holm's correction over the five
+(family-wise 5%): a difference resolved alone but not after it is suggestive, not established.
 It draws docs/countdown3_powered.png (matplotlib optional)."""
 import argparse
 import collections
@@ -27,7 +29,7 @@ import sys
 from experiments import pyplot
 
 from lab import reproduce
-from lab.seed_stats import mean_se_interval, seeds_for_half_width
+from lab.seed_stats import holm, mean_se_interval, paired_p, seeds_for_half_width
 from experiments.table3_allocation import BIN_NAMES
 
 METRICS = ("after_pass@1", "sampled_pass@1", "sampled_pass@2", "sampled_pass@4", "sampled_pass@8")
@@ -83,16 +85,17 @@ def report(by_seed, target):
     seeds = list(by_seed["grpo"])
     print(f"countdown3, SoftmaxGRPO (tau 0.1) - GRPO, paired by seed, n = {len(seeds)} seeds ({seeds}); "
           "mean ± SE over seeds; difference: mean [95% t-interval over seeds]")
-    print("| held-out (200 prompts) | GRPO | SoftmaxGRPO | SoftmaxGRPO − GRPO, 95% CI | SD of the differences, "
-          f"half-width, seeds for ±{target} |")
-    print("|---|---|---|---|---|")
-    for key in METRICS:
-        a, b, diff = paired(by_seed, key)
-        if not diff:
-            continue
+    print("| held-out (200 prompts) | GRPO | SoftmaxGRPO | SoftmaxGRPO − GRPO, 95% CI | p, Holm over the metrics | "
+          f"SD of the differences, half-width, seeds for ±{target} |")
+    print("|---|---|---|---|---|---|")
+    rows = [(key, *paired(by_seed, key)) for key in METRICS]
+    rows = [row for row in rows if row[3]]
+    p_values = [paired_p(diff) if len(diff) > 1 and len(set(diff)) > 1 else 1.0 for *_, diff in rows]
+    for (key, a, b, diff), p, kept in zip(rows, p_values, holm(p_values)):
         label = "greedy pass@1" if key == "after_pass@1" else key.replace("sampled_", "") + " (8 samples)"
         first, _, power = difference(diff, target).partition(" | ")
-        print(f"| {label} | {text(a)} | {text(b)} | {first} | {power.replace(' | ', ', ')} |")
+        print(f"| {label} | {text(a)} | {text(b)} | {first} | {p:.3f}, {'survives' if kept else 'does not survive'}"
+              f" | {power.replace(' | ', ', ')} |")
     table3_measured(by_seed, "each trained policy")
 
 

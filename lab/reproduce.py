@@ -46,16 +46,17 @@ import csv
 import json
 import math
 import os
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 import time
 
+from lab.ledger import (FIELDS, ISA_ORDER, can_run, code_path, cpu_kind, ledger_rows, load_average,  # noqa: F401
+                        pin_for, pins, provenance, this_machine, write_results)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "docs", "results")
-FIELDS = ("cell", "metric", "value", "commit", "date", "load", "machine", "command")
 SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--prompts-per-step", "4",
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
@@ -130,41 +131,6 @@ CELLS = {
 }
 
 
-def ledger_rows(path):
-    """Every row of a results CSV, checked as it is read: the header is FIELDS, each row has one field per column and
-    a finite number as its value. A tampered file (a bad number, a missing column, a short or long row, an over-long
-    field) is one line naming file:line; nothing is written. [] if the file does not exist."""
-    if os.path.islink(path):
-        raise SystemExit(f"reproduce: error: {path} is a link; the ledger is never read or written through one: "
-                         f"restore it with git checkout -- docs/results/{os.path.basename(path)}")
-    if not os.path.isfile(path):
-        return []
-    rows = []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader, None)
-            if tuple(header or ()) != FIELDS:
-                raise ValueError(f"its header is {','.join(header or ['(empty)'])}; expected {','.join(FIELDS)}")
-            for fields in reader:
-                if not fields:
-                    continue  # a blank line
-                if len(fields) != len(FIELDS):
-                    raise ValueError(f"{len(fields)} fields; expected {len(FIELDS)} ({','.join(FIELDS)})")
-                row = dict(zip(FIELDS, fields))
-                try:
-                    number = float(row["value"])
-                except ValueError:
-                    number = None
-                if number is None or not math.isfinite(number):
-                    raise ValueError(f"value {row['value'][:40]!r} is not a finite number")
-                rows.append(row)
-        except (ValueError, csv.Error) as error:
-            raise SystemExit(f"reproduce: error: {path}:{reader.line_num}: {error}; restore it with "
-                             f"git checkout -- docs/results/{os.path.basename(path)}") from None
-    return rows
-
-
 def shipped_rows(name):
     """Every shipped row of a cell, of every CPU it was shipped from ([] if none)."""
     return [row for row in ledger_rows(os.path.join(RESULTS, CELLS[name][2])) if row["cell"] == name]
@@ -172,29 +138,49 @@ def shipped_rows(name):
 
 def shipped_values(name, machine=None):
     """{metric: value} of a cell's rows shipped from one CPU: the rows whose machine contains `machine`, or by default
-    those of this machine's CPU kind; {} if that CPU shipped none (no fallback: each CPU has its own trajectories)."""
+    those of the code path a rerun here takes (run_path); {} if none (no fallback: each path has its own
+    trajectories)."""
     return {row["metric"]: float(row["value"]) for row in shipped_rows(name)
-            if (machine in row["machine"] if machine else cpu_kind(row["machine"]) == cpu_kind(this_machine()))}
+            if (machine in row["machine"] if machine else row_path(row) == run_path(name))}
 
 
-def cpu_kind(machine):
-    """The part of a results row's machine that decides its numbers: CPU model and ISA, not the core count."""
-    return machine.rsplit(",", 1)[0] if machine.endswith(" cores") else machine
+def row_path(row):
+    """The code path a shipped row's numbers followed: its machine, and the pin its command set."""
+    return code_path(row["machine"], row["command"])
 
 
-def shipped(name, machine=None):
-    """{metric: row} of a cell's shipped results for `machine`'s CPU kind (default: this machine's); where that CPU
-    shipped none, another CPU's rows (the first in the file); {} if none shipped at all."""
+def run_path(name, machine=None, extra=None):
+    """The code path a rerun of the cell takes on `machine` (default: this one): the cell's pin, else the one
+    `extra` or this process's environment sets, else the machine's own ISA."""
+    return code_path(machine or this_machine(), {**pins(os.environ if extra is None else extra), **CELLS[name][4]})
+
+
+def shipped(name, machine=None, extra=None):
+    """{metric: row} of a cell's shipped results on the code path a rerun takes (run_path; `machine` default this
+    one); where none was shipped on it, another path's rows (the first in the file); {} if none shipped at all."""
     rows = shipped_rows(name)
-    kind = cpu_kind(machine or this_machine())
-    mine = [row for row in rows if cpu_kind(row["machine"]) == kind]
-    other = [row for row in rows if row["machine"] == rows[0]["machine"]] if rows else []
+    path = run_path(name, machine, extra)
+    mine = [row for row in rows if row_path(row) == path]
+    other = [row for row in rows if row_path(row) == row_path(rows[0])] if rows else []
     return {row["metric"]: row for row in (mine or other)}
 
 
-def command_text(name):
+def choose_pin(name):
+    """{} when this machine's own code path has rows of the cell (or a pin is set already); else the pin
+    (ATEN_CPU_CAPABILITY, MKL_CBWR) that puts this CPU on a path whose rows exist, where it can run one (the same CPU
+    model at an ISA it includes, can_run), and {} where it cannot (another vendor or model)."""
+    rows = shipped_rows(name)
+    if not rows or pins(os.environ) or pins(CELLS[name][4]) or any(row_path(row) == run_path(name) for row in rows):
+        return {}
+    runnable = sorted({row_path(row) for row in rows if can_run(this_machine(), row_path(row))},
+                      key=lambda path: ISA_ORDER.index(path.rpartition(", ")[2]))  # the widest ISA first
+    return pin_for(runnable[-1]) if runnable else {}
+
+
+def command_text(name, extra=None):
+    """The cell's command as a shell line, its environment (and `extra`'s variables, a pin) first."""
     kind, args, _, _, env = CELLS[name]
-    prefix = "".join(f"{key}={value} " for key, value in env.items())
+    prefix = "".join(f"{key}={value} " for key, value in {**(extra or {}), **env}.items())
     if kind == "train":
         return prefix + "python train.py " + " ".join(args)
     if kind == "compare":
@@ -233,19 +219,35 @@ def command_text(name):
     return f"experiments.table3_allocation.identity_table(M={args[0]}, tau={args[1]})"
 
 
+PROGRESS = {}  # main's cell: its name, start time and expected minutes, for run_quietly's progress lines
+PROGRESS_EVERY = 30  # seconds between two progress lines
+
+
 def run_quietly(argv, environment):
-    """A fresh process of the project's; its progress bars are swallowed, and a failure shows the end of its stderr
-    and stops here."""
-    proc = subprocess.run(argv, cwd=REPO, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"reproduce: error: {' '.join(argv[1:])} exited with {proc.returncode} (its stderr above)")
+    """A fresh process of the project's; its progress bars are swallowed (a line on stderr every PROGRESS_EVERY
+    seconds says how long the cell has run), and a failure shows the end of its stderr and stops here."""
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(argv, cwd=REPO, env=environment, stdout=subprocess.DEVNULL, stderr=errors, text=True)
+        while True:
+            try:
+                proc.wait(timeout=PROGRESS_EVERY)
+                break
+            except subprocess.TimeoutExpired:
+                if PROGRESS:
+                    elapsed = int(time.time() - PROGRESS["start"])
+                    print(f"reproduce: {PROGRESS['name']}: running, {elapsed // 60}:{elapsed % 60:02d} so far "
+                          f"(~{PROGRESS['minutes']} min on a quiet 2-core CPU)", file=sys.stderr, flush=True)
+        if proc.returncode:
+            errors.seek(0)
+            sys.stderr.write(errors.read()[-4000:])
+            raise SystemExit(f"reproduce: error: {' '.join(argv[1:])} exited with {proc.returncode} (its stderr "
+                             "above)")
 
 
-def rerun(name, folder):
-    """Run the cell from scratch in `folder` -> {metric: value}."""
+def rerun(name, folder, extra=None):
+    """Run the cell from scratch in `folder` (with `extra`'s environment variables, a pin) -> {metric: value}."""
     kind, args, _, _, env = CELLS[name]
-    environment = {**os.environ, **env}
+    environment = {**os.environ, **(extra or {}), **env}
     if kind == "identity":
         from experiments.table3_allocation import identity_table
         return {f"ratio_k{row['k']}": round(row["ratio"], 6) for row in identity_table(int(args[0]), float(args[1]))}
@@ -556,70 +558,15 @@ def fig3_summary(by_seed, figure=None):
     return shares
 
 
-def machine_isa():
-    """The vector ISA torch's CPU kernels and MKL pick on this machine: avx512 or avx2 (x86), else the platform."""
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    return "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()
-
-
-def this_machine():
-    """This machine as a results row names it: "CPU model, ISA, N cores"."""
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return f"{cpu}, {machine_isa()}, {os.cpu_count()} cores"
-
-
-def load_average():
-    """The 1-, 5- and 15-minute load averages now, as a results row writes them ("" where the OS has none)."""
-    return " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else ""
-
-
-def provenance(load=None):
-    """The commit (with -dirty for uncommitted changes to Python files: a results file a ship has just written does
-    not count), date, load (default: now's) and machine of a measurement made now."""
-    from lab.runs import git
-    commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no",
-                                                                     "--", "*.py") else "")  # code, not results files
-    return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load": load_average() if load is None else load, "machine": this_machine()}
-
-
-def ship(name, values, made=None):
-    """Write a cell's values as its shipped rows for this CPU (replacing that CPU's old ones) in its results file."""
+def ship(name, values, made=None, extra=None):
+    """Write a cell's values as its shipped rows for its code path (replacing that path's old ones) in its results
+    file. extra: the pin the run set beyond the cell's own (the environment's by default): part of the command."""
     path = os.path.join(RESULTS, CELLS[name][2])
-    made = made or provenance()
-    rows = [row for row in ledger_rows(path)  # another CPU's rows of this cell stay: each has its own trajectory
-            if row["cell"] != name or cpu_kind(row["machine"]) != cpu_kind(made["machine"])]
-    rows += [{"cell": name, "metric": metric, "value": value, **made, "command": command_text(name)}
-             for metric, value in values.items()]
+    made = {**(made or provenance()), "command": command_text(name, pins(os.environ) if extra is None else extra)}
+    rows = [row for row in ledger_rows(path)  # another path's rows of this cell stay: each has its own trajectory
+            if row["cell"] != name or row_path(row) != row_path(made)]
+    rows += [{"cell": name, "metric": metric, "value": value, **made} for metric, value in values.items()]
     write_results(path, sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
-
-
-def write_results(path, rows):
-    """Replace a results CSV atomically: a new file beside it (O_EXCL, O_NOFOLLOW), flushed to disk, renamed over
-    it. A full disk, a read-only folder or a link in the file's place is one line; the old file stays as it was."""
-    tmp = None
-    try:
-        if os.path.islink(path):
-            raise OSError(f"{path} is a link; the ledger is never written through one: restore it with git checkout")
-        os.makedirs(RESULTS, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-        with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as error:
-        from harness.checkpoint import write_failed
-        raise SystemExit(f"reproduce: error: {write_failed(path, error, otherwise='')}; {path} is as it was") \
-            from None
-    finally:
-        if tmp:
-            os.remove(tmp)
 
 
 def ship_from(folder, load, preset=None):
@@ -679,26 +626,36 @@ def main(argv=None):
             print(f"shipped: {name} -> docs/results/{CELLS[name][2]}")
         return 0
     if args.list or not args.cell:
-        here = cpu_kind(this_machine())
         for name, (kind, _, file, minutes, _) in CELLS.items():
-            made = {cpu_kind(row["machine"]): row for row in shipped_rows(name)}
-            state = "; ".join(f"shipped {row['commit']} {row['date']} on {'this CPU' if cpu == here else cpu}"
-                              for cpu, row in made.items()) or "not shipped"
+            made = {row_path(row): row for row in shipped_rows(name)}
+            state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (
+                " (this CPU's)" if path == run_path(name) else " (this CPU, pinned)" if can_run(this_machine(), path)
+                else "") for path, row in made.items()) or "not shipped"
             print(f"{name:<30} {kind:<9} ~{minutes:>2} min  docs/results/{file:<22} {command_text(name)}  [{state}]")
         return 0
     if args.cell not in CELLS:
         parser.error(f"no cell {args.cell!r}; --list names them")
-    before = shipped(args.cell)
+    pin = choose_pin(args.cell)  # this CPU onto the code path whose rows exist, where it can run it
+    extra = {**pins(os.environ), **pin}
+    before = shipped(args.cell, extra=extra)
     if not before and not args.ship:
         parser.error(f"{args.cell}: nothing shipped yet to compare with (--ship writes it)")
-    made, here = next(iter(before.values()), None), this_machine()
-    if made and cpu_kind(made["machine"]) != cpu_kind(here):
-        print(f"note: {args.cell} was never shipped from this CPU ({here}); comparing with {made['machine']}'s "
-              "rows: its numbers follow the CPU's code path (docs/results.md, 'Determinism'); expect them to differ")
+    made, path = next(iter(before.values()), None), run_path(args.cell, extra=extra)
+    if pin:
+        print(f"note: {args.cell} has no rows of this CPU's own code path ({run_path(args.cell, extra={})}); this "
+              f"rerun takes {path} ({' '.join(f'{k}={v}' for k, v in pin.items())}), whose rows {made['machine']} "
+              "shipped")
+    elif made and row_path(made) != path:
+        print(f"note: {args.cell} was never shipped on this CPU's code path ({path}) nor on one it can take; "
+              f"comparing with {made['machine']}'s rows ({row_path(made)}): another CPU model or vendor sums in "
+              "another order (docs/results.md, 'Determinism'); expect them to differ")
+    print(f"reproduce: {args.cell}: rerunning from scratch (~{CELLS[args.cell][3]} min on a quiet 2-core CPU)",
+          file=sys.stderr, flush=True)
+    PROGRESS.update(name=args.cell, start=time.time(), minutes=CELLS[args.cell][3])
     load_at_start = load_average()  # what else ran when it started: a timing depends on it
     with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
-        now = rerun(args.cell, folder)
-    same = True
+        now = rerun(args.cell, folder, extra)
+    differences = []
     for metric in sorted(set(before) | set(now)):
         old = before.get(metric, {}).get("value", "none")
         new = now.get(metric, "none")
@@ -707,15 +664,20 @@ def main(argv=None):
             continue
         relative = tolerance(args.cell, metric)
         agreed = new != "none" and agrees(float(old), float(new), relative)
-        same &= agreed
+        if not agreed:
+            differences.append((abs(float(new) - float(old)) if new != "none" else math.inf, metric))
         print(f"{args.cell} {metric} shipped {old} now {new}"
-              + (f" (tolerance ±{relative:.0%}: {'within' if agreed else 'outside'})" if relative else ""))
+              + (f" (tolerance ±{relative:.0%}: {'within' if agreed else 'outside'})" if relative else "")
+              + (f" difference {float(new) - float(old):+.6g}" if not agreed and new != "none" else ""))
     if args.ship:
-        ship(args.cell, now, provenance(f"{load_at_start} at start, {load_average()} at end"))
+        ship(args.cell, now, provenance(f"{load_at_start} at start, {load_average()} at end"), extra)
         print(f"shipped: {args.cell} -> docs/results/{CELLS[args.cell][2]}")
         return 0
-    print(f"{'reproduced' if same else 'differs'}: {args.cell}")
-    return 0 if same else 1
+    if differences:
+        largest, metric = max(differences)
+        print(f"{len(differences)} of {len(before)} numbers differ; the largest difference {largest:.3g} ({metric})")
+    print(f"{'differs' if differences else 'reproduced'}: {args.cell}")
+    return 1 if differences else 0
 
 
 if __name__ == "__main__":

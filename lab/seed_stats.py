@@ -25,25 +25,48 @@ def pass_ks(M):
     return ks + ([M] if ks[-1] != M else [])
 
 
+def t_cdf(t, df, n=2000):
+    """P(T <= t) for Student's t with df degrees of freedom: 1/2 + int_0^t f, the t density f integrated by
+    Simpson's rule on n (even) panels. No scipy."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    f = [math.exp(log_c - (df + 1) / 2 * math.log1p((t * i / n) ** 2 / df)) for i in range(n + 1)]
+    return 0.5 + t / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+
 @functools.lru_cache(maxsize=None)  # ~0.5 s of pure-Python bisection per call; the scripts ask for a few (q, df)
 def t_quantile(q, df):
-    """The q-quantile of Student's t with df degrees of freedom (q in (0.5, 1)), by bisection on its CDF
-    1/2 + int_0^t f (the t density f, integrated by Simpson's rule). No scipy: t_quantile(0.975, 4) = 2.776."""
+    """The q-quantile of Student's t with df degrees of freedom (q in (0.5, 1)), by bisection on t_cdf.
+    t_quantile(0.975, 4) = 2.776."""
     if not 0.5 < q < 1 or df < 1:
         raise ValueError(f"t_quantile needs 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(t, n=2000):  # Simpson on [0, t], n even
-        f = [math.exp(log_c - (df + 1) / 2 * math.log1p((t * i / n) ** 2 / df)) for i in range(n + 1)]
-        return 0.5 + t / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-
     low, high = 0.0, 1.0
-    while cdf(high) < q:
+    while t_cdf(high, df) < q:
         high *= 2
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if cdf(mid) < q else (low, mid)
+        low, high = (mid, high) if t_cdf(mid, df) < q else (low, mid)
     return (low + high) / 2
+
+
+def paired_p(differences):
+    """The two-sided p of a paired t-test that the mean difference is 0: 2 (1 - t_cdf(|mean| / SE, n - 1)).
+    Needs n >= 2 and differences that are not all equal."""
+    mean, _, se = mean_sd_se(differences)
+    if not se:
+        raise ValueError(f"paired_p needs >= 2 differences that are not all equal, got {differences}")
+    return max(0.0, 2 * (1 - t_cdf(abs(mean) / se, len(differences) - 1)))
+
+
+def holm(p_values, level=0.05):
+    """Holm's step-down over a family of tests (a list of p): which survive at family-wise error `level`. The
+    k-th smallest p (k = 0, 1, ...) must be below level / (m - k), and every smaller one must have survived."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    survives = [False] * len(p_values)
+    for k, i in enumerate(order):
+        if p_values[i] >= level / (len(p_values) - k):
+            break
+        survives[i] = True
+    return survives
 
 
 def mean_se_interval(values, level=0.95):

@@ -282,6 +282,23 @@ def test_plot_metrics_reads_a_run_folder_that_is_still_writing(tmp_path, capsys)
 # ------------------------------------------------------------------------------------------------------------
 # seed_stats.py: the pass@k estimator and the t-interval; compare.py: the countdown3 preset end to end
 
+def test_a_paired_t_tests_p_by_hand_and_holms_step_down():
+    """p = 2 (1 - F_t(|mean| / SE; n - 1)); Holm keeps the k-th smallest p while it is below 0.05 / (m - k)."""
+    assert seed_stats.t_cdf(2.776, 4) == pytest.approx(0.975, abs=1e-4)  # the t table's 97.5% point, 4 df
+    assert seed_stats.t_cdf(0.0, 7) == 0.5 and seed_stats.t_cdf(-1.5, 3) == pytest.approx(1 - seed_stats.t_cdf(1.5, 3))
+    # differences 1, 2, 3: mean 2, SD 1, SE 1/sqrt(3), t = 2 sqrt(3) = 3.464 on 2 df: p = 1 - t/sqrt(t^2 + 2) = 0.0742
+    t = 2 * math.sqrt(3)
+    assert seed_stats.paired_p([1.0, 2.0, 3.0]) == pytest.approx(1 - t / math.sqrt(t * t + 2), abs=1e-6)
+    assert seed_stats.paired_p([-1.0, -2.0, -3.0]) == seed_stats.paired_p([1.0, 2.0, 3.0])  # two-sided
+    with pytest.raises(ValueError):
+        seed_stats.paired_p([0.1, 0.1])  # no spread: no test
+    # five tests: Bonferroni's 0.01 drops 0.012; Holm's thresholds 0.01, 0.0125, 0.0167, 0.025, 0.05 keep it
+    assert seed_stats.holm([0.012, 0.009, 1e-4, 1e-4, 0.069]) == [True, True, True, True, False]
+    # the step-down stops at the first failure: 0.03 >= 0.05 / 2 fails, so 0.04 (< 0.05) is not reached
+    assert seed_stats.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert seed_stats.holm([0.2]) == [False] and seed_stats.holm([0.049]) == [True]  # one test: no correction
+
+
 def test_unbiased_pass_at_k_by_hand_and_its_limit():
     """Chen et al. 2021: 1 - C(n-c, k) / C(n, k)."""
     assert seed_stats.pass_at_k(8, 1, 2) == pytest.approx(1 - 21 / 28)  # C(7,2) = 21, C(8,2) = 28: 0.25

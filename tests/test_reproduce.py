@@ -34,17 +34,16 @@ def test_the_identity_cell_reproduces_and_a_changed_number_differs(tmp_path, mon
     assert reproduce.main(["table3-identity"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "reproduced: table3-identity"
     shutil.copytree(reproduce.RESULTS, tmp_path / "results")
-    path = tmp_path / "results" / "table3_identity.csv"
-    rows = list(csv.DictReader(open(path, newline="")))
+    path = str(tmp_path / "results" / "table3_identity.csv")
+    rows = reproduce.ledger_rows(path)
     rows[0]["value"] = str(float(rows[0]["value"]) + 0.001)  # what a stale row would say
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=reproduce.FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    reproduce.write_results(path, rows)
     monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
     assert reproduce.main(["table3-identity"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == "differs: table3-identity" and any(rows[0]["metric"] + " shipped" in line for line in out)
+    assert f"difference {-0.001:+.6g}" in next(line for line in out if rows[0]["metric"] + " shipped" in line)
+    assert out[-2].startswith(f"1 of {len(rows)} numbers differ; the largest difference 0.001 ({rows[0]['metric']})")
 
 
 def test_the_fig1_cell_reproduces_the_exact_weights(capsys):
@@ -62,10 +61,7 @@ def test_a_cell_that_was_never_shipped_is_one_line(capsys):
 
 
 def write_rows(path, rows):
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=reproduce.FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    reproduce.write_results(str(path), rows)
 
 
 def test_each_cpu_keeps_its_own_shipped_rows(tmp_path, monkeypatch):
@@ -256,7 +252,7 @@ def test_a_timing_cell_reproduces_within_its_tolerance_and_records_the_load_at_i
     reruns = iter([{"one_pass_over_trl": 0.4, "one_pass_step_over_floor": 8.5},  # +14%, +31%: within 20%, 40%
                    {"one_pass_over_trl": 0.3, "one_pass_step_over_floor": 9.5},  # -14%, +46%: the floor's outside
                    {"one_pass_step_over_floor": 6.5}])  # TRL not installed: its ratio not measured
-    monkeypatch.setattr(reproduce, "rerun", lambda name, folder: next(reruns))
+    monkeypatch.setattr(reproduce, "rerun", lambda name, folder, extra=None: next(reruns))
     assert reproduce.main(["step-time-tiny-cpu"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "step-time-tiny-cpu one_pass_over_trl shipped 0.35 now 0.4 (tolerance ±20%: within)" in out
@@ -264,8 +260,10 @@ def test_a_timing_cell_reproduces_within_its_tolerance_and_records_the_load_at_i
     assert out[-1] == "reproduced: step-time-tiny-cpu"
     assert reproduce.main(["step-time-tiny-cpu"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert "step-time-tiny-cpu one_pass_step_over_floor shipped 6.5 now 9.5 (tolerance ±40%: outside)" in out
-    assert out[-1] == "differs: step-time-tiny-cpu"
+    assert "step-time-tiny-cpu one_pass_step_over_floor shipped 6.5 now 9.5 (tolerance ±40%: outside) difference +3" \
+        in out
+    assert out[-2:] == ["1 of 2 numbers differ; the largest difference 3 (one_pass_step_over_floor)",
+                        "differs: step-time-tiny-cpu"]
     monkeypatch.setattr(reproduce, "load_average", iter(["1.50 1.00 0.50", "2.50 1.20 0.60"]).__next__)
     assert reproduce.main(["step-time-tiny-cpu", "--ship"]) == 0
     assert "shipped 0.35 now none (tolerance ±20%: outside)" in capsys.readouterr().out
@@ -320,3 +318,40 @@ def test_the_smoke_cell_reproduces_from_scratch():
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "reproduced: smoke-avx2", \
         proc.stdout + proc.stderr[-2000:]
+
+
+# --- which code path a rerun takes (lab/ledger.py code_path, can_run; reproduce.choose_pin) -------------------------
+def test_a_code_path_is_the_cpu_model_and_the_isa_a_pin_sets():
+    from lab import ledger
+    assert ledger.code_path("AMD EPYC, avx512, 2 cores") == "AMD EPYC, avx512"
+    assert ledger.code_path("AMD EPYC, avx512, 2 cores", "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 python x") == \
+        "AMD EPYC, avx2"
+    assert ledger.can_run("AMD EPYC, avx512, 2 cores", "AMD EPYC, avx2")  # a wider ISA runs a narrower path
+    assert not ledger.can_run("AMD EPYC, avx2, 2 cores", "AMD EPYC, avx512")  # not the other way
+    assert not ledger.can_run("Intel(R) Xeon(R) Processor, avx512, 2 cores", "AMD EPYC, avx2")  # nor another CPU
+    assert ledger.pin_for("AMD EPYC, avx2") == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
+
+@pytest.mark.parametrize("here, shipped_from, pin", [
+    ("AMD EPYC, avx512, 2 cores", "AMD EPYC, avx2, 2 cores", {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}),
+    ("AMD EPYC, avx2, 2 cores", "AMD EPYC, avx2, 4 cores", {}),  # its own path has rows: nothing to pin
+    ("AMD EPYC, avx2, 2 cores", "AMD EPYC, avx512, 2 cores", {}),  # cannot take a wider path
+    ("Intel(R) Xeon(R) Processor, avx512, 2 cores", "AMD EPYC, avx2, 2 cores", {})])  # another vendor
+def test_a_rerun_pins_this_cpu_onto_a_path_whose_rows_exist_where_it_can(tmp_path, monkeypatch, capsys, here,
+                                                                       shipped_from, pin):
+    from lab import ledger
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    for variable in ledger.PINS:
+        monkeypatch.delenv(variable, raising=False)
+    reproduce.ship("table3-identity", {"ratio_k1": 1.0}, {"commit": "abc", "date": "d", "load": "0",
+                                                         "machine": shipped_from})
+    monkeypatch.setattr(reproduce, "this_machine", lambda: here)
+    assert reproduce.choose_pin("table3-identity") == pin
+    seen = {}
+    monkeypatch.setattr(reproduce, "rerun", lambda name, folder, extra=None: seen.update(extra=extra) or
+                        {"ratio_k1": 1.0})
+    assert reproduce.main(["table3-identity"]) == 0
+    assert seen["extra"] == pin  # the rerun ran on the path it named
+    out = capsys.readouterr().out
+    assert ("has no rows of this CPU's own code path" in out) == bool(pin)
+    assert ("nor on one it can take" in out) == (not pin and shipped_from.rsplit(",", 1)[0] != here.rsplit(",", 1)[0])

@@ -8,15 +8,28 @@ the train rows' reward; each note says what it saw, the likely causes and the fl
                     every prompt would reach
   fell              held-out pass@1 below where RL started by more than the noise of the two evals
                     (2 sqrt(se_0^2 + se_now^2)); with the train reward's rise beside it when the two move apart
-  flat              FLAT_EVALS evals after the start, none above it by more than that noise
+  flat              FLAT_EVALS evals after the start, none above it by more than that noise (each eval with its
+                    own se), and a train reward that did not rise either: the mean of the last REWARD_WINDOW train
+                    rows at most that of the first ones plus twice the standard error of their difference (each
+                    window's spread over its rows / sqrt(REWARD_WINDOW)); said once there are 2 REWARD_WINDOW rows
   collapsed         one greedy answer for most held-out prompts after RL started
 
-What the notes cannot see: a task whose right answer is the same string for most prompts looks collapsed; a gain
-smaller than the eval's noise looks flat (a larger --eval-size resolves less); a reward that rewards the wrong thing
-looks like learning.
+Why "flat" reads the train reward too: by default each step trains on freshly drawn prompts, so a train reward that
+rises beyond its noise is the sampled policy solving prompts it had not seen: RL is moving the policy, which is what
+the flat note's causes (tied groups, too small a step, too weak a start) deny. The greedy held-out pass@1 alone can
+stay within its noise meanwhile (docs/tasks.md, "When a run says it learns nothing", has a countdown3 run where held-out pass@1
+alone called it flat and the train reward did not; tests/test_watch.py replays it).
+
+What the notes cannot see: a task whose right answer is the same string for most prompts looks collapsed; a held-out
+gain smaller than the eval's noise, with a train reward that does not rise, looks flat (a larger --eval-size
+resolves less); a train reward that rises only because sampling concentrates on the answers greedy decoding already
+gave counts as learning, and so does one that rises by memorising a fixed training set (--epochs): neither run is
+called flat; a reward that rewards the wrong thing looks like learning; a run shorter than FLAT_EVALS evals or than
+2 REWARD_WINDOW train rows is never called flat.
 """
 import collections
 import math
+import statistics
 
 COLLAPSED_SHARE = 0.5    # one greedy answer for at least this share of the held-out prompts
 CONSTANT_CHECKED = 0.25  # a start's most common answer is scored as a constant answer from this share on
@@ -52,6 +65,7 @@ class Watch:
         self.first = None                 # the step-0 eval's result
         self.evals = 0                    # evals after the start
         self.best = None                  # the best pass@1 after the start
+        self.rose = False                 # an eval after the start above it by more than the two evals' noise
         self.rewards = []                 # the train rows' reward_mean, in step order
         self.found = {}                   # kind -> the short form of its note, for the verdict
 
@@ -97,12 +111,15 @@ class Watch:
                                                       "not the task" if apart else "")
                 + ". Likely: a step too large (lower --lr), a collapse onto one answer, a reward that pays for "
                 "something else; try a lower --lr, --kl-coef 0.01, a larger --num-generations")
-        if self.evals >= FLAT_EVALS and self.best - start <= margin and "flat" not in self.found \
-                and "fell" not in self.found:
-            self.found["flat"] = f"held-out pass@1 flat at {start:.3f} over {self.evals} evals"
+        self.rose = self.rose or now - start > margin
+        trend = self.reward_trend()
+        if self.evals >= FLAT_EVALS and not self.rose and trend is not None and trend[1] - trend[0] <= trend[2] \
+                and "flat" not in self.found and "fell" not in self.found:
+            self.found["flat"] = f"held-out pass@1 flat at {start:.3f} over {self.evals} evals, the train reward too"
             notes.append(
                 f"note: step {step}: held-out pass@1 is flat ({start:.3f} at the start, at best {self.best:.3f} in "
-                f"{self.evals} evals, within the evals' noise {margin:.3f}). Likely: groups that all tie (see "
+                f"{self.evals} evals, each within the two evals' noise) and so is the train reward ({trend[0]:.3f} -> "
+                f"{trend[1]:.3f}, within its noise {trend[2]:.3f}). Likely: groups that all tie (see "
                 "zero_var_share), too small a step, a start too weak to sample a success; try a higher "
                 "--warm-start-target (tiny model), a larger --num-generations, --temperature 1.0 or above, a "
                 "higher --lr")
@@ -117,11 +134,15 @@ class Watch:
         return notes
 
     def reward_trend(self):
-        """(mean train reward of the first REWARD_WINDOW rows, of the last ones), or None with too few rows."""
+        """(mean train reward of the first REWARD_WINDOW rows, of the last ones, twice the standard error of their
+        difference: 2 sqrt(sd_first^2 + sd_last^2) / sqrt(REWARD_WINDOW), each sd over its window's rows), or None with
+        fewer than 2 REWARD_WINDOW rows."""
         rewards = [r for r in self.rewards if r is not None]
         if len(rewards) < 2 * REWARD_WINDOW:
             return None
-        return (sum(rewards[:REWARD_WINDOW]) / REWARD_WINDOW, sum(rewards[-REWARD_WINDOW:]) / REWARD_WINDOW)
+        first, last = rewards[:REWARD_WINDOW], rewards[-REWARD_WINDOW:]
+        return (statistics.fmean(first), statistics.fmean(last),
+                2 * math.sqrt((statistics.variance(first) + statistics.variance(last)) / REWARD_WINDOW))
 
     def verdict(self):
         """The end table's line on learning: what the notes found, or None when they found nothing."""

@@ -1,6 +1,9 @@
 """harness/watch.py: a run that gets worse, stays flat or collapses says so, in words; one that learns says nothing.
-Hand-made evals, with the noise margin 2 sqrt(se_0^2 + se_now^2) computed by hand."""
-from harness.watch import FLAT_EVALS, Watch, noise, top_answer
+Hand-made evals, with the noise margin 2 sqrt(se_0^2 + se_now^2) computed by hand; the countdown3 series are measured
+(below)."""
+import math
+
+from harness.watch import FLAT_EVALS, REWARD_WINDOW, Watch, noise, top_answer
 
 
 def result(p, se=0.02):
@@ -9,6 +12,31 @@ def result(p, se=0.02):
 
 def varied(n=20):
     return [(f"a{i}", 0.0) for i in range(n)]
+
+
+def of_200(p):
+    """An eval over 200 held-out prompts, its se as rollout computes it (sample sd / sqrt(n)): sqrt(p(1-p)/199)."""
+    return result(p, math.sqrt(p * (1 - p) / 199))
+
+
+# countdown3's softmax seed 3 (`OMP_NUM_THREADS=1 python -m lab.compare --preset countdown3 --configs softmax
+# --seeds 3`, run at ebc7f6b with the tree's uncommitted changes, AMD EPYC, 2026-12-03): its held-out evals (steps 0,
+# 20, ..., 140, 150; 200 prompts, the se's equal of_200's to 4 decimals) and its train rows' reward_mean (64 prompts
+# x 8 samples: multiples of 1/512), steps 1-10 and 71-80
+C3_EVALS = (0.065, 0.110, 0.120, 0.105, 0.045, 0.105, 0.120, 0.125, 0.075)
+C3_FIRST = [n / 512 for n in (0, 2, 1, 1, 3, 4, 4, 0, 5, 2)]          # mean 2.2/512 = 0.0043, sd 1.751/512
+C3_LATE = [n / 512 for n in (55, 49, 29, 27, 44, 45, 44, 42, 34, 35)]  # mean 40.4/512 = 0.0789, sd 8.922/512
+
+
+def replay(watch, evals, rewards, every=20):
+    """evals[0] at step 0, then one eval each `every` train rows (rewards[i] is step i + 1's) -> {step: notes}."""
+    watch.start(of_200(evals[0]), varied())
+    said = {}
+    for k, p in enumerate(evals[1:], 1):
+        for r in rewards[(k - 1) * every:k * every]:
+            watch.train_row({"reward_mean": r})
+        said[k * every] = watch.later_eval(k * every, of_200(p), varied())
+    return said
 
 
 def test_the_noise_margin_by_hand():
@@ -41,11 +69,69 @@ def test_a_dip_within_the_noise_is_not_a_fall():
     assert watch.later_eval(20, result(0.15, 0.025), varied()) == []  # 0.05 < 0.075
 
 
+def test_the_train_reward_trend_by_hand():
+    watch = Watch(tiny=True)
+    for r in C3_FIRST + C3_LATE:
+        watch.train_row({"reward_mean": r})
+    first, last, margin = watch.reward_trend()
+    # (40.4 - 2.2) / 512 = 0.0746 risen; 2 sqrt((1.751^2 + 8.922^2) / 10) / 512 = 0.0112 its noise
+    assert abs(first - 2.2 / 512) < 1e-12 and abs(last - 40.4 / 512) < 1e-12 and abs(margin - 0.01123) < 1e-5
+
+
 def test_flat_over_the_evals_is_said():
+    """The issue's case: held-out pass@1 within the noise for FLAT_EVALS evals, groups that all tie (train reward 0)."""
     watch = Watch(tiny=True)
     watch.start(result(0.105, 0.022), varied())
-    notes = [watch.later_eval(step, result(0.105 + 0.01 * (step % 2), 0.022), varied()) for step in range(1, FLAT_EVALS + 1)]
+    notes = []
+    for step in range(1, FLAT_EVALS + 1):
+        for _ in range(2 * REWARD_WINDOW):
+            watch.train_row({"reward_mean": 0.0})
+        notes.append(watch.later_eval(step, result(0.105 + 0.01 * (step % 2), 0.022), varied()))
     assert notes[:-1] == [[]] * (FLAT_EVALS - 1) and "flat" in notes[-1][0] and "--warm-start-target" in notes[-1][0]
+    assert "train reward (0.000 -> 0.000, within its noise 0.000)" in notes[-1][0] and "flat" in watch.verdict()
+
+
+def test_a_countdown3_run_whose_train_reward_rises_is_not_flat():
+    """Measured: every eval to step 120 within its noise of the start (gains .045 .055 .040 -.020 .040 .055 against
+    2 sqrt(se0^2 + se^2) = .0565 .0578 .0558 .0457 .0558 .0578; step 140's .060 > .0585 is the first above it), so
+    held-out pass@1 alone says flat at step 80, the 4th eval (the rule before this one, best - start against the
+    current eval's noise, said it at step 100: .055 <= .0558). The train reward rose 0.0043 -> 0.0789 by step 80,
+    beyond its noise 0.0112: the sampled policy solves fresh prompts it did not, so the run learns, and says nothing."""
+    watch = Watch(tiny=True)
+    said = replay(watch, C3_EVALS, C3_FIRST + C3_LATE * 8)  # steps 71-80 (and every later 10) are C3_LATE
+    assert all(notes == [] for notes in said.values()) and watch.verdict() is None
+    # the same held-out evals with the train reward flat at its first 10 steps': flat at step 80, and only then
+    flat = Watch(tiny=True)
+    said = replay(flat, C3_EVALS, C3_FIRST * 8)
+    assert [step for step, notes in said.items() if notes] == [80] and "is flat (0.065 at the start, at best 0.120 " \
+        "in 4 evals" in said[80][0] and "train reward (0.004 -> 0.004" in said[80][0]
+
+
+def test_a_train_reward_rising_within_its_noise_is_still_flat():
+    """The train rows 0.10/0.12 alternating (mean .110, sd .01054), then 0.105/0.125 (mean .115, the same sd): a rise of
+    .005 <= 2 sqrt(2 x .01054^2 / 10) = .0094, within its noise, so flat; then 0.15/0.17 (mean .160): .050 > .0094,
+    not flat."""
+    within, beyond = Watch(tiny=True), Watch(tiny=True)
+    said_within = replay(within, (0.105,) * 5, [0.10, 0.12] * 5 + [0.105, 0.125] * 35)
+    said_beyond = replay(beyond, (0.105,) * 5, [0.10, 0.12] * 5 + [0.15, 0.17] * 35)
+    assert "flat" in said_within[80][0] and "within its noise 0.009" in said_within[80][0]
+    assert all(notes == [] for notes in said_beyond.values()) and beyond.verdict() is None
+
+
+def test_flat_waits_for_two_windows_of_train_rows():
+    """Evals every 2 steps: 4 evals flat at step 8, but 8 train rows are too few for a trend (2 x 10); said at the
+    10th eval, step 20, with the 20th row."""
+    watch = Watch(tiny=True)
+    said = replay(watch, (0.105,) * 11, [0.0] * 20, every=2)
+    assert [step for step, notes in said.items() if notes] == [20] and "flat" in said[20][0]
+
+
+def test_one_eval_above_the_noise_is_not_flat():
+    """.065 -> .130: .065 > 2 sqrt(.0175^2 + .0238^2) = .0591, above the noise; back to .065 after it (no fall), a
+    flat train reward: not flat, since the policy once did better than where it started."""
+    watch = Watch(tiny=True)
+    said = replay(watch, (0.065, 0.130, 0.065, 0.065, 0.065, 0.065), [0.0] * 100)
+    assert all(notes == [] for notes in said.values()) and watch.verdict() is None
 
 
 def test_collapsed_answers_and_a_degenerate_start():

@@ -131,8 +131,8 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                         loss_agg=config.loss_agg, norm_constant=config.max_new_tokens)
                     (loss * share[micro].sum()).backward()  # summed: the mini-batch's loss
                     stats.add(loss_stats, loss, entropy, mask[micro], weight=share[micro].sum())
-                stats.grad_norms.append(
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+                stats.grad_norms.append(optimizer.grad_norm() if config.step_in_backward else  # no clip
+                                        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
                 optimizer.step()
     low = {name: pass_mask for name, _, pass_mask in passes}.get("low")  # Lopti's split, as trained
     return {**stats.result(), **({} if low is None else  # its share of the tokens that can learn

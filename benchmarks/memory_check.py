@@ -85,6 +85,18 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
                              [["--lora-rank", "8", "--kl-coef", "0.01", "--prompts", "2", "-M", "8", "--max-new-tokens",
                                "48"],
                               ["--lora-rank", "32", "--micro-batch", "8", "--prompt-digits", "32"]]),
+    # issue 52's options, out of sample (a tiny width never measured before, and SmolLM2): bf16 without masters
+    # (stochastic rounding), the step in backward (one micro-batch per optimizer step), 8-bit moments, the reference
+    "tiny-cpu-52": (["--model", "tiny", "--tiny-hidden", "448", "--tiny-layers", "5", "--prompts", "16", "-M", "8",
+                     "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "128"],
+                    [["--param-dtype", "bf16-sr"], ["--param-dtype", "bf16-sr", "--step-in-backward"],
+                     ["--step-in-backward"], ["--param-dtype", "bf16-sr", "--step-in-backward", "--kl-coef", "0.01"],
+                     ["--param-dtype", "bf16-sr", "--step-in-backward", "--optimizer", "adamw8bit",
+                      "--gradient-checkpointing"]]),
+    "smollm2-cpu-52": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
+                        "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16-sr"],
+                       [[], ["--step-in-backward"], ["--step-in-backward", "--optimizer", "adamw8bit",
+                                                     "--gradient-checkpointing"]]),
 }
 
 
@@ -170,6 +182,11 @@ def reference_of(model, config):
     return (without_adapters(model) if config.lora_rank else copy.deepcopy(model)).eval().requires_grad_(False)
 
 
+def lean(args):
+    """The Config fields of --step-in-backward: it steps each weight in backward, so nothing clips (--grad-clip 0)."""
+    return {"step_in_backward": True, "grad_clip": 0.0} if args.step_in_backward else {}
+
+
 def measure(args):
     """One setting in this process -> a dict of predicted and measured bytes (printed as JSON)."""
     torch.manual_seed(0)
@@ -181,7 +198,7 @@ def measure(args):
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
                     gradient_checkpointing=args.gradient_checkpointing, lr=1e-5,
                     param_dtype=args.param_dtype, optimizer=args.optimizer, base_dtype=args.base_dtype,
-                    optimizer_offload=args.optimizer_offload).validate()
+                    optimizer_offload=args.optimizer_offload, **lean(args)).validate()
     model, tokenizer, task = build(args, config)
     weight_bytes = sum(map(tensor_bytes, [*model.parameters(), *model.buffers()]))
     if args.device.startswith("cuda"):
@@ -216,7 +233,8 @@ def measure(args):
             "seconds": seconds, "baseline": baseline,
             "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"), "dtype": dtype,
             "device": args.device, "param_dtype": args.param_dtype, "optimizer": args.optimizer,
-            "base_dtype": args.base_dtype, "optimizer_offload": args.optimizer_offload}
+            "base_dtype": args.base_dtype, "optimizer_offload": args.optimizer_offload,
+            "step_in_backward": args.step_in_backward}
 
 
 def plan_only(args):
@@ -230,7 +248,7 @@ def plan_only(args):
                     dtype=args.dtype or "bf16", device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
                     gradient_checkpointing=args.gradient_checkpointing, param_dtype=args.param_dtype,
                     optimizer=args.optimizer, base_dtype=args.base_dtype,
-                    optimizer_offload=args.optimizer_offload).validate()
+                    optimizer_offload=args.optimizer_offload, **lean(args)).validate()
     plan = memory.memory_plan(memory.shape_from_config(Qwen2Config(**SHAPES[args.model])), config, 32)
     print(f"PLAN {args.model} {args.setting or 'base'}: planned {plan['peak'] / 2**30:.2f} GiB (rollout "
           f"{plan['rollout_peak'] / 2**30:.2f}, update {plan['update_peak'] / 2**30:.2f})"
@@ -252,7 +270,8 @@ def parser():
     p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16", "bf16-sr"))
+    p.add_argument("--step-in-backward", action="store_true", help="each weight stepped in backward (no clipping)")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adamw8bit"))
     p.add_argument("--base-dtype", default=None, choices=("nf4",))
     p.add_argument("--optimizer-offload", action="store_true", help="a CUDA run's states in CPU memory")
@@ -312,7 +331,13 @@ def recipe_memory_line(path, cards=(80, 24)):
 
 
 SHORT = {"gradient_checkpointing": "ckpt", "param_dtype": "bf16", "optimizer": "8-bit", "optimizer_offload": "offload",
-         "base_dtype": "NF4"}  # the table's names
+         "base_dtype": "NF4", "step_in_backward": "in-backward", "kl_coef": "no KL"}  # the table's names
+
+
+def short_names(changes):
+    """The table's names of the switches in `changes` (bf16-sr for stochastic rounding)."""
+    return [("bf16-sr" if key == "param_dtype" and changes[key] == "bf16-sr" else short)
+            for key, short in SHORT.items() if key in changes]
 
 
 def card_table(cards=(24, 48, 80)):
@@ -336,7 +361,7 @@ def card_table(cards=(24, 48, 80)):
                     changes, _ = memory.fitting_settings(shape, base, P, card * 1e9,
                                                          allowed=[s for s in memory.STEPS if s != "lora_rank"])
                     if changes is not None:
-                        used = [short for key, short in SHORT.items() if key in changes]
+                        used = short_names(changes)
                         best = name.split("-")[1].upper() + (f" ({', '.join(used)})" if used else "")
                 cells.append(best)
         name = os.path.basename(path)[:-3]
@@ -358,15 +383,23 @@ def targets():
     probes = [(*target, {}) for target in TARGETS] + [  # why 3B full misses 24 GB: each held term taken away
         ("qwen2.5-3b", False, 24, [s for s in memory.STEPS if s != "lora_rank"], {}),
         ("qwen2.5-3b", False, 24, NO_OFFLOAD, {"kl_coef": 0.0}),
-        ("qwen2.5-3b", False, 24, [s for s in memory.STEPS if s != "lora_rank"], {"kl_coef": 0.0})]
+        ("qwen2.5-3b", False, 24, [s for s in memory.STEPS if s != "lora_rank"], {"kl_coef": 0.0}),
+        # issue 52: no masters (bf16-sr) and the step in backward, each alone and together, with the reference
+        ("qwen2.5-3b", False, 24, [s for s in NO_OFFLOAD if s != "step_in_backward"], {}),
+        ("qwen2.5-3b", False, 24, [s for s in NO_OFFLOAD if s != "stochastic_rounding"], {}),
+        ("qwen2.5-3b", False, 24, NO_OFFLOAD + ["kl_coef"], {})]
     for name, lora, card, allowed, other in probes:
         base = dataclasses.replace(config, lora_rank=16 if lora else 0, **other)
         shape = memory.QWEN25[name]
         fit = memory.fitting_settings(shape, base, config.max_prompt_length, card * 1e9, allowed=allowed)
+        left_out = [s for s in ("stochastic_rounding", "step_in_backward") if s not in allowed]
+        plan = memory.memory_plan(shape, base, config.max_prompt_length)
         print(f"{name} {'LoRA 16' if lora else 'full'} on {card} GB"
               f"{'' if 'optimizer_offload' in allowed else ' (no CPU offload)'}"
+              f"{f' (not: {chr(44).join(left_out)})' if left_out else ''}"
+              f"{', --kl-coef 0 allowed' if 'kl_coef' in allowed else ''}"
               f"{''.join(f', --{k.replace(chr(95), chr(45))} {v:g}' for k, v in other.items())}: "
-              f"{memory.fit_text(memory.memory_plan(shape, base, config.max_prompt_length), card * 1e9, fit)}")
+              f"{memory.fit_text(plan, card * 1e9, fit, kl_tried='kl_coef' in allowed)}")
         print("    its plan's parts, GB: " + ", ".join(f"{part} {fit[1][part] / 1e9:.2f}" for part in
                                                        (*memory.PARTS, "offloaded", "peak") if fit[1][part]))
 
@@ -392,7 +425,8 @@ def replan(table, log):
                         micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
                         lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing,
                         param_dtype=r.get("param_dtype", "fp32"), optimizer=r.get("optimizer", "adamw"),
-                        base_dtype=r.get("base_dtype"), optimizer_offload=r.get("optimizer_offload", False))
+                        base_dtype=r.get("base_dtype"), optimizer_offload=r.get("optimizer_offload", False),
+                        **lean(args))
         shape = memory.model_shape(dataclasses.replace(config, model=args.model, tiny_hidden=args.tiny_hidden,
                                                        tiny_layers=args.tiny_layers))
         print(table_row(r, memory.memory_plan(shape, config, r["prompt_tokens"])))

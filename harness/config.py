@@ -110,7 +110,13 @@ class Config:
                                "(LoRA: the frozen base), the optimizer keeping fp32 master weights "
                                "(harness/master_weights.py); computes in bf16. Default fp32 on a CPU and on CUDA "
                                "alike: bf16 storage rounds every weight, so a run chooses it (--memory-budget's "
-                               "search proposes it when it is needed)", choices=("fp32", "bf16"))
+                               "search proposes it when it is needed); bf16-sr: bf16 weights and gradients with no "
+                               "masters, each step's new weight stochastically rounded to bf16 (harness/"
+                               "lean_optimizer.py: 4 bytes a weight fewer, unbiased on average)",
+                               choices=("fp32", "bf16", "bf16-sr"))
+    step_in_backward: bool = setting(False, "step each weight inside backward as soon as its gradient is made, then "
+                                     "free it (harness/lean_optimizer.py): at most one gradient exists at a time; "
+                                     "needs one micro-batch per optimizer step and --grad-clip 0 (no global norm)")
     base_dtype: str | None = setting(None, "nf4: under --lora-rank, the frozen base's linear layers in 4-bit NF4 "
                                      "(QLoRA; torchao, on a CPU too: pip install torchao), dequantized to "
                                      "--param-dtype block by block in each forward; none = the base in --param-dtype",
@@ -189,6 +195,10 @@ class Config:
     given: frozenset = field(default=frozenset(), repr=False, compare=False, metadata=dict(flag=False, saved=False))
 
     # --- checks ---------------------------------------------------------------------------------------------------
+    def mini_batch_rows(self):
+        """The rows of the largest mini-batch: ceil(prompts-per-step x num-generations / mini-batches)."""
+        return -(-self.prompts_per_step * self.num_generations // max(self.mini_batches, 1))
+
     def validate(self):
         """Raise ValueError naming the first bad setting as its flag, e.g. "--tau must be > 0". Types and choices
         too: a resumed run's run.json is read back as JSON, where a setting may hold anything."""
@@ -228,7 +238,21 @@ class Config:
                 (self.weight_decay >= 0, "--weight-decay must be >= 0"),
                 (self.lr * self.weight_decay <= 1, "--lr x --weight-decay must be <= 1 (AdamW's decay multiplies "
                  "each weight by 1 - lr x weight_decay a step: beyond 1 it flips, then blows up)"),
-                (self.grad_clip > 0, "--grad-clip must be > 0"),
+                (self.grad_clip > 0 or (self.grad_clip == 0 and self.step_in_backward), "--grad-clip must be > 0 "
+                 "(0 = off: only with --step-in-backward)"),
+                (not self.step_in_backward or self.grad_clip == 0, "--step-in-backward steps each weight during "
+                 "backward, before the global gradient norm --grad-clip needs exists: give --grad-clip 0 (off) with it"),
+                (not self.step_in_backward or self.micro_batch >= self.mini_batch_rows(),
+                 f"--step-in-backward takes the optimizer step in each backward, so one micro-batch must make it: "
+                 f"give --micro-batch >= {self.mini_batch_rows()} "
+                 "(the rows of a mini-batch: --prompts-per-step x --num-generations / --mini-batches) or more "
+                 "--mini-batches"),
+                (not self.step_in_backward or self.param_dtype != "bf16", "--step-in-backward steps with "
+                 "harness/lean_optimizer.py's AdamW, which keeps no fp32 masters: give --param-dtype fp32 or bf16-sr "
+                 "with it, not bf16"),
+                (not (self.optimizer_offload and (self.step_in_backward or self.param_dtype == "bf16-sr")),
+                 "--optimizer-offload steps fp32 masters in CPU memory; --param-dtype bf16-sr and --step-in-backward "
+                 "step the weights where they are, with no masters: give one or the other"),
                 (self.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
                 (1 <= self.mini_batches <= self.prompts_per_step * self.num_generations,
                  "--mini-batches must lie in [1, prompts-per-step * num-generations]"),
@@ -239,12 +263,12 @@ class Config:
                 (self.lora_alpha is None or self.lora_alpha > 0, "--lora-alpha must be > 0"),
                 (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
                  f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
-                (not (self.param_dtype == "bf16" and self.dtype == "fp32"), "--param-dtype bf16 computes in "
-                 "bf16: give --dtype bf16 or auto with it, not fp32"),
+                (not (self.param_dtype != "fp32" and self.dtype == "fp32"), f"--param-dtype {self.param_dtype} "
+                 "computes in bf16: give --dtype bf16 or auto with it, not fp32"),
                 (self.base_dtype is None or self.lora_rank > 0, "--base-dtype nf4 quantizes LoRA's frozen base: "
                  "give --lora-rank with it"),
-                (not (self.param_dtype == "bf16" and self.logprob_fp32), "--logprob-fp32 needs fp32 weights: give it "
-                 "or --param-dtype bf16, not both"),
+                (not (self.param_dtype != "fp32" and self.logprob_fp32), "--logprob-fp32 needs fp32 weights: give it "
+                 f"or --param-dtype {self.param_dtype}, not both"),
                 (self.memory_budget is None or parse_size(self.memory_budget) is not None,
                  f"--memory-budget must be a size with its unit, like 24GB, 80GiB or 512MB, got "
                  f"{self.memory_budget!r}"),
@@ -307,7 +331,7 @@ class Config:
 # Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
                   "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast", "idle_warn",
-                  "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload")
+                  "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload", "step_in_backward")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 

@@ -193,7 +193,9 @@ def memory_plan(shape, config, prompt_length):
     micro = min(config.micro_batch, rows)
     trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else \
         shape.parameters()
-    stored = 2 if config.param_dtype == "bf16" else 4  # bytes per weight and per gradient (--param-dtype)
+    stored = 2 if config.param_dtype in ("bf16", "bf16-sr") else 4  # bytes per weight and per gradient
+    lean = config.param_dtype == "bf16-sr" or config.step_in_backward  # harness/lean_optimizer.py's AdamW: no masters
+    in_backward = config.step_in_backward  # each weight stepped in backward, its gradient freed: one at a time
     H, I, L = shape.hidden, shape.intermediate, shape.layers
     nf4 = config.base_dtype == "nf4" and config.lora_rank > 0  # the frozen linears in 4 bits (harness/model.py)
     projections = L * sum(i * o for i, o in shape.linear_shapes().values())  # what NF4 quantizes (not the head)
@@ -225,12 +227,13 @@ def memory_plan(shape, config, prompt_length):
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
     # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast/logprobs.py, float32_logits)
     head_copy = 4 * shape.vocab * H if stored == 2 else 0
-    masters = 4 * trained if stored == 2 or offload else 0  # the optimizer's fp32 copies (master_weights.py)
+    masters = 4 * trained if config.param_dtype == "bf16" or offload else 0  # the optimizer's fp32 copies
+    # (master_weights.py; bf16-sr and --step-in-backward keep none)
     moments = int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained)  # AdamW's moments:
     # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
     plan = {
         "weights": weights,
-        "gradients": stored * trained,
+        "gradients": stored * (largest_gradient(shape, config) if in_backward else trained),
         "master_weights": 0 if offload else masters,
         "optimizer": 0 if offload else moments,
         "reference": stored * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
@@ -247,7 +250,9 @@ def memory_plan(shape, config, prompt_length):
         "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
         # foreach AdamW's temporary on CUDA; bf16 weights: one tensor at a time (master_weights.py), its fp32
         # gradient and temporary, the largest being the [V, H] embedding (LoRA: its adapters are in bf16 too)
-        "optimizer_step": (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 and not offload
+        # LeanAdamW (bf16-sr, --step-in-backward): one tensor at a time, LEAN_STEP_BYTES per element of a chunk
+        "optimizer_step": LEAN_STEP_BYTES * min(LEAN_CHUNK, trained if config.lora_rank else shape.vocab * H) if lean
+        else (4 * trained if config.device.startswith("cuda") else 0) if stored == 4 and not offload
         else (4 if offload else 8 if config.device.startswith("cuda") else 4) * (trained if config.lora_rank
                                                                                  else shape.vocab * H),
         # --optimizer-offload on CUDA: the new weight's fp32 copy on the card as copy_ converts it, one at a time
@@ -259,22 +264,42 @@ def memory_plan(shape, config, prompt_length):
     # the gradients exist from the first backward to the next mini-batch's zero_grad (set_to_none), so only while
     # the optimizer steps and, with several micro-batches a mini-batch, in the later ones' forward; MasterWeights
     # (bf16 storage, offload) sets each to None after its step, so the rollout holds them only for fp32 in place
+    # (and LeanAdamW too). --step-in-backward: one gradient at a time, each stepped inside backward (config.py
+    # enforces one micro-batch a step), so the step's gradient and temporaries sit on top of the backward's peak
     micro_batches = math.ceil(math.ceil(rows / config.mini_batches) / micro)  # per mini-batch
-    grads_in_forward = plan["gradients"] if micro_batches > 1 else 0
-    grads_in_rollout = plan["gradients"] if stored == 4 and not offload else 0
+    grads_in_forward = plan["gradients"] if micro_batches > 1 and not in_backward else 0
+    grads_in_rollout = plan["gradients"] if stored == 4 and not offload and not lean else 0
+    stepped_in_backward = plan["gradients"] + plan["optimizer_step"] if in_backward else 0
     always = held - plan["gradients"]  # what every phase holds; the gradients are counted per phase here
     plan["rollout_peak"] = always + grads_in_rollout + plan["kv_cache"] + plan["sampling_logits"] \
         + plan["nf4_dequantized"]
     plan["update_peak"] = always + max(grads_in_forward + plan["activations"] + plan["backward"] + plan["logit_chunk"]
-                                       + plan["head_gradients"] + plan["nf4_dequantized"],
+                                       + plan["head_gradients"] + plan["nf4_dequantized"] + stepped_in_backward,
                                        plan["gradients"] + plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
                            eval_rows=eval_rows,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
-                           weights_dtype=config.param_dtype + (", NF4 base" if nf4 else ""))
+                           weights_dtype=config.param_dtype + (", NF4 base" if nf4 else "")
+                           + (", stepped in backward" if in_backward else ""))
     return plan
+
+
+LEAN_CHUNK = 2**20  # harness/lean_optimizer.py's CHUNK: elements stepped at once
+LEAN_STEP_BYTES = 64  # its temporaries per element of a chunk: the fp32 weight, gradient, moments and denominator
+# (4 bytes each), the 8-bit moments' requantization (int64 codes and their search, ~40 bytes) the most
+
+
+def largest_gradient(shape, config):
+    """Elements of the largest gradient --step-in-backward holds at once outside head_gradients: LoRA's largest
+    adapter matrix; full-parameter, a decoder layer's largest projection (the [V, H] embedding and head gradients
+    are head_gradients' buffers, which backward holds anyway)."""
+    linears = shape.linear_shapes()
+    if config.lora_rank:
+        return max(config.lora_rank * max(linears[name]) for name in config.lora_targets.split(",")
+                   if name in linears) if any(name in linears for name in config.lora_targets.split(",")) else 0
+    return max(i * o for i, o in linears.values())
 
 
 EVAL_BATCH = 256  # rollout.evaluate's batch_size: rows per greedy generate call of the held-out eval
@@ -298,9 +323,10 @@ def check_inputs(shape, config, prompt_length):
     kl = getattr(config, "kl_coef", None)
     if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not math.isfinite(kl) or kl < 0:
         raise ValueError(f"memory plan: --kl-coef is {kl!r}; it needs a finite number >= 0")
-    for name, allowed in {"dtype": ("fp32", "bf16"), "param_dtype": ("fp32", "bf16"),
+    for name, allowed in {"dtype": ("fp32", "bf16"), "param_dtype": ("fp32", "bf16", "bf16-sr"),
                           "optimizer": ("adamw", "adamw8bit"), "base_dtype": (None, "nf4"),
-                          "gradient_checkpointing": (True, False), "optimizer_offload": (True, False)}.items():
+                          "gradient_checkpointing": (True, False), "optimizer_offload": (True, False),
+                          "step_in_backward": (True, False)}.items():
         value = getattr(config, name, None)
         if not any(value is choice or (isinstance(choice, str) and value == choice) for choice in allowed):
             raise ValueError(f"memory plan: --{name.replace('_', '-')} is {value!r}; it needs one of "
@@ -340,36 +366,67 @@ OPTIONS = {  # name: (the settings it changes, its cost)
                     "precision: every weight rounded to bf16 after each step (fp32 masters keep the update), bf16 "
                     "compute; docs/performance.md measures the ratio's noise and the learning"),
     "optimizer": ({"optimizer": "adamw8bit"}, "precision: AdamW's moments in 8 bits (torchao: pip install torchao; "
-                                              "compiled, minutes at the first step)"),
+                                              "on fp32 masters its AdamW8bit, compiled: minutes at the first step)"),
     "optimizer_offload": ({"optimizer_offload": True}, "time: every gradient to CPU memory and every weight back "
                           "over PCIe each step, AdamW stepped by the CPU (seconds a step at billions of weights); "
                           "the same update; CPU memory holds the fp32 masters and moments (the plan's 'offloaded')"),
+    "stochastic_rounding": ({"param_dtype": "bf16-sr", "dtype": "bf16"},
+                            "precision: bf16 weights with no fp32 masters (4 bytes a weight fewer), each step's new "
+                            "weight stochastically rounded to bf16: unbiased, so steps below half a bf16 spacing are "
+                            "kept on average, but each weight walks ~1 spacing a step around the fp32 path "
+                            "(harness/lean_optimizer.py); bf16 compute"),
+    "step_in_backward": ({"step_in_backward": True, "grad_clip": 0.0},
+                         "what is learned: each weight stepped in backward, its gradient freed (one at a time), so "
+                         "every micro-batch is an optimizer step: --mini-batches rows/micro-batch steps a batch, "
+                         "not one (the later ones on samples off the policy, where the ratio clip acts; the same "
+                         "update only where one micro-batch made the step already), and no global gradient clip "
+                         "(--grad-clip 0); time: the same backward, plus a pi_old forward when steps > 1"),
     "lora_rank": ({"lora_rank": 16}, "what is learned: a rank-16 update of the projections, not every weight"),
     "base_dtype": ({"base_dtype": "nf4"}, "precision: LoRA's frozen base in 4-bit NF4 (QLoRA; torchao), the policy "
                                           "and its reference both that base, not the model's own weights; time: "
                                           "each linear dequantized in every forward"),
+    "kl_coef": ({"kl_coef": 0.0}, "what is learned: another objective, no k3 KL term to the initial policy (drops "
+                                  "the reference copy); tried only where the caller allows it (allowed=... 'kl_coef')"),
 }
-NOT_AVAILABLE = "not tried: --kl-coef 0 (drops the reference copy, another objective) and AdamW without fp32 " \
-    "masters (bf16 stochastic rounding, not built here)"
-STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "lora_rank",
-         "base_dtype")  # the switches, in OPTIONS' order
+NOT_AVAILABLE = "not tried: --kl-coef 0 (drops the reference copy: another objective, so only when asked; " \
+    "benchmarks/memory_check.py --targets tries it)"
+STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "stochastic_rounding",
+         "step_in_backward", "lora_rank", "base_dtype")  # the memory switches, in OPTIONS' order
+OBJECTIVE_STEPS = ("kl_coef",)  # switches that change the objective: tried only when `allowed` names them
+# Why this order: offload (the same update, more time) before bf16-sr (its random walk is a larger precision cost
+# than masters' round-to-nearest and 8-bit moments), and step-in-backward (more optimizer steps a batch) before LoRA
+# (a rank-16 subspace); a combination config.py refuses is never tried (consistent)
+
+
+def consistent(config, combo):
+    """Whether the settings of `combo` on top of config are a combination harness/config.py accepts: bf16-sr and
+    bf16 masters are one setting; --optimizer-offload steps fp32 masters, so neither bf16-sr nor
+    --step-in-backward with it; --step-in-backward not on bf16 masters."""
+    level = {k: v for name in combo for k, v in OPTIONS[name][0].items()}
+    get = lambda key: level.get(key, getattr(config, key))  # noqa: E731
+    return not ("param_dtype" in combo and "stochastic_rounding" in combo) and \
+        not (get("optimizer_offload") and (get("param_dtype") == "bf16-sr" or get("step_in_backward"))) and \
+        not (get("step_in_backward") and get("param_dtype") == "bf16")
 
 
 def option_levels(config, allowed):
     """Every combination of the switches (STEPS) not already on and in `allowed`, cheapest first: by the costliest
     switch it uses, then by how many."""
-    free = [name for name in STEPS if name in allowed and not all(getattr(config, k) == v for k, v in
+    order = STEPS + OBJECTIVE_STEPS
+    free = [name for name in order if name in allowed and not all(getattr(config, k) == v for k, v in
                                                                   OPTIONS[name][0].items())]
     combos = [[name for bit, name in enumerate(free) if mask >> bit & 1] for mask in range(2 ** len(free))]
-    combos = [combo for combo in combos if "base_dtype" not in combo or config.lora_rank or "lora_rank" in combo]
-    return sorted(combos, key=lambda combo: (max((STEPS.index(n) for n in combo), default=-1), len(combo)))
+    combos = [combo for combo in combos if ("base_dtype" not in combo or config.lora_rank or "lora_rank" in combo)
+              and consistent(config, combo)]
+    return sorted(combos, key=lambda combo: (max((order.index(n) for n in combo), default=-1), len(combo)))
 
 
 def fitting_settings(shape, config, prompt_length, budget, *, allowed=STEPS):
     """The least costly change of the memory settings whose plan fits `budget` bytes with headroom (needed) ->
     (changes dict, plan), or (None, the smallest plan tried). Tried in OPTIONS' order of cost: the switches'
-    combinations (option_levels; `allowed` limits them, e.g. no LoRA), and within each, smaller micro-batches and
-    rollout batches, largest first."""
+    combinations (option_levels; `allowed` limits them, e.g. no LoRA; OBJECTIVE_STEPS only when named), and within
+    each, smaller micro-batches and rollout batches, largest first. With --step-in-backward (asked or chosen), each
+    micro-batch makes an optimizer step: --mini-batches rises to rows / micro-batch (config.py's rule)."""
     check_inputs(shape, config, prompt_length)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < math.inf:
         raise ValueError(f"memory plan: the budget is {budget!r}; it needs a number of bytes > 0")
@@ -383,6 +440,8 @@ def fitting_settings(shape, config, prompt_length, budget, *, allowed=STEPS):
         for micro in micro_batches:
             for rollout in rollout_batches:
                 changes = {**level, "micro_batch": micro, "rollout_batch": rollout}
+                if level.get("step_in_backward", config.step_in_backward):  # one micro-batch per optimizer step
+                    changes["mini_batches"] = max(config.mini_batches, math.ceil(rows / micro))
                 changes = {k: v for k, v in changes.items() if getattr(config, k) != v and
                            not (k == "rollout_batch" and v == rows and config.rollout_batch is None)}
                 plan = memory_plan(shape, dataclasses.replace(config, **changes), prompt_length)
@@ -419,18 +478,30 @@ def flags_text(changes):
     return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in sorted(changes.items()))
 
 
-def fit_text(plan, budget, fit):
+def chosen(name, changes):
+    """Whether OPTIONS[name] is among `changes`: its first setting at its value (micro_batch, rollout_batch: named)."""
+    settings = OPTIONS[name][0]
+    key = next(iter(settings), name)
+    return key in changes and (not settings or changes[key] == settings[key])
+
+
+def fit_text(plan, budget, fit, *, kl_tried=False):
     """fitting_settings' answer in words: as it is, with which flags, or by how much the smallest plan tried misses
-    (and, when the weights alone are over the budget, that fewer rows or tokens cannot help)."""
+    (and, when the weights alone are over the budget, that fewer rows or tokens cannot help). kl_tried: the search
+    was allowed --kl-coef 0, so the note that it was not is left out."""
     changes, fitted = fit
+    untried = "" if kl_tried else f"\n    ({NOT_AVAILABLE})"
     if changes == {}:
         return f"fits as it is (needs {needed(plan) / GB:.3f} GB)"
     if changes is not None:
-        costs = [f"\n    {flags_text({k: v for k, v in changes.items() if k in OPTIONS[name][0] or k == name})}: "
-                 f"{cost}" for name, (_, cost) in OPTIONS.items() if name in changes]
+        own = lambda name, k: k in OPTIONS[name][0] or k == name or (  # noqa: E731 (the flags an option set)
+            k == "mini_batches" and name == "step_in_backward")
+        costs = [f"\n    {flags_text({k: v for k, v in changes.items() if own(name, k)})}: {cost}"
+                 for name, (_, cost) in OPTIONS.items() if chosen(name, changes)]
         return f"fits with {flags_text(changes)} (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f})" \
-            + "".join(costs) + f"\n    ({NOT_AVAILABLE})"
-    text = f"does not fit ({NOT_AVAILABLE}): the smallest plan tried needs {needed(fitted) / GB:.3f} GB, " \
+            + "".join(costs) + untried
+    text = f"does not fit{'' if kl_tried else f' ({NOT_AVAILABLE})'}: the smallest plan tried needs " \
+        f"{needed(fitted) / GB:.3f} GB, " \
         f"{(needed(fitted) - budget) / GB:.3f} GB over"
     held = sum(fitted[name] for name in HELD)
     if fitted["weights"] > budget:

@@ -40,6 +40,7 @@ from harness.checkpoint import (RunError, check_weights, checkpoint_step, checkp
                                 holds_a_run, instead_of, later_checkpoints, load_trainer_state, locked, point_latest,
                                 recover, refuse_planted_links, remove_run, restore_rng, rng_state, save_checkpoint,
                                 tensor_problem, write_failed)
+from harness.lean_optimizer import LeanAdamW
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, require_library
@@ -231,7 +232,7 @@ def hardware(config):
     if config.dtype == "auto" and cuda and not bf16:
         say(f"note: {torch.cuda.get_device_name(device)} has no bf16: --dtype auto computes in fp32 (slower than "
             "bf16; fp16 would need a loss scaler)")
-    dtype = config.dtype if config.dtype != "auto" else "bf16" if bf16 or config.param_dtype == "bf16" else "fp32"
+    dtype = config.dtype if config.dtype != "auto" else "bf16" if bf16 or config.param_dtype != "fp32" else "fp32"
     return dataclasses.replace(config, device=device, dtype=dtype)
 
 
@@ -339,13 +340,18 @@ def build_policy(config, tokenizer, task, *, log=print):
 
 def storage_dtype(config):
     """The torch dtype of the policy's (and the reference's) weights: --param-dtype."""
-    return torch.bfloat16 if config.param_dtype == "bf16" else torch.float32
+    return torch.bfloat16 if config.param_dtype in ("bf16", "bf16-sr") else torch.float32
 
 
 def adamw_class(config):
     """torch.optim.AdamW, or for --optimizer adamw8bit torchao's AdamW8bit: the same update with each moment kept in
     8 bits per weight plus a float32 scale per block of 256 (optional: pip install torchao; torch.compile'd, so its
-    first step compiles, minutes on a CPU). --param-dtype bf16: either one on fp32 master weights (MasterWeights)."""
+    first step compiles, minutes on a CPU). --param-dtype bf16: either one on fp32 master weights (MasterWeights).
+    --param-dtype bf16-sr or --step-in-backward: LeanAdamW (harness/lean_optimizer.py), the same AdamW on the weights
+    as they are stored (bf16: stochastically rounded, no masters), its moments fp32 or 8-bit (torchao's codes)."""
+    if config.param_dtype == "bf16-sr" or config.step_in_backward:
+        return functools.partial(LeanAdamW, moments="8bit" if config.optimizer == "adamw8bit" else "fp32",
+                                 seed=config.seed, step_in_backward=config.step_in_backward)
     inner = optimizer_class(config)
     if config.optimizer_offload:  # every master and the moments in CPU memory (a CUDA run; hardware() checks)
         return functools.partial(MasterWeights, inner_class=inner, state_device="cpu")

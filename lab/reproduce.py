@@ -82,6 +82,13 @@ CELLS = {
     "default-mkl-avx512": ("train", [], "default.csv", 3, {"MKL_CBWR": "AVX512"}),
     "default-portable": ("train", [], "default.csv", 4, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}),
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
+    # issue 52's options on the embedded default (docs/performance.md, "bf16 without masters, the step in backward"):
+    # bf16 weights with no fp32 masters; the step in backward (one micro-batch a step, no clip), in fp32 and in bf16
+    "default-bf16-sr": ("train", ["--param-dtype", "bf16-sr"], "default.csv", 2, {}),
+    "default-step-in-backward": ("train", ["--step-in-backward", "--grad-clip", "0", "--micro-batch", "512"],
+                                 "default.csv", 2, {}),
+    "default-bf16-sr-step-in-backward": ("train", ["--param-dtype", "bf16-sr", "--step-in-backward", "--grad-clip",
+                                                   "0", "--micro-batch", "512"], "default.csv", 2, {}),
     # Table 3 (exact budget) and Lopti's Fig. 1(d) / Fig. 3 on the embedded default's final checkpoint
     "default-figures": ("default-figures", [], "default_figures.csv", 5, ONE),
     # items 5-7 on the pretrained SmolLM2-135M-Instruct (before RL), 3 batches of 8 held-out prompts x 4

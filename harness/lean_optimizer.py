@@ -10,8 +10,8 @@ of bf16's spacing there (bf16 keeps 7 mantissa bits: 2**-7 / 2 = 0.0039): roundi
 and the update is lost,
 every step (GRPO-Zero's failure at lr ~1e-5). Stochastic rounding rounds up with probability equal to the fraction of
 the spacing the fp32 value has passed: E[round(x)] = x exactly, so the small steps are kept on average (the weight
-does a random walk of one spacing per step around the fp32 path, which fp32 masters would not have). It costs what
-masters cost nothing of: 4 bytes a weight (tests/test_lean_optimizer.py derives both).
+does a random walk of one spacing per step around the fp32 path, which fp32 masters would not have). What it saves
+is the masters' 4 bytes a weight (tests/test_lean_optimizer.py derives both the bias and the spread).
 
 The step is torch.optim.AdamW's (single-tensor formula, in fp32: on fp32 weights the same bits), one tensor at a
 time, in chunks of CHUNK elements (the fp32 temporaries are a few MB, not a tensor's), with AdamW's moments in fp32
@@ -29,10 +29,11 @@ step of one backward is the update, so a mini-batch must be one backward (one mi
 harness/config.py refuses otherwise: accumulating micro-batches would need the sum of their gradients before
 AdamW's nonlinear step, a buffer of every gradient, the bytes this option removes); the weights change during
 backward, but only after the one autograd node that reads a weight for its input gradient has run (the
-AccumulateGrad of a weight runs after every use's gradient is in), so every gradient is the one a plain backward
-makes and the update is a plain step's, bit for bit; a global gradient-norm clip needs every gradient before the
-first step, so --grad-clip must be 0 (off) with it; grad_norm() reports the norm the clip would have read (summed
-in the hooks). step() is then a no-op in effect.
+AccumulateGrad of a weight runs after every use's gradient is in; this rests on non-reentrant checkpointing,
+harness/model.py's, where a reentrant one would run a shared weight's hook once per segment), so every gradient
+is the one a plain backward makes and the update is a plain step's, bit for bit; a global gradient-norm clip needs every gradient before the
+first step, so --grad-clip must be 0 (off) with it; grad_norm() reports the norm the clip would have read (its
+squares summed chunk by chunk in each step, so no fp32 copy of a whole gradient is made). step() is then a no-op in effect.
 """
 import torch
 
@@ -60,10 +61,15 @@ def rounding_generator(device, seed, index, step):
     return generator
 
 
+QMAPS = {}  # the 8-bit codes' value tables per device, made once (a copy to a GPU each step would wait on it)
+
+
 def _qmaps(device):
-    from torchao.optim.subclass_8bit import get_qmap_signed, get_qmap_unsigned
-    return {"exp_avg": torch.tensor(get_qmap_signed(), device=device),
-            "exp_avg_sq": torch.tensor(get_qmap_unsigned(), device=device)}
+    if device not in QMAPS:
+        from torchao.optim.subclass_8bit import get_qmap_signed, get_qmap_unsigned
+        QMAPS[device] = {"exp_avg": torch.tensor(get_qmap_signed(), device=device),
+                         "exp_avg_sq": torch.tensor(get_qmap_unsigned(), device=device)}
+    return QMAPS[device]
 
 
 class LeanAdamW:
@@ -88,8 +94,7 @@ class LeanAdamW:
             if step_in_backward else []
 
     def _step_in_backward(self, param):
-        self.squared_norm = self.squared_norm.to(param.device) + param.grad.float().square().sum()
-        self.step_param(param)
+        self.squared_norm = self.squared_norm.to(param.device) + self.step_param(param, squared_norm=True)
         param.grad = None
 
     def grad_norm(self):
@@ -127,9 +132,10 @@ class LeanAdamW:
                                                            for k in ("exp_avg", "exp_avg_sq")}}
 
     @torch.no_grad()
-    def step_param(self, p):
+    def step_param(self, p, squared_norm=False):
         """One AdamW step of one tensor from its p.grad (torch's single-tensor formula, in fp32), CHUNK elements at a
-        time; bf16 weights stochastically rounded (the noise of rounding_generator)."""
+        time; bf16 weights stochastically rounded (the noise of rounding_generator). With squared_norm, returns the
+        gradient's squared L2 norm, summed over the chunks (fp32)."""
         group = self.param_groups[0]
         lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         if p not in self.state:
@@ -145,9 +151,12 @@ class LeanAdamW:
             qmaps = _qmaps(p.device)
         generator = rounding_generator(p.device, self.seed, self.index[p], step) if p.dtype == torch.bfloat16 \
             else None
+        squares = torch.zeros((), device=p.device) if squared_norm else None
         for start in range(0, weight.numel(), CHUNK):
             part = slice(start, start + CHUNK)
             w, g = weight[part].float(), grad[part].float()  # fp32 weight: a view, stepped in place
+            if squares is not None:
+                squares += torch.dot(g, g)  # no temporary of the chunk's size
             if scales is None:
                 m, v = moment_flat["exp_avg"][part], moment_flat["exp_avg_sq"][part]
             else:
@@ -170,6 +179,7 @@ class LeanAdamW:
             elif p.dtype != torch.float32:
                 weight[part] = w  # another dtype (fp16): to nearest
             del w, g
+        return squares
 
     def state_dict(self):
         """{"state": {index: step, exp_avg, exp_avg_sq}, "scales": {index: the 8-bit moments' scales},

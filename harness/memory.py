@@ -401,12 +401,13 @@ OBJECTIVE_STEPS = ("kl_coef",)  # switches that change the objective: tried only
 def consistent(config, combo):
     """Whether the settings of `combo` on top of config are a combination harness/config.py accepts: bf16-sr and
     bf16 masters are one setting; --optimizer-offload steps fp32 masters, so neither bf16-sr nor
-    --step-in-backward with it; --step-in-backward not on bf16 masters."""
+    --step-in-backward with it; --step-in-backward not on bf16 masters; --logprob-fp32 only on fp32 weights."""
     level = {k: v for name in combo for k, v in OPTIONS[name][0].items()}
     get = lambda key: level.get(key, getattr(config, key))  # noqa: E731
     return not ("param_dtype" in combo and "stochastic_rounding" in combo) and \
         not (get("optimizer_offload") and (get("param_dtype") == "bf16-sr" or get("step_in_backward"))) and \
-        not (get("step_in_backward") and get("param_dtype") == "bf16")
+        not (get("step_in_backward") and get("param_dtype") == "bf16") and \
+        not (get("logprob_fp32") and get("param_dtype") != "fp32")
 
 
 def option_levels(config, allowed):

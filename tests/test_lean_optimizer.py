@@ -11,11 +11,14 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from transformers import AutoModelForCausalLM
 
 import train
 from harness.config import Config
 from harness.model import enable_checkpointing
+from harness import lean_optimizer
 from harness.lean_optimizer import LeanAdamW, stochastic_round_bf16
 from tests.stubs import SMALL_TRAIN as SMALL, assert_resume_from_checkpoint_2_continues, tiny_policy_and_rollouts
 from rollout import token_logprobs
@@ -191,6 +194,36 @@ def test_stepping_in_backward_keeps_the_gradient_norm_it_could_not_clip():
     assert weight.grad is None and optimizer.grad_norm().item() == pytest.approx(5.0)
     optimizer.zero_grad()
     assert optimizer.grad_norm().item() == 0.0
+
+
+class LargestFloat32Made(TorchDispatchMode):
+    """Records the most elements of any new float32 tensor an op makes (views and in-place results not counted)."""
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not any(r.alias_info for r in func._schema.returns):
+            made = [t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.dtype == torch.float32]
+            self.largest = max([self.largest, *made])
+        return out
+
+
+def test_a_step_in_backward_makes_no_fp32_copy_of_a_whole_gradient(monkeypatch):
+    # a bf16 weight of 8 chunks, its fp32 moments made by a first step: the second step and the norm the clip would
+    # read work a chunk at a time, so no float32 tensor larger than a chunk is made (a whole-gradient .float() would
+    # make one of 8 192), and the norm summed over the chunks is the gradient's norm
+    monkeypatch.setattr(lean_optimizer, "CHUNK", 1024)
+    weight = torch.zeros(8 * 1024, dtype=torch.bfloat16, requires_grad=True)
+    push = torch.linspace(-2, 2, weight.numel()).to(torch.bfloat16)
+    optimizer = LeanAdamW([weight], lr=0.1, step_in_backward=True)
+    (weight * push).sum().backward()
+    optimizer.zero_grad()
+    before = weight.detach().clone()
+    with LargestFloat32Made() as recorder:
+        (weight * push).sum().backward()
+    assert weight.grad is None and not torch.equal(weight.detach(), before)  # stepped and freed in backward
+    assert recorder.largest <= 1024
+    assert optimizer.grad_norm().item() == pytest.approx(push.double().norm().item(), rel=1e-6)
 
 
 # --- the settings ------------------------------------------------------------------------------------------------

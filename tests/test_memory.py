@@ -924,3 +924,23 @@ def test_a_logged_memory_row_names_its_commit_date_machine_and_command():
     assert row["setting"] == "base" and row["plan"] == {"peak": 1}  # the result kept as it was
     assert row["commit"] and row["date"].endswith("UTC") and row["machine"] and row["load"] is not None
     assert row["command"] == "benchmarks/memory_check.py --model tiny"
+
+
+@pytest.mark.parametrize("base", [dict(), dict(logprob_fp32=True), dict(kl_coef=0.0), dict(lora_rank=16),
+                                  dict(param_dtype="bf16-sr"), dict(step_in_backward=True, grad_clip=0.0,
+                                                                    micro_batch=512)])
+def test_every_setting_the_search_proposes_is_one_config_accepts(base):
+    # the search's answers across budgets from roomy to hopeless: each, applied to the run's settings, validates
+    # (a combination config.py refuses, e.g. --logprob-fp32 on bf16 weights, is never proposed)
+    config = Config(**{**dict(model="Qwen/Qwen2.5-0.5B", prompts_per_step=64, num_generations=8, max_new_tokens=256,
+                              micro_batch=4, dtype="bf16", device="cuda", kl_coef=0.001), **base})
+    config.validate()
+    proposed = 0
+    for budget_gb in (80, 40, 24, 16, 12, 8, 6, 4):
+        for allowed in (memory.STEPS, memory.STEPS + memory.OBJECTIVE_STEPS):
+            changes, _ = memory.fitting_settings(memory.QWEN25["qwen2.5-0.5b"], config, 1024, budget_gb * 1e9,
+                                                 allowed=allowed)
+            if changes:
+                dataclasses.replace(config, **changes).validate()
+                proposed += 1
+    assert proposed >= 4  # the grid reaches budgets where a change is needed and found

@@ -19,7 +19,7 @@ run folder and no cached warm start is reused. Kinds of cell:
   fig1      Fig. 1's exact prompt weights (experiments.fig1_prompt_weight) at p = 0, 0.5, 1: exact
   eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
             |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
-  smollm2   `python -m lab.smollm2_cpu --seeds S` (SmolLM2-135M-Instruct, text similarity, 60 steps): the
+  smollm2   `python -m lab.smollm2_cpu --seeds S [flags]` (SmolLM2-135M-Instruct, text similarity, 60 steps): the
             held-out greedy reward and pass@1 at every eval step
   default-fig3-sgd  `python train.py`, then Lopti's Fig. 3 on its final checkpoint with one SGD step (lr 0.5) in
             place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
@@ -103,6 +103,12 @@ CELLS = {
     "imagenet-toy-adam": ("imagenet-toy", ["--optimizer", "adam", "--group-sizes", "1024"], "imagenet_toy.csv", 3, ONE),
     # a real model learns on a CPU (docs/results.md, "A real model learns on a CPU"): one seed a cell, ~21 min
     **{f"smollm2-cpu-seed{seed}": ("smollm2", [str(seed)], "smollm2_cpu.csv", 21, ONE) for seed in (0, 1)},
+    # the same with bf16 weights and no fp32 masters (lr 1e-5 is ~0.05 of a bf16 spacing at SmolLM2's typical
+    # weight: rounding to nearest would drop nearly every step), and with the step in backward too
+    "smollm2-cpu-bf16-sr-seed0": ("smollm2", ["0", "--param-dtype", "bf16-sr"], "smollm2_cpu.csv", 25, ONE),
+    "smollm2-cpu-bf16-sr-step-in-backward-seed0": ("smollm2", ["0", "--param-dtype", "bf16-sr", "--step-in-backward",
+                                                               "--grad-clip", "0", "--micro-batch", "32"],
+                                                   "smollm2_cpu.csv", 25, ONE),
     # docs/performance.md's step-time tables: ours against TRL and each phase against its floor (ratios, tolerance)
     "step-time-tiny-cpu": ("timing", ["--no-memory"], "performance_step.csv", 3, ONE),
     "step-time-smollm2-cpu": ("timing", ["--preset", "smollm2-cpu", "--steps", "2", "--warmup", "1", "--no-memory",
@@ -201,7 +207,7 @@ def command_text(name, extra=None):
     if kind == "imagenet-toy":
         return prefix + " ".join(["python -m experiments.imagenet_toy", *args])
     if kind == "smollm2":
-        return prefix + f"python -m lab.smollm2_cpu --seeds {args[0]}"
+        return prefix + " ".join(["python -m lab.smollm2_cpu --seeds", *args])
     if kind == "referee-lopti-pretrained":
         return (f"lab.smollm2_cpu.write_data(DATA); {prefix}python -m lab.referee_lopti "
                 + " ".join(args))
@@ -290,7 +296,7 @@ def rerun(name, folder, extra=None):
                      "--output-dir", out], environment)
         return onpolicy_cell_metrics(out)
     if kind == "smollm2":
-        run_quietly([sys.executable, "-m", "lab.smollm2_cpu", "--seeds", args[0], "--output-dir", folder],
+        run_quietly([sys.executable, "-m", "lab.smollm2_cpu", "--seeds", *args, "--output-dir", folder],
                     environment)
         return {f"{key}_step{row['step']}": round(float(row[key]), 6)
                 for row in read_rows(os.path.join(folder, "smollm2_cpu.csv")) for key in ("reward", "pass@1")}

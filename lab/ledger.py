@@ -12,6 +12,7 @@ Which rows a rerun is compared with: the numbers of a seeded CPU run follow the 
 take, which they choose by the CPU's vendor and vector ISA unless ATEN_CPU_CAPABILITY pins it (docs/results.md,
 "Determinism"). code_path names that path for a row (its machine, and the pin its command set) or for this process.
 """
+import contextlib
 import csv
 import hashlib
 import math
@@ -119,6 +120,24 @@ def write_results(path, rows):
     write_file(path, VALUE_FIELDS, [{"cell": row["cell"], "made": made_id(row["cell"], row), "metric": row["metric"],
                                      "value": row["value"]} for row in rows])
     write_file(table, MADE_FIELDS, cells)
+
+
+@contextlib.contextmanager
+def taking_turns(folder):
+    """Two ships into one results file each read it, add their rows and write it back: the later would drop the
+    earlier's rows. They take turns on an exclusive flock of the results folder itself (its open descriptor: no
+    lock file left behind); where fcntl does not exist (Windows) there is no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 def write_file(path, fields, rows):

@@ -53,7 +53,7 @@ import tempfile
 import time
 
 from lab.ledger import (FIELDS, ISA_ORDER, can_run, code_path, cpu_kind, ledger_rows, load_average,  # noqa: F401
-                        pin_for, pins, provenance, this_machine, write_results)
+                        pin_for, pins, provenance, taking_turns, this_machine, write_results)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "docs", "results")
@@ -576,10 +576,11 @@ def ship(name, values, made=None, extra=None):
     file. extra: the pin the run set beyond the cell's own (the environment's by default): part of the command."""
     path = os.path.join(RESULTS, CELLS[name][2])
     made = {**(made or provenance()), "command": command_text(name, pins(os.environ) if extra is None else extra)}
-    rows = [row for row in ledger_rows(path)  # another path's rows of this cell stay: each has its own trajectory
-            if row["cell"] != name or row_path(row) != row_path(made)]
-    rows += [{"cell": name, "metric": metric, "value": value, **made} for metric, value in values.items()]
-    write_results(path, sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
+    with taking_turns(RESULTS):  # another ship's read-and-write of the file is not interleaved with this one's
+        rows = [row for row in ledger_rows(path)  # another path's rows of this cell stay: each has its own trajectory
+                if row["cell"] != name or row_path(row) != row_path(made)]
+        rows += [{"cell": name, "metric": metric, "value": value, **made} for metric, value in values.items()]
+        write_results(path, sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
 
 
 def ship_from(folder, load, preset=None):
@@ -666,6 +667,7 @@ def main(argv=None):
           file=sys.stderr, flush=True)
     PROGRESS.update(name=args.cell, start=time.time(), minutes=CELLS[args.cell][3])
     load_at_start = load_average()  # what else ran when it started: a timing depends on it
+    code = provenance()["commit"]  # the code that runs: a commit made while it runs is not what made the numbers
     with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
         now = rerun(args.cell, folder, extra)
     differences = []
@@ -683,7 +685,8 @@ def main(argv=None):
               + (f" (tolerance ±{relative:.0%}: {'within' if agreed else 'outside'})" if relative else "")
               + (f" difference {float(new) - float(old):+.6g}" if not agreed and new != "none" else ""))
     if args.ship:
-        ship(args.cell, now, provenance(f"{load_at_start} at start, {load_average()} at end"), extra)
+        ship(args.cell, now, {**provenance(f"{load_at_start} at start, {load_average()} at end"), "commit": code},
+             extra)
         print(f"shipped: {args.cell} -> docs/results/{CELLS[args.cell][2]}")
         return 0
     if differences:

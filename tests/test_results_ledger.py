@@ -105,3 +105,45 @@ def test_headline_reads_a_tampered_ledger_in_one_line(tmp_path, monkeypatch):
     line = tamper(ledger, "number")
     with pytest.raises(SystemExit, match=f"{ledger}:{line}: value"):
         headline.main([])
+
+
+def test_two_ships_at_once_keep_both_cells_rows(ledger, monkeypatch):
+    # each ship reads the file, adds its rows and writes it back; the first one pauses between its read and its
+    # write (while holding its turn), so without turns the second's write would land between them and be dropped
+    import threading
+    import time
+    real_rows, first = reproduce.ledger_rows, threading.Event()
+
+    def slow_rows(path):
+        rows = real_rows(path)
+        if not first.is_set():
+            first.set()
+            time.sleep(0.5)  # the other ship starts now, reads, writes
+        return rows
+    monkeypatch.setattr(reproduce, "ledger_rows", slow_rows)
+    ships = [threading.Thread(target=reproduce.ship, args=(name, {"final_reward": 0.25}), kwargs={"made": MADE})
+             for name in ("default-bf16-sr", "default-step-in-backward")]
+    ships[0].start()
+    first.wait()
+    ships[1].start()
+    for ship in ships:
+        ship.join()
+    names = {row["cell"] for row in real_rows(str(ledger)) if row["machine"] == "test"}
+    assert names == {"default-bf16-sr", "default-step-in-backward"}
+
+
+def test_a_shipped_row_names_the_commit_that_ran_not_one_made_while_it_ran(ledger, monkeypatch):
+    # the commit is read when the rerun starts; one made while it runs (here: HEAD moves to "later" during the
+    # rerun) is not the code that made the numbers
+    head, real_provenance, real_rerun = {"commit": "ran"}, reproduce.provenance, reproduce.rerun
+
+    def rerun_while_a_commit_lands(*args, **kwargs):
+        values = real_rerun(*args, **kwargs)
+        head["commit"] = "later"
+        return values
+    monkeypatch.setattr(reproduce, "provenance", lambda load=None: {**real_provenance(load), **head})
+    monkeypatch.setattr(reproduce, "rerun", rerun_while_a_commit_lands)
+    assert reproduce.main(["table3-identity", "--ship"]) == 0
+    rows = reproduce.ledger_rows(str(ledger.parent / "table3_identity.csv"))
+    assert {row["commit"] for row in rows if row["cell"] == "table3-identity"
+            and row["machine"] == reproduce.this_machine()} == {"ran"}

@@ -132,6 +132,7 @@ def taking_turns(folder):
     except ImportError:
         yield
         return
+    os.makedirs(folder, exist_ok=True)  # as write_file would
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

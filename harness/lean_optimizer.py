@@ -31,9 +31,10 @@ AdamW's nonlinear step, a buffer of every gradient, the bytes this option remove
 backward, but only after the one autograd node that reads a weight for its input gradient has run (the
 AccumulateGrad of a weight runs after every use's gradient is in; this rests on non-reentrant checkpointing,
 harness/model.py's, where a reentrant one would run a shared weight's hook once per segment), so every gradient
-is the one a plain backward makes and the update is a plain step's, bit for bit; a global gradient-norm clip needs every gradient before the
-first step, so --grad-clip must be 0 (off) with it; grad_norm() reports the norm the clip would have read (its
-squares summed chunk by chunk in each step, so no fp32 copy of a whole gradient is made). step() is then a no-op in effect.
+is the one a plain backward makes and the update is a plain step's, bit for bit; a global gradient-norm clip needs
+every gradient before the first step, so --grad-clip must be 0 (off) with it; grad_norm() reports the norm the clip
+would have read (its squares summed chunk by chunk in each step, so no fp32 copy of a whole gradient is made).
+step() is then a no-op in effect.
 """
 import torch
 

@@ -380,8 +380,8 @@ OPTIONS = {  # name: (the settings it changes, its cost)
                          "every micro-batch is an optimizer step: --mini-batches rows/micro-batch steps a batch, "
                          "not one (the later ones on samples off the policy, where the ratio clip acts; the same "
                          "update only where one micro-batch made the step already), and no global gradient clip "
-                         "(--grad-clip 0); time: the same backward, and an AdamW pass over every weight per micro-batch "
-                         "(mini-batches of them a batch, not one), plus a pi_old forward when steps > 1"),
+                         "(--grad-clip 0); time: the same backward, and an AdamW pass over every weight per "
+                         "micro-batch (mini-batches of them a batch, not one), plus a pi_old forward when steps > 1"),
     "lora_rank": ({"lora_rank": 16}, "what is learned: a rank-16 update of the projections, not every weight"),
     "base_dtype": ({"base_dtype": "nf4"}, "precision: LoRA's frozen base in 4-bit NF4 (QLoRA; torchao), the policy "
                                           "and its reference both that base, not the model's own weights; time: "

@@ -4,7 +4,6 @@
     python -m lab.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
                                                       # then "reproduced: NAME" (exit 0) or "differs: NAME" (exit 1)
     python -m lab.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
-    python -m lab.reproduce --summary countdown3-lopti   # a compare preset's shipped cells, paired by seed
 
 A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under docs/results/
 (one row per metric: cell, metric, value, and the commit, date, load, machine and command that made it); the docs'
@@ -481,97 +480,6 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
-def summary(preset, machine=None, metrics=None, figure=None):
-    """Print a compare preset's shipped cells from one CPU (default this machine's): per config, each pass metric's
-    mean +- SE over seeds, then each config minus the preset's first config, paired by seed with its 95%
-    t-interval over seeds and "none resolved" where it holds 0. -> {config: {seed: {metric: value}}}."""
-    from lab.seed_stats import mean_se, mean_se_interval, paired_text
-    runs = {}
-    for name, (kind, args, *_) in CELLS.items():
-        if kind == "compare" and args[0] == preset and (values := shipped_values(name, machine)):
-            runs.setdefault(args[1], {})[int(args[2])] = values
-    if not runs:
-        raise SystemExit(f"reproduce: error: no cell of {preset} was shipped from "
-                         + (f"a CPU named {machine!r}" if machine else "this CPU"))
-    keys = metrics or [key for key in ("before_pass@1", "after_pass@1") + tuple(
-        f"sampled_pass@{k}" for k in (1, 2, 4, 8, 16)) if any(key in v for c in runs.values() for v in c.values())]
-    print(f"{preset}: mean ± SE over seeds (n per config in brackets); shipped rows of "
-          + (machine or cpu_kind(this_machine())))
-    print("| config | " + " | ".join(keys) + " |")
-    print("|---|" + "---|" * len(keys))
-    for config, by_seed in runs.items():
-        print(f"| {config} ({len(by_seed)}) | " + " | ".join(
-            mean_se([v[key] for v in by_seed.values() if key in v]) for key in keys) + " |")
-    base_name, base = next(iter(runs.items()))
-    for config, by_seed in list(runs.items())[1:]:
-        seeds = sorted(set(by_seed) & set(base))
-        texts = []
-        for key in keys:
-            diff = [by_seed[s][key] - base[s][key] for s in seeds if key in by_seed[s] and key in base[s]]
-            if diff:
-                _, _, interval = mean_se_interval(diff)
-                held = interval is not None and interval[0] <= 0 <= interval[1]
-                texts.append(f"{key} {paired_text(diff)}" + (" (holds 0)" if held else ""))
-        print(f"{config} − {base_name}, paired by seed, n = {len(seeds)}, 95% t-interval over seeds: "
-              + "; ".join(texts))
-    fig3_summary(runs.get("grpo", {}), figure)  # countdown3-lopti's grpo cells carry Fig. 3
-    return runs
-
-
-def fig3_summary(by_seed, figure=None):
-    """Lopti's Fig. 3 over seeds from the grpo cells' fig3_<method>_Q<q>_pos_rose_share metrics (each seed's final
-    GRPO policy, one update per method from the same weights and rollouts): per method and quartile the mean ± SD
-    over seeds of the share of A > 0 tokens whose probability rose, and minus GRPO's on the same seed (mean ± SE);
-    with `figure`, a bar chart of the means (SD bars). -> {method: [[per-seed shares] for Q1..Q4]}."""
-    from experiments import mean_sd_se
-    methods = list(dict.fromkeys(key.split("_")[1] for values in by_seed.values() for key in values
-                                 if key.startswith("fig3_") and key.endswith("_pos_rose_share")))
-    if "grpo" not in methods:
-        return {}
-    methods = ["grpo"] + [m for m in methods if m != "grpo"]  # the baseline first, the others minus it
-    key = "fig3_{}_Q{}_pos_rose_share".format
-    shares = {m: [[v[key(m, q)] for v in by_seed.values() if key(m, q) in v] for q in range(1, 5)] for m in methods}
-    print(f"\nFig. 3 on each seed's final GRPO policy, n = {len(by_seed)} seeds: share of A > 0 tokens whose "
-          "probability rose after one update, mean ± SD over seeds; minus GRPO on the same seed, mean ± SE")
-    print("| update | Q1 | Q2 | Q3 | Q4 |\n|---|---|---|---|---|")
-    for m in methods:
-        cells = []
-        for q in range(4):
-            mean, sd, _ = mean_sd_se(shares[m][q])
-            cells.append(f"{mean:.2f}" + ("" if sd is None else f" ± {sd:.2f}"))
-        print(f"| {m} | " + " | ".join(cells) + " |")
-    for m in methods[1:]:
-        texts = []
-        for q in range(1, 5):
-            diff = [v[key(m, q)] - v[key("grpo", q)] for v in by_seed.values()
-                    if key(m, q) in v and key("grpo", q) in v]
-            mean, _, se = mean_sd_se(diff)
-            texts.append(f"Q{q} {mean:+.3f}" + ("" if se is None else f" ± {se:.3f}"))
-        print(f"{m} − grpo: " + ", ".join(texts))
-    if figure:
-        from experiments import pyplot
-        plt = pyplot("the figure; the printed table has the numbers")
-        if plt is not None:
-            fig, ax = plt.subplots(figsize=(6, 3.8))
-            width = 0.8 / len(methods)
-            for i, m in enumerate(methods):
-                stats = [mean_sd_se(values) for values in shares[m]]
-                ax.bar([q + (i - (len(methods) - 1) / 2) * width for q in range(4)], [mean for mean, _, _ in stats],
-                       width, yerr=[sd or 0 for _, sd, _ in stats], capsize=2, label=m)
-            ax.set_xticks(range(4), [f"Q{q}" for q in range(1, 5)])
-            ax.set_ylim(0, 1)
-            ax.set_xlabel("p_old quartile (Q1 lowest)")
-            ax.set_ylabel("share of A > 0 tokens whose prob. rose")
-            ax.set_title(f"Lopti Fig. 3 on the final GRPO policies (mean of {len(by_seed)} seeds, bars: SD)",
-                         fontsize=9)
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            fig.savefig(figure, dpi=120)
-            plt.close(fig)
-            print(f"drew {figure}")
-    return shares
-
-
 def ship(name, values, made=None, extra=None):
     """Write a cell's values as its shipped rows for its code path (replacing that path's old ones) in its results
     file. extra: the pin the run set beyond the cell's own (the environment's by default): part of the command."""
@@ -627,15 +535,8 @@ def main(argv=None):
     parser.add_argument("--ship-from", metavar="FOLDER", help="ship every run of an lab.compare output "
                         "folder of one preset (trained here with its cells' environment) as its cells")
     parser.add_argument("--preset", help="with --ship-from: the preset to ship, where the folder holds several")
-    parser.add_argument("--summary", metavar="PRESET", help="print a compare preset's shipped cells (mean ± SE over "
-                        "seeds, each config minus the first, paired by seed)")
-    parser.add_argument("--machine", help="with --summary: the rows of the CPU whose machine contains this")
-    parser.add_argument("--figure", help="with --summary of countdown3-lopti: draw Fig. 3 over the seeds here")
     parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
     args = parser.parse_args(argv)
-    if args.summary:
-        summary(args.summary, args.machine, figure=args.figure)
-        return 0
     if args.ship_from:
         for name in ship_from(args.ship_from, args.load, args.preset):
             print(f"shipped: {name} -> docs/results/{CELLS[name][2]}")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lab import headline, reproduce
+from lab import headline, reproduce, summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -188,13 +188,13 @@ def test_a_presets_summary_pairs_its_shipped_cells_by_seed(tmp_path, monkeypatch
     for seed, (grpo, softmax) in enumerate([(0.50, 0.55), (0.60, 0.61), (0.70, 0.78)]):
         reproduce.ship(f"countdown-grpo-seed{seed}", {"after_pass@1": grpo}, made)
         reproduce.ship(f"countdown-softmax-seed{seed}", {"after_pass@1": softmax}, made)
-    runs = reproduce.summary("countdown", "CPU A")
+    runs = summary.summary("countdown", "CPU A")
     assert runs["softmax"] == {0: {"after_pass@1": 0.55}, 1: {"after_pass@1": 0.61}, 2: {"after_pass@1": 0.78}}
     out = capsys.readouterr().out
     assert "| grpo (3) | 0.600 +- 0.058 |" in out  # mean 0.6, SE 0.1 / sqrt(3)
     assert "softmax − grpo, paired by seed, n = 3" in out and "after_pass@1 +0.047 [" in out and "(holds 0)" in out
     with pytest.raises(SystemExit, match="no cell of countdown was shipped from a CPU named 'CPU B'"):
-        reproduce.summary("countdown", "CPU B")
+        summary.summary("countdown", "CPU B")
 
 
 def test_fig3_over_seeds_from_the_grpo_cells_by_hand(tmp_path, monkeypatch, capsys):
@@ -204,7 +204,7 @@ def test_fig3_over_seeds_from_the_grpo_cells_by_hand(tmp_path, monkeypatch, caps
         reproduce.ship(f"countdown3-lopti-grpo-seed{seed}", {"after_pass@1": 0.1, **{
             f"fig3_{m}_Q{q}_pos_rose_share": share for m, share in (("grpo", grpo), ("lopti", lopti))
             for q in range(1, 5)}}, made)
-    reproduce.summary("countdown3-lopti", "CPU A", figure=str(tmp_path / "fig3.png"))
+    summary.summary("countdown3-lopti", "CPU A", figure=str(tmp_path / "fig3.png"))
     out = capsys.readouterr().out
     assert "n = 2 seeds" in out and "| grpo | 0.60 ± 0.14 |" in out and "| lopti | 0.45 ± 0.21 |" in out
     assert "lopti − grpo: Q1 -0.150 ± 0.050" in out  # differences -0.1 and -0.2: mean -0.15, SE 0.05

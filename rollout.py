@@ -139,10 +139,13 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     """
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
-    if fast:  # the same completions, less time a token: fast/generate.py
-        return fast_sample_completions(model, plain_generate, prompt_input_ids, prompt_mask, num_generations,
-                                       max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
-                                       generate_kwargs=generate_kwargs, **fast)
+    if fast:  # fast/generate.py: the same completions sooner (None: its check refused them here)
+        sampled = fast_sample_completions(
+            model, plain_generate, prompt_input_ids, prompt_mask, num_generations,
+            max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
+            generate_kwargs=generate_kwargs, **fast)
+        if sampled is not None:
+            return sampled
     input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
     attention_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
     return input_ids, attention_mask, plain_generate(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,

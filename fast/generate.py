@@ -32,7 +32,8 @@ plain call's cache.
 
 The self-check (self_check): these paths are tested token for token on this project's CPUs only.
 At the first rollout on a CUDA device, a few greedy tokens of two rows are generated both ways; on
-any difference the run says so in one line and generates with the plain call from then on.
+any difference, or an exception raised by a fast path, the run says so in one line and generates
+with the plain call from then on.
 """
 import warnings
 
@@ -87,8 +88,9 @@ def untested_device(model):
 
 def self_check(model, sample, compiled, log=print):
     """Whether the fast paths may run on this model: True on a tested device; else, once per model
-    and `compiled`, whether a few greedy tokens come out the same both ways. On a difference, one
-    line says so and the caller takes the plain path.
+    and `compiled`, whether a few greedy tokens come out the same both ways. On a difference, or an
+    exception raised by a fast path, one line says so and the caller takes the plain path (an
+    exception of the plain call is a bug to see: it propagates with its traceback).
 
     sample(fast=, compiled=, max_new_tokens=) -> (prompt ids, prompt mask, completion ids) of two
     rows, greedy (rollout.sample_completions with its other arguments bound)."""
@@ -96,10 +98,17 @@ def self_check(model, sample, compiled, log=print):
     if not untested_device(model) or compiled in verdicts:
         return verdicts.get(compiled, True)
     plain = sample(fast=False, compiled=False, max_new_tokens=SELF_CHECK_TOKENS)
-    fast = sample(fast=True, compiled=compiled, max_new_tokens=SELF_CHECK_TOKENS)
-    verdicts[compiled] = all(torch.equal(a, b) for a, b in zip(plain, fast))
     paths = "the roomy cache" + (" and compiled generate" if compiled else "")
     rows = f"{len(plain[2])} rows x {SELF_CHECK_TOKENS} greedy tokens"
+    try:
+        fast = sample(fast=True, compiled=compiled, max_new_tokens=SELF_CHECK_TOKENS)
+    except Exception as error:  # noqa: BLE001 -- the fast path's failure is its verdict, said in one line
+        verdicts[compiled] = False
+        first_line = (str(error).strip().splitlines() or [""])[0][:200]
+        log(f"fast-path self-check ({rows}): {paths} FAILED on this device ({type(error).__name__}: "
+            f"{first_line}): generating with the plain call for this run (--no-fast does so from the start)")
+        return False
+    verdicts[compiled] = all(torch.equal(a, b) for a, b in zip(plain, fast))
     log(f"fast-path self-check ({rows}): {paths} match plain generate" if verdicts[compiled] else
         f"fast-path self-check ({rows}): {paths} DIFFER from plain generate on this device: "
         "generating with the plain call for this run (--no-fast does so from the start)")
@@ -116,26 +125,23 @@ GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None, repetit
 def sample_completions(model, plain, prompt_input_ids, prompt_mask, num_generations, *, max_new_tokens, pad_id,
                        eos_id, generate_kwargs, share_prefill=True, drop_finished_every=None, compiled=False):
     """rollout.sample_completions with fast=options: the same (prompt ids, prompt mask, completion ids) as the
-    plain call `plain` (rollout.plain_generate), in less time. prompt_input_ids, prompt_mask [N, P], left-padded.
+    plain call `plain` (rollout.plain_generate), in less time; or None when the self-check refuses the fast paths on
+    this device (the caller then runs its plain call). prompt_input_ids, prompt_mask [N, P], left-padded.
 
     share_prefill: each prompt runs through the model once, its KV cache copied to its M rows.
     drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS (and their KV
     cache) out of the batch (the same distribution, other random draws than one call). compiled: a static KV
-    cache and a compiled decode step. On a device the paths were never tested on, self_check runs first; on a
-    difference, the plain call.
+    cache and a compiled decode step. On a device the paths were never tested on, self_check runs first.
     """
     if compiled and drop_finished_every:
         raise ValueError("fast generate keeps every row in its static cache: no drop_finished_every")
     options = dict(max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id)
-    if self_check(model, check_sample(model, plain, prompt_input_ids[:1], prompt_mask[:1], share_prefill,
-                                      **options), compiled):
-        return segmented_generate(model, prompt_input_ids, prompt_mask, num_generations, **options,
-                                  generate_kwargs=generate_kwargs, share_prefill=share_prefill,
-                                  drop_finished_every=drop_finished_every, compiled=compiled)
-    input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
-    attention_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    return input_ids, attention_mask, plain(model, input_ids, attention_mask, **options,
-                                            generate_kwargs=generate_kwargs)
+    if not self_check(model, check_sample(model, plain, prompt_input_ids[:1], prompt_mask[:1], share_prefill,
+                                          **options), compiled):
+        return None
+    return segmented_generate(model, prompt_input_ids, prompt_mask, num_generations, **options,
+                              generate_kwargs=generate_kwargs, share_prefill=share_prefill,
+                              drop_finished_every=drop_finished_every, compiled=compiled)
 
 
 def check_sample(model, plain, prompt_input_ids, prompt_mask, share_prefill, *, pad_id, eos_id, **_):

@@ -303,3 +303,101 @@ def test_a_difference_is_one_line_and_the_plain_call_from_then_on(forced_check, 
                         lambda *args: pytest.fail("a fast path ran after the fallback"))
     generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
     assert capsys.readouterr().out == ""  # checked once
+
+
+# --------------------------------------------------------------------------------------------------
+# Under the run's precision: bf16 autocast over fp32 weights, as every CUDA run with bf16 computes
+# --------------------------------------------------------------------------------------------------
+def under_bf16(function, *args, **options):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return function(*args, **options)
+
+
+@pytest.mark.parametrize("options", [dict(greedy=True), dict(), dict(share_prefill=False), dict(rollout_batch=4)])
+def test_every_fast_path_under_bf16_autocast_samples_alike(monkeypatch, one_thread, options):
+    """The roomy cache with and without the shared prefill, and the (uncompiled) static cache, under bf16 autocast:
+    token for token the plain call's completions, under the same seed."""
+    tokenizer, model, prompts = tiny_setup()
+    monkeypatch.setattr(fast_generate, "compile_config", lambda device, mode=None: None)
+    for seed in range(2):
+        plain = under_bf16(plain_call, model, tokenizer, prompts, seed, **options)
+        torch.manual_seed(seed)
+        roomy = under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, **options)
+        torch.manual_seed(seed)
+        static = under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True,
+                            **options)
+        assert_same(plain, roomy)
+        assert_same(plain, static)
+
+
+@layered
+def test_static_cache_is_typed_by_what_the_forward_writes(eager):
+    """Under bf16 autocast over fp32 weights the keys leave RoPE in fp32 and the values leave v_proj in bf16: the
+    static cache holds each in its own dtype, and a cache made without autocast is not reused under it (before: the
+    second call's index_copy_ wrote bf16 values into the fp32 cache of the first, the error of the first CUDA run)."""
+    tokenizer, model, prompts = tiny_setup()
+    generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)  # fp32
+    under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)
+    fp32_cache, bf16_cache = model._fast_generate_caches.values()
+    ids = torch.tensor([prompts[0]])
+    dynamic = getattr(under_bf16(model, input_ids=ids, use_cache=True), kv_cache.cache_name(model)).layers[0]
+    assert {fp32_cache.layers[0].keys.dtype, fp32_cache.layers[0].values.dtype} == {torch.float32}
+    assert (bf16_cache.layers[0].keys.dtype, bf16_cache.layers[0].values.dtype) == \
+        (dynamic.keys.dtype, dynamic.values.dtype)  # as HF's own cache holds them (5.25: fp32, bf16)
+
+
+@layered
+def test_static_cache_types_its_values_where_transformers_allocated_them_as_its_keys(eager, monkeypatch):
+    """transformers 5.17's StaticLayer (the first GPU run's) allocated values in the keys' dtype; emulated here: the
+    static cache still takes bf16 values, token for token the plain call's completions."""
+    from transformers.cache_utils import StaticLayer
+    allocate = StaticLayer.lazy_initialization
+
+    def values_as_keys(self, key_states, *rest):
+        allocate(self, key_states, *((key_states,) if rest else ()))
+    monkeypatch.setattr(StaticLayer, "lazy_initialization", values_as_keys)
+    tokenizer, model, prompts = tiny_setup()
+    plain = under_bf16(plain_call, model, tokenizer, prompts, 0, greedy=True)
+    torch.manual_seed(0)
+    static = under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True,
+                        greedy=True)
+    assert_same(plain, static)
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_under_bf16_autocast_samples_alike(one_thread):
+    tokenizer, model, prompts = tiny_setup()
+    for seed, options in ((0, dict(greedy=True)), (1, dict())):
+        plain = under_bf16(plain_call, model, tokenizer, prompts, seed, **options)
+        torch.manual_seed(seed)
+        fast = under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True,
+                          **options)
+        assert_same(plain, fast)
+    assert getattr(model, "_compiled_call", None) is not None, "generate did not compile its decode step"
+
+
+def test_a_fast_path_that_raises_is_a_failed_verdict_in_one_line(forced_check, monkeypatch, capsys):
+    """An exception of a fast path (the first CUDA run's index_copy_) is the check's verdict: one line, then the plain
+    call, the same completions as --no-fast."""
+    tokenizer, model, prompts = tiny_setup()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("index_copy_(): self and source expected to have the same dtype\nsecond line")
+    monkeypatch.setattr(kv_cache, "roomy_cache", broken)
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    output = capsys.readouterr().out
+    assert output.count("\n") == 1 and "FAILED on this device (RuntimeError: index_copy_()" in output
+    assert "second line" not in output and model._fast_self_check == {False: False}
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+
+
+def test_a_bug_in_the_plain_call_keeps_its_traceback(forced_check, monkeypatch):
+    import rollout
+    tokenizer, model, prompts = tiny_setup()
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug in the plain path")
+    monkeypatch.setattr(rollout, "plain_generate", broken)
+    with pytest.raises(ZeroDivisionError, match="a bug in the plain path"):
+        generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)

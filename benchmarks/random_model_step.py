@@ -26,7 +26,6 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import train  # noqa: E402
 from benchmarks import floor  # noqa: E402
-from benchmarks.step_time import sync, timed  # noqa: E402
 from fast import kv_cache  # noqa: E402
 from harness.config import Config  # noqa: E402
 
@@ -90,6 +89,7 @@ def main(argv=None):
     p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
                    help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
+    from benchmarks.step_time import sync, timed  # (step_time builds its random models here)
     if args.concatenated_cache:  # the measurement of what roomy_cache saves
         kv_cache.roomy_cache = kv_cache.concatenating_cache
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")

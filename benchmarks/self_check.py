@@ -2,7 +2,8 @@
 cost.
 
     python benchmarks/self_check.py --device cuda   # the verdict on this GPU (benchmarks/gpu_check.sh)
-    python benchmarks/self_check.py --force         # on this CPU: the check forced, against one step
+    python benchmarks/self_check.py                 # on this CPU: the verdict (the check forced here)
+    python benchmarks/self_check.py --force         # on this CPU: the verdict and its cost against one step
 
 The verdict: the roomy cache (and compiled generate, on CUDA or with --compiled) against plain generate
 on the tiny default shape at init and a random Qwen2 of --shape (benchmarks/random_model_step.py),
@@ -12,6 +13,7 @@ step of `python train.py`'s tiny default (--prompts 64 x M 8 x 12 tokens: collec
 update_policy), medians of --repeats, on the tiny shape, --threads threads.
 """
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -29,24 +31,31 @@ from harness.config import Config  # noqa: E402
 from rollout import generate_rollouts, render_prompts  # noqa: E402
 
 
-def checked_rollout_seconds(model, tokenizer, prompts, compiled, dtype):
+def checked_rollout_seconds(model, tokenizer, prompts, dtype, **paths):
     """(verdict, seconds of a one-token rollout call that runs the check, seconds of the same call
-    once the verdict is kept)."""
+    once the verdict is kept); paths: generate_rollouts' share_prefill, fast_generate."""
     model.__dict__.pop("_fast_self_check", None)
+    device = next(model.parameters()).device
     seconds = []
     for _ in range(2):
         start = time.perf_counter()
-        with train.precision(next(model.parameters()).device, dtype):
-            generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=1, greedy=True,
-                              fast_generate=compiled)
+        with torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext():
+            generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=1, greedy=True, **paths)
         seconds.append(time.perf_counter() - start)
-    return model._fast_self_check[compiled], seconds[0], seconds[1]
+    return model._fast_self_check[paths.get("fast_generate", False)], seconds[0], seconds[1]
+
+
+PATHS = {"roomy cache": dict(), "roomy cache, no shared prefill": dict(share_prefill=False),
+         "compiled": dict(fast_generate=True), "compiled, no shared prefill": dict(fast_generate=True,
+                                                                                 share_prefill=False)}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--force", action="store_true", help="run the check on a CPU too")
+    p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="auto: bf16 autocast where the card has bf16 (as a run), else fp32")
+    p.add_argument("--force", action="store_true", help="on a CPU: also the check's cost against one step")
     p.add_argument("--shape", default="qwen2.5-0.5b", help="random_model_step.SHAPES, or none")
     p.add_argument("--compiled", action="store_true", help="compiled generate too on a CPU (minutes)")
     p.add_argument("--repeats", type=int, default=3)
@@ -54,24 +63,29 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.force:
-        fast_generate.untested_device = lambda model: True
+    fast_generate.untested_device = lambda model: True  # the verdict on any device (a run checks on CUDA only)
     cuda_bf16 = args.device.startswith("cuda") and torch.cuda.is_bf16_supported()
-    dtype = "bf16" if cuda_bf16 else "fp32"
+    dtype = ("bf16" if cuda_bf16 else "fp32") if args.dtype == "auto" else args.dtype
     task = tasks.get_task("countdown", **tiny.COUNTDOWN_OPTIONS)
     char_tokenizer = tiny.build_char_tokenizer()
     models = {"tiny": (tiny.build_tiny_model(char_tokenizer, seed=0), char_tokenizer)}
     if args.shape != "none":
         models[args.shape] = build(args.shape)
+    failed = []
     for name, (model, tokenizer) in models.items():
         model.to(args.device)
         examples = task.examples("train", 64, seed=0)
         prompts = render_prompts(tokenizer, task, examples, "compact") if name == "tiny" else \
             [tokenizer(" ".join(f"w{i}" for i in range(3, 35)))["input_ids"]] * 2
-        for compiled in (False, True) if args.compiled or args.device.startswith("cuda") else (False,):
-            verdict, first, again = checked_rollout_seconds(model, tokenizer, prompts, compiled, dtype)
-            print(f"{name}, {dtype}, {'compiled' if compiled else 'roomy cache'}: "
-                  f"{'match' if verdict else 'DIFFER'} (check {first - again:.3f} s)", flush=True)
+        compiled = args.compiled or args.device.startswith("cuda")
+        for path, options in PATHS.items():
+            if options.get("fast_generate") and not compiled:
+                continue
+            verdict, first, again = checked_rollout_seconds(model, tokenizer, prompts, dtype, **options)
+            failed += [] if verdict else [f"{name} {path}"]
+            print(f"{name}, {dtype}, {path}: {'match' if verdict else 'REFUSED'} (check {first - again:.3f} s)",
+                  flush=True)
+    print(f"self-check: {'every path matches' if not failed else 'refused: ' + ', '.join(failed)}")
     if args.device != "cpu" or not args.force:
         return
     # the cost on this CPU: the check against one step of the tiny default
@@ -82,7 +96,7 @@ def main(argv=None):
     checks, steps = [], []
     for repeat in range(args.repeats):
         _, first, again = checked_rollout_seconds(model, tokenizer, render_prompts(
-            tokenizer, task, examples, "compact"), False, "fp32")
+            tokenizer, task, examples, "compact"), "fp32")
         checks.append(first - again)
         start = time.perf_counter()
         rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, config)

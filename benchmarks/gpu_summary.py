@@ -109,9 +109,9 @@ def main(argv=None):
     for what, value, limit in target_rows(numbers):
         verdict = "not measured" if value is None else "met" if value <= limit else "missed"
         print(f"{what:46s} {number(value):>8s} {limit:9.2f}  {verdict}")
-    for line in read(args.folder, "more.txt").splitlines():
-        if line.startswith("RESULT") or re.match(r"^step\s+[\d.]+\s+[\d.]+\s+[\d.]+", line):
-            print(line)
+    more = [line for line in read(args.folder, "more.txt").splitlines()
+X
+    print("\nmore steps (random_model_step.py: one measured step after one warm-up)\n" + "\n".join(more or ["none"]))
     rows = memory_rows(args.folder)
     if rows:
         print("\nmemory setting                                  planned GiB  measured GiB  s/step")

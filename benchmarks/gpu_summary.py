@@ -109,8 +109,8 @@ def main(argv=None):
     for what, value, limit in target_rows(numbers):
         verdict = "not measured" if value is None else "met" if value <= limit else "missed"
         print(f"{what:46s} {number(value):>8s} {limit:9.2f}  {verdict}")
-    more = [line for line in read(args.folder, "more.txt").splitlines()
-X
+    more = [line for line in read(args.folder, "more.txt").splitlines() if line.startswith(
+        ("RESULT", "fast generate's compilation")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
     print("\nmore steps (random_model_step.py: one measured step after one warm-up)\n" + "\n".join(more or ["none"]))
     rows = memory_rows(args.folder)
     if rows:

@@ -401,3 +401,25 @@ def test_a_bug_in_the_plain_call_keeps_its_traceback(forced_check, monkeypatch):
     monkeypatch.setattr(rollout, "plain_generate", broken)
     with pytest.raises(ZeroDivisionError, match="a bug in the plain path"):
         generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+
+
+def test_sampling_sorts_the_vocabulary_only_for_top_p(one_thread):
+    """Issue 63: with top-p and top-k off a sampled token costs a softmax and one multinomial draw, no full-vocab
+    sort (HF adds its top-p warper, which sorts, only for top_p < 1; top_k=0 adds none). Ops seen by a dispatch mode."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+    tokenizer, model, prompts = tiny_setup()
+    seen = {}
+    for top_p in (1.0, 0.9):
+        with Ops() as ops:
+            generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=4, top_p=top_p)
+        seen[top_p] = {name for name in ops.names if name in ("aten.sort", "aten.topk", "aten.multinomial")}
+    assert seen == {1.0: {"aten.multinomial"}, 0.9: {"aten.multinomial", "aten.sort"}}

@@ -9,8 +9,8 @@
 #                256 tokens, ours (one pass; AR + Lopti) against TRL's GRPOTrainer (from carried wheels), each phase
 #                against its floor, peak memory per side; step.json: its numbers
 #   profile.txt  a torch profile of our step's top CUDA kernels (the same workload)
-#   more.txt     the 0.5B step with --fast-generate (static cache, CUDA graphs) and with HF's concatenating cache
-#                instead of the roomy one; the step at Qwen2.5-1.5B's shape
+#   more.txt     the 0.5B step with --fast-generate (static cache, CUDA graphs) and with the roomy cache (a CPU's
+#                default) instead of HF's concatenating one (CUDA's); the step at Qwen2.5-1.5B's shape
 #   memory.txt   the memory plan against the measured peak, per setting, while time is left
 #   summary.txt  the closing table: each check's verdict, each phase against its floor, the targets' ratios
 # TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/ (torchao 0.18.0
@@ -109,8 +109,8 @@ else
   step more.txt 90 "step, $SHAPE, --fast-generate" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
     --device "$DEVICE" --steps 1 --prompts 16 --fast-generate  # static cache + CUDA graphs, with its compile time
 fi
-step more.txt 45 "step, $SHAPE, concatenated cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
-  --device "$DEVICE" --steps 1 --prompts 16 --concatenated-cache $SMALL
+step more.txt 45 "step, $SHAPE, roomy cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
+  --device "$DEVICE" --steps 1 --prompts 16 --roomy-cache $SMALL  # CUDA's default is HF's concatenating cache
 step more.txt 60 "step, $BIG" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
   --prompts 16 --micro-batch 8 $SMALL
 # ---- 3. the memory plan against the measured peak, while time is left ----------------------------------------------

@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import train  # noqa: E402
 from benchmarks import floor  # noqa: E402
-from fast import kv_cache  # noqa: E402
+from fast import generate as fast_generate, kv_cache  # noqa: E402
 from harness.config import Config  # noqa: E402
 
 SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "test" is for CPU smoke tests
@@ -86,12 +86,16 @@ def main(argv=None):
     p.add_argument("--fast-generate", action="store_true", help="static KV cache + compiled decode (fast/generate.py)")
     p.add_argument("--concatenated-cache", action="store_true",
                    help="HF's DynamicCache as it is, concatenating every token (before fast/kv_cache.py's roomy_cache)")
+    p.add_argument("--roomy-cache", action="store_true",
+                   help="fast/kv_cache.py's roomy cache on this device too (a CPU's default, not CUDA's)")
     p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
                    help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
     from benchmarks.step_time import sync, timed  # (step_time builds its random models here)
     if args.concatenated_cache:  # the measurement of what roomy_cache saves
         kv_cache.roomy_cache = kv_cache.concatenating_cache
+    if args.roomy_cache:  # where it is not the default (fast/generate.py's ROOMY_CACHE_DEVICES)
+        fast_generate.ROOMY_CACHE_DEVICES = ("cpu", torch.device(args.device).type)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape)
     model.to(args.device).train()
@@ -137,7 +141,7 @@ def main(argv=None):
     print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} prompts x M={args.M}"
           f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'}"
           f"{' | fast generate' if args.fast_generate else ''}"
-          f"{' | concatenated cache' if args.concatenated_cache else ''} | "
+          f"{' | concatenated cache' if args.concatenated_cache else ''}{' | roomy cache' if args.roomy_cache else ''} | "
           f"{statistics.median(seconds):.2f} s/step | {statistics.median(tokens) / statistics.median(seconds):.0f} "
           f"completion tokens/s | {peak}")
     print(floor.format_report(floor.median_phases(phases), floor.median_floors(floors), peaks,

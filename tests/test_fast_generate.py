@@ -423,3 +423,14 @@ def test_sampling_sorts_the_vocabulary_only_for_top_p(one_thread):
             generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=4, top_p=top_p)
         seen[top_p] = {name for name in ops.names if name in ("aten.sort", "aten.topk", "aten.multinomial")}
     assert seen == {1.0: {"aten.multinomial"}, 0.9: {"aten.multinomial", "aten.sort"}}
+
+
+@layered
+def test_the_roomy_cache_is_the_default_only_where_it_was_measured_faster():
+    """On a CPU the roomy cache; on another device (CUDA: a meta model stands in) HF's own cache, which generate makes
+    (an H200 step was 15% faster with it: fast/generate.py's ROOMY_CACHE_DEVICES)."""
+    tokenizer, model, prompts = tiny_setup()
+    name = kv_cache.cache_name(model)
+    on_cpu = fast_generate.generate_options(model, None, 2, 5, 8, compiled=False)[name]
+    assert any(type(layer) is kv_cache.RoomyLayer for layer in on_cpu.layers)
+    assert fast_generate.generate_options(model.to("meta"), None, 2, 5, 8, compiled=False)[name] is None

@@ -408,13 +408,13 @@ def format_report(measured, floors, peaks, title="floor"):
 def recorded(clock, optimizer):
     """Record one step's forwards (and time its pieces) while train.py's functions run unchanged.
 
-    Yields a dict: "forwards" (a Forward per token_logprobs call of update_policy), "optimizer steps".
+    Yields a dict: "forwards" (a Forward per token_logprobs call of fast/update.py's update_policy, the one a
+    benchmark step runs), "optimizer steps".
     clock(name) times "prefill" (rollout's shared prefill), "no-grad forwards" and "optimizer step"."""
-    from fast import kv_cache
-    import train
+    from fast import kv_cache, update
 
     record = defaultdict(list)
-    token_logprobs, prefill, step = train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
+    token_logprobs, prefill, step = update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
 
     def recording_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs):
         trains = torch.is_grad_enabled()
@@ -432,11 +432,11 @@ def recorded(clock, optimizer):
             return step(*args, **kwargs)
 
     own_step = "step" in vars(optimizer)
-    train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
+    update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
     try:
         yield record
     finally:
-        train.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
+        update.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
         if own_step:
             optimizer.step = step
         else:

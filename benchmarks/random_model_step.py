@@ -114,8 +114,8 @@ def main(argv=None):
                                                                    task.examples("train", args.prompts, step),
                                                                    config, clock=clock)
             with clock("update_policy"):
-                stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                            rollouts.completion_mask, advantages, config)
+                stats = train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                           rollouts.completion_mask, advantages, config)
         sync(device)
         if step > 0:  # the first step warms up kernels and the allocator
             seconds.append(time.perf_counter() - start)

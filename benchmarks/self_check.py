@@ -26,7 +26,7 @@ from benchmarks.random_model_step import build  # noqa: E402
 from fast import generate as fast_generate  # noqa: E402
 from harness import tiny  # noqa: E402
 from harness.config import Config  # noqa: E402
-from rollout import generate_rollouts, render_prompts  # noqa: E402
+from rollout import FAST_GENERATE, generate_rollouts, render_prompts  # noqa: E402
 
 
 def checked_rollout_seconds(model, tokenizer, prompts, compiled, dtype):
@@ -38,7 +38,7 @@ def checked_rollout_seconds(model, tokenizer, prompts, compiled, dtype):
         start = time.perf_counter()
         with train.precision(next(model.parameters()).device, dtype):
             generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=1, greedy=True,
-                              fast_generate=compiled)
+                              fast=dict(FAST_GENERATE, compiled=compiled))
         seconds.append(time.perf_counter() - start)
     return model._fast_self_check[compiled], seconds[0], seconds[1]
 
@@ -86,8 +86,8 @@ def main(argv=None):
         checks.append(first - again)
         start = time.perf_counter()
         rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, config)
-        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                            rollouts.completion_mask, advantages, config)
+        train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                           rollouts.completion_mask, advantages, config)
         steps.append(time.perf_counter() - start)
     check, step = statistics.median(checks), statistics.median(steps)
     print(f"self-check {check:.4f} s, tiny default step {step:.3f} s: {check / step:.1%} of a step "

@@ -169,8 +169,8 @@ def our_step(side, task, examples, device):
         rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, side["rollout_config"],
                                                          clock=clock)
         with clock("update+forward"):
-            train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                rollouts.completion_mask, advantages, side["update_config"], clock=clock)
+            train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                               rollouts.completion_mask, advantages, side["update_config"], clock=clock)
     clocked = {**seconds, **inner, "update_policy": seconds["update+forward"]}
     side["floor_measured"].append(floor.measured_phases(clocked))
     side["workloads"].append(floor.workload_of(rollouts, side["rollout_config"].num_generations, record,

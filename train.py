@@ -10,14 +10,15 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     rollouts   o_i1 .. o_iM ~ pi_theta(. | x_i)        collect_rollouts -> rollout.generate_rollouts
     rewards    R_ij                                    task.reward
     advantages A_ij = M softmax(R_i / tau)_j - 1       softmax_grpo.group_advantages (or GRPO's)
-    fix pi_old and pi_ref of the sampled tokens        update_policy #1
-    AR         A_ijt = (alpha p_old + 1 - alpha) A_ij  update_policy #2: lopti.reweight_advantages
+    fix pi_old and pi_ref of the sampled tokens        update_policy: a no-grad token_logprobs
+    AR         A_ijt = (alpha p_old + 1 - alpha) A_ij  lopti.reweight_advantages
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step (sections 1 and 2) imports only the lesson files beside this one; its speed and memory
-rules (micro-batches, rows without a gradient skipped, no pi_old forward when nothing reads it,
-autocast) are fast/update.py, behind one `if config.fast:` (--no-fast: the update as written here).
+The step, collect_rollouts and update_policy, uses only the lesson files beside this one. The
+update's speed and memory rules (micro-batches, rows without a gradient skipped, no pi_old forward
+when nothing reads it) are fast/update.py, which the loop's update_batch takes behind one
+`if config.fast:` (--no-fast: update_policy as written here; tests/test_update.py holds them equal).
 The loop (section 3) runs on harness/. What a production trainer adds (a serving engine, packing,
 several processes): docs/scale-out.md.
 """

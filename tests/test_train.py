@@ -505,7 +505,7 @@ def test_the_step_uses_only_the_lesson_files():
 
 def test_the_embedded_default_learns(tmp_path):
     # `python train.py` end to end (warm start + 100 SoftmaxGRPO steps, ~2-3 CPU minutes): the target is
-    # >= +20 points of held-out greedy pass@1 from RL. What each CPU measures: docs/results/default.csv.
+    # >= +20 points of held-out greedy pass@1 from RL. What each CPU measures: lab/results/default.csv.
     result = train.main(["--output-dir", str(tmp_path / "default")])
     gain = result["after"]["pass@1"] - result["before"]["pass@1"]
     assert gain >= 0.20, result

@@ -18,22 +18,16 @@ from fast.generate import sample_completions as fast_sample_completions
 from fast.logprobs import token_logprobs as fast_token_logprobs
 
 
-def precision(device, dtype):
-    """The compute context of a forward: bf16 autocast over fp32 weights ("bf16"), or nothing ("fp32")."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bf16" \
-        else contextlib.nullcontext()
-
-
 # --------------------------------------------------------------------------------------------------
 # Prompts: chat template for instruct models, plain text otherwise
 # --------------------------------------------------------------------------------------------------
 def render_prompts(tokenizer, task, examples, style):
     """Token ids of each example's prompt (lists of ints, no padding).
 
-    "compact": the task's one-line prompt (the tokenizer adds its BOS). "chat": the task's messages through the
-    chat template, then the task's assistant_prefill; a tokenizer without a template gets
-    plain_text_conversation. An example carrying its prompt already rendered (example["rendered_prompt"]) is
-    tokenized as it is.
+    "compact": the task's one-line prompt (the tokenizer adds its BOS). "chat": the task's messages
+    through the chat template, then the task's assistant_prefill; a tokenizer without a template
+    gets plain_text_conversation. An example carrying its prompt already rendered
+    (example["rendered_prompt"]) is tokenized as it is.
     """
     if style == "chat" and any("rendered_prompt" in ex for ex in examples):
         return [tokenizer(ex["rendered_prompt"], add_special_tokens=False)["input_ids"]
@@ -68,8 +62,8 @@ def assistant_prefill(task):
 
 
 def plain_text_conversation(messages):
-    """A base model's prompt without a chat template, as the R1-Zero-style runs write it: the system text,
-    "User: ..." and "Assistant: ..." turns, ending with "Assistant:"."""
+    """A base model's prompt without a chat template, as the R1-Zero-style runs write it: the system
+    text, "User: ..." and "Assistant: ..." turns, ending with "Assistant:"."""
     system = " ".join(m["content"] for m in messages if m["role"] == "system")
     turns = [f"{'Assistant' if m['role'] == 'assistant' else 'User'}: {m['content']}"
              for m in messages if m["role"] != "system"]
@@ -95,8 +89,9 @@ def left_pad(prompt_ids, pad_token_id):
 def completion_mask_from_ids(completion_ids, eos_token_id):
     """completion_ids [B, T] -> (completion_mask [B, T] float 0/1, truncated [B] bool).
 
-    mask[b, t] = 1 for t <= the row's first EOS (kept: the model must learn to stop); a row without EOS is
-    truncated and keeps all T. Only the first EOS counts, so pad == eos works. eos_token_id: int or list.
+    mask[b, t] = 1 for t <= the row's first EOS (kept: the model must learn to stop); a row without
+    EOS is truncated and keeps all T. Only the first EOS counts, so pad == eos works. eos_token_id:
+    int or list.
     """
     eos_ids = torch.as_tensor(eos_token_id if isinstance(eos_token_id, (list, tuple))
                               else [eos_token_id], device=completion_ids.device)
@@ -109,6 +104,8 @@ def completion_mask_from_ids(completion_ids, eos_token_id):
 
 
 GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None)  # plain argmax
+# fast/generate.py's default options (generate_rollouts' fast=)
+FAST_GENERATE = dict(share_prefill=True, drop_finished_every=None, compiled=False)
 
 
 @dataclass
@@ -121,21 +118,25 @@ class Rollouts:
     prompt_index: torch.Tensor     # [B] long, row -> index into the prompt list
                                    # (rows of a group are adjacent)
     completions: list              # [B] decoded completion text (special tokens dropped)
+    num_generations: int           # M, so rewards.view(-1, M) is [G, M]
 
 
-def plain_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id, generate_kwargs):
+def plain_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id,
+                   generate_kwargs):
     """One HF generate call on rows already repeated M times -> completion ids [rows, T]."""
-    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                               pad_token_id=pad_id, eos_token_id=eos_id, **generate_kwargs)
+    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                               max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                               eos_token_id=eos_id, **generate_kwargs)
     return sequences[:, input_ids.shape[1]:]
 
 
 def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
                        generate_kwargs, fast=None):
-    """M completions of each prompt -> (prompt ids [N*M, P], prompt mask [N*M, P], completion ids [N*M, T]).
+    """M completions of each prompt -> (prompt ids [N*M, P], prompt mask [N*M, P],
+    completion ids [N*M, T]).
 
-    fast: None, the plain generate call; or fast/generate.py's options (share_prefill, drop_finished_every,
-    compiled): the same completions, token for token, in less time.
+    fast: None, the plain generate call; or fast/generate.py's options (share_prefill,
+    drop_finished_every, compiled): the same completions, token for token, in less time.
     """
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
@@ -148,22 +149,23 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
             return sampled
     input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
     attention_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    return input_ids, attention_mask, plain_generate(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                                                     pad_id=pad_id, eos_id=eos_id, generate_kwargs=generate_kwargs)
+    return input_ids, attention_mask, plain_generate(
+        model, input_ids, attention_mask, max_new_tokens=max_new_tokens, pad_id=pad_id,
+        eos_id=eos_id, generate_kwargs=generate_kwargs)
 
 
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens,
                       temperature=1.0, top_p=1.0, greedy=False, mask_truncated=False,
-                      share_prefill=True, rollout_batch=None, drop_finished_every=None,
-                      fast=True, fast_generate=False):
+                      rollout_batch=None, fast=None):
     """M = num_generations sampled completions of each prompt (token-id lists) -> Rollouts.
 
-    Plain ancestral sampling at `temperature` up to top_p (top_k off, no repetition penalty, nothing from the
-    model folder's generation_config.json), so p_old = softmax(logits / temperature): what the PPO ratio assumes.
-    greedy: argmax. Seed with torch.manual_seed. mask_truncated: rows without EOS leave the loss (still
-    rewarded). rollout_batch: at most this many rows (whole groups) per generate call. fast: fast/generate.py's
-    paths (share_prefill, drop_finished_every, fast_generate), the same tokens sooner (DESIGN.md section 5).
+    Plain ancestral sampling at `temperature` up to top_p (top_k off, no repetition penalty, nothing
+    from the model folder's generation_config.json), so p_old = softmax(logits / temperature): what
+    the PPO ratio assumes. greedy: argmax. Seed with torch.manual_seed. mask_truncated: rows without
+    EOS leave the loss (still rewarded). rollout_batch: at most this many rows (whole groups) per
+    generate call. fast: None, the plain call; or fast/generate.py's options, FAST_GENERATE's keys:
+    the same tokens sooner (DESIGN.md section 5).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
@@ -179,11 +181,10 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
     # generate fills every setting not given here from model.generation_config: a blank one instead
     model.generation_config = GenerationConfig(pad_token_id=pad_id, eos_token_id=eos_id,
                                                bos_token_id=folder_config.bos_token_id)
-    fast = fast and dict(share_prefill=share_prefill, drop_finished_every=drop_finished_every,
-                         compiled=fast_generate)
     try:
-        parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call], num_generations,
-                                    pad_id=pad_id, eos_id=eos_id, max_new_tokens=max_new_tokens,
+        parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call],
+                                    num_generations, pad_id=pad_id, eos_id=eos_id,
+                                    max_new_tokens=max_new_tokens,
                                     generate_kwargs=generate_kwargs, fast=fast)
                  for start in range(0, len(prompt_ids), prompts_per_call)]
     finally:
@@ -209,7 +210,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
                     attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
                     completion_mask=completion_mask, truncated=truncated,
                     prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(num_generations),
-                    completions=completions)
+                    completions=completions, num_generations=num_generations)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -221,12 +222,12 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
                    fp32_head=True, body_autocast=True, share_prompts=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
-    input_ids, attention_mask [B, P+T]; completion_mask [B, T] (its width T: the completion is the last T
-    columns). with_entropy: also the entropy of each token's distribution [B, T], detached. micro_batch: rows
-    per forward. Positions as HF generate gives them with left padding, so each token is scored as it was
-    sampled. body_autocast=False: the forward in the weights' dtype. fast: fast/logprobs.py, the same values
-    up to rounding with less memory (shared prompts, a float32 head on logit_chunk tokens at a time); the
-    plain path below is the definition.
+    input_ids, attention_mask [B, P+T]; completion_mask [B, T] (its width T: the completion is the
+    last T columns). with_entropy: also the entropy of each token's distribution [B, T], detached.
+    micro_batch: rows per forward. Positions as HF generate gives them with left padding, so each
+    token is scored as it was sampled. body_autocast=False: the forward in the weights' dtype. fast:
+    fast/logprobs.py, the same values up to rounding with less memory (shared prompts, a float32
+    head on logit_chunk tokens at a time); the plain path below is the definition.
     """
     if fast:  # same numbers, less memory and compute: see fast/logprobs.py
         return fast_token_logprobs(
@@ -264,15 +265,16 @@ def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens,
     "pass@1_se", "reward_se"} (python floats; _se: standard errors over the examples).
 
     pass@1: share of examples whose greedy completion has reward >= task.pass_threshold.
-    samples: a list that receives (completion, reward) of every example,
-    to show a few (harness/run.py prints some at each eval). fast: as in generate_rollouts.
+    samples: a list that receives (completion, reward) of every example, to show a few
+    (harness/run.py prints some at each eval). fast: generate_rollouts' FAST_GENERATE path.
     """
     rewards, lengths, completions = [], [], []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         rollouts = generate_rollouts(model, tokenizer,
                                      render_prompts(tokenizer, task, chunk, style), 1,
-                                     max_new_tokens=max_new_tokens, greedy=True, fast=fast)
+                                     max_new_tokens=max_new_tokens, greedy=True,
+                                     fast=FAST_GENERATE if fast else None)
         rewards += [float(task.reward(text, ex, style=style))
                     for text, ex in zip(rollouts.completions, chunk)]
         lengths += rollouts.completion_mask.sum(dim=1).tolist()

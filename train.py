@@ -10,29 +10,31 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     rollouts   o_i1 .. o_iM ~ pi_theta(. | x_i)        collect_rollouts -> rollout.generate_rollouts
     rewards    R_ij                                    task.reward
     advantages A_ij = M softmax(R_i / tau)_j - 1       softmax_grpo.group_advantages (or GRPO's)
-    fix pi_old and pi_ref of the sampled tokens        update_policy #1
-    AR         A_ijt = (alpha p_old + 1 - alpha) A_ij  update_policy #2: lopti.reweight_advantages
+    fix pi_old and pi_ref of the sampled tokens        update_policy: a no-grad token_logprobs
+    AR         A_ijt = (alpha p_old + 1 - alpha) A_ij  lopti.reweight_advantages
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step (sections 1 and 2) uses only the lesson files beside this one (and fast/: the same numbers
-sooner; --no-fast turns it off); the loop (section 3) runs on harness/. What a production trainer adds
-(a serving engine, packing, several processes): docs/scale-out.md.
+The step, collect_rollouts and update_policy, uses only the lesson files beside this one. The
+update's speed and memory rules (micro-batches, rows without a gradient skipped, no pi_old forward
+when nothing reads it) are fast/update.py, which the loop's update_batch takes behind one
+`if config.fast:` (--no-fast: update_policy as written here; tests/test_update.py holds them equal).
+The loop (section 3) runs on harness/. What a production trainer adds (a serving engine, packing,
+several processes): docs/scale-out.md.
 """
+from harness.before_torch import command_line  # python train.py: --help answers before torch loads
 import contextlib
 import sys
 
-from harness import config as settings
-
-command_line = settings.load() if __name__ == "__main__" else None  # before torch: --help answers at once
-import torch  # noqa: E402
+import torch
 from tqdm import tqdm
 
-from harness import run
-from harness.step_stats import StepStats
+from fast.precision import precision
+from fast.update import update_policy as fast_update_policy
+from harness import config as settings, run
 from lopti import lopti_passes, reweight_advantages
-from ppo import forward_chunks, policy_loss, row_shares
-from rollout import evaluate, generate_rollouts, precision, render_prompts, token_logprobs
+from ppo import policy_loss
+from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
 
@@ -46,16 +48,15 @@ def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks pas
 def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock):
     """M sampled completions per example, their task rewards and group advantages (DESIGN.md
     sections 2, 5) -> (rollouts: rollout.Rollouts of B = len(examples) * M rows, rewards [B] float,
-    advantages [B] float)."""
-    device = next(model.parameters()).device
-    with clock("rollout"), precision(device, config.dtype):
+    advantages [B] float). Reads the settings ROLLOUT_SETTINGS names."""
+    with clock("rollout"):
         rollouts = generate_rollouts(
             model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
             config.num_generations, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, top_p=config.top_p,
             mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
-            drop_finished_every=config.drop_finished_every, fast=config.fast,
-            fast_generate=config.fast_generate)
+            fast=config.fast and dict(share_prefill=True, compiled=config.fast_generate,
+                                      drop_finished_every=config.drop_finished_every))
     with clock("reward+advantage"):
         rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
                                 for text, i in zip(rollouts.completions,
@@ -64,17 +65,22 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             raise ValueError(
                 f"task {task.name!r} returned a non-finite reward for the completion "
                 f"{rollouts.completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r}")
-        group_rewards = rewards.view(len(examples), config.num_generations)  # [G, M]
+        group_rewards = rewards.view(-1, rollouts.num_generations)  # [G, M]
         lengths = rollouts.completion_mask.sum(1).view_as(group_rewards)  # reinforce_pp: tokens
         advantages = group_advantages(group_rewards, config.method, tau=config.tau,
                                       lengths=lengths).view(-1)  # [B]
     return rollouts, rewards, advantages
 
 
-def rollout_stats(task, rollouts, rewards, advantages, num_generations):
+ROLLOUT_SETTINGS = ("style", "num_generations", "max_new_tokens", "temperature", "top_p",
+                    "mask_truncated", "rollout_batch", "fast", "drop_finished_every",
+                    "fast_generate", "method", "tau")
+
+
+def rollout_stats(task, rollouts, rewards, advantages):
     """The batch's metrics before the update: rewards, pass rate, zero-variance groups, lengths
     (python floats)."""
-    group_rewards = rewards.view(-1, num_generations)  # [prompts, M]
+    group_rewards = rewards.view(-1, rollouts.num_generations)  # [G, M]
     return {"reward_mean": rewards.mean().item(),
             "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
             "zero_var_share": (group_rewards.max(1).values
@@ -87,89 +93,70 @@ def rollout_stats(task, rollouts, rewards, advantages, num_generations):
 # --------------------------------------------------------------------------------------------------
 # 2. The update: pi_old, AR, Lopti's passes, clipped-surrogate optimizer steps
 # --------------------------------------------------------------------------------------------------
-def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages,
-                  config, *, ref_model=None, old_logprobs=None, clock=no_clock):
-    """Train on one batch (Algorithm 1 after the advantages) -> stats (python floats). input_ids,
-    attention_mask [B, P+T]; completion_mask [B, T]; advantages [B]; old_logprobs [B, T] or None."""
-    device = next(model.parameters()).device
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    mask, advantages = completion_mask.to(device).float(), advantages.to(device)
+def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages, *,
+                  ref_model=None, alpha=0.0, lopti_eta=0.0, lopti_order="low-first", ppo_epochs=1,
+                  mini_batches=1, clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=0.0,
+                  kl_clamp=20.0, loss_agg="token-mean", norm_constant=None, grad_clip=1.0,
+                  temperature=1.0):
+    """Algorithm 1's update on one batch -> stats: the loss's stats and grad_norm averaged over
+    the optimizer steps, and optimizer_steps (python floats). input_ids, attention_mask [B, P+T];
+    completion_mask [B, T]; advantages [B]; all on the model's device."""
+    mask = completion_mask.float()
+    everything = torch.arange(len(advantages), device=advantages.device)
 
-    def logprobs_of(policy, rows, **kwargs):  # [rows, T] log-probs of the sampled tokens
-        with clock("log-prob forward"), precision(device, config.dtype):
-            return token_logprobs(policy, input_ids[rows], attention_mask[rows], mask[rows],
-                                  temperature=config.temperature, micro_batch=config.micro_batch,
-                                  logit_chunk=config.logit_chunk, fast=config.fast,
-                                  body_autocast=not config.logprob_fp32, **kwargs)
+    def logprobs_of(policy, rows):  # [rows, T] log pi of the sampled tokens
+        return token_logprobs(policy, input_ids[rows], attention_mask[rows], mask[rows],
+                              temperature=temperature, fast=False)
 
-    # 1. pi_ref and pi_old of the sampled tokens, fixed before any update (rows with a gradient)
-    active = (mask.any(1) & ((advantages != 0) | (ref_model is not None))).nonzero().squeeze(1)
-    with torch.no_grad():
-        ref_logprobs = None if ref_model is None else logprobs_of(ref_model, slice(None))
-    old_logprobs, old_probs = fixed_pi_old(model, logprobs_of, active, mask, old_logprobs, config)
-
-    # 2. AR, once per batch: token advantages A_t = (alpha p_old + 1 - alpha) A
-    token_adv = reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
-
-    # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches steps
-    stats = StepStats()  # the loss's stats, summed on the device (harness/step_stats.py)
-    passes = lopti_passes(token_adv, old_probs, mask, config.lopti_eta, config.lopti_order)
+    with torch.no_grad():  # 1. pi_old and pi_ref of the sampled tokens, fixed before any update
+        old_logprobs = logprobs_of(model, everything)
+        ref_logprobs = None if ref_model is None else logprobs_of(ref_model, everything)
+    old_probs = old_logprobs.exp()
+    token_adv = reweight_advantages(advantages, old_probs, mask, alpha)  # 2. AR, once per batch
+    steps = []  # each optimizer step's stats
+    passes = lopti_passes(token_adv, old_probs, mask, lopti_eta, lopti_order)  # 3. Lopti's passes
     for name, pass_adv, pass_mask in passes:
-        trained = rows_with_gradient(pass_adv, pass_mask, kl=ref_model is not None)  # [B] bool
-        for epoch in range(config.ppo_epochs):
-            for mini_batch, rows in mini_batches_with_gradient(trained, config.mini_batches):
-                share = row_shares(mask, mini_batch, config.loss_agg, config.micro_batch)
-                optimizer.zero_grad(set_to_none=True)
-                for micro in forward_chunks(rows, mini_batch, config.loss_agg, config.micro_batch):
-                    logprobs, entropy = logprobs_of(model, micro, with_entropy=True)
-                    old = logprobs.detach() if old_logprobs is None else old_logprobs[micro]
-                    loss, loss_stats = policy_loss(
-                        logprobs, old, pass_adv[micro], mask[micro], clip_low=config.clip_low,
-                        clip_high=config.clip_high, dual_clip=config.dual_clip,
-                        kl_coef=config.kl_coef, kl_clamp=config.kl_clamp, kl_mask=pass_mask[micro],
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
-                        loss_agg=config.loss_agg, norm_constant=config.max_new_tokens)
-                    (loss * share[micro].sum()).backward()  # summed: the mini-batch's loss
-                    stats.add(loss_stats, loss, entropy, mask[micro], weight=share[micro].sum())
-                stats.grad_norms.append(optimizer.grad_norm() if config.step_in_backward else  # no clip
-                                        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+        for epoch in range(ppo_epochs):  # each pass, epoch and mini-batch: one optimizer step
+            for rows in everything.tensor_split(mini_batches):
+                kl_rows = ref_model is not None and pass_mask[rows].any()
+                if not ((pass_adv[rows] != 0).any() or kl_rows):  # no gradient (an empty pass):
+                    continue  # no step, since AdamW would still move the weights
+                loss, stats = policy_loss(
+                    logprobs_of(model, rows), old_logprobs[rows], pass_adv[rows], mask[rows],
+                    clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
+                    kl_clamp=kl_clamp, kl_mask=pass_mask[rows], loss_agg=loss_agg,
+                    ref_logprobs=None if ref_model is None else ref_logprobs[rows],
+                    norm_constant=norm_constant)
+                optimizer.zero_grad()
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
                 optimizer.step()
-    low = {name: pass_mask for name, _, pass_mask in passes}.get("low")  # Lopti's split, as trained
-    return {**stats.result(), **({} if low is None else  # its share of the tokens that can learn
-                                 {"lopti_low_share": (low[active].sum() / mask[active].sum().clamp_min(1)).item()})}
+                steps.append({**stats, "loss": loss.detach(), "grad_norm": grad_norm})
+    return {**{key: torch.stack([step[key] for step in steps]).mean().item() for key in steps[0]},
+            "optimizer_steps": len(steps)} if steps else {"optimizer_steps": 0}
 
 
-def fixed_pi_old(model, logprobs_of, rows, mask, old_logprobs, config):
-    """(log pi_old, p_old) [B, T] of the sampled tokens, fixed before the batch's first update, or
-    (None, None): the speed rule. When nothing reads p_old before the loss (no AR, no Lopti, one
-    optimizer step), each training forward's detached log-probs are pi_old, so no pi_old forward
-    runs (docs/performance.md). Otherwise one no-grad forward of `rows` (those that can get a
-    gradient) fixes it; the other rows keep p_old 1. --no-fast always runs that forward.
-    old_logprobs: the caller's pi_old, taken as it is."""
-    reads_p_old = config.alpha + config.lopti_eta > 0 or config.ppo_epochs * config.mini_batches > 1
-    if old_logprobs is None and (reads_p_old or not config.fast):
-        with torch.no_grad():
-            old_logprobs = torch.zeros_like(mask).index_put((rows,), logprobs_of(model, rows))
-    if old_logprobs is None:
-        return None, None
-    old_logprobs = old_logprobs.to(mask.device)
-    return old_logprobs, old_logprobs.exp()
+UPDATE_SETTINGS = ("alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batches", "clip_low",
+                   "clip_high", "dual_clip", "kl_coef", "kl_clamp", "loss_agg", "grad_clip",
+                   "temperature")
 
 
-def rows_with_gradient(pass_adv, pass_mask, *, kl):
-    """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of
-    its tokens). The others are skipped: their loss is 0 and constant, though they still count in
-    the mini-batch's mean."""
-    return (pass_adv != 0).any(1) | (kl & pass_mask.any(1))
-
-
-def mini_batches_with_gradient(trained, count):
-    """The batch's rows in `count` contiguous mini-batches -> [(mini_batch, its rows with a
-    gradient)], leaving out a mini-batch with none: nothing to learn, so no optimizer step (AdamW
-    would still move the weights)."""
-    splits = torch.arange(len(trained), device=trained.device).tensor_split(count)
-    return [(mini_batch, mini_batch[trained[mini_batch]])
-            for mini_batch in splits if trained[mini_batch].any()]
+def update_batch(model, optimizer, input_ids, attention_mask, completion_mask, advantages, config,
+                 *, ref_model=None, old_logprobs=None, clock=no_clock):
+    """The loop's update: update_policy with the run's UPDATE_SETTINGS, or its fast path (the same
+    update sooner, in less memory: fast/update.py; old_logprobs, a given pi_old, only there)."""
+    if config.fast:
+        return fast_update_policy(model, optimizer, input_ids, attention_mask, completion_mask,
+                                  advantages, config, ref_model=ref_model,
+                                  old_logprobs=old_logprobs, clock=clock)
+    if old_logprobs is not None:
+        raise ValueError("update_policy fixes pi_old itself: old_logprobs needs config.fast")
+    device = next(model.parameters()).device
+    with precision(device, config.dtype):
+        return update_policy(model, optimizer, input_ids.to(device), attention_mask.to(device),
+                             completion_mask.to(device), advantages.to(device), ref_model=ref_model,
+                             norm_constant=config.max_new_tokens,
+                             **{name: getattr(config, name) for name in UPDATE_SETTINGS})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,23 +183,25 @@ def train(config):
                                 max_new_tokens=config.max_new_tokens, samples=samples,
                                 fast=config.fast, batch_size=config.rollout_batch or 256)
 
-        state.begin(model, tokenizer, optimizer, evaluate_now, task, eval_examples)  # fresh: eval at 0
+        # a fresh run: the eval at step 0
+        state.begin(model, tokenizer, optimizer, evaluate_now, task, eval_examples)
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
                         total=config.steps, desc="RL", bar_format=run.BAR_FORMAT)
         for step in progress:
             # --- 1. rollouts, rewards, group advantages -------------------------------------------
             run.set_learning_rate(optimizer, config, step)  # linear warm-up, then constant
             examples = prompts(step)  # the step's prompts_per_step training examples
-            rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
-                                                             config, clock=state.clock)
+            with precision(model.device, config.dtype):  # --dtype bf16: autocast
+                rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
+                                                                 config, clock=state.clock)
             # --- 2. the update --------------------------------------------------------------------
             page = state.page_before_update(step, rollouts, rewards)  # --inspect-every, else None
-            stats = update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                  rollouts.completion_mask, advantages, config, ref_model=ref_model,
-                                  clock=state.clock)
-            state.page_after_update(page, stats)  # the step's HTML page (docs/runs.md, "See one step")
+            stats = update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                 rollouts.completion_mask, advantages, config, ref_model=ref_model,
+                                 clock=state.clock)
+            state.page_after_update(page, stats)  # the HTML page (docs/runs.md, "See one step")
             # --- 3. metrics, held-out eval, checkpoint (harness/run.py) ---------------------------
-            batch = rollout_stats(task, rollouts, rewards, advantages, config.num_generations)
+            batch = rollout_stats(task, rollouts, rewards, advantages)
             row = state.log({"step": step, **batch, **stats, "lr": optimizer.param_groups[0]["lr"]},
                             tokens=rollouts.completion_mask.sum().item())
             progress.set_postfix_str(run.progress_line(row))  # reward, pass rate, length, s/step

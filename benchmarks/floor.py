@@ -33,6 +33,23 @@ from collections import defaultdict
 
 import torch
 
+# --- Clocks: a phase's wall time, queued CUDA work included -----------------------------------------------------------
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def timed(seconds, device, name):
+    """Adds the block's wall time to seconds[name]; synchronises CUDA on both ends so queued GPU work counts."""
+    sync(device)
+    start = time.perf_counter()
+    with torch.profiler.record_function(name):
+        yield
+    sync(device)
+    seconds[name] += time.perf_counter() - start
+
+
 # --- The shape: what one token costs -------------------------------------------------------------------------------
 KNOWN_SHAPES = {  # from the models' config.json (nothing downloads): hidden, layers, heads, kv heads, MLP, vocab
     "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, tied=True,
@@ -408,13 +425,13 @@ def format_report(measured, floors, peaks, title="floor"):
 def recorded(clock, optimizer):
     """Record one step's forwards (and time its pieces) while train.py's functions run unchanged.
 
-    Yields a dict: "forwards" (a Forward per token_logprobs call of update_policy), "optimizer steps".
+    Yields a dict: "forwards" (a Forward per token_logprobs call of fast/update.py's update_policy, the one a
+    benchmark step runs), "optimizer steps".
     clock(name) times "prefill" (rollout's shared prefill), "no-grad forwards" and "optimizer step"."""
-    from fast import kv_cache
-    import train
+    from fast import kv_cache, update
 
     record = defaultdict(list)
-    token_logprobs, prefill, step = train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
+    token_logprobs, prefill, step = update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
 
     def recording_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs):
         trains = torch.is_grad_enabled()
@@ -432,11 +449,11 @@ def recorded(clock, optimizer):
             return step(*args, **kwargs)
 
     own_step = "step" in vars(optimizer)
-    train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
+    update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
     try:
         yield record
     finally:
-        train.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
+        update.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
         if own_step:
             optimizer.step = step
         else:

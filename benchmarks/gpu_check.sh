@@ -3,7 +3,7 @@
 # Correctness first, then timings one at a time (nothing else on the GPU meanwhile); a step whose estimate does not
 # fit the time left is skipped and named, never cut mid-way. Output: at most 8 files under $OUT (runs/gpu_check):
 #   check.txt    versions, the card and its probed peaks; every fast path's self-check against plain generate
-#                (roomy cache, no shared prefill, static cache + compiled decode: tiny shape and Qwen2.5-0.5B's, under
+#                (the default cache, no shared prefill, static cache + compiled decode: tiny shape and Qwen2.5-0.5B's, under
 #                bf16 autocast); `python train.py` (the tiny offline default) on CUDA: its before/after table, wall
 #   step.txt     benchmarks/step_time.py --preset gpu: a random model of Qwen2.5-0.5B's shape, 16 prompts x M 8 x
 #                256 tokens, ours (one pass; AR + Lopti) against TRL's GRPOTrainer (from carried wheels), each phase

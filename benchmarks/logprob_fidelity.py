@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
 from harness.model import load_policy  # noqa: E402
-from rollout import generate_rollouts, render_prompts, token_logprobs  # noqa: E402
+from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
 
 
 def main(argv=None):
@@ -54,7 +54,8 @@ def main(argv=None):
     task = tasks.get_task(args.task)
     prompts = render_prompts(tokenizer, task, task.examples("train", args.prompts, seed=args.seed), "chat")
     torch.manual_seed(args.seed)
-    rollouts = generate_rollouts(model, tokenizer, prompts, args.num_generations, max_new_tokens=args.max_new_tokens)
+    rollouts = generate_rollouts(model, tokenizer, prompts, args.num_generations, max_new_tokens=args.max_new_tokens,
+                                 fast=FAST_GENERATE)
     batch = [t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask)]
     real = batch[2].bool()
     print(f"{args.model or 'SmolLM2-135M-Instruct'} on {device}, {torch.get_num_threads()} thread(s): "

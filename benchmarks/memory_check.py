@@ -218,8 +218,8 @@ def measure(args):
         phases["rollout"], seconds["rollout"] = peak(args.device, baseline), time.perf_counter() - start
         reset_peak(args.device)
         start = time.perf_counter()
-        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
-                            advantages, config, ref_model=reference)
+        train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
+                           advantages, config, ref_model=reference)
         phases["update"], seconds["update"] = peak(args.device, baseline), time.perf_counter() - start
         width = rollouts.completion_mask.shape[1]
         widths = (rollouts.input_ids.shape[1] - width, width, rollouts.completion_mask.sum(1).mean().item())

@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import train  # noqa: E402
 from benchmarks import floor  # noqa: E402
+from benchmarks.floor import sync, timed  # noqa: E402
 from fast import generate as fast_generate, kv_cache  # noqa: E402
 from harness.config import Config  # noqa: E402
 
@@ -91,7 +92,6 @@ def main(argv=None):
     p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
                    help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
-    from benchmarks.step_time import sync, timed  # (step_time builds its random models here)
     if args.concatenated_cache:  # the measurement of what roomy_cache saves
         kv_cache.roomy_cache = kv_cache.concatenating_cache
     if args.roomy_cache:  # where it is not the default (fast/generate.py's ROOMY_CACHE_DEVICES)
@@ -118,8 +118,8 @@ def main(argv=None):
                                                                    task.examples("train", args.prompts, step),
                                                                    config, clock=clock)
             with clock("update_policy"):
-                stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                            rollouts.completion_mask, advantages, config)
+                stats = train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                           rollouts.completion_mask, advantages, config)
         sync(device)
         if step > 0:  # the first step warms up kernels and the allocator
             seconds.append(time.perf_counter() - start)

@@ -29,7 +29,7 @@ from benchmarks import floor  # noqa: E402
 from fast import generate as fast_generate, kv_cache  # noqa: E402
 from harness.model import load_policy  # noqa: E402
 from harness.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
-from rollout import generate_rollouts, render_prompts  # noqa: E402
+from rollout import FAST_GENERATE, generate_rollouts, render_prompts  # noqa: E402
 
 PRESETS = {
     "tiny-cpu": dict(model="tiny", task="countdown", style="compact", prompts=16, M=8, tokens=16, threads=1),
@@ -63,7 +63,7 @@ def main(argv=None):
                 "shared, concatenated cache": dict(concatenated_cache=True),
                 f"shared + drop finished every {args.drop_every}": dict(drop_finished_every=args.drop_every)}
     if not args.no_fast:
-        variants["shared + fast generate"] = dict(fast_generate=True)
+        variants["shared + fast generate"] = dict(compiled=True)
     seconds, first_round = {name: [] for name in variants}, {}
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[next(model.parameters()).dtype]
     peaks = floor.peaks_for("cpu", dtype)
@@ -78,7 +78,7 @@ def main(argv=None):
             try:
                 rollouts = generate_rollouts(model, tokenizer, prompts, preset["M"],
                                              max_new_tokens=preset["tokens"], rollout_batch=args.rollout_batch,
-                                             **options)
+                                             fast=dict(FAST_GENERATE, **options))
             finally:
                 kv_cache.roomy_cache = roomy
             if round_index > 0:

@@ -28,26 +28,26 @@ from benchmarks.random_model_step import build  # noqa: E402
 from fast import generate as fast_generate  # noqa: E402
 from harness import tiny  # noqa: E402
 from harness.config import Config  # noqa: E402
-from rollout import generate_rollouts, render_prompts  # noqa: E402
+from rollout import FAST_GENERATE, generate_rollouts, render_prompts  # noqa: E402
 
 
 def checked_rollout_seconds(model, tokenizer, prompts, dtype, **paths):
     """(verdict, seconds of a one-token rollout call that runs the check, seconds of the same call
-    once the verdict is kept); paths: generate_rollouts' share_prefill, fast_generate."""
+    once the verdict is kept); paths: rollout.FAST_GENERATE's share_prefill, compiled."""
     model.__dict__.pop("_fast_self_check", None)
     device = next(model.parameters()).device
     seconds = []
     for _ in range(2):
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext():
-            generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=1, greedy=True, **paths)
+            generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=1, greedy=True,
+                              fast=dict(FAST_GENERATE, **paths))
         seconds.append(time.perf_counter() - start)
-    return model._fast_self_check[paths.get("fast_generate", False)], seconds[0], seconds[1]
+    return model._fast_self_check[paths.get("compiled", False)], seconds[0], seconds[1]
 
 
-PATHS = {"roomy cache": dict(), "roomy cache, no shared prefill": dict(share_prefill=False),
-         "compiled": dict(fast_generate=True), "compiled, no shared prefill": dict(fast_generate=True,
-                                                                                 share_prefill=False)}
+PATHS = {"default cache": dict(), "default cache, no shared prefill": dict(share_prefill=False),
+         "compiled": dict(compiled=True), "compiled, no shared prefill": dict(compiled=True, share_prefill=False)}
 
 
 def main(argv=None):
@@ -79,7 +79,7 @@ def main(argv=None):
             [tokenizer(" ".join(f"w{i}" for i in range(3, 35)))["input_ids"]] * 2
         compiled = args.compiled or args.device.startswith("cuda")
         for path, options in PATHS.items():
-            if options.get("fast_generate") and not compiled:
+            if options.get("compiled") and not compiled:
                 continue
             verdict, first, again = checked_rollout_seconds(model, tokenizer, prompts, dtype, **options)
             failed += [] if verdict else [f"{name} {path}"]
@@ -100,8 +100,8 @@ def main(argv=None):
         checks.append(first - again)
         start = time.perf_counter()
         rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, config)
-        train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                            rollouts.completion_mask, advantages, config)
+        train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                           rollouts.completion_mask, advantages, config)
         steps.append(time.perf_counter() - start)
     check, step = statistics.median(checks), statistics.median(steps)
     print(f"self-check {check:.4f} s, tiny default step {step:.3f} s: {check / step:.1%} of a step "

@@ -27,7 +27,6 @@ Timings alternate in one process (TRL step k, our step k, our Lopti step k, ...)
 is measured for each side in a fresh subprocess (--only ours / --only trl): a process's peak RSS only grows.
 """
 import argparse
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -49,6 +48,7 @@ from harness import config as settings  # noqa: E402
 from harness import run  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor, random_model_step  # noqa: E402
+from benchmarks.floor import sync, timed  # noqa: E402
 from harness.model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
 
@@ -127,22 +127,6 @@ def parse_args(argv=None):
 
 
 # --- Clocks and memory ---------------------------------------------------------------------------------------------
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@contextlib.contextmanager
-def timed(seconds, device, name):
-    """Adds the block's wall time to seconds[name]; synchronises CUDA on both ends so queued GPU work counts."""
-    sync(device)
-    start = time.perf_counter()
-    with torch.profiler.record_function(name):
-        yield
-    sync(device)
-    seconds[name] += time.perf_counter() - start
-
-
 def memory_mib(device):
     """(peak, current) MiB: the CUDA allocator on GPU, else this process's VmHWM / VmRSS."""
     if device.type == "cuda":
@@ -186,8 +170,8 @@ def our_step(side, task, examples, device):
         rollouts, _, advantages = train.collect_rollouts(model, tokenizer, task, examples, side["rollout_config"],
                                                          clock=clock)
         with clock("update+forward"):
-            train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                rollouts.completion_mask, advantages, side["update_config"], clock=clock)
+            train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                               rollouts.completion_mask, advantages, side["update_config"], clock=clock)
     clocked = {**seconds, **inner, "update_policy": seconds["update+forward"]}
     side["floor_measured"].append(floor.measured_phases(clocked))
     side["workloads"].append(floor.workload_of(rollouts, side["rollout_config"].num_generations, record,

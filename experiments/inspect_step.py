@@ -50,8 +50,8 @@ def inspect_checkpoint(path, *, output=None, device=None, task=None, log=print):
     rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task, prompts(step), config)
     record = before_update(config, step, model, tokenizer, task, rollouts, rewards, due=True,
                            source=f"sampled from {os.path.basename(checkpoint)}")
-    stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                rollouts.completion_mask, advantages, config, ref_model=ref_model)
+    stats = train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                               rollouts.completion_mask, advantages, config, ref_model=ref_model)
     return after_update(record, model, stats, path=output)
 
 

@@ -135,7 +135,7 @@ def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temper
     config = Config(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
                     grad_clip=grad_clip, micro_batch=micro_batch, dtype="fp32")
     model.train()
-    train.update_policy(model, optimizer, *batch, advantages, config, old_logprobs=old_logprobs)
+    train.update_batch(model, optimizer, *batch, advantages, config, old_logprobs=old_logprobs)
     return model
 
 

@@ -12,9 +12,9 @@
     merge_lora.py  `python -m harness.merge_lora`: a LoRA run's adapters merged into a plain model folder
     watch.py       the notes on learning: a start, a fall, a flat run or a collapse, said in words
     step_page.py   --inspect-every's HTML page of one step (the command: experiments/inspect_step.py)
-    step_stats.py  the step's loss statistics, summed on the device and read once
+    before_torch.py  `python train.py`'s flags, read before torch loads (--help and a bad flag answer at once)
 
-The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions) import nothing from here; train.py's
-loop and `main` do. config.py and what it imports load no torch, so `--help` and
-a bad flag answer before torch loads.
+The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions collect_rollouts and update_policy)
+import nothing from here (tests/test_train.py checks the step functions); train.py's loop and `main` do. config.py
+and what it imports load no torch, so `--help` and a bad flag answer before torch loads.
 """

@@ -22,7 +22,8 @@ import torch
 from harness.checkpoint import RunError, new_file, refuse_link, write_failed
 from lopti import isolation_masks, reweight_advantages
 from ppo import clip_masks
-from rollout import precision, token_logprobs
+from fast.precision import precision
+from rollout import token_logprobs
 from softmax_grpo import grpo_prompt_weight, group_advantages, prompt_weight
 
 SHOWN_ALPHA, SHOWN_ETA = 0.3, 0.5  # AR's and Lopti's paper values, shown when the run has them off

@@ -2,10 +2,10 @@
 the fixed recipe (lab.compare's countdown3 preset: M 8, 64 prompts a step, 150 steps; no cell selected from a
 sweep), paired by seed, with the power calculation and Table 3's measured part.
 
-    python -m lab.headline                  # the rows shipped from this CPU (docs/results/countdown3_runs.csv)
+    python -m lab.headline                  # the rows shipped from this CPU (lab/results/countdown3_runs.csv)
     python -m lab.headline --machine Intel  # another CPU's rows (each CPU trains its own trajectories)
 
-Every number comes from docs/results/countdown3_runs.csv (cells countdown3-<grpo|softmax>-seed<N>, one row per metric;
+Every number comes from lab/results/countdown3_runs.csv (cells countdown3-<grpo|softmax>-seed<N>, one row per metric;
 `python -m lab.reproduce countdown3-grpo-seed3` reruns one). It prints:
   1. per metric (held-out greedy pass@1; sampled pass@1..8 from 8 samples per prompt): each method's mean +- SE over
      seeds, the paired difference (same seed: same warm start, prompts and held-out set) with its 95% t-interval

@@ -1,6 +1,6 @@
 """The results ledger: the shipped numbers behind docs/results.md and docs/performance.md, read and written here only.
 
-A results file is two CSVs under docs/results/. NAME.csv holds the values, one row per metric:
+A results file is two CSVs under lab/results/. NAME.csv holds the values, one row per metric:
     cell, made, metric, value
 and NAME.cells.csv, the cell table, says once per cell and CPU how they were made:
     cell, made, commit, date, load, machine, command
@@ -46,7 +46,7 @@ def read_csv(path, fields, check_row=None):
     name = os.path.basename(path)
     if os.path.islink(path):
         raise SystemExit(f"reproduce: error: {path} is a link; the ledger is never read or written through one: "
-                         f"restore it with git checkout -- docs/results/{name}")
+                         f"restore it with git checkout -- lab/results/{name}")
     if not os.path.isfile(path):
         return []
     rows = []
@@ -67,7 +67,7 @@ def read_csv(path, fields, check_row=None):
                 rows.append((reader.line_num, row))
         except (ValueError, csv.Error) as error:
             raise SystemExit(f"reproduce: error: {path}:{reader.line_num}: {error}; restore it with "
-                             f"git checkout -- docs/results/{name}") from None
+                             f"git checkout -- lab/results/{name}") from None
     return rows
 
 
@@ -91,7 +91,7 @@ def ledger_rows(path):
     for line, row in read_csv(table, MADE_FIELDS):
         if row["made"] in made:
             raise SystemExit(f"reproduce: error: {table}:{line}: made {row['made']} twice; restore it with "
-                             f"git checkout -- docs/results/{os.path.basename(table)}")
+                             f"git checkout -- lab/results/{os.path.basename(table)}")
         made[row["made"]] = row
     rows = []
     for line, row in values:
@@ -99,7 +99,7 @@ def ledger_rows(path):
         if origin is None or origin["cell"] != row["cell"]:
             raise SystemExit(f"reproduce: error: {path}:{line}: made {row['made'][:40]!r} of cell "
                              f"{row['cell'][:60]!r} is no row of {os.path.basename(table)}; restore both with "
-                             f"git checkout -- docs/results/")
+                             f"git checkout -- lab/results/")
         rows.append({"cell": row["cell"], "metric": row["metric"], "value": row["value"],
                      **{key: origin[key] for key in MADE_FIELDS[2:]}})
     return rows

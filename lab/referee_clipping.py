@@ -4,7 +4,7 @@ training, and what does the exact Eq. (2) objective give against the clipped rec
     OMP_NUM_THREADS=1 python -m lab.referee_clipping            # seeds 0,1,2 -> runs/referees (18 runs)
     python -m lab.referee_clipping --summary-only               # the runs finished so far
     python -m lab.referee_clipping --shipped                    # docs/results.md's numbers and figure, from
-                                                                        # docs/results/referee_clipping_runs.csv
+                                                                        # lab/results/referee_clipping_runs.csv
 
 The runs are lab.compare's preset countdown3-eq2 (countdown3's prompts, warm starts and budget; a finished
 run is reused), for GRPO and SoftmaxGRPO (tau 0.1) each:
@@ -108,7 +108,7 @@ SHIPPED_ACTIVITY = ("clip_frac_low_mean", "clip_frac_high_mean", "ratio_max", "k
 
 
 def shipped_report(seeds, machine=None):
-    """The runs shipped as cells countdown3-eq2-<config>-seed<N> (docs/results/referee_clipping_runs.csv) by one CPU
+    """The runs shipped as cells countdown3-eq2-<config>-seed<N> (lab/results/referee_clipping_runs.csv) by one CPU
     (default: this machine's): per config the activity summaries (reproduce.clip_activity) over seeds and the paired
     differences recipe - eq2 -> {config: {seed: {metric: value}}}."""
     from lab import reproduce
@@ -187,7 +187,7 @@ def main(argv=None):
     parser.add_argument("--summary-only", action="store_true", help="train nothing: the runs in "
                         "<output-dir>/countdown3-eq2_runs.csv")
     parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="train nothing: the runs shipped "
-                        "in docs/results/referee_clipping_runs.csv from this CPU (or the CPU whose machine contains "
+                        "in lab/results/referee_clipping_runs.csv from this CPU (or the CPU whose machine contains "
                         "MACHINE), the figure drawn into docs/")
     args, extra = parser.parse_known_args(argv)
     if args.shipped is not None:

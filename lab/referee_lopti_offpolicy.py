@@ -116,9 +116,9 @@ def off_policy_logprobs(model, batch, advantages, old_logprobs, settings, *, ref
                     micro_batch=micro_batch, dtype="fp32", mini_batches=1, ppo_epochs=1)
     first = torch.arange(len(advantages), device=advantages.device).tensor_split(2)[0]
     input_ids, attention_mask, completion_mask = batch
-    train.update_policy(stepped, optimizer, input_ids[first], attention_mask[first], completion_mask[first],
-                        advantages[first], config, old_logprobs=old_logprobs[first],
-                        ref_model=ref_model if settings["kl_coef"] > 0 else None)
+    train.update_batch(stepped, optimizer, input_ids[first], attention_mask[first], completion_mask[first],
+                       advantages[first], config, old_logprobs=old_logprobs[first],
+                       ref_model=ref_model if settings["kl_coef"] > 0 else None)
     with torch.no_grad():
         new = token_logprobs(stepped, *batch, temperature=temperature, micro_batch=micro_batch)
     del stepped, optimizer

@@ -72,7 +72,7 @@ def summary(rows):
 
 def shipped_rows(seeds, steps, machine=None):
     """The rows summary and plot take, from the cells countdown3-tuning-<grpo-M8|softmax-M8-tau0.1>-seed<N> shipped
-    in docs/results/referee_tuning_runs.csv (metrics table3_step<N>_*) by one CPU (default: this machine's)."""
+    in lab/results/referee_tuning_runs.csv (metrics table3_step<N>_*) by one CPU (default: this machine's)."""
     rows = []
     for seed in seeds:
         for config in CONFIGS:
@@ -122,7 +122,7 @@ def main(argv=None):
     parser.add_argument("--output-dir", default="runs/referees", help="lab.referee_tuning's output dir")
     parser.add_argument("-M", type=int, default=16, help="samples per held-out prompt")
     parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="score nothing: the rows shipped "
-                        "in docs/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine contains "
+                        "in lab/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine contains "
                         "MACHINE), the figure drawn into docs/")
     args, extra = parser.parse_known_args(argv)
     try:

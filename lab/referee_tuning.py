@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python -m lab.referee_tuning              # seeds 0,1,2 -> runs/referees (~45 runs)
     python -m lab.referee_tuning --summary-only                 # the grid from the runs finished so far
     python -m lab.referee_tuning --shipped        # the grid docs/results.md shows, from its shipped rows
-                                                          # (docs/results/referee_tuning_runs.csv)
+                                                          # (lab/results/referee_tuning_runs.csv)
 
 The headline (M, tau) = (8, 0.1) is the best cell of the paper's sweep while GRPO got one configuration. Here both
 get a grid on lab.compare's countdown3 prompts (the tiny model on 3-number Countdown, warm start at ~5%):
@@ -45,7 +45,7 @@ def read_runs(path):
 
 
 def shipped_runs(seeds, machine=None):
-    """The grid's runs as read_runs gives them, from the rows shipped in docs/results/referee_tuning_runs.csv (cells
+    """The grid's runs as read_runs gives them, from the rows shipped in lab/results/referee_tuning_runs.csv (cells
     countdown3-tuning-<config>-seed<N>, one row per metric) by one CPU (`machine`: a substring of the rows' machine;
     default this machine's CPU kind). A run not shipped from that CPU is left out."""
     from lab import reproduce
@@ -173,7 +173,7 @@ def main(argv=None):
     parser.add_argument("--summary-only", action="store_true", help="train nothing: the grid of the runs in "
                         "<output-dir>/countdown3-tuning_runs.csv (e.g. while the sweep still runs)")
     parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="train nothing: the grid of the rows "
-                        "shipped in docs/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine "
+                        "shipped in lab/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine "
                         "contains MACHINE), its figure drawn into docs/")
     args, extra = parser.parse_known_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -5,7 +5,7 @@
                                                       # then "reproduced: NAME" (exit 0) or "differs: NAME" (exit 1)
     python -m lab.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
 
-A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under docs/results/
+A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under lab/results/
 (one row per metric: cell, metric, value, and the commit, date, load, machine and command that made it); the docs'
 tables are typed from those files and the figure scripts read them. A rerun uses a new temporary folder: no earlier
 run folder and no cached warm start is reused. Kinds of cell:
@@ -55,7 +55,7 @@ from lab.ledger import (FIELDS, ISA_ORDER, can_run, code_path, cpu_kind, ledger_
                         pin_for, pins, provenance, taking_turns, this_machine, write_results)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "docs", "results")
+RESULTS = os.path.join(REPO, "lab", "results")
 SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--prompts-per-step", "4",
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
@@ -539,7 +539,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.ship_from:
         for name in ship_from(args.ship_from, args.load, args.preset):
-            print(f"shipped: {name} -> docs/results/{CELLS[name][2]}")
+            print(f"shipped: {name} -> lab/results/{CELLS[name][2]}")
         return 0
     if args.list or not args.cell:
         for name, (kind, _, file, minutes, _) in CELLS.items():
@@ -547,7 +547,7 @@ def main(argv=None):
             state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (
                 " (this CPU's)" if path == run_path(name) else " (this CPU, pinned)" if can_run(this_machine(), path)
                 else "") for path, row in made.items()) or "not shipped"
-            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  docs/results/{file:<22} {command_text(name)}  [{state}]")
+            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} {command_text(name)}  [{state}]")
         return 0
     if args.cell not in CELLS:
         parser.error(f"no cell {args.cell!r}; --list names them")
@@ -589,7 +589,7 @@ def main(argv=None):
     if args.ship:
         ship(args.cell, now, {**provenance(f"{load_at_start} at start, {load_average()} at end"), "commit": code},
              extra)
-        print(f"shipped: {args.cell} -> docs/results/{CELLS[args.cell][2]}")
+        print(f"shipped: {args.cell} -> lab/results/{CELLS[args.cell][2]}")
         return 0
     if differences:
         largest, metric = max(differences)

@@ -19,3 +19,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# The lesson's own tests (`python -m pytest -m lesson`, seconds): its five files, their shape, the plain update
+# against its fast path. README.md names the command beside the full suite's.
+LESSON_TESTS = ("test_advantages.py", "test_theory.py", "test_lopti.py", "test_ppo.py", "test_update.py",
+                "test_lesson_shape.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in LESSON_TESTS:
+            item.add_marker(pytest.mark.lesson)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """-m lesson: the other test files are not even imported (collecting them all takes longer than the lesson's
+    tests)."""
+    if config.getoption("markexpr") == "lesson" and collection_path.name.startswith("test_") \
+            and collection_path.suffix == ".py":
+        return collection_path.name not in LESSON_TESTS
+    return None

@@ -11,7 +11,7 @@ import torch
 import tasks
 from harness.model import smollm2_gguf
 from harness.tiny import build_char_tokenizer, build_tiny_model
-from rollout import generate_rollouts
+import rollout
 
 # train.py flags for a run that takes seconds: a 1-layer, 32-wide tiny Llama, no warm start, 2 prompts x 4 samples
 SMALL_TRAIN = ["--tiny-hidden", "32", "--tiny-layers", "1", "--warm-start-steps", "0", "--prompts-per-step", "2",
@@ -71,3 +71,10 @@ def assert_resume_from_checkpoint_2_continues(out, final):
     strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}  # noqa: E731
                           for line in text.splitlines()]
     assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
+
+
+def generate_rollouts(*args, fast=True, share_prefill=True, drop_finished_every=None, fast_generate=False, **kwargs):
+    """rollout.generate_rollouts with fast/generate.py's options as keywords, the fast path by default (fast=False:
+    the plain call)."""
+    options = dict(share_prefill=share_prefill, drop_finished_every=drop_finished_every, compiled=fast_generate)
+    return rollout.generate_rollouts(*args, fast=options if fast else None, **kwargs)

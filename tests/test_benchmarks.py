@@ -26,7 +26,7 @@ def test_self_check_forced_on_a_cpu_gives_its_verdict_and_cost(capsys, one_threa
     monkeypatch.setattr(fast_generate, "untested_device", fast_generate.untested_device)  # --force patches it
     self_check.main(["--force", "--shape", "test", "--repeats", "1", "--prompts", "2"])
     out = capsys.readouterr().out
-    assert "tiny, fp32, roomy cache: match" in out and "test, fp32, roomy cache: match" in out
+    assert "tiny, fp32, default cache: match" in out and "test, fp32, default cache: match" in out
     assert "of a step (medians of 1, 1 thread(s)" in out
 
 
@@ -91,7 +91,7 @@ def test_self_check_on_a_cpu_without_force_gives_every_verdict(capsys, one_threa
     monkeypatch.setattr(fast_generate, "untested_device", fast_generate.untested_device)  # main forces the check
     self_check.main(["--shape", "test", "--dtype", "bf16"])
     out = capsys.readouterr().out
-    assert "tiny, bf16, roomy cache: match" in out and "test, bf16, roomy cache, no shared prefill: match" in out
+    assert "tiny, bf16, default cache: match" in out and "test, bf16, default cache, no shared prefill: match" in out
     assert "self-check: every path matches" in out and "of a step" not in out
 
 
@@ -192,7 +192,7 @@ def test_gpu_check_dry_run_walks_every_step_on_this_cpu(tmp_path):
              and ": exit " in line]
     assert len(exits) >= 8 and all(": exit 0 after" in line for line in exits), exits
     summary = (tmp_path / "out" / "summary.txt").read_text()
-    for section in ("self-check tiny, bf16, roomy cache", "tiny default (python train.py)", "step / its floor",
+    for section in ("self-check tiny, bf16, default cache", "tiny default (python train.py)", "step / its floor",
                     "ours / TRL, peak memory", "memory setting", "skipped for time: nothing"):
         assert section in summary, section
     assert "self-check: every path matches" in (tmp_path / "out" / "check.txt").read_text()

@@ -20,8 +20,7 @@ import tasks
 from fast import generate as fast_generate, kv_cache
 from harness.config import Config
 from harness.tiny import build_char_tokenizer, build_tiny_model
-from rollout import generate_rollouts
-from tests.stubs import smollm2_or_skip
+from tests.stubs import generate_rollouts, smollm2_or_skip
 
 # transformers before the layered cache API (the floor of requirements.txt): no roomy or static cache, the plain one
 layered = pytest.mark.skipif(not kv_cache.LAYERED_CACHE, reason="no layered cache API in this transformers")

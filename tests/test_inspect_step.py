@@ -74,8 +74,8 @@ def record_of_tiny_rollouts(rewards, *, lr=None, **settings):
     if lr is not None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         advantages = group_advantages(rewards.view(2, 4), config.method, tau=config.tau).view(-1)
-        stats = train.update_policy(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                    rollouts.completion_mask, advantages, config)
+        stats = train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
+                                   rollouts.completion_mask, advantages, config)
     return record, model, rollouts, config, stats
 
 

@@ -33,7 +33,7 @@ def test_a_ship_that_meets_a_full_disk_midway_leaves_every_row(ledger, monkeypat
     message = str(exit_info.value.code)
     assert message.startswith("reproduce: error:") and "free some disk space" in message and "\n" not in message
     assert ledger.read_bytes() == before and sorted(os.listdir(ledger.parent)) == sorted(os.listdir(
-        os.path.join(os.path.dirname(os.path.dirname(reproduce.__file__)), "docs", "results")))
+        os.path.join(os.path.dirname(os.path.dirname(reproduce.__file__)), "lab", "results")))
 
 
 def test_a_read_only_folder_is_one_line_and_the_file_stays(ledger, monkeypatch):

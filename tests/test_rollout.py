@@ -9,10 +9,10 @@ import torch
 
 import tasks
 from fast.kv_cache import cache_name, prefill_prompt_cache
-from rollout import (completion_mask_from_ids, evaluate, generate_rollouts, left_pad, plain_text_conversation,
-                     render_prompts, token_logprobs)
+from rollout import (completion_mask_from_ids, evaluate, left_pad, plain_text_conversation, render_prompts,
+                     token_logprobs)
 from harness.tiny import build_char_tokenizer, build_tiny_model
-from tests.stubs import smollm2_or_skip, tiny_policy_and_rollouts
+from tests.stubs import generate_rollouts, smollm2_or_skip, tiny_policy_and_rollouts
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -222,19 +222,19 @@ def test_a_folder_whose_only_run_file_is_metrics_is_started_afresh(tmp_path, cap
 
 
 def test_a_bug_before_the_first_checkpoint_leaves_the_folder_to_the_same_command(tmp_path, monkeypatch, capsys):
-    original, calls = train.update_policy, []
+    original, calls = train.update_batch, []
 
     def broken_at_step_2(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise ValueError("a shape check tripped")
         return original(*args, **kwargs)
-    monkeypatch.setattr(train, "update_policy", broken_at_step_2)
+    monkeypatch.setattr(train, "update_batch", broken_at_step_2)
     flags = ["--task", "digits", *SMALL, "--output-dir", str(tmp_path / "run"), "--steps", "3"]
     with pytest.raises(ValueError, match="a shape check tripped"):
         train.main(flags)
     assert "with no checkpoint: the same command starts afresh" in capsys.readouterr().err
-    monkeypatch.setattr(train, "update_policy", original)
+    monkeypatch.setattr(train, "update_batch", original)
     train.main(flags)
     assert [row["step"] for row in train_rows(str(tmp_path / "run"))] == [1, 2, 3]
     assert [row["step"] for row in map(json.loads, open(tmp_path / "run" / "unsaved-metrics.jsonl"))] == [0, 1]

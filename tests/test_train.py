@@ -107,13 +107,14 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     # The speed rule: with no AR, no Lopti and one optimizer step nothing reads p_old before the loss, so the
     # training forward's detached log-probs are pi_old and no no-grad pass runs. A second epoch or mini-batch, AR and
     # Lopti read p_old first: one no-grad pi_old pass. kl_coef > 0 adds the reference model's pass.
+    from fast import update
     calls = []
-    original = train.token_logprobs
+    original = update.token_logprobs
 
     def counting(model, *args, **kwargs):
         calls.append((id(model), torch.is_grad_enabled()))
         return original(model, *args, **kwargs)
-    monkeypatch.setattr(train, "token_logprobs", counting)
+    monkeypatch.setattr(update, "token_logprobs", counting)
     run(tmp_path, "--steps", "1", *flags)
     assert sum(not grad for _, grad in calls) == expected_no_grad
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
@@ -159,8 +160,8 @@ def test_pi_old_measured_in_the_update_equals_a_given_one(micro_batch):
     for separate in (True, False):
         policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-        stats = train.update_policy(policy, optimizer, r.input_ids, r.attention_mask, r.completion_mask, advantages,
-                                    config, old_logprobs=old if separate else None)
+        stats = train.update_batch(policy, optimizer, r.input_ids, r.attention_mask, r.completion_mask, advantages,
+                                   config, old_logprobs=old if separate else None)
         results.append((stats, policy.state_dict()))
     (stats_separate, weights_separate), (stats_first_step, weights_first_step) = results
     assert stats_first_step["optimizer_steps"] == stats_separate["optimizer_steps"] == 2
@@ -196,9 +197,9 @@ def test_token_mean_per_micro_batch_is_the_official_codes_loss():
     for loss_agg in ("token-mean-per-micro-batch", "token-mean"):
         policy = fresh()
         before = {k: v.clone() for k, v in policy.named_parameters()}
-        train.update_policy(policy, torch.optim.SGD(policy.parameters(), lr=1.0), r.input_ids, r.attention_mask,
-                            r.completion_mask, advantages, Config(loss_agg=loss_agg, micro_batch=3, grad_clip=1e9,
-                                                                  dtype="fp32"))
+        train.update_batch(policy, torch.optim.SGD(policy.parameters(), lr=1.0), r.input_ids, r.attention_mask,
+                           r.completion_mask, advantages, Config(loss_agg=loss_agg, micro_batch=3, grad_clip=1e9,
+                                                                 dtype="fp32"))
         deltas[loss_agg] = {k: v.detach() - before[k] for k, v in policy.named_parameters()}
     for name, parameter in reference.named_parameters():
         torch.testing.assert_close(deltas["token-mean-per-micro-batch"][name], -parameter.grad, atol=1e-6, rtol=1e-4)
@@ -410,14 +411,14 @@ def test_a_bug_inside_the_loop_shows_its_traceback_and_the_run_resumes(tmp_path,
     # A learner's edit that trips a check inside the update is a bug, not bad input: Python's traceback reaches the
     # terminal (pytest sees the exception itself, not SystemExit), with its frames in train.py, after one line that
     # says the run's files are intact. The checkpoint of step 1 and its metrics survive, and --resume goes on.
-    original, calls = train.update_policy, []
+    original, calls = train.update_batch, []
 
     def broken_at_step_2(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise ValueError("token_advantages must be [B, T] (use reweight_advantages first), got (8,)")
         return original(*args, **kwargs)
-    monkeypatch.setattr(train, "update_policy", broken_at_step_2)
+    monkeypatch.setattr(train, "update_batch", broken_at_step_2)
     out = str(tmp_path / "run")
     with pytest.raises(ValueError, match="token_advantages must be") as error:
         train.main(["--task", "digits", "--output-dir", out, *SMALL, "--steps", "3", "--save-every", "1"])
@@ -425,7 +426,7 @@ def test_a_bug_inside_the_loop_shows_its_traceback_and_the_run_resumes(tmp_path,
     assert f"its files are intact: --resume {out} continues from checkpoint-1" in capsys.readouterr().err
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["step"] for r in rows if not r.get("eval")] == [1]
-    monkeypatch.setattr(train, "update_policy", original)
+    monkeypatch.setattr(train, "update_batch", original)
     train.main(["--resume", out])
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["step"] for r in rows if not r.get("eval")] == [1, 2, 3]
@@ -478,8 +479,8 @@ def test_python_train_py_reads_its_flags_and_a_resumed_run_once(tmp_path):
 
 
 def test_the_step_uses_only_the_lesson_files():
-    # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/: copying the step
-    # takes rollout, softmax_grpo, lopti, ppo (and rollout's fast path) and harness/step_stats.py, not the run's plumbing.
+    # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/ or fast/: copying the
+    # step takes rollout, softmax_grpo, lopti and ppo (and rollout's own fast path), not the run's plumbing.
     import ast
     tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
     origin = {}  # imported name -> module
@@ -498,14 +499,13 @@ def test_the_step_uses_only_the_lesson_files():
                 todo.append(node.id)
             elif isinstance(node, ast.Name) and node.id in origin:
                 modules.add(origin[node.id])
-    # and the loss's statistics, summed on the device (bookkeeping, not the algorithm)
-    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo", "harness.step_stats"}, modules
-    assert {"rows_with_gradient", "fixed_pi_old", "mini_batches_with_gradient"} <= seen
+    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo"}, modules
+    assert seen == {"collect_rollouts", "update_policy", "no_clock"}
 
 
 def test_the_embedded_default_learns(tmp_path):
     # `python train.py` end to end (warm start + 100 SoftmaxGRPO steps, ~2-3 CPU minutes): the target is
-    # >= +20 points of held-out greedy pass@1 from RL. What each CPU measures: docs/results/default.csv.
+    # >= +20 points of held-out greedy pass@1 from RL. What each CPU measures: lab/results/default.csv.
     result = train.main(["--output-dir", str(tmp_path / "default")])
     gain = result["after"]["pass@1"] - result["before"]["pass@1"]
     assert gain >= 0.20, result

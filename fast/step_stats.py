@@ -1,4 +1,4 @@
-"""The step's loss statistics, summed over its micro-batches on the device and read once (train.update_policy)."""
+"""The step's loss statistics, summed over its micro-batches on the device and read once (fast/update.py)."""
 import torch
 
 

@@ -1,0 +1,102 @@
+"""train.update_policy, Algorithm 1's update as written, against its fast path (fast/update.py): the same weights
+after the same batch, for every loss aggregation the plain update supports; and what each reads of the settings."""
+import ast
+import copy
+import inspect
+import os
+
+import pytest
+import torch
+
+import train
+from harness.config import Config
+from harness.tiny import build_tiny_model
+from ppo import LOSS_AGGS
+from tests.stubs import tiny_policy_and_rollouts
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAIN_LOSS_AGGS = [agg for agg in LOSS_AGGS if agg != "token-mean-per-micro-batch"]  # that one: fast/ only
+
+
+def OPTIMIZER(parameters):  # noqa: N802
+    # SGD: a weight moves by its gradient, so the weights agree as the gradients do (to ~1e-7 here, moving ~0.1);
+    # AdamW divides by sqrt(v), which turns rounding in a near-zero gradient into a visible step (~1e-5 at lr 1e-2)
+    return torch.optim.SGD(parameters, lr=0.5)
+
+
+def both_updates(settings, advantages, *, kl):
+    """(plain, fast) -> (stats, weights) of one update of the same tiny policy on the same 8 rollouts."""
+    tokenizer, _, r = tiny_policy_and_rollouts()
+    r.completion_mask[1, 2:] = 0  # unequal lengths, so that the aggregations differ
+    r.attention_mask[1, -4:] = 0
+    results = []
+    for fast in (False, True):
+        policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+        ref_model = copy.deepcopy(policy).eval() if kl else None
+        with torch.no_grad():  # the reference apart from the policy, so that the k3 term has a gradient
+            for parameter in (ref_model.parameters() if kl else []):
+                parameter.add_(0.01 * torch.randn_like(parameter))
+        optimizer = OPTIMIZER(policy.parameters())
+        config = Config(**settings, kl_coef=0.1 if kl else 0.0, micro_batch=3, max_new_tokens=6, dtype="fp32",
+                        fast=fast)
+        stats = train.update_batch(policy, optimizer, r.input_ids, r.attention_mask, r.completion_mask,
+                                   advantages, config, ref_model=ref_model)
+        results.append((stats, {k: v.detach().clone() for k, v in policy.state_dict().items()}))
+    return results
+
+
+@pytest.mark.parametrize("loss_agg", PLAIN_LOSS_AGGS)
+@pytest.mark.parametrize("kl", [False, True], ids=["no-kl", "kl"])
+def test_the_plain_and_the_fast_update_end_at_the_same_weights(loss_agg, kl):
+    # AR, Lopti, two epochs of two mini-batches; rows with advantage 0 (the fast path never forwards them); micro-
+    # batches of 3 rows on the fast path, one forward per mini-batch on the plain one
+    settings = dict(alpha=0.3, lopti_eta=0.5, ppo_epochs=2, mini_batches=2, loss_agg=loss_agg, dual_clip=3.0)
+    advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
+    (plain_stats, plain), (fast_stats, fast) = both_updates(settings, advantages, kl=kl)
+    assert plain_stats["optimizer_steps"] == fast_stats["optimizer_steps"] > 2
+    assert plain_stats["grad_norm"] == pytest.approx(fast_stats["grad_norm"], rel=1e-4)
+    for key in plain:
+        torch.testing.assert_close(plain[key], fast[key], atol=1e-6, rtol=1e-5, msg=key)
+
+
+def test_a_batch_with_nothing_to_learn_takes_no_step_on_either_path():
+    # every advantage 0 and no KL: no pass has a gradient, so neither path steps (AdamW would move the weights)
+    (plain_stats, plain), (fast_stats, fast) = both_updates(dict(lopti_eta=0.5), torch.zeros(8), kl=False)
+    assert plain_stats["optimizer_steps"] == fast_stats["optimizer_steps"] == 0
+    start = build_tiny_model(tiny_policy_and_rollouts()[0], hidden_size=32, num_layers=1, num_heads=2,
+                             seed=0).state_dict()
+    assert all(torch.equal(plain[k], start[k]) and torch.equal(fast[k], start[k]) for k in start)
+
+
+@pytest.mark.parametrize("flag", [["--step-in-backward", "--grad-clip", "0", "--micro-batch", "512"],
+                                  ["--logprob-fp32"], ["--loss-agg", "token-mean-per-micro-batch"]])
+def test_no_fast_refuses_what_only_the_fast_update_does(flag, capsys):
+    from harness.config import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["--no-fast", *flag])
+    assert "are fast/update.py's only; give them or --no-fast, not both" in capsys.readouterr().err
+    parse_args(flag)  # the fast path takes it
+
+
+def settings_read(function_name, tree):
+    """The Config fields a train.py function reads (config.<field>)."""
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function_name)
+    return {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "config"}
+
+
+def test_the_step_reads_an_allow_list_of_settings_and_no_speed_flag_shapes_the_plain_update():
+    tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
+    assert settings_read("collect_rollouts", tree) == set(train.ROLLOUT_SETTINGS) == {
+        "style", "num_generations", "max_new_tokens", "temperature", "top_p", "mask_truncated", "rollout_batch",
+        "fast", "drop_finished_every", "fast_generate", "method", "tau"}
+    assert set(train.UPDATE_SETTINGS) == {"alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batches",
+                                          "clip_low", "clip_high", "dual_clip", "kl_coef", "kl_clamp", "loss_agg",
+                                          "grad_clip", "temperature"}
+    parameters = set(inspect.signature(train.update_policy).parameters)
+    assert parameters == set(train.UPDATE_SETTINGS) | {"model", "optimizer", "input_ids", "attention_mask",
+                                                       "completion_mask", "advantages", "ref_model", "norm_constant"}
+    speed_and_memory = {"fast", "micro_batch", "logit_chunk", "logprob_fp32", "step_in_backward", "dtype",
+                        "gradient_checkpointing", "param_dtype", "optimizer_offload", "fast_generate"}
+    assert not parameters & speed_and_memory
+    assert "config" not in inspect.getsource(train.update_policy)

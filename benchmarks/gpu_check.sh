@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check: one CUDA GPU (an H200 sized it), no network, within a global deadline (DEADLINE, 400 s).
+# One prepared GPU check: one CUDA GPU (an H200 sized it), no network, within a global deadline (DEADLINE, 420 s).
 # Correctness first, then timings one at a time (nothing else on the GPU meanwhile); a step whose estimate does not
 # fit the time left is skipped and named, never cut mid-way. Output: at most 8 files under $OUT (runs/gpu_check):
 #   check.txt    versions, the card and its probed peaks; every fast path's self-check against plain generate
@@ -7,7 +7,7 @@
 #                bf16 autocast); `python train.py` (the tiny offline default) on CUDA: its before/after table, wall
 #   step.txt     benchmarks/step_time.py --preset gpu: a random model of Qwen2.5-0.5B's shape, 16 prompts x M 8 x
 #                256 tokens, ours (one pass; AR + Lopti) against TRL's GRPOTrainer (from carried wheels), each phase
-#                against its floor, peak memory per side; step.json: its numbers
+#                against its floor; step.json: its numbers; then each side's peak memory in a fresh process
 #   profile.txt  a torch profile of our step's top CUDA kernels (the same workload)
 #   more.txt     the 0.5B step with --fast-generate (static cache, CUDA graphs) and with the roomy cache (a CPU's
 #                default) instead of HF's concatenating one (CUDA's); the step at Qwen2.5-1.5B's shape
@@ -34,7 +34,7 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: 
 fi
 DRY=0; [[ "${1:-}" == "--dry-run" ]] && DRY=1
 OUT=${OUT:-runs/gpu_check}
-DEADLINE=${DEADLINE:-400}
+DEADLINE=${DEADLINE:-420}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore
 PY=""  # a python that holds torch: on the H200 python3 is a virtual environment's, and `python` may be another
@@ -98,10 +98,9 @@ step check.txt 120 "self-check" "$PY" benchmarks/self_check.py --device "$DEVICE
 step check.txt 75 "tiny default" "$PY" train.py --device "$DEVICE" --output-dir "$OUT/tiny-run" "${TINY[@]}"
 rm -rf "$OUT/tiny-run"  # its metrics are in check.txt; the 8-file budget
 # ---- 2. timings, one at a time -------------------------------------------------------------------------------------
-step step.txt 200 "step, $SHAPE" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" benchmarks/step_time.py \
-  --random-shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" "${STEPS[@]}" --json "$OUT/step.json"
-step profile.txt 45 "profile, $SHAPE" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
-  --dtype "$DTYPE" "${STEPS[@]}" --profile torch
+# Sized from the first H200 run (27cee0c): a 0.5B-shaped step ~8 s after a ~21 s first step, python and a model ~15 s
+step step.txt 135 "step, $SHAPE" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" benchmarks/step_time.py \
+  --random-shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" "${STEPS[@]}" --no-memory --json "$OUT/step.json"
 SMALL=""; ((DRY)) && SMALL="--prompts 2 -M 2 --max-new-tokens 4"
 if ((DRY)); then  # inductor on a CPU takes minutes: tests/test_fast_generate.py's slow tests compile there
   echo "=== step, $SHAPE, --fast-generate: not in a dry run (compiles on CUDA; on a CPU the slow tests)" >>"$OUT/more.txt"
@@ -109,6 +108,14 @@ else
   step more.txt 90 "step, $SHAPE, --fast-generate" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
     --device "$DEVICE" --steps 1 --prompts 16 --fast-generate  # static cache + CUDA graphs, with its compile time
 fi
+for side in ours trl; do  # each side's peak in a fresh process (a process's peak only grows), as step_time does
+  [[ $side == trl && -z "$TRL_PATH" ]] && ! "$PY" -c "import trl" 2>/dev/null && continue
+  step step.txt 50 "memory, $side alone" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" benchmarks/step_time.py \
+    --random-shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" "${STEPS[@]}" --only "$side" --no-memory --steps 1 \
+    --warmup 1
+done
+step profile.txt 45 "profile, $SHAPE" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
+  --dtype "$DTYPE" "${STEPS[@]}" --profile torch
 step more.txt 45 "step, $SHAPE, roomy cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
   --device "$DEVICE" --steps 1 --prompts 16 --roomy-cache $SMALL  # CUDA's default is HF's concatenating cache
 step more.txt 60 "step, $BIG" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \

@@ -54,13 +54,26 @@ def target_rows(numbers):
     phases = sides.get("one_pass", {}).get("phases", {})
     rows = [(what, (phases.get(phase) or {}).get("ratio"), limit) for what, phase, limit in TARGETS]
     rows.append(("ours / TRL GRPOTrainer, s/step", ratios.get("one_pass_over_trl"), 0.5))
-    memory = numbers.get("memory_mib", {})
+    memory = numbers.get("memory_mib") or side_memory(numbers.get("_folder", ""))
     rows.append(("ours / TRL, peak memory", memory["ours"]["peak"] / memory["trl"]["peak"]
                  if {"ours", "trl"} <= memory.keys() else None, 1.0))
     one_pass = sides.get("one_pass", {})
     rows.append(("first step / 3 steady steps", one_pass["first_step_s"] / (3 * one_pass["s_per_step"])
                  if one_pass.get("first_step_s") else None, 1.0))
     return rows
+
+
+def side_memory(folder):
+    """{side: {"peak": MiB, "before_step": MiB}} from step.txt's "memory, SIDE alone" steps (step_time.py --only SIDE,
+    each a fresh process: its RESULT line)."""
+    memory, side = {}, None
+    for line in read(folder, "step.txt").splitlines():
+        header = re.match(r"^=== \[\d+ s\] memory, (\w+) alone", line)
+        side = header.group(1) if header else side if not line.startswith("===") else None
+        if side and line.startswith("RESULT "):
+            peak, before = json.loads(line[len("RESULT "):])["memory"]
+            memory[side] = {"peak": peak, "before_step": before}
+    return memory
 
 
 def memory_rows(folder):
@@ -95,8 +108,8 @@ def main(argv=None):
     for name, verdict in verdicts(args.folder):
         print(f"{name:46s} {verdict}")
     text = read(args.folder, "step.json")
-    numbers = json.loads(text) if text.strip() else {}
-    if numbers:
+    numbers = {**(json.loads(text) if text.strip() else {}), "_folder": args.folder}
+    if "sides" in numbers:
         print(f"\nstep ({numbers.get('device', '?')}; median of {numbers['steps']} after {numbers['warmup']})"
               f"{'':10s}measured s    floor s    ratio")
         for name, measured, floor_s, ratio in step_rows(numbers):
@@ -109,6 +122,9 @@ def main(argv=None):
     for what, value, limit in target_rows(numbers):
         verdict = "not measured" if value is None else "met" if value <= limit else "missed"
         print(f"{what:46s} {number(value):>8s} {limit:9.2f}  {verdict}")
+    for side, mib in (numbers.get("memory_mib") or side_memory(args.folder)).items():
+        print(f"peak memory, {side} alone: {mib['peak']:.0f} MiB ({mib['peak'] - mib['before_step']:+.0f} MiB above "
+              "its level before the first step)")
     more = [line for line in read(args.folder, "more.txt").splitlines() if line.startswith(
         ("RESULT", "fast generate's compilation")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
     print("\nmore steps (random_model_step.py: one measured step after one warm-up)\n" + "\n".join(more or ["none"]))

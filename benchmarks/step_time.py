@@ -71,7 +71,7 @@ PRESETS = {  # train.py flags + benchmark length + the targets the ratio lines p
     # graded task (every completion runs to 256 tokens: random weights rarely say EOS); bf16 autocast on fp32 weights
     "gpu": dict(train=["--device", "cuda", "--dtype", "bf16", "--prompts-per-step", "16", "--num-generations", "8",
                        "--max-new-tokens", "256"], random_shape="qwen2.5-0.5b",
-                steps=3, warmup=1, threads=0, targets=dict(trl=0.5, lopti=1.25, memory=1.0)),
+                steps=2, warmup=1, threads=0, targets=dict(trl=0.5, lopti=1.25, memory=1.0)),
     "gpu-1.5b": dict(train=["--device", "cuda", "--dtype", "bf16", "--prompts-per-step", "16", "--num-generations",
                             "8", "--max-new-tokens", "256", "--micro-batch", "8"], random_shape="qwen2.5-1.5b",
                      steps=2, warmup=1, threads=0, targets=dict(trl=0.5, lopti=1.25, memory=1.0)),

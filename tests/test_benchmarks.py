@@ -196,3 +196,17 @@ def test_gpu_check_dry_run_walks_every_step_on_this_cpu(tmp_path):
                     "ours / TRL, peak memory", "memory setting", "skipped for time: nothing"):
         assert section in summary, section
     assert "self-check: every path matches" in (tmp_path / "out" / "check.txt").read_text()
+
+
+def test_gpu_summary_reads_each_sides_memory_from_its_own_process(tmp_path, capsys):
+    from benchmarks import gpu_summary
+    (tmp_path / "step.txt").write_text('=== [300 s] memory, ours alone: python step_time.py --only ours\n'
+                                       'RESULT {"memory": [18000.0, 2000.0], "seconds": [21.0, 8.0]}\n'
+                                       '=== memory, ours alone: exit 0 after 45 s (estimate 50 s)\n'
+                                       '=== [345 s] memory, trl alone: python step_time.py --only trl\n'
+                                       'RESULT {"memory": [24000.0, 4000.0], "seconds": [25.0, 10.0]}\n')
+    gpu_summary.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("ours / TRL, peak memory"))
+    assert row.split()[-2:] == ["1.00", "met"] and " 0.75 " in row  # 18000 / 24000
+    assert "peak memory, trl alone: 24000 MiB (+20000 MiB above" in out

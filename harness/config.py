@@ -186,6 +186,8 @@ class Config:
     tiny_layers: int = setting(4, "tiny model: layers")
     warm_start_steps: int = setting(1500, "tiny model: most supervised warm-start steps (0 = none)")
     warm_start_target: float = setting(0.1, "tiny model: stop the warm start at this held-out pass@1")
+    warm_start_patience: int = setting(30, "tiny model: stop the warm start after this many evals in a row (one "
+                                       "each 10 steps) without a new best held-out pass@1")
     warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts; none = the output-dir")
     # --- resolved by the run, saved in run.json, not flags --------------------------------------------------------
     style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False,
@@ -301,6 +303,7 @@ class Config:
                  "embedding; a larger model: --model)"),
                 (1 <= self.tiny_layers <= MAX_TINY_LAYERS, f"--tiny-layers must lie in [1, {MAX_TINY_LAYERS}]"),
                 (self.warm_start_steps >= 0, "--warm-start-steps must be >= 0"),
+                (self.warm_start_patience >= 1, "--warm-start-patience must be >= 1"),
                 (self.epochs is None or self.epochs >= 1, "--epochs must be >= 1"),
                 (self.train_size is None or self.train_size >= self.prompts_per_step,
                  "--train-size must be >= --prompts-per-step"),

@@ -516,7 +516,7 @@ class RunState:
         self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
         self.task, self.eval_examples = task, list(eval_examples)
         self.eval_prompts = [report.prompt_text(task.prompt(example, self.config.style)) for example in eval_examples]
-        self.watch = Watch(tiny=self.config.model == "tiny")
+        self.watch = Watch(tiny=self.config.model == "tiny", warm_start=tiny.warm_start_seen(self.config))
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
         if self.config.resume:

@@ -47,7 +47,7 @@ from harness.config import Config, InputError, check_libraries, require_library
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
-from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, top_answer
+from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, noise, top_answer
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
@@ -446,6 +446,21 @@ def progress_line(row):
             + ("" if row["optimizer_steps"] else ", nothing learned (rewards tied)"))
 
 
+def sample_line(task, examples, prompts, k, completion, reward, width=48):
+    """One printed eval sample on one line: its reward, prompt, completion and the expected answer (the task's
+    compact solution, where it has one), each cut to `width` characters and quoted, so newlines stay escaped."""
+    def cut(text):
+        return repr(text if len(text) <= width else text[:width] + "...")
+    prompt = f"{cut(prompts[k])} -> " if prompts and k < len(prompts) else ""
+    expected = ""
+    if hasattr(task, "solution") and examples and k < len(examples):
+        try:
+            expected = f"  (expected {cut(str(task.solution(examples[k], 'compact')))})"
+        except ValueError:  # an example without a solution (countdown's solver found none)
+            pass
+    return f"    reward {reward:.3f}  {prompt}{cut(completion)}{expected}"
+
+
 def idle_note(config, row, streak):
     """The one line printed after config.idle_warn steps in a row that learned nothing: what ties every group's
     rewards, and the flags that help."""
@@ -597,8 +612,10 @@ class RunState:
     def trained_line(self):
         """The end-of-run table's line: how many steps trained."""
         verdict = self.watch.verdict() if self.watch else None
-        return f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}" + \
-            (f"\n{verdict}" if verdict else "")
+        final = self.last_eval[1] if self.last_eval[0] == self.step else None
+        noise_said = self.noise_line(self.initial_eval, final) if self.initial_eval and final else None
+        return "\n".join(filter(None, [noise_said, f"steps that trained (took an optimizer step): {self.trained_steps} "
+                                                    f"of {self.step}", verdict]))
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
@@ -609,13 +626,23 @@ class RunState:
         self.reporters.samples(step, samples, self.eval_prompts)
         result = self.last_eval[1]
         say(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}")
-        for completion, reward in samples[:shown]:
-            say(f"    reward {reward:.3f}  {completion[:160]!r}")
+        for k, (completion, reward) in enumerate(samples[:shown]):
+            say(sample_line(self.task, self.eval_examples, self.eval_prompts, k, completion, reward))
         notes = [self.watch.start(result, samples, self.constant_pass(samples))] if step == 0 else \
             self.watch.later_eval(step, result, samples)
         for note in filter(None, notes):
             say(note)
         return result
+
+    def noise_line(self, before, after):
+        """The end table's line on noise: each pass@1 with its standard error over the held-out prompts, and whether
+        the change is beyond the two evals' noise, 2 sqrt(se_0^2 + se^2) (harness/watch.py's rule)."""
+        change, margin = after["pass@1"] - before["pass@1"], noise(before, after)
+        said = "within noise: more steps or a larger --eval-size resolve it" if abs(change) <= margin else \
+            ("resolved: a gain" if change > 0 else "resolved: a loss") + " beyond the noise"
+        return (f"pass@1 +/- its standard error: {before['pass@1']:.3f} +/- {before.get('pass@1_se', 0.0):.3f} -> "
+                f"{after['pass@1']:.3f} +/- {after.get('pass@1_se', 0.0):.3f}; change {change:+.3f}, noise "
+                f"2 sqrt(se0^2 + se^2) = {margin:.3f}: {said}")
 
     def constant_pass(self, samples):
         """The held-out pass@1 of answering the most common greedy completion to every prompt (None without the
@@ -667,8 +694,9 @@ class RunState:
 
     def final_eval(self):
         """The eval of the final weights: the one at the last step if there was one, else a new one."""
-        return self.last_eval[1] if self.last_eval[0] == self.step and self.last_eval[1] is not None \
-            else self.evaluate([])
+        if self.last_eval[0] != self.step or self.last_eval[1] is None:
+            self.last_eval = (self.step, self.evaluate([]))  # kept: the end table's noise line reads it
+        return self.last_eval[1]
 
 
 UNSAVED_METRICS = "unsaved-metrics.jsonl"  # where set_aside_unsaved_metrics keeps such a run's rows

@@ -114,7 +114,7 @@ def warm_start_advice(warm, constant_pass):
     if stop == "steps":
         if 2 * warm["max_steps"] <= MAX_WARM_STEPS:
             return (f"the warm start used all its --warm-start-steps {warm['max_steps']} (best pass@1 {best:.3f}, "
-                    f"still gaining within its patience); raise --warm-start-steps to {2 * warm['max_steps']}")
+                    f"its patience not run out); raise --warm-start-steps to {2 * warm['max_steps']}")
         return f"the warm start used all its {warm['max_steps']} steps (best pass@1 {best:.3f}); " + NO_FLAG
     gave_up = (f"the warm start gave up at step {warm['steps']}: its best pass@1 {best:.3f} did not rise for "
                f"{patience * warm['eval_every']} steps (--warm-start-patience {patience}), below its target "

@@ -127,6 +127,9 @@ class Config:
     memory_budget: str | None = setting(None, "the card's memory with its unit (e.g. 24GB): with --dry-run, the "
                                         "settings that fit it; without, the run is refused before loading when its "
                                         "plan does not fit", saved=False, resumable=True)
+    memory_fit: str = setting("any", "what --dry-run --memory-budget may propose: any (LoRA too), or full "
+                              "(full-parameter only: no LoRA, no 4-bit base)", choices=("any", "full"), saved=False,
+                              resumable=True)
     # --- rollouts (rollout.py) ------------------------------------------------------------------------------------
     max_new_tokens: int = setting(1024, "completion length limit (tiny model: 12)", paper="256-4096")
     temperature: float = setting(1.0, "sampling temperature", paper="1.0 SoftmaxGRPO, 0.7 Lopti")
@@ -447,7 +450,8 @@ def build_parser(prog="train.py"):
         if not meta.get("flag", True):
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
+        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else \
+            ("on; this flag turns it off" if default else "off") if isinstance(default, bool) else default
         help_text = f"{meta['help']} (default: {shown}" + (f"; paper: {meta['paper']})" if meta["paper"] is not None
                                                             else ")")
         names = [flag_name(f.name)] + ([meta["alias"]] if meta.get("alias") else [])

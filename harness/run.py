@@ -139,6 +139,8 @@ def settle(config):
     config = dataclasses.replace(config, **changes)
     if config.memory_budget and not config.dry_run:  # before any weight loads (build_policy)
         within_budget(config)
+    elif not config.dry_run:
+        within_machine(config)
     return (config, tokenizer, None if config.dry_run else task, prompts)
 
 
@@ -260,14 +262,62 @@ def print_memory_plan(config):
         return
     prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
     budget = memory.parse_size(config.memory_budget) if config.memory_budget else None
+    allowed = memory.FULL_ONLY if config.memory_fit == "full" else memory.STEPS
     try:  # memory.check_inputs: a setting of the wrong type or range, named
         plan = memory.memory_plan(shape, config, prompt_length)
-        fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+        fit = memory.fitting_settings(shape, config, prompt_length, budget, allowed=allowed) if budget else None
+        modes = memory.mode_fits(shape, config, prompt_length, budget) if budget else None
     except ValueError as error:
         print(f"note: no {error}", file=sys.stderr)
         return
-    print(memory.plan_text(plan, budget, fit) + ("" if config.max_prompt_length else
-          f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
+    print(memory.plan_text(plan, budget, fit) + (f"\n{memory.modes_text(modes, budget)}" if modes else "")
+          + ("" if config.max_prompt_length else
+             f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
+    if not budget:
+        over_machine(config, shape, plan, prompt_length, say=lambda line: print(line, file=sys.stderr))
+
+
+def machine_memory(device):
+    """(bytes, in words) of the memory a run on `device` has here: a CPU's total RAM, a CUDA device's memory;
+    None where this machine cannot say (no such device, mps)."""
+    if device == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's total RAM"
+        except (ValueError, OSError):
+            return None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        if index < torch.cuda.device_count():
+            return torch.cuda.get_device_properties(index).total_memory, f"{torch.cuda.get_device_name(index)}'s memory"
+    return None
+
+
+def over_machine(config, shape, plan, prompt_length, say=say):
+    """A plan larger than this machine's memory (machine_memory) said before the run starts, one note, with the
+    settings that fit it (memory.fitting_settings): the plan errs by up to 20%, so a note, not a refusal."""
+    machine = machine_memory(config.device)
+    if machine is None or memory.needed(plan) <= machine[0]:
+        return
+    size, what = machine
+    budget = f"{int(size / memory.GB * 10) / 10:g}GB"  # rounded down: a budget within the machine
+    changes, _ = memory.fitting_settings(shape, config, prompt_length, memory.parse_size(budget))
+    say(f"note: this run's memory plan needs {memory.needed(plan) / memory.GB:.3f} GB (peak "
+        f"{plan['peak'] / memory.GB:.3f} GB + the plan's headroom), more than {what}, {budget}: it may run out of "
+        "memory; " + ("nothing the plan tries fits it (fewer prompts per step, shorter completions or a smaller model)"
+                      if changes is None else f"it fits with {memory.flags_text(changes)} (--dry-run --memory-budget "
+                      f"{budget} prints what each costs)"))
+
+
+def within_machine(config):
+    """A run that trains without --memory-budget: its plan against this machine's memory (over_machine); silent
+    when the model's config cannot be read or the plan fits."""
+    try:
+        shape = memory.model_shape(config)
+        prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
+        plan = memory.memory_plan(shape, config, prompt_length)
+    except (ValueError, OSError, KeyError, AttributeError):  # as print_memory_plan: no plan, nothing to say
+        return
+    over_machine(config, shape, plan, prompt_length)
 
 
 def within_budget(config):

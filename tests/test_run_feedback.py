@@ -312,3 +312,27 @@ def test_each_printed_sample_shows_prompt_completion_and_expected_answer_on_one_
     long = run_module.sample_line(DigitsTask(), [{"x": 1}], ["a\nlong " * 30], 0, "x\n" * 80, 0.5)
     assert "\n" not in long and len(long) < 200 and long.count("...") == 2
     assert run_module.sample_line(object(), [{"x": 1}], [], 0, "7", 1.0) == "    reward 1.000  '7'"
+
+
+# --- a quiet start (issue 64) -----------------------------------------------------------------------------------------
+def test_library_noise_is_dropped_by_its_own_message_on_its_own_logger_only(capsys):
+    import logging
+
+    import harness
+    drops = lambda name, msg: not all(f.filter(logging.LogRecord(name, logging.WARNING, "", 0, msg, (), None))  # noqa
+                                      for f in logging.getLogger(name).filters)
+    assert drops("torchao", "Failed to load /x/torchao/_C_mxfp8.so: Could not load this library")
+    assert drops("torch.utils._pytree", harness.LIBRARY_NOISE["torch.utils._pytree"][0] + " by torch.compile ...")
+    assert not drops("torchao", "Skipping import of cpp extensions")  # their other warnings still show
+    assert not drops("torch.utils._pytree", "something else")
+    assert not drops("harness.run", "Failed to load ")  # and the project's, whatever they say
+
+
+@pytest.mark.slow
+def test_importing_the_trainer_prints_no_library_noise():
+    # a real process: transformers imports the installed torchao (its .so files fail to load on this CPU build) and
+    # torchao registers Enums with torch's pytree; neither says anything now
+    pytest.importorskip("torchao")
+    proc = subprocess.run([sys.executable, "-c", "import train, harness.run, harness.tiny"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""

@@ -262,6 +262,14 @@ def budget_shares(record):
     return shares
 
 
+def learning_low_share(record):
+    """The low pass's share of the tokens of the rows that can learn: rows with a non-zero advantage of the run's
+    method, or every row under the KL term (train.update_policy's lopti_low_share counts these)."""
+    mask = record.mask.bool()
+    active = (record.advantages[record.config.method].flatten() != 0) | (record.config.kl_coef > 0)
+    return float(record.low[active].sum() / mask[active].sum().clamp_min(1))
+
+
 def step_section(record):
     """The step's summary: settings, rewards, Lopti's pass shares, the loss's clip fractions, the histogram."""
     config, stats, mask = record.config, record.stats or {}, record.mask.bool()
@@ -279,7 +287,9 @@ def step_section(record):
                        f"≥ {record.pass_threshold:g})"),
             (f"Lopti passes (η = {shown_alpha_eta(config)[1]:g})",
              f"low (p_old &lt; η): {low / max(valid, 1):.1%} of the tokens; high: "
-             f"{(valid - low) / max(valid, 1):.1%}"),
+             f"{(valid - low) / max(valid, 1):.1%}; low among the tokens of rows that can learn (a non-zero "
+             f"advantage{', or the KL term' if config.kl_coef > 0 else ''}; the loss's lopti_low_share): "
+             f"{learning_low_share(record):.1%}"),
             ("the loss (update_policy)", ", ".join(f"{key} {stats[key]:.4g}" for key in
                                                    ("optimizer_steps", "clip_frac_low", "clip_frac_high",
                                                     "ratio_max", "lopti_low_share") if key in stats) or "—"),

@@ -280,7 +280,8 @@ def memory_plan(shape, config, prompt_length):
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
                            eval_rows=eval_rows,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
-                           device=config.device, compute_dtype="bf16" if compute == 2 else "fp32", kl_coef=config.kl_coef,
+                           device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
+                           kl_coef=config.kl_coef,
                            weights_dtype=config.param_dtype + (", NF4 base" if nf4 else "")
                            + (", stepped in backward" if in_backward else ""))
     return plan

@@ -288,7 +288,8 @@ def machine_memory(device):
     if device.startswith("cuda") and torch.cuda.is_available():
         index = torch.device(device).index or 0
         if index < torch.cuda.device_count():
-            return torch.cuda.get_device_properties(index).total_memory, f"{torch.cuda.get_device_name(index)}'s memory"
+            properties = torch.cuda.get_device_properties(index)
+            return properties.total_memory, f"{properties.name}'s memory"
     return None
 
 
@@ -303,9 +304,9 @@ def over_machine(config, shape, plan, prompt_length, say=say):
     changes, _ = memory.fitting_settings(shape, config, prompt_length, memory.parse_size(budget))
     say(f"note: this run's memory plan needs {memory.needed(plan) / memory.GB:.3f} GB (peak "
         f"{plan['peak'] / memory.GB:.3f} GB + the plan's headroom), more than {what}, {budget}: it may run out of "
-        "memory; " + ("nothing the plan tries fits it (fewer prompts per step, shorter completions or a smaller model)"
-                      if changes is None else f"it fits with {memory.flags_text(changes)} (--dry-run --memory-budget "
-                      f"{budget} prints what each costs)"))
+        "memory; " + ("nothing the plan tries fits it (fewer prompts per step, shorter completions or a smaller "
+                      "model)" if changes is None else f"it fits with {memory.flags_text(changes)} (--dry-run "
+                      f"--memory-budget {budget} prints what each costs)"))
 
 
 def within_machine(config):
@@ -664,8 +665,8 @@ class RunState:
         verdict = self.watch.verdict() if self.watch else None
         final = self.last_eval[1] if self.last_eval[0] == self.step else None
         noise_said = self.noise_line(self.initial_eval, final) if self.initial_eval and final else None
-        return "\n".join(filter(None, [noise_said, f"steps that trained (took an optimizer step): {self.trained_steps} "
-                                                    f"of {self.step}", verdict]))
+        trained = f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}"
+        return "\n".join(filter(None, [noise_said, trained, verdict]))
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""

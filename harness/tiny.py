@@ -128,8 +128,8 @@ def warm_start_dir(cache_root, settings):
 
 
 def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=1500, batch_size=64, lr=3e-3,
-               target_pass=0.1, eval_every=WARM_START_EVAL_EVERY, patience=DEFAULT_PATIENCE, max_new_tokens=12, seed=0,
-               log=print):
+               target_pass=0.1, eval_every=WARM_START_EVAL_EVERY, patience=DEFAULT_PATIENCE, max_new_tokens=12,
+               seed=0, log=print):
     """Supervised warm start; returns (model, info). Stops at the first eval with pass@1 >= target_pass, or when
     `patience` evals in a row did not raise the best pass@1 (the target is out of reach: say so, go on from there),
     or after max_steps. info["stopped"] says which ("target", "patience", "steps"), info["best"] the best pass@1:

@@ -59,9 +59,9 @@ def noise(first, now):
     return 2 * math.sqrt(first.get("pass@1_se", 0.0) ** 2 + now.get("pass@1_se", 0.0) ** 2)
 
 
-NO_FLAG = ("no flag is likely to help: the tiny model (about 2M parameters, trained on the task's own solutions) has "
-           "not learned what makes this task's answers differ from prompt to prompt, and a longer warm start repeats "
-           "what did not gain. Try a real model (--model smollm2, or a Hugging Face id), a denser reward (partial "
+NO_FLAG = ("no flag is likely to help: the tiny model (about 2M parameters, trained on the task's own solutions) "
+           "has not learned what makes this task's answers differ from prompt to prompt, and a longer warm start "
+           "repeats what did not gain. Try a real model (--model smollm2, or a Hugging Face id), a denser reward (partial "
            "credit, so that a near answer scores above the constant one), or a task whose solutions the warm start "
            "can imitate (a solution() that spells out the steps to the answer)")
 
@@ -95,7 +95,8 @@ def warm_start_advice(warm, constant_pass):
     """
     floor = constant_pass or 0.0
     if warm is not None and warm.get("steps") == 0:
-        return "give it a warm start (--warm-start-steps 1500), so RL starts from a policy that answers the prompts apart"
+        return ("give it a warm start (--warm-start-steps 1500), so RL starts from a policy that answers the prompts "
+                "apart")
     if warm is None:
         target = target_above(floor)
         return (f"raise --warm-start-target to {target:g} (above the constant answer's pass@1 {floor:.3f}), so the "
@@ -107,7 +108,8 @@ def warm_start_advice(warm, constant_pass):
         target = target_above(max(floor, warm["target"]))
         if target <= MAX_TARGET:
             return (f"the warm start stopped at step {warm['steps']}, when it reached --warm-start-target "
-                    f"{warm['target']:g}, which the constant answer's pass@1 ({floor:.3f}) already meets or is near; "
+                    f"{warm['target']:g}, which the constant answer's pass@1 ({floor:.3f}) already meets or is "
+                    "near; "
                     f"raise --warm-start-target to {target:g}, so it stops only once it beats one answer for all")
         return (f"the constant answer already passes {floor:.0%} of the prompts, so no --warm-start-target can make "
                 "the warm start tell the answers apart; " + NO_FLAG)

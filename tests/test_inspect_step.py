@@ -317,7 +317,8 @@ def test_the_page_renders_in_headless_chromium(inspected_run, tmp_path):
 
 def test_the_pages_prompt_wording_is_the_tasks_own(tmp_path, one_thread):
     # issue 64: a custom task's page said Countdown's "the numbers, >, the target, :"
-    record, model, _, _, stats = record_of_tiny_rollouts([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]], style="compact")
+    rewards = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]
+    record, model, _, _, stats = record_of_tiny_rollouts(rewards, style="compact")
     page = finished_page(record, model, stats, tmp_path)
     assert "Countdown" not in page and "the target" not in page
     assert f"(digits: e.g. &quot;{record.prompts[0].replace('>', '&gt;')}&quot;)" in page

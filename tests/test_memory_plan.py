@@ -472,8 +472,8 @@ COUNTDOWN_3B = ["--model", "Qwen/Qwen2.5-3B", "--device", "cuda", "--memory-budg
 def test_the_plan_says_per_mode_whether_full_parameter_fits(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     lines = plan_lines(capsys, "--output-dir", str(tmp_path), *COUNTDOWN_3B, "--kl-coef", "1e-3")
-    modes = {line.strip().split(":")[0]: line for line in lines[lines.index("  per mode, on 24.0 GB (each searched "
-                                                                            "alone):") + 1:] if line.startswith("    ")}
+    after = lines[lines.index("  per mode, on 24.0 GB (each searched alone):") + 1:]
+    modes = {line.strip().split(":")[0]: line for line in after if line.startswith("    ")}
     assert "does not fit" in modes["full-parameter, all on the card"]
     assert "does not fit" in modes["full-parameter, AdamW's states offloaded"]
     assert "--step-in-backward" in modes["full-parameter, all on the card, --kl-coef 0 (another objective)"]

@@ -319,8 +319,9 @@ def test_library_noise_is_dropped_by_its_own_message_on_its_own_logger_only(caps
     import logging
 
     import harness
-    drops = lambda name, msg: not all(f.filter(logging.LogRecord(name, logging.WARNING, "", 0, msg, (), None))  # noqa
-                                      for f in logging.getLogger(name).filters)
+    def drops(name, msg):
+        record = logging.LogRecord(name, logging.WARNING, "", 0, msg, (), None)
+        return not all(f.filter(record) for f in logging.getLogger(name).filters)
     assert drops("torchao", "Failed to load /x/torchao/_C_mxfp8.so: Could not load this library")
     assert drops("torch.utils._pytree", harness.LIBRARY_NOISE["torch.utils._pytree"][0] + " by torch.compile ...")
     assert not drops("torchao", "Skipping import of cpp extensions")  # their other warnings still show

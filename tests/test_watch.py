@@ -156,8 +156,8 @@ def test_collapsed_answers_and_a_degenerate_start():
 
 # --- the degenerate-start note's advice, followed run after run (issue 64) --------------------------------------------
 class Vowels:
-    """The issue's own task: "vowels qaeit:" -> "3", the count of vowels of a 5-letter word. Its warm start taught the
-    tiny model the constant answer "1", which passes 0.41 of the held-out prompts."""
+    """The issue's own task: "vowels qaeit:" -> "3", the count of vowels of a 5-letter word. Its warm start taught
+    the tiny model the constant answer "1", which passes 0.41 of the held-out prompts."""
     name, pass_threshold = "vowels", 1.0
 
     def examples(self, split, n, seed):

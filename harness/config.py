@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import tasks
 from harness.checkpoint import RunError, checkpoint_step, load_run_settings, refuse_live_run, resolve_checkpoint
 from harness.memory import parse_size
+from harness.watch import DEFAULT_PATIENCE
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
@@ -189,8 +190,8 @@ class Config:
     tiny_layers: int = setting(4, "tiny model: layers")
     warm_start_steps: int = setting(1500, "tiny model: most supervised warm-start steps (0 = none)")
     warm_start_target: float = setting(0.1, "tiny model: stop the warm start at this held-out pass@1")
-    warm_start_patience: int = setting(30, "tiny model: stop the warm start after this many evals in a row (one "
-                                       "each 10 steps) without a new best held-out pass@1")
+    warm_start_patience: int = setting(DEFAULT_PATIENCE, "tiny model: stop the warm start after this many evals in "
+                                       "a row (one each 10 steps) without a new best held-out pass@1")
     warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts; none = the output-dir")
     # --- resolved by the run, saved in run.json, not flags --------------------------------------------------------
     style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False,

@@ -18,8 +18,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from harness.checkpoint import RunError, refuse_link, save_policy_atomically
-from harness.config import Config
-from harness.watch import warm_start_advice
+from harness.watch import DEFAULT_PATIENCE, warm_start_advice
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 
@@ -35,7 +34,6 @@ COUNTDOWN_OPTIONS = {"num_count": 2}
 # the default run's warm start is the one it always was.
 WARM_START_EVAL_SIZE = 200
 WARM_START_EVAL_EVERY = 10  # supervised steps between the warm start's evals (its patience counts evals)
-DEFAULT_PATIENCE = Config.warm_start_patience  # evals without a new best before the warm start gives up
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import types
 import torch
 
 from harness.config import Config
-from harness.watch import DEFAULT_PATIENCE, FLAT_EVALS, REWARD_WINDOW, Watch, noise, top_answer, warm_start_advice
+from harness.watch import (DEFAULT_PATIENCE, FLAT_EVALS, REWARD_WINDOW, Watch, noise, top_answer,
+                           warm_start_advice)
 
 
 def result(p, se=0.02):
@@ -197,7 +198,7 @@ def test_following_the_degenerate_start_note_never_repeats_a_suggestion(tmp_path
     monkeypatch.setattr(tiny, "evaluate", lambda *a, **k: {"pass@1": 0.41, "reward": 0.41})
     monkeypatch.setattr(tiny, "save_policy_atomically", lambda *a, **k: None)
     task, tokenizer = Vowels(), tiny.build_char_tokenizer()
-    flags = {"--warm-start-target": 0.1, "--warm-start-steps": 1500, "--warm-start-patience": tiny.DEFAULT_PATIENCE}
+    flags = {"--warm-start-target": 0.1, "--warm-start-steps": 1500, "--warm-start-patience": DEFAULT_PATIENCE}
     followed, notes = set(), []
     for attempt in range(5):
         model = OneWeight()

@@ -472,7 +472,7 @@ def mode_fits(shape, config, prompt_length, budget):
     if config.kl_coef > 0:
         modes.append(("full-parameter, all on the card, --kl-coef 0 (another objective)", fitting_settings(
             shape, config, prompt_length, budget, allowed=ON_CARD + OBJECTIVE_STEPS)))
-    if getattr(config, "memory_fit", "any") == "any":
+    if config.memory_fit == "any":
         changes, fitted = fitting_settings(shape, dataclasses.replace(config, lora_rank=16), prompt_length, budget,
                                            allowed=tuple(name for name in STEPS if name != "lora_rank"))
         modes.append(("LoRA rank 16", ({"lora_rank": 16, **changes} if changes is not None else None, fitted)))

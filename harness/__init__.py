@@ -18,3 +18,33 @@ The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions coll
 import nothing from here (tests/test_train.py checks the step functions); train.py's loop and `main` do. config.py
 and what it imports load no torch, so `--help` and a bad flag answer before torch loads.
 """
+import logging
+
+# Library noise at import, silenced where it starts: transformers imports an installed torchao, whose compiled
+# kernels built for another Python or CUDA fail to load ("Failed to load ..._C_*.so", on the logger "torchao"), and
+# torchao registers its Enums with torch's pytree, which warns that Enums are supported natively now (the W-lines
+# of "torch.utils._pytree"). Each is dropped by its own message on its own logger, before any import of theirs:
+# their other warnings, and every warning of this project, still show (tests/test_run_feedback.py).
+LIBRARY_NOISE = {"torchao": ("Failed to load ",),
+                 "torch.utils._pytree": ("%s is an Enum subclass and is now natively supported",)}
+
+
+class DropMessages(logging.Filter):
+    """A logging filter that drops the records whose message (its format string) starts with one of `prefixes`."""
+
+    def __init__(self, prefixes):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record):
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def silence_library_noise():
+    """LIBRARY_NOISE's filters on their loggers, once (importing harness does it, before torch or transformers)."""
+    for name, prefixes in LIBRARY_NOISE.items():
+        if not any(isinstance(known, DropMessages) for known in logging.getLogger(name).filters):
+            logging.getLogger(name).addFilter(DropMessages(prefixes))
+
+
+silence_library_noise()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import tasks
 from harness.checkpoint import RunError, checkpoint_step, load_run_settings, refuse_live_run, resolve_checkpoint
 from harness.memory import parse_size
+from harness.watch import DEFAULT_PATIENCE
 
 # The choices of three settings, spelled here so that this file needs no torch (tests check them against
 # softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
@@ -127,6 +128,9 @@ class Config:
     memory_budget: str | None = setting(None, "the card's memory with its unit (e.g. 24GB): with --dry-run, the "
                                         "settings that fit it; without, the run is refused before loading when its "
                                         "plan does not fit", saved=False, resumable=True)
+    memory_fit: str = setting("any", "what --dry-run --memory-budget may propose: any (LoRA too), or full "
+                              "(full-parameter only: no LoRA, no 4-bit base)", choices=("any", "full"), saved=False,
+                              resumable=True)
     # --- rollouts (rollout.py) ------------------------------------------------------------------------------------
     max_new_tokens: int = setting(1024, "completion length limit (tiny model: 12)", paper="256-4096")
     temperature: float = setting(1.0, "sampling temperature", paper="1.0 SoftmaxGRPO, 0.7 Lopti")
@@ -186,6 +190,8 @@ class Config:
     tiny_layers: int = setting(4, "tiny model: layers")
     warm_start_steps: int = setting(1500, "tiny model: most supervised warm-start steps (0 = none)")
     warm_start_target: float = setting(0.1, "tiny model: stop the warm start at this held-out pass@1")
+    warm_start_patience: int = setting(DEFAULT_PATIENCE, "tiny model: stop the warm start after this many evals in "
+                                       "a row (one each 10 steps) without a new best held-out pass@1")
     warm_start_cache: str | None = setting(None, "tiny model: folder of cached warm starts; none = the output-dir")
     # --- resolved by the run, saved in run.json, not flags --------------------------------------------------------
     style: str = setting("chat", "prompt style: chat, or compact for the tiny model", flag=False,
@@ -306,6 +312,7 @@ class Config:
                  "embedding; a larger model: --model)"),
                 (1 <= self.tiny_layers <= MAX_TINY_LAYERS, f"--tiny-layers must lie in [1, {MAX_TINY_LAYERS}]"),
                 (self.warm_start_steps >= 0, "--warm-start-steps must be >= 0"),
+                (self.warm_start_patience >= 1, "--warm-start-patience must be >= 1"),
                 (self.epochs is None or self.epochs >= 1, "--epochs must be >= 1"),
                 (self.train_size is None or self.train_size >= self.prompts_per_step,
                  "--train-size must be >= --prompts-per-step"),
@@ -449,7 +456,8 @@ def build_parser(prog="train.py"):
         if not meta.get("flag", True):
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
+        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else \
+            ("on; this flag turns it off" if default else "off") if isinstance(default, bool) else default
         help_text = f"{meta['help']} (default: {shown}" + (f"; paper: {meta['paper']})" if meta["paper"] is not None
                                                             else ")")
         names = [flag_name(f.name)] + ([meta["alias"]] if meta.get("alias") else [])

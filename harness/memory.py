@@ -281,6 +281,7 @@ def memory_plan(shape, config, prompt_length):
                            eval_rows=eval_rows,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
+                           kl_coef=config.kl_coef,
                            weights_dtype=config.param_dtype + (", NF4 base" if nf4 else "")
                            + (", stepped in backward" if in_backward else ""))
     return plan
@@ -453,6 +454,43 @@ def fitting_settings(shape, config, prompt_length, budget, *, allowed=STEPS):
     return None, smallest
 
 
+FULL_ONLY = tuple(name for name in STEPS if name not in ("lora_rank", "base_dtype"))  # --memory-fit full
+ON_CARD = tuple(name for name in FULL_ONLY if name != "optimizer_offload")
+
+
+def mode_fits(shape, config, prompt_length, budget):
+    """Per mode, whether and how the run fits `budget` (each searched alone by fitting_settings) -> [(mode, (changes,
+    plan))]: full-parameter with everything on the card; full-parameter with AdamW's states offloaded to CPU memory;
+    with a KL term, full-parameter on the card without it (--kl-coef 0: another objective); and LoRA rank 16 (its
+    4-bit base allowed) unless --memory-fit full. A LoRA run (--lora-rank given) has one mode: as asked."""
+    if config.lora_rank:
+        return [(f"LoRA rank {config.lora_rank}", fitting_settings(shape, config, prompt_length, budget))]
+    modes = [("full-parameter, all on the card", fitting_settings(shape, config, prompt_length, budget,
+                                                                 allowed=ON_CARD)),
+             ("full-parameter, AdamW's states offloaded", fitting_settings(shape, config, prompt_length, budget,
+                                                                          allowed=FULL_ONLY))]
+    if config.kl_coef > 0:
+        modes.append(("full-parameter, all on the card, --kl-coef 0 (another objective)", fitting_settings(
+            shape, config, prompt_length, budget, allowed=ON_CARD + OBJECTIVE_STEPS)))
+    if config.memory_fit == "any":
+        changes, fitted = fitting_settings(shape, dataclasses.replace(config, lora_rank=16), prompt_length, budget,
+                                           allowed=tuple(name for name in STEPS if name != "lora_rank"))
+        modes.append(("LoRA rank 16", ({"lora_rank": 16, **changes} if changes is not None else None, fitted)))
+    return modes
+
+
+def modes_text(modes, budget):
+    """mode_fits' answer, one line a mode."""
+    def said(changes, fitted):
+        if changes is None:
+            return f"does not fit (the smallest plan tried needs {needed(fitted) / GB:.3f} GB)"
+        steps = f"; {changes['mini_batches']} optimizer steps a batch" if changes.get("step_in_backward") else ""
+        return "fits as it is" if not changes else f"fits with {flags_text(changes)}" \
+            + f" (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f}{steps})"
+    return f"  per mode, on {budget / GB:.1f} GB (each searched alone):" + "".join(
+        f"\n    {mode}: {said(*fit)}" for mode, fit in modes)
+
+
 def plan_text(plan, budget=None, fit=None):
     """The plan as lines of text: what it assumed (device, dtypes), each part in GB, the two phases' peaks, and (with
     a budget) what fits, keeping the headroom of needed()."""
@@ -492,6 +530,7 @@ def fit_text(plan, budget, fit, *, kl_tried=False):
     (and, when the weights alone are over the budget, that fewer rows or tokens cannot help). kl_tried: the search
     was allowed --kl-coef 0, so the note that it was not is left out."""
     changes, fitted = fit
+    kl_tried = kl_tried or not plan["assumed"]["kl_coef"]  # --kl-coef 0 given: nothing left untried
     untried = "" if kl_tried else f"\n    ({NOT_AVAILABLE})"
     if changes == {}:
         return f"fits as it is (needs {needed(plan) / GB:.3f} GB)"

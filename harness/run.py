@@ -47,7 +47,7 @@ from harness.config import Config, InputError, check_libraries, require_library
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
-from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, top_answer
+from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, noise, top_answer
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
@@ -139,6 +139,8 @@ def settle(config):
     config = dataclasses.replace(config, **changes)
     if config.memory_budget and not config.dry_run:  # before any weight loads (build_policy)
         within_budget(config)
+    elif not config.dry_run:
+        within_machine(config)
     return (config, tokenizer, None if config.dry_run else task, prompts)
 
 
@@ -260,14 +262,63 @@ def print_memory_plan(config):
         return
     prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
     budget = memory.parse_size(config.memory_budget) if config.memory_budget else None
+    allowed = memory.FULL_ONLY if config.memory_fit == "full" else memory.STEPS
     try:  # memory.check_inputs: a setting of the wrong type or range, named
         plan = memory.memory_plan(shape, config, prompt_length)
-        fit = memory.fitting_settings(shape, config, prompt_length, budget) if budget else None
+        fit = memory.fitting_settings(shape, config, prompt_length, budget, allowed=allowed) if budget else None
+        modes = memory.mode_fits(shape, config, prompt_length, budget) if budget else None
     except ValueError as error:
         print(f"note: no {error}", file=sys.stderr)
         return
-    print(memory.plan_text(plan, budget, fit) + ("" if config.max_prompt_length else
-          f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
+    print(memory.plan_text(plan, budget, fit) + (f"\n{memory.modes_text(modes, budget)}" if modes else "")
+          + ("" if config.max_prompt_length else
+             f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
+    if not budget:
+        over_machine(config, shape, plan, prompt_length, say=lambda line: print(line, file=sys.stderr))
+
+
+def machine_memory(device):
+    """(bytes, in words) of the memory a run on `device` has here: a CPU's total RAM, a CUDA device's memory;
+    None where this machine cannot say (no such device, mps)."""
+    if device == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's total RAM"
+        except (ValueError, OSError):
+            return None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        if index < torch.cuda.device_count():
+            properties = torch.cuda.get_device_properties(index)
+            return properties.total_memory, f"{properties.name}'s memory"
+    return None
+
+
+def over_machine(config, shape, plan, prompt_length, say=say):
+    """A plan larger than this machine's memory (machine_memory) said before the run starts, one note, with the
+    settings that fit it (memory.fitting_settings): the plan errs by up to 20%, so a note, not a refusal."""
+    machine = machine_memory(config.device)
+    if machine is None or memory.needed(plan) <= machine[0]:
+        return
+    size, what = machine
+    budget = f"{int(size / memory.GB * 10) / 10:g}GB"  # rounded down: a budget within the machine
+    changes, _ = memory.fitting_settings(shape, config, prompt_length, memory.parse_size(budget))
+    say(f"note: this run's memory plan needs {memory.needed(plan) / memory.GB:.3f} GB (peak "
+        f"{plan['peak'] / memory.GB:.3f} GB + the plan's headroom), more than {what}, {budget}: it may run out of "
+        "memory; " + ("nothing the plan tries fits it (fewer prompts per step, shorter completions or a smaller "
+                      "model)" if changes is None else f"it fits with {memory.flags_text(changes)} (--dry-run "
+                      f"--memory-budget {budget} prints what each costs)"))
+
+
+def within_machine(config):
+    """A run that trains without --memory-budget: its plan against this machine's memory (over_machine); silent
+    when the model's config cannot be read or the plan fits."""
+    try:
+        shape = memory.model_shape(config)
+        prompt_length = config.max_prompt_length or memory.PROMPT_GUESS[config.style]
+        plan = memory.memory_plan(shape, config, prompt_length)
+    except (ValueError, OSError, KeyError, AttributeError):  # as print_memory_plan: no plan, nothing to say
+        return
+    over_machine(config, shape, plan, prompt_length)
 
 
 def within_budget(config):
@@ -446,6 +497,21 @@ def progress_line(row):
             + ("" if row["optimizer_steps"] else ", nothing learned (rewards tied)"))
 
 
+def sample_line(task, examples, prompts, k, completion, reward, width=48):
+    """One printed eval sample on one line: its reward, prompt, completion and the expected answer (the task's
+    compact solution, where it has one), each cut to `width` characters and quoted, so newlines stay escaped."""
+    def cut(text):
+        return repr(text if len(text) <= width else text[:width] + "...")
+    prompt = f"{cut(prompts[k])} -> " if prompts and k < len(prompts) else ""
+    expected = ""
+    if hasattr(task, "solution") and examples and k < len(examples):
+        try:
+            expected = f"  (expected {cut(str(task.solution(examples[k], 'compact')))})"
+        except ValueError:  # an example without a solution (countdown's solver found none)
+            pass
+    return f"    reward {reward:.3f}  {prompt}{cut(completion)}{expected}"
+
+
 def idle_note(config, row, streak):
     """The one line printed after config.idle_warn steps in a row that learned nothing: what ties every group's
     rewards, and the flags that help."""
@@ -516,7 +582,7 @@ class RunState:
         self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
         self.task, self.eval_examples = task, list(eval_examples)
         self.eval_prompts = [report.prompt_text(task.prompt(example, self.config.style)) for example in eval_examples]
-        self.watch = Watch(tiny=self.config.model == "tiny")
+        self.watch = Watch(tiny=self.config.model == "tiny", warm_start=tiny.warm_start_seen(self.config))
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
         if self.config.resume:
@@ -597,8 +663,10 @@ class RunState:
     def trained_line(self):
         """The end-of-run table's line: how many steps trained."""
         verdict = self.watch.verdict() if self.watch else None
-        return f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}" + \
-            (f"\n{verdict}" if verdict else "")
+        final = self.last_eval[1] if self.last_eval[0] == self.step else None
+        noise_said = self.noise_line(self.initial_eval, final) if self.initial_eval and final else None
+        trained = f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}"
+        return "\n".join(filter(None, [noise_said, trained, verdict]))
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
@@ -609,13 +677,23 @@ class RunState:
         self.reporters.samples(step, samples, self.eval_prompts)
         result = self.last_eval[1]
         say(f"step {step}: held-out pass@1 {result['pass@1']:.3f}  reward {result['reward']:.3f}")
-        for completion, reward in samples[:shown]:
-            say(f"    reward {reward:.3f}  {completion[:160]!r}")
+        for k, (completion, reward) in enumerate(samples[:shown]):
+            say(sample_line(self.task, self.eval_examples, self.eval_prompts, k, completion, reward))
         notes = [self.watch.start(result, samples, self.constant_pass(samples))] if step == 0 else \
             self.watch.later_eval(step, result, samples)
         for note in filter(None, notes):
             say(note)
         return result
+
+    def noise_line(self, before, after):
+        """The end table's line on noise: each pass@1 with its standard error over the held-out prompts, and whether
+        the change is beyond the two evals' noise, 2 sqrt(se_0^2 + se^2) (harness/watch.py's rule)."""
+        change, margin = after["pass@1"] - before["pass@1"], noise(before, after)
+        said = "within noise: more steps or a larger --eval-size resolve it" if abs(change) <= margin else \
+            ("resolved: a gain" if change > 0 else "resolved: a loss") + " beyond the noise"
+        return (f"pass@1 +/- its standard error: {before['pass@1']:.3f} +/- {before.get('pass@1_se', 0.0):.3f} -> "
+                f"{after['pass@1']:.3f} +/- {after.get('pass@1_se', 0.0):.3f}; change {change:+.3f}, noise "
+                f"2 sqrt(se0^2 + se^2) = {margin:.3f}: {said}")
 
     def constant_pass(self, samples):
         """The held-out pass@1 of answering the most common greedy completion to every prompt (None without the
@@ -667,8 +745,9 @@ class RunState:
 
     def final_eval(self):
         """The eval of the final weights: the one at the last step if there was one, else a new one."""
-        return self.last_eval[1] if self.last_eval[0] == self.step and self.last_eval[1] is not None \
-            else self.evaluate([])
+        if self.last_eval[0] != self.step or self.last_eval[1] is None:
+            self.last_eval = (self.step, self.evaluate([]))  # kept: the end table's noise line reads it
+        return self.last_eval[1]
 
 
 UNSAVED_METRICS = "unsaved-metrics.jsonl"  # where set_aside_unsaved_metrics keeps such a run's rows

@@ -64,6 +64,8 @@ class StepRecord:
     clipped: torch.Tensor = None
     stats: dict = None
     source: str = ""
+    task_name: str = ""          # the task's name and, where it has one, its compact_wording (the prompt's format)
+    task_wording: str = ""
 
 
 def shown_alpha_eta(config):
@@ -112,7 +114,8 @@ def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, du
                       prompts=tokenizer.batch_decode(prompts, skip_special_tokens=True), rewards=group_rewards,
                       lengths=lengths, advantages=advantages, completion_ids=ids[:, prompt_width:], mask=mask,
                       old_logprobs=old_logprobs, ar_weight=ar_weight, low=low, token_advantages=token_advantages,
-                      tokenizer=tokenizer, rollouts=rollouts, source=source)
+                      tokenizer=tokenizer, rollouts=rollouts, source=source, task_name=getattr(task, "name", ""),
+                      task_wording=getattr(task, "compact_wording", ""))
 
 
 def after_update(record, model, stats, *, path=None):
@@ -260,6 +263,14 @@ def budget_shares(record):
     return shares
 
 
+def learning_low_share(record):
+    """The low pass's share of the tokens of the rows that can learn: rows with a non-zero advantage of the run's
+    method, or every row under the KL term (train.update_policy's lopti_low_share counts these)."""
+    mask = record.mask.bool()
+    active = (record.advantages[record.config.method].flatten() != 0) | (record.config.kl_coef > 0)
+    return float(record.low[active].sum() / mask[active].sum().clamp_min(1))
+
+
 def step_section(record):
     """The step's summary: settings, rewards, Lopti's pass shares, the loss's clip fractions, the histogram."""
     config, stats, mask = record.config, record.stats or {}, record.mask.bool()
@@ -277,7 +288,9 @@ def step_section(record):
                        f"≥ {record.pass_threshold:g})"),
             (f"Lopti passes (η = {shown_alpha_eta(config)[1]:g})",
              f"low (p_old &lt; η): {low / max(valid, 1):.1%} of the tokens; high: "
-             f"{(valid - low) / max(valid, 1):.1%}"),
+             f"{(valid - low) / max(valid, 1):.1%}; low among the tokens of rows that can learn (a non-zero "
+             f"advantage{', or the KL term' if config.kl_coef > 0 else ''}; the loss's lopti_low_share): "
+             f"{learning_low_share(record):.1%}"),
             ("the loss (update_policy)", ", ".join(f"{key} {stats[key]:.4g}" for key in
                                                    ("optimizer_steps", "clip_frac_low", "clip_frac_high",
                                                     "ratio_max", "lopti_low_share") if key in stats) or "—"),
@@ -341,13 +354,18 @@ def group_section(record, role, g, shares, per_completion):
             f'(coloured by p_old)</th></tr>{"".join(rows)}</table></section>')
 
 
-def prompt_format(config):
-    """One line on the compact prompt format, once a page, when the run uses it."""
-    if config.style != "compact":
+def prompt_format(record):
+    """One line on the compact prompt format, once a page, when the run uses it: the task's own words for it (its
+    compact_wording), else one of the step's prompts as the example."""
+    if record.config.style != "compact":
         return ""
+    example = record.prompts[0] if record.prompts else ""
+    told = record.task_wording or (f'e.g. "{example if len(example) <= PROMPT_CHARS else example[:PROMPT_CHARS]}"'
+                                   if example else "")
+    name = record.task_name or "the task"
     return ('<p class="note">Prompts are in the compact style, as the tiny model reads them: the task\'s prompt on '
-            'one line, lower case, one character per token (Countdown: the numbers, "&gt;", the target, ":"; '
-            'the completion is the expression). Chat-style runs show the last user message.</p>')
+            f'one line, lower case, one character per token{esc(f" ({name}: {told})" if told else "")}. Chat-style '
+            'runs show the last user message.</p>')
 
 
 def page_html(record):
@@ -363,7 +381,8 @@ def page_html(record):
             f'did</title><style>{STYLE}</style></head><body><h1>Step {record.step}: what the step did</h1>'
             f'<p class="meta">{esc(config.output_dir)}{source}; task {esc(os.path.basename(str(config.task)))}, model '
             f'{esc(os.path.basename(str(config.model)))}, seed {config.seed}. Made by harness/step_page.py; '
-            f'how to read it: docs/runs.md, “See one step”.</p>{prompt_format(config)}{step_section(record)}{legend()}{groups}'
+            f'how to read it: docs/runs.md, “See one step”.</p>{prompt_format(record)}{step_section(record)}'
+            f'{legend()}{groups}'
             f'<p class="note">Rewards ≥ {record.pass_threshold:g} count as a success (bold). ω<sub>M,τ</sub> is '
             'Eq. (4)\'s '
             'weight for binary rewards (softmax_grpo.prompt_weight). Advantages are group_advantages of the same '

@@ -18,6 +18,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from harness.checkpoint import RunError, refuse_link, save_policy_atomically
+from harness.watch import DEFAULT_PATIENCE, warm_start_advice
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 
@@ -32,6 +33,7 @@ COUNTDOWN_OPTIONS = {"num_count": 2}
 # run's evals), so a run's eval size leaves its warm start, and its cache key, alone. 200 = --eval-size's default:
 # the default run's warm start is the one it always was.
 WARM_START_EVAL_SIZE = 200
+WARM_START_EVAL_EVERY = 10  # supervised steps between the warm start's evals (its patience counts evals)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,6 +108,8 @@ def warm_start_settings(config):
     settings = {key: getattr(config, key) for key in ("task", "task_options", "data", "seed", "tiny_hidden",
                                                       "tiny_layers", "warm_start_steps", "warm_start_target",
                                                       "max_new_tokens")}
+    if config.warm_start_patience != DEFAULT_PATIENCE:  # keyed only when set: the default keeps its folder name
+        settings["warm_start_patience"] = config.warm_start_patience
     return {**settings, "task_file_sha256": config.task_file_sha256} if config.task_file_sha256 else settings
 
 
@@ -122,9 +126,12 @@ def warm_start_dir(cache_root, settings):
 
 
 def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=1500, batch_size=64, lr=3e-3,
-               target_pass=0.1, eval_every=10, patience=30, max_new_tokens=12, seed=0, log=print):
+               target_pass=0.1, eval_every=WARM_START_EVAL_EVERY, patience=DEFAULT_PATIENCE, max_new_tokens=12,
+               seed=0, log=print):
     """Supervised warm start; returns (model, info). Stops at the first eval with pass@1 >= target_pass, or when
-    `patience` evals in a row did not raise the best pass@1 (the target is out of reach: say so, go on from there).
+    `patience` evals in a row did not raise the best pass@1 (the target is out of reach: say so, go on from there),
+    or after max_steps. info["stopped"] says which ("target", "patience", "steps"), info["best"] the best pass@1:
+    the degenerate-start note's advice reads them (harness/watch.py, warm_start_advice).
 
     Trains on (compact prompt, task.solution) pairs with cross-entropy on the solution tokens and EOS only.
     Every `eval_every` steps: greedy pass@1 on `eval_examples` (held out). The result is saved to `cache_dir`
@@ -150,7 +157,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     model.train()
     log(f"warm start: supervised steps until held-out pass@1 >= {target_pass} (at most {max_steps}; cached in "
         f"{cache_dir}; its held-out draw is its own, the run's evals use another)")
-    step, metrics, best, stale = 0, {"pass@1": 0.0, "reward": 0.0}, 0.0, 0
+    step, metrics, best, stale, stopped = 0, {"pass@1": 0.0, "reward": 0.0}, 0.0, 0, "steps"
     while step < max_steps:
         input_ids, attention_mask, labels = sft_batch(tokenizer, task, rng.sample(pool, batch_size))
         loss = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
@@ -164,13 +171,17 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
             metrics = evaluate(model, tokenizer, task, eval_examples, style="compact", max_new_tokens=max_new_tokens)
             log(f"warm start step {step}: loss {loss.item():.3f}  held-out pass@1 {metrics['pass@1']:.3f}")
             if metrics["pass@1"] >= target_pass:
+                stopped = "target"
                 break
             best, stale = (metrics["pass@1"], 0) if metrics["pass@1"] > best else (best, stale + 1)
             if stale >= patience:
+                stopped = "patience"
                 log(f"warm start: held-out pass@1 stopped improving at {best:.3f}, below the target {target_pass} "
-                    f"(no gain in {patience * eval_every} steps); RL starts from here")
+                    f"(no gain in {patience * eval_every} steps: --warm-start-patience {patience}); RL starts from "
+                    "here")
                 break
-    info = {"steps": step, "pass@1": metrics["pass@1"], "reward": metrics["reward"], "loss": loss.item()}
+    info = {"steps": step, "pass@1": metrics["pass@1"], "reward": metrics["reward"], "loss": loss.item(),
+            "stopped": stopped, "best": max(best, metrics["pass@1"])}
     save_policy_atomically(model, tokenizer, cache_dir, info, cache=True)
     return model, info
 
@@ -197,6 +208,19 @@ def initial_policy_dir(config):
     return os.path.abspath(warm_start_dir(config.warm_start_cache or config.output_dir, warm_start_settings(config)))
 
 
+def warm_start_seen(config):
+    """A fresh tiny run's warm start as its degenerate-start note reads it (watch.warm_start_advice): the cached
+    info (warm_start) with the settings that stopped it; {"steps": 0} without one; None for any other run (a
+    resumed one: its notes were said when it started)."""
+    if config.model != "tiny" or config.resume:
+        return None
+    path = os.path.join(initial_policy_dir(config), "warm_start.json")
+    if not config.warm_start_steps or not os.path.exists(path):
+        return {"steps": 0}
+    return {**read_small_json(path), "target": config.warm_start_target, "max_steps": config.warm_start_steps,
+            "patience": config.warm_start_patience, "eval_every": WARM_START_EVAL_EVERY}
+
+
 def prepare(config, model, tokenizer, task, *, log=print):
     """A fresh tiny run's initial policy: the cached warm start (trained now if missing), or the random init when
     warm_start_steps is 0, kept in initial_policy_dir(config). -> the model."""
@@ -206,13 +230,14 @@ def prepare(config, model, tokenizer, task, *, log=print):
             "random weights and will learn little (give the task a solution to warm-start it)")
     if config.warm_start_steps > 0 and hasattr(task, "solution"):
         model, info = warm_start(model, tokenizer, task, cache_dir=folder, max_steps=config.warm_start_steps,
-                                 target_pass=config.warm_start_target, max_new_tokens=config.max_new_tokens,
+                                 target_pass=config.warm_start_target, patience=config.warm_start_patience,
+                                 max_new_tokens=config.max_new_tokens,
                                  eval_examples=task.examples("test", WARM_START_EVAL_SIZE, seed=config.seed + 1),
                                  seed=config.seed, log=log)
         if info["pass@1"] == 0:
             log(f"note: the warm start ended at held-out pass@1 0.000 after {info['steps']} steps: RL will sample "
-                "from a policy that never passes, so its groups may all tie and nothing be learned (more "
-                "--warm-start-steps may help; the tiny model cannot learn every task: docs/tasks.md)")
+                "from a policy that never passes, so its groups may all tie and nothing be learned; "
+                f"{warm_start_advice(warm_start_seen(config), 0.0)} (docs/tasks.md)")
     else:
         save_policy_atomically(model, tokenizer, folder, cache=True)
     return model

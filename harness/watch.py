@@ -31,6 +31,11 @@ import collections
 import math
 import statistics
 
+DEFAULT_PATIENCE = 30    # --warm-start-patience's default (harness/config.py reads it): evals without a gain
+
+TARGET_GRID = 0.05       # a suggested --warm-start-target: the first multiple of this at least TARGET_GRID above
+MAX_TARGET = 0.9         # the constant answer's pass@1; above MAX_TARGET no target can tell the answers apart
+MAX_WARM_STEPS = 6000    # --warm-start-steps is suggested (doubled) only up to this: 4 x its default
 COLLAPSED_SHARE = 0.5    # one greedy answer for at least this share of the held-out prompts
 CONSTANT_CHECKED = 0.25  # a start's most common answer is scored as a constant answer from this share on
 MIN_PROMPTS = 8          # fewer held-out prompts: too few to call anything collapsed or constant
@@ -52,6 +57,75 @@ def noise(first, now):
     return 2 * math.sqrt(first.get("pass@1_se", 0.0) ** 2 + now.get("pass@1_se", 0.0) ** 2)
 
 
+NO_FLAG = ("no flag is likely to help: the tiny model (about 2M parameters, trained on the task's own solutions) "
+           "has not learned what makes this task's answers differ from prompt to prompt, and a longer warm start "
+           "repeats what did not gain. Try a real model (--model smollm2, or a Hugging Face id), a denser reward (partial "
+           "credit, so that a near answer scores above the constant one), or a task whose solutions the warm start "
+           "can imitate (a solution() that spells out the steps to the answer)")
+
+
+def warm_start_stop(warm):
+    """Why the warm start stopped: warm["stopped"] (tiny.warm_start's info), or, for a cache written before it was
+    kept, what its numbers imply ("target" reached, "steps" spent, or else "patience" ran out)."""
+    if "stopped" in warm:
+        return warm["stopped"]
+    return "target" if warm["pass@1"] >= warm["target"] else "steps" if warm["steps"] >= warm["max_steps"] else \
+        "patience"
+
+
+def target_above(value):
+    """A --warm-start-target above `value` by at least TARGET_GRID, on the TARGET_GRID grid."""
+    return round(math.ceil(round((value + TARGET_GRID) / TARGET_GRID, 6)) * TARGET_GRID, 2)
+
+
+def warm_start_advice(warm, constant_pass):
+    """What to change when the tiny model's warm start left a degenerate start, from what the warm start saw.
+
+    warm: its info (tiny.warm_start: steps, pass@1, best, stopped) with the settings that stopped it (target,
+    max_steps, patience, eval_every), {"steps": 0} for a run without one, or None when unknown. constant_pass: the
+    held-out pass@1 of the start's most common answer given to every prompt (None: not scored). Each suggestion is
+    one that moves the stop past what was seen, so following it never gives the same suggestion again:
+      stopped at its target   a target above both the constant answer's pass@1 and the old target (the warm start
+                              then has to beat the constant answer to stop); none above MAX_TARGET
+      ran out of patience     a longer --warm-start-patience once (from its default), only when the warm start's
+                              best beat the constant answer; else, or after that, no flag (NO_FLAG says why)
+      ran out of steps        --warm-start-steps doubled, up to MAX_WARM_STEPS; then no flag
+    """
+    floor = constant_pass or 0.0
+    if warm is not None and warm.get("steps") == 0:
+        return ("give it a warm start (--warm-start-steps 1500), so RL starts from a policy that answers the prompts "
+                "apart")
+    if warm is None:
+        target = target_above(floor)
+        return (f"raise --warm-start-target to {target:g} (above the constant answer's pass@1 {floor:.3f}), so the "
+                "warm start stops only once it does better than one answer for all" if target <= MAX_TARGET else
+                f"the constant answer already passes {floor:.0%} of the prompts: the reward cannot tell the answers "
+                "apart; a task whose answer varies more")
+    stop, best, patience = warm_start_stop(warm), warm.get("best", warm["pass@1"]), warm["patience"]
+    if stop == "target":
+        target = target_above(max(floor, warm["target"]))
+        if target <= MAX_TARGET:
+            return (f"the warm start stopped at step {warm['steps']}, when it reached --warm-start-target "
+                    f"{warm['target']:g}, which the constant answer's pass@1 ({floor:.3f}) already meets or is "
+                    "near; "
+                    f"raise --warm-start-target to {target:g}, so it stops only once it beats one answer for all")
+        return (f"the constant answer already passes {floor:.0%} of the prompts, so no --warm-start-target can make "
+                "the warm start tell the answers apart; " + NO_FLAG)
+    if stop == "steps":
+        if 2 * warm["max_steps"] <= MAX_WARM_STEPS:
+            return (f"the warm start used all its --warm-start-steps {warm['max_steps']} (best pass@1 {best:.3f}, "
+                    f"its patience not run out); raise --warm-start-steps to {2 * warm['max_steps']}")
+        return f"the warm start used all its {warm['max_steps']} steps (best pass@1 {best:.3f}); " + NO_FLAG
+    gave_up = (f"the warm start gave up at step {warm['steps']}: its best pass@1 {best:.3f} did not rise for "
+               f"{patience * warm['eval_every']} steps (--warm-start-patience {patience}), below its target "
+               f"{warm['target']:g}")
+    if best > floor + TARGET_GRID and patience == DEFAULT_PATIENCE:
+        return (f"{gave_up}, yet above the constant answer ({floor:.3f}): raise --warm-start-patience to "
+                f"{4 * patience}, so it trains on while its gains are slow")
+    return f"{gave_up} and {'no higher than' if best <= floor + TARGET_GRID else 'little above'} the constant " \
+        f"answer's {floor:.3f}; " + NO_FLAG
+
+
 def shown(text, limit=40):
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
@@ -60,8 +134,9 @@ class Watch:
     """The notes of one run: start() at the step-0 eval, later_eval() at each later one, train_row() for each step's
     row, verdict() for the end table. Each kind of note is said once; the verdict repeats what was found."""
 
-    def __init__(self, tiny):
+    def __init__(self, tiny, warm_start=None):
         self.tiny = tiny                  # the tiny model: its warm start is what a degenerate start blames
+        self.warm_start = warm_start      # what its warm start saw, for warm_start_advice (None: unknown)
         self.first = None                 # the step-0 eval's result
         self.evals = 0                    # evals after the start
         self.best = None                  # the best pass@1 after the start
@@ -86,9 +161,8 @@ class Watch:
                 f"pass@1 {result['pass@1']:.3f}, which answering {shown(answer)} to every prompt reaches "
                 f"({constant_pass:.3f})")
         self.found["degenerate start"] = f"{what} degenerate ({seen})"
-        fix = ("raise --warm-start-target (e.g. 0.4) or --warm-start-steps, so RL starts from a policy that "
-               "answers the prompts apart" if self.tiny else "warm it up on the task first (supervised), or raise "
-               "--temperature so the groups differ")
+        fix = (warm_start_advice(self.warm_start, constant_pass) if self.tiny else "warm it up on the task first "
+               "(supervised), or raise --temperature so the groups differ")
         return (f"note: {what} degenerate before RL: {seen}. RL samples around one answer, so most groups tie "
                 f"and the gradient pushes toward that answer; {fix} (docs/tasks.md)")
 

@@ -563,8 +563,8 @@ def main(argv=None):
               "shipped")
     elif made and row_path(made) != path:
         print(f"note: {args.cell} was never shipped on this CPU's code path ({path}) nor on one it can take; "
-              f"comparing with {made['machine']}'s rows ({row_path(made)}): another CPU model or vendor sums in "
-              "another order (docs/results.md, 'Determinism'); expect them to differ")
+              f"comparing with {made['machine']}'s rows ({row_path(made)}): another instruction set (AVX2, AVX-512) "
+              "sums in another order (docs/results.md, 'Determinism'); expect them to differ")
     print(f"reproduce: {args.cell}: rerunning from scratch (~{CELLS[args.cell][3]} min on a quiet 2-core CPU)",
           file=sys.stderr, flush=True)
     PROGRESS.update(name=args.cell, start=time.time(), minutes=CELLS[args.cell][3])

@@ -293,6 +293,7 @@ class CountdownTask:
     rules: str = RULES[0]
     name: str = "countdown"
     pass_threshold: float = 1.0
+    compact_wording: str = 'the numbers, ">", the target, ":"; the completion is the expression'  # the step page's
     splits: dict = field(default=None, repr=False)  # a data file's rows; None: the generator
 
     def examples(self, split, n, seed):

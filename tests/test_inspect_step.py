@@ -313,3 +313,27 @@ def test_the_page_renders_in_headless_chromium(inspected_run, tmp_path):
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", f"file://{page}"], check=True, capture_output=True,
                          timeout=120, text=True).stdout
     assert "Step 3: what the step did" in dom and len(Page(dom).rows) == len(Page(open(page).read()).rows)
+
+
+def test_the_pages_prompt_wording_is_the_tasks_own(tmp_path, one_thread):
+    # issue 64: a custom task's page said Countdown's "the numbers, >, the target, :"
+    rewards = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]
+    record, model, _, _, stats = record_of_tiny_rollouts(rewards, style="compact")
+    page = finished_page(record, model, stats, tmp_path)
+    assert "Countdown" not in page and "the target" not in page
+    assert f"(digits: e.g. &quot;{record.prompts[0].replace('>', '&gt;')}&quot;)" in page
+    from tasks.countdown import CountdownTask
+    record.task_name, record.task_wording = "countdown", CountdownTask.compact_wording
+    assert "(countdown: the numbers, &quot;&gt;&quot;, the target" in finished_page(record, model, stats, tmp_path)
+
+
+def test_the_pages_two_low_shares_say_what_each_counts(tmp_path, one_thread):
+    # issue 64: the page showed Lopti's low share of all tokens beside the loss's lopti_low_share (of the rows that
+    # can learn) with nothing to tell them apart; now the second is computed on the page too, and equals the loss's
+    record, model, _, _, stats = record_of_tiny_rollouts([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], lr=1e-3,
+                                                          lopti_eta=0.5)
+    page = finished_page(record, model, stats, tmp_path)
+    assert record.advantages[record.config.method][1].eq(0).all()  # the tied group: its rows cannot learn
+    expected = step_page.learning_low_share(record)
+    assert abs(expected - stats["lopti_low_share"]) < 1e-6
+    assert f"the loss's lopti_low_share): {expected:.1%}" in page

@@ -462,3 +462,56 @@ def test_every_setting_the_search_proposes_is_one_config_accepts(base):
                 dataclasses.replace(config, **changes).validate()
                 proposed += 1
     assert proposed >= 4  # the grid reaches budgets where a change is needed and found
+
+
+# --- a plan that answers the question asked (issue 64) ----------------------------------------------------------------
+COUNTDOWN_3B = ["--model", "Qwen/Qwen2.5-3B", "--device", "cuda", "--memory-budget", "24GB", "--max-prompt-length",
+                "1024", "--max-new-tokens", "256"]  # the Countdown recipe's shape on a 24 GB card
+
+
+def test_the_plan_says_per_mode_whether_full_parameter_fits(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lines = plan_lines(capsys, "--output-dir", str(tmp_path), *COUNTDOWN_3B, "--kl-coef", "1e-3")
+    after = lines[lines.index("  per mode, on 24.0 GB (each searched alone):") + 1:]
+    modes = {line.strip().split(":")[0]: line for line in after if line.startswith("    ")}
+    assert "does not fit" in modes["full-parameter, all on the card"]
+    assert "does not fit" in modes["full-parameter, AdamW's states offloaded"]
+    assert "--step-in-backward" in modes["full-parameter, all on the card, --kl-coef 0 (another objective)"]
+    assert "256 optimizer steps a batch" in modes["full-parameter, all on the card, --kl-coef 0 (another objective)"]
+    assert "fits with --gradient-checkpointing --lora-rank 16" in modes["LoRA rank 16"]
+    assert any(memory.NOT_AVAILABLE in line for line in lines)  # the KL term was given: --kl-coef 0 is not tried
+    # without the KL term: both full-parameter modes fit, and nothing says --kl-coef 0 was not tried
+    lines = plan_lines(capsys, "--output-dir", str(tmp_path), *COUNTDOWN_3B, "--kl-coef", "0")
+    assert not any("not tried" in line for line in lines)
+    [proposed] = [line for line in lines if "<= budget:" in line]
+    assert "--optimizer-offload --param-dtype bf16" in proposed  # the README's 3B sentence says this
+    assert any("full-parameter, all on the card: fits with" in line and "256 optimizer steps a batch" in line
+               for line in lines)
+
+
+def test_memory_fit_full_proposes_full_parameter_only(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    flags = ["--output-dir", str(tmp_path), *COUNTDOWN_3B, "--kl-coef", "1e-3"]
+    [any_mode] = [line for line in plan_lines(capsys, *flags) if "<= budget:" in line]
+    assert "--lora-rank 16" in any_mode
+    lines = plan_lines(capsys, *flags, "--memory-fit", "full")
+    [full] = [line for line in lines if "<= budget:" in line]
+    assert "does not fit" in full and "--lora-rank" not in full
+    assert not any(line.strip().startswith("LoRA") for line in lines)
+    with pytest.raises(SystemExit):
+        train.main(["--dry-run", "--memory-fit", "lora"])
+    assert "--memory-fit" in capsys.readouterr().err
+
+
+def test_a_run_whose_plan_exceeds_this_machine_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
+    from harness import run
+    assert run.machine_memory("cpu")[0] > 1e8 and run.machine_memory("mps") is None
+    monkeypatch.setattr(run, "machine_memory", lambda device: (4e9, "this machine's total RAM"))
+    config = Config(model="Qwen/Qwen2.5-0.5B-Instruct", max_prompt_length=256, device="cpu", dtype="fp32")
+    run.within_machine(config)
+    out = capsys.readouterr().out
+    assert out.startswith("note: this run's memory plan needs ") and "more than this machine's total RAM, 4GB" in out
+    assert "it fits with --" in out and "--dry-run --memory-budget 4GB" in out and out.count("\n") == 1
+    monkeypatch.setattr(run, "machine_memory", lambda device: (1e13, "this machine's total RAM"))
+    run.within_machine(config)
+    assert capsys.readouterr().out == ""  # a plan that fits: nothing said

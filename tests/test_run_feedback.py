@@ -287,3 +287,53 @@ def test_the_samples_table_names_a_chat_prompts_user_message():
     assert report.prompt_text([{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]) \
         == "2+2?"
     assert report.prompt_text("3>") == "3>"
+
+
+# --- numbers that say their noise, samples that say what was asked (issue 64) -----------------------------------------
+def test_the_end_table_says_each_pass_its_noise_and_whether_the_change_is_resolved(tmp_path, capsys):
+    train.main(["--task", "digits", *SMALL, "--output-dir", str(tmp_path / "run"), "--steps", "2"])
+    out = capsys.readouterr().out
+    [line] = [line for line in out.splitlines() if line.startswith("pass@1 +/- its standard error")]
+    assert "within noise" in line and "2 sqrt(se0^2 + se^2) = " in line
+    # the issue's "larger of two 2-digit numbers", 40 steps on 200 prompts: 0.115 -> 0.160, noise 0.069
+    state = run_module.RunState(config.Config())
+    se = lambda p: (p * (1 - p) / 199) ** 0.5  # noqa: E731
+    short = state.noise_line({"pass@1": 0.115, "pass@1_se": se(0.115)}, {"pass@1": 0.160, "pass@1_se": se(0.160)})
+    assert "0.115 +/- 0.023 -> 0.160 +/- 0.026" in short and "= 0.069: within noise" in short
+    longer = state.noise_line({"pass@1": 0.115, "pass@1_se": se(0.115)}, {"pass@1": 0.305, "pass@1_se": se(0.305)})
+    assert "resolved: a gain beyond the noise" in longer
+
+
+def test_each_printed_sample_shows_prompt_completion_and_expected_answer_on_one_line(tmp_path, capsys):
+    train.main(["--task", "digits", *SMALL, "--output-dir", str(tmp_path / "run"), "--steps", "0"])
+    samples = [line for line in capsys.readouterr().out.splitlines() if line.startswith("    reward ")]
+    assert len(samples) == run_module.SAMPLES_SHOWN
+    assert all(re.fullmatch(r"    reward \d\.\d{3}  '\d+>' -> '.*'  \(expected '777'\)", line) for line in samples)
+    long = run_module.sample_line(DigitsTask(), [{"x": 1}], ["a\nlong " * 30], 0, "x\n" * 80, 0.5)
+    assert "\n" not in long and len(long) < 200 and long.count("...") == 2
+    assert run_module.sample_line(object(), [{"x": 1}], [], 0, "7", 1.0) == "    reward 1.000  '7'"
+
+
+# --- a quiet start (issue 64) -----------------------------------------------------------------------------------------
+def test_library_noise_is_dropped_by_its_own_message_on_its_own_logger_only(capsys):
+    import logging
+
+    import harness
+    def drops(name, msg):
+        record = logging.LogRecord(name, logging.WARNING, "", 0, msg, (), None)
+        return not all(f.filter(record) for f in logging.getLogger(name).filters)
+    assert drops("torchao", "Failed to load /x/torchao/_C_mxfp8.so: Could not load this library")
+    assert drops("torch.utils._pytree", harness.LIBRARY_NOISE["torch.utils._pytree"][0] + " by torch.compile ...")
+    assert not drops("torchao", "Skipping import of cpp extensions")  # their other warnings still show
+    assert not drops("torch.utils._pytree", "something else")
+    assert not drops("harness.run", "Failed to load ")  # and the project's, whatever they say
+
+
+@pytest.mark.slow
+def test_importing_the_trainer_prints_no_library_noise():
+    # a real process: transformers imports the installed torchao (its .so files fail to load on this CPU build) and
+    # torchao registers Enums with torch's pytree; neither says anything now
+    pytest.importorskip("torchao")
+    proc = subprocess.run([sys.executable, "-c", "import train, harness.run, harness.tiny"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""

@@ -4,6 +4,7 @@ code (2: a flag, 1: the run's files)."""
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -653,7 +654,11 @@ def test_dtype_auto_picks_bf16_only_where_the_card_has_it(monkeypatch, capsys, h
 
 def test_a_setting_on_by_default_is_turned_off_by_its_no_flag():
     assert config.parse_args([]).fast is True and config.parse_args(["--no-fast"]).fast is False
-    assert "--no-fast" in config.build_parser().format_help()
+    text = " ".join(config.build_parser().format_help().split())
+    assert "--no-fast" in text
+    # the defaults read right: the flag of a setting on by default turns it off; a store-true flag's is off
+    assert "(default: on; this flag turns it off)" in text and "(default: True)" not in text
+    assert re.search(r"--gradient-checkpointing [^-]*\(default: off", text) and "(default: False)" not in text
 
 
 def test_a_missing_model_or_unreachable_hub_id_answers_before_torch_loads(tmp_path):

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from harness.checkpoint import RunError, new_file, refuse_link, write_failed
+from harness.checkpoint import RunError, refuse_link, replaced_file, write_failed
 from lopti import isolation_masks, reweight_advantages
 from ppo import clip_masks
 from rollout import precision, token_logprobs
@@ -132,20 +132,14 @@ def after_update(record, model, stats, *, path=None):
 
 
 def write_page(path, text):
-    """Write the page atomically (a new temporary file, never through a link, renamed into place; a link at path is
+    """Write the page atomically (replaced_file: never through a link, a hard link or a FIFO; a link at path is
     replaced, not followed); a failure is one RunError."""
-    tmp, created = f"{path}.tmp-{os.getpid()}", False
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with new_file(tmp) as f:
-            created = True
+        with replaced_file(path) as f:
             f.write(text)
-        os.replace(tmp, path)
     except OSError as error:
-        raise RunError(write_failed(f"the step's page {path}", error, otherwise="")) from None
-    finally:
-        if created and os.path.lexists(tmp):
-            os.remove(tmp)
+        raise RunError(write_failed(f"the step's page {path}", error, otherwise="", elsewhere="")) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

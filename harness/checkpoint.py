@@ -371,8 +371,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     kind = what_is(final)
     if kind not in (None, "a directory") or kind == "a directory" and not (
             is_complete(final) or os.path.isfile(os.path.join(final, SAVE_MARK))):  # merge_lora's OUT, a user's
-        raise RunError(f"{final} is {kind} that this run did not write, in the way of its save at step {step} (which "
-                       "would delete it); move it elsewhere, then continue with --resume")
+        raise RunError(f"{final} is {kind} that this run did not write, in the way of its save at step {step} "
+                       "(which would delete it); move it elsewhere, then continue with --resume")
     refuse_odd_latest(output_dir)  # planted during the run: named here, before the save's work
     refuse_unless_file(latest + ".tmp", links=True)
     try:

@@ -115,15 +115,15 @@ TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-\w+")  # replaced_file
 
 
 def remove_stale_temporaries(path):
-    """Remove what a killed writer of path left beside it: a .NAME.tmp-PID-XXXXXXXX whose process is gone (or is
-    this one, which writes one file at a time); a folder of that name stays."""
+    """Remove what a killed writer of path left beside it: a .NAME.tmp-PID-XXXXXXXX whose process is gone (a
+    folder of that name stays)."""
     folder, name = os.path.split(path)
     for entry in os.listdir(folder or "."):
         match = TEMPORARY.fullmatch(entry)
         if not match or match.group("name") != name:
             continue
         pid, leftover = int(match.group("pid")), os.path.join(folder, entry)
-        if pid != os.getpid() and process_alive(pid) or os.path.isdir(leftover) and not os.path.islink(leftover):
+        if process_alive(pid) or os.path.isdir(leftover) and not os.path.islink(leftover):
             continue
         with contextlib.suppress(FileNotFoundError):
             os.remove(leftover)

@@ -275,11 +275,16 @@ def holds_a_run(output_dir):
 
 
 def remove_run(output_dir):
-    """--overwrite: delete the run files of output_dir (not the tiny model's warm-start caches)."""
+    """--overwrite: delete the run files of output_dir (not the tiny model's warm-start caches). Only a folder is
+    removed as a tree; anything else (a file, a link, a FIFO) is unlinked, never opened (rmtree opens its path,
+    which waits forever on a FIFO). A failure is a RunError naming the path."""
     for name in holds_a_run(output_dir) + [name for name in RUN_OUTPUTS
                                              if os.path.lexists(os.path.join(output_dir, name))]:
         path = os.path.join(output_dir, name)
-        os.remove(path) if os.path.islink(path) or os.path.isfile(path) else shutil.rmtree(path)
+        try:
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        except OSError as error:
+            raise RunError(f"--overwrite could not delete {path}: {error.strerror or error}") from None
 
 
 def is_complete(folder):
@@ -295,9 +300,10 @@ def recover(output_dir, log=print):
     links are never followed (refuse_planted_links)."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
-        if not os.path.islink(path) and (re.fullmatch(r"checkpoint-\d+" + re.escape(PRUNING), name) or (
-                checkpoint_step(output_dir, name) is not None and not name.endswith(".tmp") and not is_complete(path)
-                and os.path.isfile(os.path.join(path, SAVE_MARK)))):
+        interrupted = re.fullmatch(r"checkpoint-\d+" + re.escape(PRUNING), name) or (
+            checkpoint_step(output_dir, name) is not None and not name.endswith(".tmp") and not is_complete(path)
+            and os.path.isfile(os.path.join(path, SAVE_MARK)))
+        if interrupted and os.path.isdir(path) and not os.path.islink(path):  # never a FIFO: rmtree would open it
             try:
                 shutil.rmtree(path)
             except OSError as error:  # a prune that failed for the same cause: said, and tried at each start
@@ -422,8 +428,10 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     tmp = f"{folder}.tmp-{os.getpid()}"
     if not cache and os.path.lexists(folder):
         raise RunError(f"{folder} already exists; name a folder that does not exist yet (nothing was written)")
-    refuse_link(folder), refuse_link(tmp)
-    shutil.rmtree(tmp, ignore_errors=True)
+    refuse_link(folder)
+    if what_is(tmp) not in (None, "a directory"):  # a FIFO there would hang rmtree, which opens it
+        raise RunError(f"{tmp} is {what_is(tmp)}, where this program writes a folder of its own; move it away")
+    shutil.rmtree(tmp, ignore_errors=True)  # a folder of an earlier process of this PID
     try:
         os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
         os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
@@ -449,7 +457,8 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
         raise RunError(write_failed(folder, error, otherwise="", elsewhere="")) from None
     finally:  # also after a signal's Stopped: no half-written copy stays
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.isdir(tmp) and not os.path.islink(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def then_resume(output_dir):

@@ -395,3 +395,14 @@ def test_a_fifo_in_place_of_a_metrics_file_or_a_gguf_is_named_not_missing(tmp_pa
     os.mkfifo(tmp_path / "model.gguf")
     with pytest.raises(ValueError, match=r"model.gguf is a FIFO \(named pipe\); pass a model folder"):
         model_source(str(tmp_path / "model.gguf"))
+
+
+@pytest.mark.parametrize("name", ["metrics.png", "checkpoint-7", "checkpoint-1.pruning"])
+def test_a_fifo_where_a_start_deletes_is_unlinked_or_left_never_opened(finished, capsys, no_hang, name):
+    """shutil.rmtree opens its path, and waits forever on a FIFO: --overwrite unlinks it (it holds nothing), the
+    start's clean-up of an interrupted prune leaves it."""
+    os.mkfifo(finished / name)
+    checkpoint.recover(str(finished), log=print)
+    assert os.path.lexists(finished / name) and "removed" not in capsys.readouterr().out
+    checkpoint.remove_run(str(finished))  # a .pruning name is no run file: --overwrite leaves it too
+    assert os.path.lexists(finished / name) == name.endswith(".pruning") and not checkpoint.holds_a_run(str(finished))

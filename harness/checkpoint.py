@@ -53,11 +53,12 @@ PRUNING = ".pruning"  # checkpoint-<step>.pruning: a checkpoint being deleted (r
 # half-deleted checkpoint-<step>); recover() finishes the deletion
 
 
-def refuse_link(path):
-    """path, unless it is a symbolic link: then a RunError naming it (whatever it points to stays as it is)."""
+def refuse_link(path, elsewhere="use another --output-dir"):
+    """path, unless it is a symbolic link: then a RunError naming it (whatever it points to stays as it is).
+    elsewhere: how the tool is told to write elsewhere ("" for one that cannot be)."""
     if os.path.islink(path):
         raise RunError(f"{path} is a link (to {os.readlink(path)}); a run never writes through a link in its folder: "
-                       "remove the link, or use another --output-dir")
+                       "remove the link" + (f", or {elsewhere}" if elsewhere else ""))
     return path
 
 
@@ -144,22 +145,22 @@ def process_alive(pid):
 def replaced_file(path, mode="w", *, tmp=None):
     """A file object whose contents replace path once the block ends: written first to a new file beside it (tmp,
     else .NAME.tmp-PID-XXXXXXXX, which .gitignore names; O_EXCL | O_NOFOLLOW), flushed to disk and renamed over
-    path, so a kill or a full disk leaves the old file whole. At path: nothing, a regular file with one name, or a
-    symbolic link (the rename replaces the link, never what it points to); anything else (a hard link, a FIFO, a
-    device, a folder) is a RunError naming it, before anything is written. The temporary never outlives the block;
-    one that a killed process left is removed first. Other OSErrors (a full disk, a read-only folder) are the
-    caller's to word."""
+    path (keeping its mode; a new file's is 0o644), so a kill or a full disk leaves the old file whole. At path:
+    nothing, a regular file with one name, or a symbolic link (the rename replaces the link, never what it points
+    to); anything else (a hard link, a FIFO, a device, a folder) is a RunError naming it, before anything is
+    written. The temporary never outlives the block; one that a killed process left is removed first. Other
+    OSErrors (a full disk, a read-only folder) are the caller's to word."""
     refuse_unless_file(path, links=True)
     folder, name = os.path.split(path)
     if tmp is None:
         remove_stale_temporaries(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.tmp-{os.getpid()}-", dir=folder or ".")
-        os.fchmod(fd, 0o644)  # mkstemp's is 0o600: the file's mode, as open() would make it
     else:
         if what_is(tmp) == "a file":
             os.remove(tmp)  # what a kill mid-write left
         fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
+        os.fchmod(fd, stat.S_IMODE(os.lstat(path).st_mode) if what_is(path) == "a file" else 0o644)  # its mode kept
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
             yield f
             f.flush()
@@ -428,7 +429,7 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     tmp = f"{folder}.tmp-{os.getpid()}"
     if not cache and os.path.lexists(folder):
         raise RunError(f"{folder} already exists; name a folder that does not exist yet (nothing was written)")
-    refuse_link(folder)
+    refuse_link(folder, elsewhere="")  # merge_lora's OUT, or a warm-start cache
     if what_is(tmp) not in (None, "a directory"):  # a FIFO there would hang rmtree, which opens it
         raise RunError(f"{tmp} is {what_is(tmp)}, where this program writes a folder of its own; move it away")
     shutil.rmtree(tmp, ignore_errors=True)  # a folder of an earlier process of this PID

@@ -30,8 +30,7 @@ def metrics_rows(path, warn=print):
     if not os.path.lexists(path):
         return
     if not os.path.isfile(path):
-        raise RunError(f"{path} is not a regular file ({what_is(os.path.realpath(path))}); move it away or use "
-                       "another --output-dir")
+        raise RunError(f"{path} is not a regular file ({what_is(os.path.realpath(path))}); move it away")
     with open_for_reading(path) as f:
         pending = None  # (line number, row or None): judged once we know whether a line follows it
         for number, line in bounded_lines(f):
@@ -93,7 +92,7 @@ def open_for_reading(path):
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         kind = what_is(path, os.fstat(fd))
         os.close(fd)
-        raise RunError(f"{path} is not a regular file ({kind}); move it away or use another --output-dir")
+        raise RunError(f"{path} is not a regular file ({kind}); move it away")
     return os.fdopen(fd, "rb")
 
 

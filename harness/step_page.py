@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from harness.checkpoint import RunError, refuse_link, replaced_file, write_failed
+from harness.checkpoint import RunError, refuse_link, replaced_file, what_is, write_failed
 from lopti import isolation_masks, reweight_advantages
 from ppo import clip_masks
 from rollout import precision, token_logprobs
@@ -125,7 +125,7 @@ def after_update(record, model, stats, *, path=None):
     low_clip, high_clip = clip_masks(record.ratio, record.token_advantages, record.mask,
                                      clip_low=record.config.clip_low, clip_high=record.config.clip_high)
     record.clipped, record.stats = low_clip | high_clip, stats
-    path = path or os.path.join(refuse_link(os.path.join(record.config.output_dir, "inspect")),
+    path = path or os.path.join(refuse_link(os.path.join(record.config.output_dir, "inspect"), elsewhere=""),
                                 f"step-{record.step}.html")
     write_page(path, page_html(record))
     return path
@@ -134,8 +134,11 @@ def after_update(record, model, stats, *, path=None):
 def write_page(path, text):
     """Write the page atomically (replaced_file: never through a link, a hard link or a FIFO; a link at path is
     replaced, not followed); a failure is one RunError."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if what_is(folder) not in (None, "a directory"):  # planted during the run: named, not "File exists"
+        raise RunError(f"{folder} is {what_is(folder)}, where the step's pages go; move it away")
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         with replaced_file(path) as f:
             f.write(text)
     except OSError as error:

@@ -138,6 +138,7 @@ def test_the_step_page_is_never_written_through_a_linked_inspect_folder(finished
     before = snapshot(outside)
     error = one_line(capsys, [str(finished / "checkpoint-2")], prog=inspect_step.main)
     assert "inspect is a link" in error and snapshot(outside) == before
+    assert "--output-dir" not in error  # a flag inspect_step does not have
 
 
 def test_the_picture_replaces_a_link_beside_the_metrics_never_its_target(finished, outside):
@@ -406,3 +407,21 @@ def test_a_fifo_where_a_start_deletes_is_unlinked_or_left_never_opened(finished,
     assert os.path.lexists(finished / name) and "removed" not in capsys.readouterr().out
     checkpoint.remove_run(str(finished))  # a .pruning name is no run file: --overwrite leaves it too
     assert os.path.lexists(finished / name) == name.endswith(".pruning") and not checkpoint.holds_a_run(str(finished))
+
+
+def test_a_replaced_file_keeps_its_mode(tmp_path):
+    """benchmarks.memory_check --recipe-lines rewrites the recipes, which are executable."""
+    path = tmp_path / "recipe.sh"
+    path.write_text("#!/bin/sh\n")
+    os.chmod(path, 0o755)
+    with checkpoint.replaced_file(str(path)) as f:
+        f.write("#!/bin/sh\necho\n")
+    assert path.read_text() == "#!/bin/sh\necho\n" and oct(path.stat().st_mode & 0o777) == "0o755"
+
+
+def test_a_file_planted_where_the_step_pages_go_is_named(tmp_path):
+    from harness.step_page import write_page
+    (tmp_path / "inspect").write_text("mine\n")
+    with pytest.raises(checkpoint.RunError, match=r"inspect is a file, where the step's pages go"):
+        write_page(str(tmp_path / "inspect" / "step-3.html"), "<html>")
+    assert (tmp_path / "inspect").read_text() == "mine\n"

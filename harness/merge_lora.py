@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 
-from harness.checkpoint import LOCK, RunError, holds_a_run, resolve_checkpoint, save_policy_atomically
+from harness.checkpoint import LOCK, RunError, holds_a_run, resolve_checkpoint, run_owns, save_policy_atomically
 from harness.config import saved_config
 
 
@@ -55,14 +55,16 @@ def main(argv=None):
 
 
 def run_folders_above(path):
-    """The folders above path that hold a run (its lock, metrics.jsonl, latest or a checkpoint-<step>), nearest
-    first: another run's checkpoint-<step> name there would be deleted by that run's next save."""
-    folders, folder = [], os.path.dirname(path)
-    while folder != os.path.dirname(folder):
+    """The folders above path that hold a run (its lock, metrics.jsonl, latest or a checkpoint-<step>) where path
+    lies under a name that run owns (a checkpoint-<step>, latest, ...: checkpoint.run_owns), which its next save
+    or prune would replace or delete without a word."""
+    folders, child = [], path
+    while (folder := os.path.dirname(child)) != child:
         with contextlib.suppress(OSError):  # a folder this user may not list holds no run of theirs
-            if os.path.lexists(os.path.join(folder, LOCK)) or holds_a_run(folder):
+            if run_owns(os.path.basename(child)) and (os.path.lexists(os.path.join(folder, LOCK))
+                                                      or holds_a_run(folder)):
                 folders.append(folder)
-        folder = os.path.dirname(folder)
+        child = folder
     return folders
 
 

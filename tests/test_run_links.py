@@ -298,7 +298,7 @@ def test_a_folder_planted_at_latest_tmp_during_a_run_is_named(finished):
 
 
 def test_a_checkpoint_folder_the_run_did_not_write_is_not_deleted_by_its_save(finished, capsys):
-    """merge_lora's OUT, or a user's folder, named checkpoint-3: the save at step 3 refuses instead of deleting it."""
+    """merge_lora's OUT, or a user's folder, named checkpoint-3: the save at step 3 refuses, never deletes it."""
     (finished / "checkpoint-3").mkdir()
     (finished / "checkpoint-3" / "model.safetensors").write_text("merged weights\n")
     error = one_line(capsys, ["--resume", str(finished), "--steps", "3"])
@@ -406,7 +406,8 @@ def test_a_fifo_where_a_start_deletes_is_unlinked_or_left_never_opened(finished,
     checkpoint.recover(str(finished), log=print)
     assert os.path.lexists(finished / name) and "removed" not in capsys.readouterr().out
     checkpoint.remove_run(str(finished))  # a .pruning name is no run file: --overwrite leaves it too
-    assert os.path.lexists(finished / name) == name.endswith(".pruning") and not checkpoint.holds_a_run(str(finished))
+    assert os.path.lexists(finished / name) == name.endswith(".pruning")
+    assert not checkpoint.holds_a_run(str(finished))
 
 
 def test_a_replaced_file_keeps_its_mode(tmp_path):

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import train  # noqa: E402
+from experiments import output_file  # noqa: E402
 from harness import memory, run  # noqa: E402
 from harness.config import Config  # noqa: E402
 
@@ -442,7 +443,7 @@ def main(argv=None):
         for path in recipe_paths():
             lines = [line for line in open(path).read().splitlines() if not line.startswith(MEMORY_LINE)]
             lines.insert(lines.index("set -euo pipefail"), recipe_memory_line(path))
-            with open(path, "w") as f:
+            with output_file(path) as f:  # written beside and renamed, never through a link or FIFO
                 f.write("\n".join(lines) + "\n")
             print(lines[lines.index("set -euo pipefail") - 1])
         return

@@ -49,6 +49,7 @@ from harness import run  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor, random_model_step  # noqa: E402
 from benchmarks.floor import sync, timed  # noqa: E402
+from experiments import output_file  # noqa: E402
 from harness.model import smollm2_gguf  # noqa: E402
 from rollout import plain_text_conversation  # noqa: E402
 
@@ -497,7 +498,7 @@ def main(argv=None):
     numbers["device"] = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
     report(args, n_params, sides, trl_clock, memory, numbers)
     if args.json:
-        with open(args.json, "w") as f:
+        with output_file(args.json) as f:  # written beside and renamed, never through a link or FIFO
             json.dump(numbers, f, indent=1)
         print(f"wrote {args.json}")
 

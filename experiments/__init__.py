@@ -1,5 +1,6 @@
 """For a learner: the papers' figures and tables, the ImageNet checks, plotting and inspecting a run; run each with
 python -m experiments.NAME. (The results ledger and the referee studies are the maintainers' lab/.)"""
+import contextlib
 import csv
 import math
 import statistics
@@ -22,14 +23,35 @@ def save_figure(plt, fig, path, title):
     """Title the figure, lay it out, write it to `path` (PNG, 80 dpi) and close it. -> True (the figure exists)."""
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    write_figure(fig, path, dpi=80)
     plt.close(fig)
     return True
 
 
+@contextlib.contextmanager
+def output_file(path, mode="w"):
+    """A file object for a script's output at path (harness.checkpoint.replaced_file: written beside and renamed
+    over it, never through a link, hard link or FIFO there). A refusal or a failed write ends the script in one
+    line naming path (exit 1); whatever was at path stays as it was."""
+    from harness.checkpoint import RunError, replaced_file, write_failed
+    try:
+        with replaced_file(path, mode) as f:
+            yield f
+    except RunError as error:
+        raise SystemExit(f"error: {error}") from None
+    except OSError as error:
+        raise SystemExit(f"error: {write_failed(path, error, otherwise='', elsewhere='')}") from None
+
+
+def write_figure(fig, path, dpi):
+    """fig as a PNG at path (output_file)."""
+    with output_file(path, "wb") as f:
+        fig.savefig(f, dpi=dpi, format="png")
+
+
 def write_csv(path, rows):
-    """Write `rows` (dicts with the same keys) as a CSV file with a header."""
-    with open(path, "w", newline="") as f:
+    """Write `rows` (dicts with the same keys) as a CSV file with a header (output_file)."""
+    with output_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

@@ -25,7 +25,7 @@ import os
 import numpy as np
 import torch
 
-from experiments import pyplot, write_csv
+from experiments import pyplot, write_csv, write_figure
 from ppo import policy_loss
 from softmax_grpo import group_advantages, prompt_weight
 
@@ -93,7 +93,7 @@ def plot(path, rows, title):
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    write_figure(fig, path, dpi=80)
     plt.close(fig)
     return True
 

@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from experiments import pyplot
+from experiments import output_file, pyplot, write_figure
 from softmax_grpo import grpo_prompt_weight, maxrl_weight, prompt_weight
 
 
@@ -51,7 +51,7 @@ def prompt_weight_curves(p, M, taus):
 
 def write_csv(path, curves):
     names = list(curves)
-    with open(path, "w", newline="") as f:
+    with output_file(path) as f:
         writer = csv.writer(f)
         writer.writerow(names)
         for row in zip(*(curves[name] for name in names)):
@@ -82,7 +82,7 @@ def plot(path, curves, M):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
     return True
 

@@ -31,7 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from experiments import write_csv
+from experiments import output_file, write_csv
 from experiments.imagenet_toy import DEFAULT_LR, PASS_K, lr_factor, make_optimizer, metric_sums, one_step_rl_loss
 from softmax_grpo import METHODS
 
@@ -94,8 +94,8 @@ def evaluate(model, loader, device):
 
 
 def save_checkpoint(path, **state):
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)  # a run killed while saving keeps the previous checkpoint
+    with output_file(path, "wb") as f:  # written beside and renamed: a run killed while saving keeps the previous
+        torch.save(state, f)
 
 
 def train(args, log=print):

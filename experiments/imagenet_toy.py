@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from experiments import pyplot, write_csv
+from experiments import pyplot, write_csv, write_figure
 from softmax_grpo import METHODS, group_advantages
 
 
@@ -298,7 +298,7 @@ def plot_curves(curves, cfg, path, log=print):
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
     log(f"wrote {path}")
 

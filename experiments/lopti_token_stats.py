@@ -42,7 +42,7 @@ import torch
 
 import train
 from harness.config import Config
-from experiments import pyplot
+from experiments import output_file, pyplot, write_figure
 from experiments import mean_sd_se
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
 from rollout import token_logprobs
@@ -244,7 +244,7 @@ def over_seeds(fig3):
 # Output
 # ---------------------------------------------------------------------------------------------------------------
 def write_csv(path, rows):
-    with open(path, "w", newline="") as f:
+    with output_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
@@ -272,7 +272,7 @@ def plot(output_dir, fig1d, summary, seeds):
     ax.set_title(f"Lopti Fig. 1(d): logit gradient norm per token ({seeds_text})", fontsize=9)
     fig.tight_layout()
     paths = [os.path.join(output_dir, "fig1d_grad_norm.png")]
-    fig.savefig(paths[0], dpi=120)
+    write_figure(fig, paths[0], dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 3.8))
     methods = list(dict.fromkeys(r["method"] for r in summary))
@@ -291,7 +291,7 @@ def plot(output_dir, fig1d, summary, seeds):
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(os.path.join(output_dir, "fig3_prob_rise.png"))
-    fig.savefig(paths[1], dpi=120)
+    write_figure(fig, paths[1], dpi=120)
     plt.close(fig)
     return paths
 

@@ -30,8 +30,8 @@ import math
 import os
 
 from experiments import pyplot
-from harness.checkpoint import RunError, new_file, write_failed
-from harness.metrics import MAX_METRICS_LINE, bounded_lines
+from harness.checkpoint import RunError, replaced_file, what_is, write_failed
+from harness.metrics import MAX_METRICS_LINE, bounded_lines, open_for_reading
 
 # panel title -> list of series; a series is (label, training-row aliases, eval-row aliases)
 PANELS = [
@@ -65,9 +65,10 @@ def read_metrics(path):
     naming file:line, except a last line without its newline: a run still going is writing it, so it is left out."""
     path = metrics_file(path)
     if not os.path.isfile(path):
-        raise ValueError(f"metrics file not found: {path}")
+        kind = what_is(os.path.realpath(path))
+        raise ValueError(f"{path} is {kind}, not a metrics file" if kind else f"metrics file not found: {path}")
     train_rows, eval_rows = [], []
-    with open(path, "rb") as f:
+    with open_for_reading(path) as f:
         for line_number, line in bounded_lines(f):  # blank lines skipped, a line of over 1 MiB never read whole
             if not isinstance(line, bytes):  # metrics.TOO_LONG or TOO_LONG_UNENDED
                 raise ValueError(f"{path}:{line_number}: a line longer than {MAX_METRICS_LINE} bytes")
@@ -183,16 +184,11 @@ def plot(panels, path, smooth=1, multiple_runs=False):
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
-    tmp, created = f"{path}.tmp-{os.getpid()}", False
     try:
-        with new_file(tmp, "wb") as f:  # a link at path is replaced by the picture, never written through
-            created = True
+        with replaced_file(path, "wb") as f:  # a link at path is replaced by the picture, never written through
             fig.savefig(f, dpi=110, format="png")
-        os.replace(tmp, path)
     finally:
         plt.close(fig)
-        if created and os.path.lexists(tmp):
-            os.remove(tmp)
     return True
 
 
@@ -220,7 +216,7 @@ def main(argv=None):
     extra = [key.strip() for key in args.extra.split(",") if key.strip()]
     try:
         panels = collect(args.metrics, extra)
-    except ValueError as error:
+    except (ValueError, RunError) as error:
         parser.exit(2, f"error: {error}\n")
     wanted = [name.strip().lower() for name in args.panels.split(",") if name.strip()]
     if wanted:
@@ -234,7 +230,9 @@ def main(argv=None):
     try:
         drawn = plot(panels, output, args.smooth, multiple_runs=len(args.metrics) > 1)
     except (RunError, OSError) as error:
-        parser.exit(1, f"error: {write_failed(output, error, otherwise='') if isinstance(error, OSError) else error}\n")
+        message = write_failed(output, error, otherwise="", elsewhere="name another --output") \
+            if isinstance(error, OSError) else error
+        parser.exit(1, f"error: {message}\n")
     if drawn:
         print(f"wrote {output}")
     return panels

@@ -37,6 +37,7 @@ import os
 import torch
 
 import tasks
+from experiments import output_file
 from harness.config import Config, parse_task_option
 from harness.model import load_policy
 from harness.tiny import apply_cpu_defaults, prompt_style
@@ -232,7 +233,7 @@ def main(argv=None):
     print_table(rows, args.tau)
     os.makedirs(args.output_dir, exist_ok=True)
     path = os.path.join(args.output_dir, "table3_allocation.csv")
-    with open(path, "w", newline="") as f:
+    with output_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=["bin", "prompts", "method", "budget", "share"])
         writer.writeheader()
         writer.writerows({**r, "share": f"{r['share']:.6f}"} for r in rows)

@@ -22,6 +22,8 @@ import random
 import re
 import shutil
 import socket
+import stat
+import tempfile
 import time
 
 import numpy as np
@@ -32,6 +34,8 @@ TRAINER_STATE = "trainer_state.pt"
 RUN_SETTINGS = "run.json"
 RUN_SETTINGS_LIMIT = 1 << 20  # bytes: a run.json is ~2 KB
 LOCK = ".lock"
+OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "unsaved-metrics.jsonl", "metrics.png")  # and LOCK: files a
+# run appends to, truncates or replaces
 RUN_FILES = ("metrics.jsonl", "latest")  # with checkpoint-<step>/: what makes a folder hold a run
 RUN_OUTPUTS = ("metrics.png", "tensorboard", "wandb", "inspect")  # drawn from its metrics or steps (plot_metrics,
 # --report-to, --inspect-every): an --overwrite deletes them too
@@ -49,32 +53,123 @@ PRUNING = ".pruning"  # checkpoint-<step>.pruning: a checkpoint being deleted (r
 # half-deleted checkpoint-<step>); recover() finishes the deletion
 
 
-def refuse_link(path):
-    """path, unless it is a symbolic link: then a RunError naming it (whatever it points to stays as it is)."""
+def refuse_link(path, elsewhere="use another --output-dir"):
+    """path, unless it is a symbolic link: then a RunError naming it (whatever it points to stays as it is).
+    elsewhere: how the tool is told to write elsewhere ("" for one that cannot be)."""
     if os.path.islink(path):
         raise RunError(f"{path} is a link (to {os.readlink(path)}); a run never writes through a link in its folder: "
-                       "remove the link, or use another --output-dir")
+                       "remove the link" + (f", or {elsewhere}" if elsewhere else ""))
     return path
 
 
-def open_nofollow(path, flags, mode=0o644):
-    """os.open that never follows a link at path (O_NOFOLLOW; add O_EXCL for a new file): a link there is a
-    RunError naming it, and nothing it points to is opened."""
+def what_is(path, status=None):
+    """What stands at path, as a refusal says it: "a link (to ...)", "a FIFO (named pipe)", "a directory",
+    "a character device", "a block device", "a socket", "a hard link (one of N names of a file)" or "a file";
+    None when nothing does. status: its os.lstat (or an open descriptor's os.fstat), else read here."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as error:
-        if error.errno == errno.ELOOP or (error.errno == errno.EEXIST and os.path.islink(path)):
-            refuse_link(path)
+        status = status or os.lstat(path)
+    except FileNotFoundError:
+        return None
+    mode = status.st_mode
+    if stat.S_ISLNK(mode):
+        return f"a link (to {os.readlink(path)})"
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR,
+             "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), None)
+    if kind is None and status.st_nlink > 1:
+        return f"a hard link (one of {status.st_nlink} names of a file)"
+    return kind or ("a file" if stat.S_ISREG(mode) else "not a regular file")
+
+
+def refuse_unless_file(path, status=None, *, links=False):
+    """path, when nothing stands there or a regular file with one name (a file this program may write, truncate or
+    replace); links=True: a symbolic link too (a rename replaces the link, never what it points to). Anything else is
+    a RunError naming path and what it is: a hard link would write another name's file, a FIFO or device would
+    block or be written to, a folder is not ours to delete."""
+    kind = what_is(path, status)
+    if kind in (None, "a file") or (links and kind.startswith("a link")):
+        return path
+    raise RunError(f"{path} is {kind}, where this program writes a file of its own; it never writes through "
+                   "one: move it away")
+
+
+def open_nofollow(path, flags, mode=0o644):
+    """os.open of a regular file with one name, never following a link nor blocking (O_NOFOLLOW | O_NONBLOCK, then
+    fstat; add O_EXCL for a new file): a link, hard link, FIFO, device or folder at path is a RunError naming it,
+    and nothing it points to is opened, read or written."""
+    refuse_unless_file(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as error:  # planted since the check above: a link (ELOOP), a folder, a FIFO without reader
+        if error.errno in (errno.ELOOP, errno.EEXIST, errno.EISDIR, errno.ENXIO, errno.ENOTDIR):
+            refuse_unless_file(path)
         raise
+    try:
+        refuse_unless_file(path, os.fstat(fd))  # what was opened, whatever stands at path now
+    except RunError:
+        os.close(fd)
+        raise
+    return fd
+
+
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-\w+")  # replaced_file's .NAME.tmp-PID-XXXXXXXX
+
+
+def remove_stale_temporaries(path):
+    """Remove what a killed writer of path left beside it: a .NAME.tmp-PID-XXXXXXXX whose process is gone (a
+    folder of that name stays)."""
+    folder, name = os.path.split(path)
+    for entry in os.listdir(folder or "."):
+        match = TEMPORARY.fullmatch(entry)
+        if not match or match.group("name") != name:
+            continue
+        pid, leftover = int(match.group("pid")), os.path.join(folder, entry)
+        if process_alive(pid) or os.path.isdir(leftover) and not os.path.islink(leftover):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(leftover)
+
+
+def process_alive(pid):
+    """Whether a process with this PID exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @contextlib.contextmanager
-def new_file(path, mode="w"):
-    """A file object for a new file at path (O_CREAT | O_EXCL | O_NOFOLLOW): whatever is already there, a planted
-    link or a file, is never written through (a link is a RunError; anything else raises FileExistsError)."""
-    fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-        yield f
+def replaced_file(path, mode="w", *, tmp=None):
+    """A file object whose contents replace path once the block ends: written first to a new file beside it (tmp,
+    else .NAME.tmp-PID-XXXXXXXX, which .gitignore names; O_EXCL | O_NOFOLLOW), flushed to disk and renamed over
+    path (keeping its mode; a new file's is 0o644), so a kill or a full disk leaves the old file whole. At path:
+    nothing, a regular file with one name, or a symbolic link (the rename replaces the link, never what it points
+    to); anything else (a hard link, a FIFO, a device, a folder) is a RunError naming it, before anything is
+    written. The temporary never outlives the block; one that a killed process left is removed first. Other
+    OSErrors (a full disk, a read-only folder) are the caller's to word."""
+    refuse_unless_file(path, links=True)
+    folder, name = os.path.split(path)
+    if tmp is None:
+        remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.tmp-{os.getpid()}-", dir=folder or ".")
+    else:
+        if what_is(tmp) == "a file":
+            os.remove(tmp)  # what a kill mid-write left
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        os.fchmod(fd, stat.S_IMODE(os.lstat(path).st_mode) if what_is(path) == "a file" else 0o644)  # its mode kept
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        refuse_unless_file(path, links=True)  # planted meanwhile: still never replaced
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
 
 
 def run_owns(name):
@@ -86,12 +181,17 @@ def run_owns(name):
 
 def refuse_planted_links(output_dir):
     """A RunError naming the first entry of output_dir that the run owns (run_owns) and that is a link; `latest`
-    may be one, to a checkpoint-<step> beside it (the link each save writes)."""
+    may be one, to a checkpoint-<step> beside it (the link each save writes). A `latest` that is neither such a
+    link nor a folder copying one of the checkpoints (refuse_odd_latest), and anything but a regular file with one
+    name where the run keeps a file (OWN_FILES), are refused too."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
         if os.path.islink(path) and run_owns(name) and not (
                 name == "latest" and re.fullmatch(r"checkpoint-\d+", os.readlink(path))):
             refuse_link(path)
+    for name in OWN_FILES:  # a hard link, FIFO, device or folder where the run keeps a file of its own
+        refuse_unless_file(os.path.join(output_dir, name))
+    refuse_odd_latest(output_dir)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,9 +206,9 @@ def locked(output_dir):
     import fcntl  # POSIX only, like the rest of the run's files
     path = os.path.join(output_dir, LOCK)
     try:
-        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)  # a hard link, FIFO or folder there: a RunError naming it
     except OSError as error:
-        raise RunError(f"cannot write in {output_dir}: {error.strerror or error}; use another --output-dir") from None
+        raise RunError(f"cannot write {path}: {error.strerror or error}; use another --output-dir") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,8 +228,8 @@ def lock_holder(output_dir):
     """Who holds output_dir's lock (the text its holder wrote), or None when no live process holds it."""
     import fcntl
     try:
-        fd = os.open(os.path.join(output_dir, LOCK), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:  # none, or a link: no run of ours holds that
+        fd = open_nofollow(os.path.join(output_dir, LOCK), os.O_RDONLY)  # never blocks on a FIFO
+    except (OSError, RunError):  # none, or not a lock file (a link, a FIFO, ...): no run of ours holds that
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: nobody holds it (released at once, below)
@@ -176,11 +276,16 @@ def holds_a_run(output_dir):
 
 
 def remove_run(output_dir):
-    """--overwrite: delete the run files of output_dir (not the tiny model's warm-start caches)."""
+    """--overwrite: delete the run files of output_dir (not the tiny model's warm-start caches). Only a folder is
+    removed as a tree; anything else (a file, a link, a FIFO) is unlinked, never opened (rmtree opens its path,
+    which waits forever on a FIFO). A failure is a RunError naming the path."""
     for name in holds_a_run(output_dir) + [name for name in RUN_OUTPUTS
                                              if os.path.lexists(os.path.join(output_dir, name))]:
         path = os.path.join(output_dir, name)
-        os.remove(path) if os.path.islink(path) or os.path.isfile(path) else shutil.rmtree(path)
+        try:
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        except OSError as error:
+            raise RunError(f"--overwrite could not delete {path}: {error.strerror or error}") from None
 
 
 def is_complete(folder):
@@ -196,11 +301,17 @@ def recover(output_dir, log=print):
     links are never followed (refuse_planted_links)."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
-        if not os.path.islink(path) and (re.fullmatch(r"checkpoint-\d+" + re.escape(PRUNING), name) or (
-                checkpoint_step(output_dir, name) is not None and not name.endswith(".tmp") and not is_complete(path)
-                and os.path.isfile(os.path.join(path, SAVE_MARK)))):
-            shutil.rmtree(path, ignore_errors=True)
-            log(f"note: removed {path}, a checkpoint whose deletion was interrupted")
+        interrupted = re.fullmatch(r"checkpoint-\d+" + re.escape(PRUNING), name) or (
+            checkpoint_step(output_dir, name) is not None and not name.endswith(".tmp") and not is_complete(path)
+            and os.path.isfile(os.path.join(path, SAVE_MARK)))
+        if interrupted and os.path.isdir(path) and not os.path.islink(path):  # never a FIFO: rmtree would open it
+            try:
+                shutil.rmtree(path)
+            except OSError as error:  # a prune that failed for the same cause: said, and tried at each start
+                log(f"note: could not remove {path}, a checkpoint whose deletion was interrupted ("
+                    f"{error.strerror or error}); delete it by hand")
+            else:
+                log(f"note: removed {path}, a checkpoint whose deletion was interrupted")
             continue
         if not name.endswith(".tmp") or checkpoint_step(output_dir, name) is None:
             continue
@@ -219,13 +330,28 @@ def recover(output_dir, log=print):
         log(f"note: {latest} pointed to a missing checkpoint; it now points to checkpoint-{steps[-1]}")
 
 
-def point_latest(output_dir, step):
-    """Switch <output_dir>/latest to checkpoint-<step> atomically (a new symlink renamed over the old one)."""
+def refuse_odd_latest(output_dir):
+    """A RunError naming <output_dir>/latest when it is what no save writes and no copy of a run makes: not a link
+    and not a folder copying one of its checkpoints (a user's folder or file, a FIFO: never replaced or deleted)."""
     latest = os.path.join(output_dir, "latest")
+    kind = what_is(latest)
+    if kind is None or kind.startswith("a link") or (kind == "a directory" and latest_twin(output_dir) is not None):
+        return
+    raise RunError(f"{latest} is {kind}, where a run keeps its link to the newest checkpoint, and copies none of "
+                   "its checkpoint-<step> folders; move it away")
+
+
+def point_latest(output_dir, step):
+    """Switch <output_dir>/latest to checkpoint-<step> atomically (a new symlink renamed over the old one). A
+    `latest` folder is removed only when it copies one of the checkpoints (a run copied with cp -rL / scp -r);
+    anything else there is a RunError naming it (refuse_odd_latest), as is anything but a link at latest.tmp."""
+    latest = os.path.join(output_dir, "latest")
+    refuse_unless_file(latest + ".tmp", links=True)
     with contextlib.suppress(FileNotFoundError):
         os.remove(latest + ".tmp")
+    refuse_odd_latest(output_dir)
     os.symlink(f"checkpoint-{step}", latest + ".tmp")
-    if os.path.isdir(latest) and not os.path.islink(latest):  # a run copied with cp -rL / scp -r: a twin folder
+    if os.path.isdir(latest) and not os.path.islink(latest):  # the twin folder of a copied run
         shutil.rmtree(latest)
     os.replace(latest + ".tmp", latest)
 
@@ -249,6 +375,13 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     if os.path.lexists(tmp) and checkpoint_step(output_dir, os.path.basename(tmp)) is None:
         raise RunError(f"{tmp} is in the way of this run's next save and is not one of its own; move it elsewhere, "
                        "then continue with --resume")
+    kind = what_is(final)
+    if kind not in (None, "a directory") or kind == "a directory" and not (
+            is_complete(final) or os.path.isfile(os.path.join(final, SAVE_MARK))):  # merge_lora's OUT, a user's
+        raise RunError(f"{final} is {kind} that this run did not write, in the way of its save at step {step} "
+                       "(which would delete it); move it elsewhere, then continue with --resume")
+    refuse_odd_latest(output_dir)  # planted during the run: named here, before the save's work
+    refuse_unless_file(latest + ".tmp", links=True)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
@@ -296,8 +429,10 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     tmp = f"{folder}.tmp-{os.getpid()}"
     if not cache and os.path.lexists(folder):
         raise RunError(f"{folder} already exists; name a folder that does not exist yet (nothing was written)")
-    refuse_link(folder), refuse_link(tmp)
-    shutil.rmtree(tmp, ignore_errors=True)
+    refuse_link(folder, elsewhere="")  # merge_lora's OUT, or a warm-start cache
+    if what_is(tmp) not in (None, "a directory"):  # a FIFO there would hang rmtree, which opens it
+        raise RunError(f"{tmp} is {what_is(tmp)}, where this program writes a folder of its own; move it away")
+    shutil.rmtree(tmp, ignore_errors=True)  # a folder of an earlier process of this PID
     try:
         os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
         os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
@@ -321,9 +456,10 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     except RunError:
         raise
     except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
-        raise RunError(write_failed(folder, error, otherwise="")) from None
+        raise RunError(write_failed(folder, error, otherwise="", elsewhere="")) from None
     finally:  # also after a signal's Stopped: no half-written copy stays
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.isdir(tmp) and not os.path.islink(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def then_resume(output_dir):
@@ -333,14 +469,18 @@ def then_resume(output_dir):
     return ", then continue with --resume" if saved else ", then run the command again (no checkpoint saved yet)"
 
 
-def write_failed(what, error, *, otherwise="; use another --output-dir"):
+def write_failed(what, error, *, otherwise="; use another --output-dir", elsewhere="use another --output-dir"):
     """"could not write WHAT: its cause; what to do" for a failed write: the OS's message (else the error's first
-    line, else its type), then the remedy its cause calls for (`otherwise` when the cause is not the disk's)."""
+    line, else its type), then the remedy its cause calls for (`otherwise` when the cause is not the disk's).
+    elsewhere: how the tool writing WHAT is told to write elsewhere ("" for a tool that cannot be)."""
     cause = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
     code = getattr(error, "errno", None)
-    remedy = "; free some disk space or use another --output-dir" if code in (errno.ENOSPC, errno.EDQUOT) else \
-        "; the folder is not writable: use another --output-dir" if code in (errno.EROFS, errno.EACCES, errno.EPERM) \
-        else otherwise
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        remedy = "; free some disk space" + (f" or {elsewhere}" if elsewhere else "")
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        remedy = "; the folder is not writable" + (f": {elsewhere}" if elsewhere else "")
+    else:
+        remedy = otherwise
     return f"could not write {what}: {cause}{remedy}"
 
 
@@ -362,15 +502,23 @@ def checkpoint_steps(output_dir):
 def copied_latest(run_dir, log=print):
     """The checkpoint-<step> a `latest` folder is a copy of (a run copied with cp -rL or scp -r turns the link into
     a folder): the one whose trainer_state.pt is byte for byte the same. RunError if none is."""
-    twin = os.path.join(run_dir, "latest", TRAINER_STATE)
-    for step in reversed(checkpoint_steps(run_dir)):
-        candidate = os.path.join(run_dir, f"checkpoint-{step}")
-        if filecmp.cmp(twin, os.path.join(candidate, TRAINER_STATE), shallow=False):
-            log(f"note: {run_dir}/latest is a folder, not a link (a copied run): resuming from checkpoint-{step}, "
-                "its twin; the run's next checkpoint turns it back into a link")
-            return candidate
+    step = latest_twin(run_dir)
+    if step is not None:
+        log(f"note: {run_dir}/latest is a folder, not a link (a copied run): resuming from checkpoint-{step}, "
+            "its twin; the run's next checkpoint turns it back into a link")
+        return os.path.join(run_dir, f"checkpoint-{step}")
     raise RunError(f"{run_dir}/latest is a folder that copies none of its checkpoint-<step> folders; resume from a "
                    "checkpoint-<step> folder")
+
+
+def latest_twin(run_dir):
+    """The step of the checkpoint-<step> that a `latest` folder copies (its trainer_state.pt byte for byte the
+    same, a regular file), else None."""
+    twin = os.path.join(run_dir, "latest", TRAINER_STATE)
+    if os.path.islink(os.path.join(run_dir, "latest")) or what_is(twin) != "a file":
+        return None
+    return next((step for step in reversed(checkpoint_steps(run_dir)) if filecmp.cmp(
+        twin, os.path.join(run_dir, f"checkpoint-{step}", TRAINER_STATE), shallow=False)), None)
 
 
 def resolve_checkpoint(path, log=print):

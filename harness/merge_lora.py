@@ -9,10 +9,11 @@ run's adapters are folded into the base it trained on, dequantized: the initial 
 frozen linear quantized to NF4 and back (the merged model is the policy that ran, in plain tensors).
 """
 import argparse
+import contextlib
 import os
 import sys
 
-from harness.checkpoint import RunError, resolve_checkpoint, save_policy_atomically
+from harness.checkpoint import LOCK, RunError, holds_a_run, resolve_checkpoint, run_owns, save_policy_atomically
 from harness.config import saved_config
 
 
@@ -27,9 +28,10 @@ def main(argv=None):
         checkpoint = resolve_checkpoint(args.checkpoint)
         run_dir, out = os.path.dirname(checkpoint), os.path.join(os.path.realpath(os.path.dirname(
             os.path.abspath(args.output))), os.path.basename(os.path.abspath(args.output)))
-        if os.path.commonpath([run_dir, out]) == run_dir:  # the run saves and prunes there: never beside them
-            raise RunError(f"{args.output} is inside the run folder {run_dir}, where its run saves and prunes "
-                           "checkpoints; name a folder outside it")
+        for folder in [run_dir] + run_folders_above(out):  # a run saves and prunes there: never beside them
+            if os.path.commonpath([folder, out]) == folder:
+                raise RunError(f"{args.output} is inside the run folder {folder}, where its run saves and prunes "
+                               "checkpoints; name a folder outside it")
         settings = saved_config(checkpoint)  # run.json, validated
         if not settings.lora_rank:
             raise RunError(f"{checkpoint}: not a LoRA run (its weights are already a plain model)")
@@ -50,6 +52,20 @@ def main(argv=None):
         print(f"merge_lora: error: {error}", file=sys.stderr)
         sys.exit(1)
     print(f"merged {checkpoint} (adapters of rank {settings.lora_rank}) into {args.output}")
+
+
+def run_folders_above(path):
+    """The folders above path that hold a run (its lock, metrics.jsonl, latest or a checkpoint-<step>) where path
+    lies under a name that run owns (a checkpoint-<step>, latest, ...: checkpoint.run_owns), which its next save
+    or prune would replace or delete without a word."""
+    folders, child = [], path
+    while (folder := os.path.dirname(child)) != child:
+        with contextlib.suppress(OSError):  # a folder this user may not list holds no run of theirs
+            if run_owns(os.path.basename(child)) and (os.path.lexists(os.path.join(folder, LOCK))
+                                                      or holds_a_run(folder)):
+                folders.append(folder)
+        child = folder
+    return folders
 
 
 if __name__ == "__main__":

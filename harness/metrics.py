@@ -5,17 +5,17 @@ than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half
 rewritten only through a temporary file renamed into place (the resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
 warning; a bad line elsewhere is a RunError naming the file and the line.
 """
-import contextlib
 import json
 import os
+import stat
 
-from harness.checkpoint import RunError, new_file, open_nofollow, then_resume, write_failed
+from harness.checkpoint import RunError, open_nofollow, replaced_file, then_resume, what_is, write_failed
 
 MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 
 
 def append_metrics(path, row):
-    """Append one row (never through a link: open_nofollow)."""
+    """Append one row (never through a link, a hard link or a FIFO put there during the run: open_nofollow)."""
     try:
         with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -30,8 +30,8 @@ def metrics_rows(path, warn=print):
     if not os.path.lexists(path):
         return
     if not os.path.isfile(path):
-        raise RunError(f"{path} is not a regular file; move it away or use another --output-dir")
-    with open(path, "rb") as f:
+        raise RunError(f"{path} is not a regular file ({what_is(os.path.realpath(path))}); move it away")
+    with open_for_reading(path) as f:
         pending = None  # (line number, row or None): judged once we know whether a line follows it
         for number, line in bounded_lines(f):
             if pending:
@@ -85,22 +85,23 @@ def read_metrics(path, warn=print):
     return list(metrics_rows(path, warn))
 
 
+def open_for_reading(path):
+    """A binary file object for the regular file at path (a link followed), opened without blocking: a FIFO or
+    device put there after the caller's check is a RunError naming it, never waited on or read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        kind = what_is(path, os.fstat(fd))
+        os.close(fd)
+        raise RunError(f"{path} is not a regular file ({kind}); move it away")
+    return os.fdopen(fd, "rb")
+
+
 def rewrite_metrics(path, rows):
     """Replace the file with `rows` (an iterable; it may be read from the file itself, as the tmp file is written
-    beside it), atomically: a kill mid-write leaves the old file, never an empty one. The temporary is a new file
-    (new_file): a leftover one is removed first, a link in its place is a RunError and stays."""
-    tmp = path + ".tmp"
-    if os.path.isfile(tmp) and not os.path.islink(tmp):
-        os.remove(tmp)  # what a kill mid-rewrite left
-    created = False
+    beside it), atomically (replaced_file): a kill mid-write leaves the old file, never an empty one. The temporary
+    metrics.jsonl.tmp is a new file: a leftover one is removed first, a link in its place is a RunError and stays."""
     try:
-        with new_file(tmp) as f:
-            created = True
+        with replaced_file(path, tmp=path + ".tmp") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
-        os.replace(tmp, path)
     except OSError as error:
         raise RunError(write_failed(path, error)) from None
-    finally:
-        if created:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)  # after a RunError from the rows themselves (a corrupt line)

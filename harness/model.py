@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import socket
+import stat
 from urllib.parse import urlparse
 
 MIB = 1 << 20
@@ -47,6 +48,9 @@ def model_source(model_arg):
         or path.count("/") > 1 or (first != path and os.path.isdir(first))
     if looks_like_path and not os.path.exists(path):
         raise ValueError(f"model path does not exist: {model_arg}")
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):  # never read: it may block
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(os.stat(path).st_mode) else "not a regular file or folder"
+        raise ValueError(f"model path {model_arg} is {kind}; pass a model folder or a .gguf file")
     kwargs = {"trust_remote_code": False}  # never run code from a model folder or the hub
     if os.path.isdir(path):
         bounded_files(path, model_arg)

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from harness.checkpoint import RunError, new_file, refuse_link, write_failed
+from harness.checkpoint import RunError, refuse_link, replaced_file, what_is, write_failed
 from lopti import isolation_masks, reweight_advantages
 from ppo import clip_masks
 from fast.precision import precision
@@ -129,27 +129,24 @@ def after_update(record, model, stats, *, path=None):
     low_clip, high_clip = clip_masks(record.ratio, record.token_advantages, record.mask,
                                      clip_low=record.config.clip_low, clip_high=record.config.clip_high)
     record.clipped, record.stats = low_clip | high_clip, stats
-    path = path or os.path.join(refuse_link(os.path.join(record.config.output_dir, "inspect")),
+    path = path or os.path.join(refuse_link(os.path.join(record.config.output_dir, "inspect"), elsewhere=""),
                                 f"step-{record.step}.html")
     write_page(path, page_html(record))
     return path
 
 
 def write_page(path, text):
-    """Write the page atomically (a new temporary file, never through a link, renamed into place; a link at path is
+    """Write the page atomically (replaced_file: never through a link, a hard link or a FIFO; a link at path is
     replaced, not followed); a failure is one RunError."""
-    tmp, created = f"{path}.tmp-{os.getpid()}", False
+    folder = os.path.dirname(os.path.abspath(path))
+    if what_is(folder) not in (None, "a directory"):  # planted during the run: named, not "File exists"
+        raise RunError(f"{folder} is {what_is(folder)}, where the step's pages go; move it away")
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with new_file(tmp) as f:
-            created = True
+        os.makedirs(folder, exist_ok=True)
+        with replaced_file(path) as f:
             f.write(text)
-        os.replace(tmp, path)
     except OSError as error:
-        raise RunError(write_failed(f"the step's page {path}", error, otherwise="")) from None
-    finally:
-        if created and os.path.lexists(tmp):
-            os.remove(tmp)
+        raise RunError(write_failed(f"the step's page {path}", error, otherwise="", elsewhere="")) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ import time
 import train
 from harness.metrics import read_metrics
 from harness.config import parse_args
-from experiments import pyplot, write_csv
+from experiments import pyplot, write_csv, write_figure
 from lab.runs import finished_run, record_code, train_flags
 from lab.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
@@ -344,7 +344,7 @@ def plot(path, summary, title):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    write_figure(fig, path, dpi=80)
     plt.close(fig)
     return True
 

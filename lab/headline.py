@@ -26,7 +26,7 @@ import os
 import statistics
 import sys
 
-from experiments import pyplot
+from experiments import pyplot, write_figure
 
 from lab import reproduce
 from lab.seed_stats import holm, mean_se_interval, paired_p, seeds_for_half_width
@@ -158,7 +158,7 @@ def plot(by_seed, path):
     right.set_title("where the trained policies' prompts sit")
     right.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
     return True
 

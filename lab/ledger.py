@@ -19,7 +19,6 @@ import math
 import os
 import platform
 import re
-import tempfile
 import time
 
 FIELDS = ("cell", "metric", "value", "commit", "date", "load", "machine", "command")
@@ -66,9 +65,22 @@ def read_csv(path, fields, check_row=None):
                     check_row(row)
                 rows.append((reader.line_num, row))
         except (ValueError, csv.Error) as error:
-            raise SystemExit(f"reproduce: error: {path}:{reader.line_num}: {error}; restore it with "
+            line = undecodable_line(path) if isinstance(error, UnicodeDecodeError) else reader.line_num
+            raise SystemExit(f"reproduce: error: {path}:{line}: {error}; restore it with "
                              f"git checkout -- lab/results/{name}") from None
     return rows
+
+
+def undecodable_line(path):
+    """The line of path where its first byte that is not UTF-8 stands (the text reader decodes ahead of the CSV
+    reader, so its line count is behind)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode()
+    except UnicodeDecodeError as error:
+        return data.count(b"\n", 0, error.start) + 1
+    return 0
 
 
 def finite_value(row):
@@ -142,31 +154,21 @@ def taking_turns(folder):
 
 
 def write_file(path, fields, rows):
-    """Replace one CSV atomically: a new file beside it (mkstemp: O_EXCL, never through a link), flushed to disk,
-    renamed over it. A full disk, a read-only folder or a link in the file's place is one line; the old file stays
-    as it was."""
-    tmp = None
+    """Replace one CSV atomically (replaced_file: a new .NAME.csv.tmp-PID beside it, flushed to disk, renamed over
+    it; removed however this ends, and one a killed ship left is removed by the next; .gitignore'd). A full disk, a
+    read-only folder, or a link, hard link or FIFO in the file's place is one line; the old file stays as it was."""
+    from harness.checkpoint import RunError, replaced_file, write_failed
     try:
         if os.path.islink(path):
             raise OSError(f"{path} is a link; the ledger is never written through one: restore it with git checkout")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-        with os.fdopen(fd, "w", newline="") as f:
+        with replaced_file(path, "w") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as error:
-        from harness.checkpoint import write_failed
-        raise SystemExit(f"reproduce: error: {write_failed(path, error, otherwise='')}; {path} is as it was") \
-            from None
-    finally:
-        if tmp:
-            os.remove(tmp)
+    except (OSError, RunError) as error:
+        message = write_failed(path, error, otherwise="", elsewhere="") if isinstance(error, OSError) else error
+        raise SystemExit(f"reproduce: error: {message}; {path} is as it was") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

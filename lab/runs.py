@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 
+from experiments import output_file
 from harness.checkpoint import RunError
 from harness.metrics import read_metrics
 from harness.config import parse_args
@@ -46,8 +47,9 @@ def same_code(recorded, current):
 
 
 def record_code(run_dir):
-    """Write the commit that trained the run in run_dir (read back by recorded_code)."""
-    with open(os.path.join(run_dir, CODE_FILE), "w") as f:
+    """Write the commit that trained the run in run_dir (read back by recorded_code): never through a link, hard
+    link or FIFO planted there (experiments.output_file)."""
+    with output_file(os.path.join(run_dir, CODE_FILE)) as f:
         json.dump({"commit": code_commit()}, f)
 
 

@@ -39,7 +39,7 @@ import time
 
 import train
 from harness.metrics import read_metrics
-from experiments import plot_metrics
+from experiments import output_file, plot_metrics
 from lab.runs import finished_run, record_code, train_flags
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
@@ -114,7 +114,7 @@ def write_data(folder, *, train_rows=2000, test_rows=EVAL_SIZE, seed=0):
     """train.jsonl and test.jsonl for --task text_match --data <folder> (fixed by `seed`, the same for every run)."""
     os.makedirs(folder, exist_ok=True)
     for split, rows in zip(("train", "test"), instruction_rows(train_rows, test_rows, random.Random(seed))):
-        with open(os.path.join(folder, f"{split}.jsonl"), "w") as f:
+        with output_file(os.path.join(folder, f"{split}.jsonl")) as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
     return folder
 
@@ -192,7 +192,7 @@ def main(argv=None):
         print(f"| {seed} | {reward:+.3f} +- {reward_se:.3f} | {ratio(reward, reward_se)} | {passed:+.3f} +- "
               f"{passed_se:.3f} | {ratio(passed, passed_se)} | {minutes} |")
     os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "smollm2_cpu.csv"), "w", newline="") as f:
+    with output_file(os.path.join(args.output_dir, "smollm2_cpu.csv")) as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))
         writer.writeheader()
         writer.writerows(table)

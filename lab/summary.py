@@ -9,6 +9,7 @@ Reruns and shipping are lab.reproduce's; this only reads what it shipped.
 """
 import argparse
 
+from experiments import write_figure
 from lab.ledger import cpu_kind, this_machine
 from lab.reproduce import CELLS, shipped_values
 
@@ -98,7 +99,7 @@ def fig3_summary(by_seed, figure=None):
                          fontsize=9)
             ax.legend(fontsize=8)
             fig.tight_layout()
-            fig.savefig(figure, dpi=120)
+            write_figure(fig, figure, dpi=120)
             plt.close(fig)
             print(f"drew {figure}")
     return shares

@@ -147,3 +147,37 @@ def test_a_shipped_row_names_the_commit_that_ran_not_one_made_while_it_ran(ledge
     rows = reproduce.ledger_rows(str(ledger.parent / "table3_identity.csv"))
     assert {row["commit"] for row in rows if row["cell"] == "table3-identity"
             and row["machine"] == reproduce.this_machine()} == {"ran"}
+
+
+def test_a_ship_killed_midway_leaves_a_temporary_that_git_ignores_and_the_next_ship_removes(ledger, monkeypatch):
+    """A kill (SIGKILL: no finally runs) between the write and the rename: simulated by a temporary of a process
+    that is gone. git status does not list it, and the next ship of that file removes it."""
+    import subprocess
+    leftover = ledger.parent / f".{ledger.name}.tmp-999999999-k1ll3d"  # beyond any PID: its process is gone
+    leftover.write_text("cell,made\n")
+    repo = os.path.dirname(os.path.dirname(reproduce.__file__))
+    if subprocess.run(["git", "rev-parse"], cwd=repo, capture_output=True, timeout=30).returncode:
+        pytest.skip("not a git checkout")
+    checked = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"lab/results/{leftover.name}"],
+                             cwd=repo, timeout=30)
+    assert checked.returncode == 0  # ignored: git status does not list it
+    reproduce.ship("default", {"final_reward": 0.5}, made=MADE)
+    assert not leftover.exists() and not [name for name in os.listdir(ledger.parent) if name.startswith(".")]
+
+
+def test_a_full_disk_names_no_flag_reproduce_does_not_have(ledger, monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.ship("default", {"final_reward": 0.5}, made=MADE)
+    assert "free some disk space" in str(exit_info.value.code) and "--output-dir" not in str(exit_info.value.code)
+
+
+def test_a_byte_that_is_not_utf8_is_reported_at_its_line(ledger):
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b",", b",\xff", 1)
+    ledger.write_bytes(b"".join(lines))
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["--list"])
+    assert str(exit_info.value.code).startswith(f"reproduce: error: {ledger}:3: 'utf-8' codec can't decode")

@@ -239,6 +239,18 @@ def test_a_reward_that_turns_nan_mid_run_is_one_line_and_keeps_the_files(tmp_pat
     assert [r["step"] for r in metrics.read_metrics(os.path.join(out, "metrics.jsonl"))] == [0, 1, 2, 2]
 
 
+@pytest.mark.parametrize("value,method", [("3e38", "grpo"), ("-1e308", "rloo"), ("1e16", "grpo")])
+def test_a_reward_beyond_the_loops_range_is_one_line_naming_the_range(tmp_path, capsys, value, method):
+    # 3e38 fits float32 but overflowed GRPO's and RLOO's group statistics: a nan step, nan weights saved; -1e308 was
+    # called "non-finite" (it is, in float32)
+    path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", value))
+    out = str(tmp_path / "run")
+    err = one_line(capsys, ["--task", path, "--task-option", "break_after=28", "--output-dir", out, *SMALL,
+                            "--steps", "4", "--save-every", "2", "--method", method])
+    assert f"{path}: reward() returned {float(value)!r} (float)" in err and "from -1e+15 to 1e+15" in err
+    assert checkpoint.checkpoint_steps(out) == [2]
+
+
 def test_a_run_json_from_before_the_newer_settings_still_resumes(tmp_path):
     out = tmp_path / "run"
     train.main(["--task", "countdown", "--output-dir", str(out), *SMALL, "--steps", "2"])

@@ -246,6 +246,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     import torch
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
+    refuse_nonfinite_weights(model, step, output_dir)
     if os.path.lexists(tmp) and checkpoint_step(output_dir, os.path.basename(tmp)) is None:
         raise RunError(f"{tmp} is in the way of this run's next save and is not one of its own; move it elsewhere, "
                        "then continue with --resume")
@@ -481,6 +482,18 @@ def tensor_problem(value, dtype, shape=None):
     if value.is_floating_point() and not torch.isfinite(value).all():
         return "is not finite (nan or inf)"
     return None
+
+
+def refuse_nonfinite_weights(model, step, output_dir):
+    """A RunError naming the weight when a trained weight of `model` holds a nan or inf, before anything of
+    checkpoint-<step> is written: a checkpoint never holds one (resume would refuse it, check_weights)."""
+    import torch
+    for name, param in model.named_parameters():
+        if param.requires_grad and param.is_floating_point() and not torch.isfinite(param).all():
+            saved = checkpoint_steps(output_dir)
+            raise RunError(f"step {step}: the policy's weight {name!r} holds nan or inf, so no checkpoint-{step} is "
+                           "written; " + (f"--resume {output_dir} continues from checkpoint-{saved[-1]}, the last "
+                                          "finite one (a lower --lr?)" if saved else "start the run again"))
 
 
 def check_weights(checkpoint_dir, dtype, model):

@@ -350,12 +350,34 @@ def adamw_class(config):
     --param-dtype bf16-sr or --step-in-backward: LeanAdamW (harness/lean_optimizer.py), the same AdamW on the weights
     as they are stored (bf16: stochastically rounded, no masters), its moments fp32 or 8-bit (torchao's codes)."""
     if config.param_dtype == "bf16-sr" or config.step_in_backward:
-        return functools.partial(LeanAdamW, moments="8bit" if config.optimizer == "adamw8bit" else "fp32",
-                                 seed=config.seed, step_in_backward=config.step_in_backward)
+        return finite_steps(functools.partial(LeanAdamW, moments="8bit" if config.optimizer == "adamw8bit" else
+                                              "fp32", seed=config.seed, step_in_backward=config.step_in_backward))
     inner = optimizer_class(config)
     if config.optimizer_offload:  # every master and the moments in CPU memory (a CUDA run; hardware() checks)
-        return functools.partial(MasterWeights, inner_class=inner, state_device="cpu")
-    return functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16" else inner
+        return finite_steps(functools.partial(MasterWeights, inner_class=inner, state_device="cpu"))
+    return finite_steps(functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16" else inner)
+
+
+def finite_steps(make_optimizer):
+    """make_optimizer(params, **options) -> a function building the same optimizer, whose step() is not taken while
+    a gradient holds a nan or inf (a nan or inf loss, an overflow): the weights and the optimizer's state stay as
+    they were, and optimizer.skipped_steps counts it (RunState.log says so in one line and leaves it out of the
+    row's optimizer_steps). --step-in-backward steps each weight inside backward, so step() finds no gradient to
+    check; save_checkpoint still refuses a weight that is not finite."""
+    def build(params, **options):
+        params = list(params)
+        optimizer = make_optimizer(params, **options)
+        take_step = optimizer.step
+
+        def step(*args, **kwargs):
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads and not torch.stack([torch.isfinite(grad).all() for grad in grads]).all():
+                optimizer.skipped_steps += 1
+                return None
+            return take_step(*args, **kwargs)
+        optimizer.step, optimizer.skipped_steps = step, 0
+        return optimizer
+    return build
 
 
 def optimizer_class(config):
@@ -577,6 +599,11 @@ class RunState:
         """Append one step's metrics (plus its timings) to metrics.jsonl. -> the row written."""
         elapsed = time.time() - self.step_started
         rollout = self.phase_seconds["rollout"] + self.phase_seconds["reward+advantage"]
+        skipped, self.optimizer.skipped_steps = getattr(self.optimizer, "skipped_steps", 0), 0  # finite_steps
+        if skipped:
+            row = {**row, "optimizer_steps": row["optimizer_steps"] - skipped, "skipped_steps": skipped}
+            say(f"step {row['step']}: {skipped} optimizer step(s) not taken: a gradient held nan or inf (the loss's "
+                "too, or an overflow); the weights and the optimizer's state are as before them")
         row = {**row, "rollout_s": rollout, "update_s": elapsed - rollout, "tokens_per_s": tokens / max(elapsed, 1e-9)}
         append_metrics(self.metrics_path, row)
         self.reporters.row(row)

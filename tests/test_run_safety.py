@@ -751,3 +751,41 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_has_a_checkpoint(tmp_path)
     (tmp_path / "checkpoint-2").mkdir()
     os.symlink("checkpoint-2", tmp_path / "latest")
     assert checkpoint.then_resume(str(tmp_path)) == ", then continue with --resume"
+
+
+# --- a step whose loss or gradient is not finite never reaches the weights (issue 61) --------------------------------
+def strict_rows(path):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not strict JSON")
+    return [json.loads(line, parse_constant=refuse) for line in open(path)]
+
+
+def test_a_step_with_a_nan_loss_is_not_taken_and_the_metrics_stay_strict_json(tmp_path, capsys, monkeypatch):
+    # the nan step was taken: nan weights saved (which --resume then refused) and `NaN` written into metrics.jsonl
+    calls, policy_loss = [], train.policy_loss
+
+    def nan_in_step_2(*args, **kwargs):  # SMALL: one optimizer step, one micro-batch per RL step
+        calls.append(1)
+        loss, stats = policy_loss(*args, **kwargs)
+        return (loss * float("nan"), stats) if len(calls) == 2 else (loss, stats)
+    monkeypatch.setattr(train, "policy_loss", nan_in_step_2)
+    out = tmp_path / "run"
+    run(out, "--steps", "3", "--save-every", "1", "--keep-checkpoints", "0")
+    assert "step 2: 1 optimizer step(s) not taken: a gradient held nan or inf" in capsys.readouterr().out
+    rows = [row for row in strict_rows(out / "metrics.jsonl") if not row.get("eval")]
+    assert [(row["optimizer_steps"], row.get("skipped_steps")) for row in rows] == [(1, None), (0, 1), (1, None)]
+    assert rows[1]["loss"] is None and rows[1]["grad_norm"] is None
+    from safetensors.torch import load_file
+    first, second = (load_file(out / f"checkpoint-{step}" / "model.safetensors") for step in (1, 2))
+    assert all(torch.equal(first[key], second[key]) for key in first)  # step 2 changed nothing
+    train.main(["--resume", str(out), "--steps", "4"])  # and the run goes on
+
+
+def test_a_weight_that_is_not_finite_is_never_saved(tmp_path, finished_run):
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+    with pytest.raises(checkpoint.RunError, match=r"step 6: the policy's weight 'weight' holds nan or inf, so no "
+                                                  r"checkpoint-6 is written; --resume .* from checkpoint-4"):
+        checkpoint.save_checkpoint(finished_run, 6, model, None, {}, {})
+    assert checkpoint.checkpoint_steps(finished_run) == [2, 4] and not os.path.lexists(f"{finished_run}/checkpoint-6.tmp")

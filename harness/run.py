@@ -156,42 +156,74 @@ class TimedRewards:
     stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
     STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
     while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
-    (tasks.reward_number: any finite real number; else one line naming the task). Everything else is the task's
-    own."""
+    (tasks.reward_number: a number within its range; else one line naming the task). A task file's examples() and
+    solution() (TIMED_CALLS: the user's code, called as the task is built and the run starts) run under the same
+    limit. A SystemExit, KeyboardInterrupt (but a real Ctrl-C's) or other BaseException that is not an Exception,
+    raised by one of these calls, would end the run without a word: a TaskError naming the task and the call.
+    Everything else is the task's own."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
+    TIMED_CALLS = ("examples", "solution")
 
     def __init__(self, task, seconds):
         self.task, self.seconds = task, seconds
 
     def __getattr__(self, name):
-        return getattr(self.task, name)
+        value = getattr(self.task, name)
+        if name not in self.TIMED_CALLS or not hasattr(self.task, "source"):  # a task file has its path as source
+            return value
+
+        def timed(*args, **kwargs):
+            shown = ", ".join([*map(repr, args), *(f"{key}={item!r}" for key, item in kwargs.items())])
+            return self.timed(value, f"{name}({shown[:80]})", "", *args, **kwargs)
+        return timed
 
     def reward(self, completion, example, **kwargs):
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-            return tasks.reward_number(self.task.reward(completion, example, **kwargs), f"task {self.task.name}",
-                                       completion)
+        value = self.timed(self.task.reward, "reward()", f" on the completion {completion[:80]!r}", completion,
+                           example, **kwargs)
+        return tasks.reward_number(value, f"task {self.task.name}", completion)
+
+    def timed(self, call, what, detail, *args, **kwargs):
+        """call(*args, **kwargs) under the time limit; `what` and `detail` name it in an error ("reward()", " on
+        the completion ...")."""
+        source = f" ({self.task.source})" if hasattr(self.task, "source") else ""  # a task file: its path
+        interrupts = []  # a real Ctrl-C during the call (its KeyboardInterrupt is not the task's)
 
         def expired(signum, frame):
             if TimedRewards.stop_signal:
-                say(f"a reward call of task {self.task.name} did not return within {STOP_GRACE:g} s of the stop "
+                say(f"a {what} call of task {self.task.name} did not return within {STOP_GRACE:g} s of the stop "
                     "signal: the run ends now, nothing of this step saved")
                 raise Stopped(TimedRewards.stop_signal)
-            source = f" ({self.task.source})" if hasattr(self.task, "source") else ""  # a task file: its path
-            raise RewardTimeout(f"task {self.task.name}: reward() ran for more than {self.seconds:g} s on the "
-                                f"completion {completion[:80]!r}; fix the task{source}, or raise --reward-timeout")
+            raise RewardTimeout(f"task {self.task.name}: {what} ran for more than {self.seconds:g} s{detail}; fix "
+                                f"the task{source}, or raise --reward-timeout")
+
+        def interrupted(signum, frame):
+            interrupts.append(signum)
+            if callable(previous_interrupt):  # Python's (a KeyboardInterrupt), or start()'s
+                previous_interrupt(signum, frame)
+        main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
         limit = min(self.seconds or STOP_GRACE, STOP_GRACE) if TimedRewards.stop_signal else self.seconds
-        previous = signal.signal(signal.SIGALRM, expired)
-        if limit > 0:
-            signal.setitimer(signal.ITIMER_REAL, limit)
-        TimedRewards.running = True
+        if main:
+            previous, previous_interrupt = signal.signal(signal.SIGALRM, expired), \
+                signal.signal(signal.SIGINT, interrupted)
+            if limit > 0:
+                signal.setitimer(signal.ITIMER_REAL, limit)
+            TimedRewards.running = True
         try:
-            value = self.task.reward(completion, example, **kwargs)
+            return call(*args, **kwargs)
+        except BaseException as error:
+            if isinstance(error, (Exception, Stopped, RewardTimeout)) or interrupts:
+                raise
+            raise tasks.TaskError(f"task {self.task.name}: {what} raised {type(error).__name__}"
+                                  f"{'(' + repr(error.args[0])[:40] + ')' if error.args else ''}{detail}, which "
+                                  f"would end the run without a word; a task returns, or raises an Exception for a "
+                                  f"bug{source}") from None
         finally:
-            TimedRewards.running = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        return tasks.reward_number(value, f"task {self.task.name}", completion)
+            if main:
+                TimedRewards.running = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                signal.signal(signal.SIGINT, previous_interrupt)
 
     @staticmethod
     def stop(signum):

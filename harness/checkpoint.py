@@ -257,7 +257,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
             f.write("a checkpoint written by train.py (harness/checkpoint.py)\n")
         save_policy(model, tmp)  # a LoRA policy: its adapters only (harness/model.py)
         tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, os.path.join(tmp, TRAINER_STATE))
+        torch.save({**trainer_state, WEIGHTS_SHA256: weight_digests(tmp)}, os.path.join(tmp, TRAINER_STATE))
         with open(os.path.join(tmp, RUN_SETTINGS), "w") as f:  # written last: the folder is complete once it exists
             json.dump(settings, f, indent=1, sort_keys=True)
         shutil.rmtree(final, ignore_errors=True)  # a later checkpoint of a replaced timeline; `latest` is elsewhere
@@ -459,7 +459,33 @@ def load_trainer_state(checkpoint_dir):
                        f"; {hint}")
     if not all(isinstance(state["initial_eval"].get(key), (int, float)) for key in ("pass@1", "reward")):
         raise RunError(f"{path}: no valid 'initial_eval' (pass@1, reward) in it; {hint}")
+    saved = state.get(WEIGHTS_SHA256)  # absent in a checkpoint from before it was written: not checked
+    if saved is not None and saved != weight_digests(checkpoint_dir):
+        found = weight_digests(checkpoint_dir)
+        name = sorted(name for name in set(saved) | set(found) if saved.get(name) != found.get(name))[0]
+        raise RunError(f"{checkpoint_dir}/{name}: " + (
+            "is not the weight file this checkpoint saved at its step (its sha256 differs from the one in "
+            f"{TRAINER_STATE}: copied from another checkpoint?)" if name in saved and name in found else
+            f"{'missing' if name in saved else 'a weight file this checkpoint did not save'}") + f"; {hint}")
     return state
+
+
+WEIGHTS_SHA256 = "weights_sha256"  # trainer_state.pt's {file name: sha256} of the checkpoint's weight files
+
+
+def weight_digests(folder):
+    """{name: sha256 hex} of the weight files (*.safetensors: the policy's, or a LoRA run's adapters) in folder, read
+    in blocks of 1 MiB: what binds a checkpoint's weights to its own step (load_trainer_state checks them)."""
+    import hashlib
+    digests = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors") and os.path.isfile(os.path.join(folder, name)):
+            digest = hashlib.sha256()
+            with open(os.path.join(folder, name), "rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+            digests[name] = digest.hexdigest()
+    return digests
 
 
 def instead_of(checkpoint_dir, otherwise="no other complete checkpoint: start the run again"):

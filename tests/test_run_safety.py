@@ -789,3 +789,44 @@ def test_a_weight_that_is_not_finite_is_never_saved(tmp_path, finished_run):
                                                   r"checkpoint-6 is written; --resume .* from checkpoint-4"):
         checkpoint.save_checkpoint(finished_run, 6, model, None, {}, {})
     assert checkpoint.checkpoint_steps(finished_run) == [2, 4] and not os.path.lexists(f"{finished_run}/checkpoint-6.tmp")
+
+
+# --- weights that are not all there, or not the checkpoint's own, are refused (issue 61) -----------------------------
+def test_a_weight_file_copied_from_another_checkpoint_is_refused(finished_run, capsys):
+    # checkpoint-2's model.safetensors copied into checkpoint-4: resumed as step 4 with step 2's weights, exit 0
+    import shutil
+    shutil.copyfile(f"{finished_run}/checkpoint-2/model.safetensors", f"{finished_run}/checkpoint-4/model.safetensors")
+    err = fails(capsys, ["--resume", f"{finished_run}/checkpoint-4", "--steps", "5"])
+    assert f"checkpoint-4/model.safetensors: is not the weight file this checkpoint saved at its step" in err
+    assert "resume from checkpoint-2" in err
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "model"])
+def test_a_weight_file_that_lacks_some_tensors_is_refused(finished_run, tmp_path, capsys, where):
+    # a renamed key (a dropped layer alike) loaded as random weights, and the run exited 0
+    from safetensors.torch import load_file, save_file
+    folder = f"{finished_run}/checkpoint-4"
+    if where == "model":
+        import shutil
+        folder = shutil.copytree(folder, tmp_path / "model")
+    path = f"{folder}/model.safetensors"
+    weights = load_file(path)
+    renamed = sorted(key for key in weights if "mlp.up_proj" in key)[0]
+    weights["renamed." + renamed] = weights.pop(renamed)
+    save_file(weights, path, metadata={"format": "pt"})
+    argv = ["--resume", folder, "--steps", "5"] if where == "checkpoint" else \
+        ["--model", str(folder), "--task", "digits", "--output-dir", str(tmp_path / "fresh"), *SMALL, "--steps", "1"]
+    err = fails(capsys, argv, code=1 if where == "checkpoint" else 2)
+    assert f"its weight files lack 1 of the model's tensors ({renamed}: renamed or dropped)" in err
+
+
+@pytest.mark.parametrize("sizes, message", [({"n_embd": 12288, "n_layer": 96, "n_head": 96}, "asks for ~232B"),
+                                            ({"n_layer": 100_000}, "n_layer is 100000"),
+                                            ({"n_positions": 0}, "n_positions is 0")])
+def test_gpt2_style_size_names_are_checked_too(tmp_path, sizes, message):
+    # n_embd / n_layer bypassed the check: a 7 MB folder asked for ~51 GB
+    from harness.model import check_config_sizes
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 7_000_000)
+    with pytest.raises(ValueError, match=message):
+        check_config_sizes({"model_type": "gpt2", "n_inner": None, **sizes}, str(tmp_path), "gpt2-folder")
+    check_config_sizes({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2}, str(tmp_path), "gpt2-folder")

@@ -264,6 +264,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
         os.replace(tmp, final)
         point_latest(output_dir, step)  # atomic switch: `latest` is always a complete checkpoint
     except Exception as error:  # noqa: BLE001 -- whatever the writer raised, the run's files stay as they were
+        error = as_disk_full(error, output_dir)  # before the partial folder goes (and frees its space)
         shutil.rmtree(tmp, ignore_errors=True)
         kept = f" ({latest} still points to the previous checkpoint)" if os.path.lexists(latest) else ""
         raise RunError(write_failed(f"checkpoint {final}", error) + kept) from None
@@ -322,7 +323,8 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     except RunError:
         raise
     except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
-        raise RunError(write_failed(folder, error, otherwise="")) from None
+        raise RunError(write_failed(folder, as_disk_full(error, os.path.dirname(os.path.abspath(tmp))),
+                                    otherwise="")) from None
     finally:  # also after a signal's Stopped: no half-written copy stays
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -332,6 +334,22 @@ def then_resume(output_dir):
     start it again (there is nothing to resume yet)."""
     saved = os.path.lexists(os.path.join(output_dir, "latest")) or checkpoint_steps(output_dir)
     return ", then continue with --resume" if saved else ", then run the command again (no checkpoint saved yet)"
+
+
+DISK_NEARLY_FULL = 16 * 2**20  # bytes free below which a writer's own error (not an OSError) is taken as ENOSPC
+
+
+def as_disk_full(error, folder):
+    """error, or for an error that is not an OSError (torch.save's "[enforce fail at inline_container.cc:672] ...
+    unexpected pos", safetensors' own) while folder's disk has under DISK_NEARLY_FULL bytes free, an OSError ENOSPC
+    "disk full" that write_failed words as such. Any other error stays as it is (a bug keeps its own words)."""
+    if isinstance(error, OSError):
+        return error
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return error
+    return OSError(errno.ENOSPC, f"disk full ({free} bytes free)") if free < DISK_NEARLY_FULL else error
 
 
 def write_failed(what, error, *, otherwise="; use another --output-dir"):
@@ -500,7 +518,8 @@ def tensor_problem(value, dtype, shape=None):
     """What keeps value from being a finite tensor of `dtype` (and `shape`), as "is ..." text; None when nothing."""
     import torch
     if not torch.is_tensor(value):
-        return f"is a {type(value).__name__}, not a tensor"
+        kind = type(value).__name__
+        return f"is {'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}, not a tensor"
     if value.dtype != dtype:
         return f"is {str(value.dtype).removeprefix('torch.')}, not {str(dtype).removeprefix('torch.')}"
     if shape is not None and value.shape != shape:

@@ -255,6 +255,9 @@ def hardware(config):
     if device.startswith("cuda") and not torch.cuda.is_available() and not config.dry_run:
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
+    if device == "mps" and not torch.backends.mps.is_available():  # a dry run too: it plans CUDA cards only
+        raise InputError(f"--device mps: this torch sees no MPS device (Apple silicon; torch {torch.__version__}); "
+                         "use --device cpu")
     cuda = device.startswith("cuda")
     if config.optimizer_offload and not cuda:  # a dry run too: it plans only what the run would do
         raise InputError(f"--optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "

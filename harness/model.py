@@ -254,6 +254,16 @@ def add_lora(model, rank, alpha, targets):
     adapter starts at B = 0: the policy starts as the base model exactly. alpha: None = 2 x rank."""
     require_peft()
     from peft import inject_adapter_in_model
+    check_lora_targets(model, targets)
+    model = inject_adapter_in_model(lora_config(rank, alpha, targets), model)  # sets model.peft_config
+    for name, param in model.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    return model
+
+
+def check_lora_targets(model, targets):
+    """A ValueError naming them when `targets` ("q_proj,v_proj") names a module `model` lacks, or lm_head. `model`
+    may be a skeleton on the meta device (--dry-run: model_skeleton)."""
     names = targets.split(",")
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     if "lm_head" in names:  # the float32 head (fast/logprobs.py's float32_logits) reads the head's weight directly
@@ -262,10 +272,17 @@ def add_lora(model, rank, alpha, targets):
     if [name for name in names if name not in present]:
         raise ValueError(f"--lora-targets: {model.config.model_type} has no module named "
                          f"{', '.join(name for name in names if name not in present)}")
-    model = inject_adapter_in_model(lora_config(rank, alpha, targets), model)  # sets model.peft_config
-    for name, param in model.named_parameters():
-        param.requires_grad_(".lora_" in name)
-    return model
+
+
+def model_skeleton(model_arg):
+    """The modules of `model_arg` without its weights (on the meta device: nothing allocated), from its config alone
+    (model_source's folder, .gguf header or hub cache). Errors: ValueError, OSError (a config that cannot be read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path, kwargs = model_source(model_arg)
+    settings = AutoConfig.from_pretrained(path, **kwargs)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(settings)
 
 
 NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256  # torchao's (and QLoRA's) defaults: a scale per 64 weights, double-quantized

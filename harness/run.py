@@ -276,12 +276,34 @@ def print_settings(config):
     be a chat model; the tiny model's own settings are left out for it). -> the settings dict."""
     shown = {key: value for key, value in config.saved().items()
              if config.model == "tiny" or not key.startswith(("tiny_", "warm_start_"))}
+    if config.lora_rank and not config.resume:
+        dry_run_lora_targets(config)
     print(json.dumps(shown, indent=1, sort_keys=True))
     if config.model != "tiny":
         print(f"note: nothing was loaded; what {config.model} needs on a GPU at these settings (memory, time): "
               "docs/performance.md, \"One GPU\"", file=sys.stderr)
     print_memory_plan(config)
     return shown
+
+
+def dry_run_lora_targets(config):
+    """--dry-run --lora-rank: --lora-targets checked against the model's module names as the run's add_lora would
+    (an InputError naming them), on its skeleton (harness/model.py's model_skeleton: its config, no weights). A
+    config that cannot be read here (offline, not cached): a note, the names unchecked."""
+    from harness.model import check_lora_targets, model_skeleton
+    try:
+        with torch.device("meta"):
+            skeleton = tiny.build_tiny_model(tiny.build_char_tokenizer(), hidden_size=config.tiny_hidden,
+                                             num_layers=config.tiny_layers) if config.model == "tiny" else None
+        skeleton = skeleton or model_skeleton(config.model)
+    except (ValueError, OSError, KeyError) as error:
+        say(f"note: --lora-targets not checked: the config of {config.model} could not be read "
+            f"({str(error).splitlines()[0] if str(error) else type(error).__name__})")
+        return
+    try:
+        check_lora_targets(skeleton, config.lora_targets)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def print_memory_plan(config):

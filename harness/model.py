@@ -132,8 +132,9 @@ WEIGHT_FILES = (".safetensors", ".bin")
 
 def check_config_sizes(settings, folder, model_arg):
     """A ValueError naming the field when a folder's config.json asks for a size outside CONFIG_SIZE_LIMITS (under
-    its Llama name or one of CONFIG_SIZE_ALIASES: GPT-2's n_embd, n_layer, ...; or not a positive integer), or for far more weights than the folder's weight files hold (`num_hidden_layers: 100000`
-    beside a 10 MB checkpoint would build for minutes before failing)."""
+    its Llama name or one of CONFIG_SIZE_ALIASES: GPT-2's n_embd, n_layer, ...; or not a positive integer), or for
+    far more weights than the folder's weight files hold (`num_hidden_layers: 100000` beside a 10 MB checkpoint would
+    build for minutes before failing)."""
     if not isinstance(settings, dict):
         raise ValueError(f"{model_arg}: config.json is not a JSON object")
     sizes = {}  # each size by its Llama name, whichever name the config gives it
@@ -276,7 +277,8 @@ def check_lora_targets(model, targets):
 
 def model_skeleton(model_arg):
     """The modules of `model_arg` without its weights (on the meta device: nothing allocated), from its config alone
-    (model_source's folder, .gguf header or hub cache). Errors: ValueError, OSError (a config that cannot be read)."""
+    (model_source's folder, .gguf header or hub cache). Errors: ValueError, OSError (a config that cannot be
+    read)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     path, kwargs = model_source(model_arg)

@@ -412,7 +412,8 @@ def adamw_class(config):
     inner = optimizer_class(config)
     if config.optimizer_offload:  # every master and the moments in CPU memory (a CUDA run; hardware() checks)
         return finite_steps(functools.partial(MasterWeights, inner_class=inner, state_device="cpu"))
-    return finite_steps(functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16" else inner)
+    return finite_steps(functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16"
+                        else inner)
 
 
 def finite_steps(make_optimizer):

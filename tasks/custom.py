@@ -61,10 +61,11 @@ def reward_number(value, source, completion):
     except ValueError:  # an int of more than 4300 digits has no repr
         shown = "a huge integer"
     raise TaskError(f"{source}: reward() returned {shown} ({type(value).__name__}) for the completion "
-                    f"{completion[:80]!r}; a reward must be " + (f"a number from {-REWARD_LIMIT:g} to {REWARD_LIMIT:g}"
-                    " (the loop computes in float32, and its group statistics square reward differences), not nan "
-                    "or inf" if real else "a real number (int, float, bool, Fraction, Decimal or a numpy scalar; "
-                    "of a tensor or array, its .item())"))
+                    f"{completion[:80]!r}; a reward must be "
+                    + (f"a number from {-REWARD_LIMIT:g} to {REWARD_LIMIT:g} (the loop computes in float32, and "
+                       "its group statistics square reward differences), not nan or inf" if real else
+                       "a real number (int, float, bool, Fraction, Decimal or a numpy scalar; of a tensor or array, "
+                       "its .item())"))
 
 
 class TaskCodeError(RuntimeError):

@@ -753,7 +753,7 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_has_a_checkpoint(tmp_path)
     assert checkpoint.then_resume(str(tmp_path)) == ", then continue with --resume"
 
 
-# --- a step whose loss or gradient is not finite never reaches the weights (issue 61) --------------------------------
+# --- a step whose loss or gradient is not finite never reaches the weights (issue 61) ------------------------------
 def strict_rows(path):
     def refuse(constant):
         raise ValueError(f"{constant} is not strict JSON")
@@ -788,14 +788,16 @@ def test_a_weight_that_is_not_finite_is_never_saved(tmp_path, finished_run):
     with pytest.raises(checkpoint.RunError, match=r"step 6: the policy's weight 'weight' holds nan or inf, so no "
                                                   r"checkpoint-6 is written; --resume .* from checkpoint-4"):
         checkpoint.save_checkpoint(finished_run, 6, model, None, {}, {})
-    assert checkpoint.checkpoint_steps(finished_run) == [2, 4] and not os.path.lexists(f"{finished_run}/checkpoint-6.tmp")
+    assert checkpoint.checkpoint_steps(finished_run) == [2, 4]
+    assert not os.path.lexists(f"{finished_run}/checkpoint-6.tmp")
 
 
-# --- weights that are not all there, or not the checkpoint's own, are refused (issue 61) -----------------------------
+# --- weights that are not all there, or not the checkpoint's own, are refused (issue 61) ---------------------------
 def test_a_weight_file_copied_from_another_checkpoint_is_refused(finished_run, capsys):
     # checkpoint-2's model.safetensors copied into checkpoint-4: resumed as step 4 with step 2's weights, exit 0
     import shutil
-    shutil.copyfile(f"{finished_run}/checkpoint-2/model.safetensors", f"{finished_run}/checkpoint-4/model.safetensors")
+    shutil.copyfile(f"{finished_run}/checkpoint-2/model.safetensors",
+                    f"{finished_run}/checkpoint-4/model.safetensors")
     err = fails(capsys, ["--resume", f"{finished_run}/checkpoint-4", "--steps", "5"])
     assert f"checkpoint-4/model.safetensors: is not the weight file this checkpoint saved at its step" in err
     assert "resume from checkpoint-2" in err
@@ -832,7 +834,7 @@ def test_gpt2_style_size_names_are_checked_too(tmp_path, sizes, message):
     check_config_sizes({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2}, str(tmp_path), "gpt2-folder")
 
 
-# --- the right message (issue 61) ------------------------------------------------------------------------------------
+# --- the right message (issue 61) --------------------------------------------------------------------------------
 @pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
 def test_device_mps_without_mps_is_one_line(tmp_path, capsys, dry_run):
@@ -862,7 +864,8 @@ def test_a_full_disk_inside_torch_save_is_said_so(tmp_path, monkeypatch, free, s
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 960 vs 832")
     model = torch.nn.Linear(2, 2)
     monkeypatch.setattr(torch, "save", full)
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: collections.namedtuple("u", "total used free")(1, 1, free))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1, 1, free))
     monkeypatch.setattr(checkpoint, "save_policy", lambda model, folder: None)
     tokenizer = type("Tokenizer", (), {"save_pretrained": lambda self, folder: None})()
     with pytest.raises(checkpoint.RunError) as error:

@@ -324,8 +324,9 @@ def test_a_reward_that_hangs_while_the_task_file_is_checked_is_stopped_by_its_ti
     assert f"fix the task ({path}), or raise --reward-timeout" in last
 
 
-# --- a task's code cannot end a run silently, or hang its start (issue 61) ------------------------------------------
-@pytest.mark.parametrize("raised,shown", [("SystemExit(0)", "SystemExit(0)"), ("KeyboardInterrupt", "KeyboardInterrupt"),
+# --- a task's code cannot end a run silently, or hang its start (issue 61) ----------------------------------------
+@pytest.mark.parametrize("raised,shown", [("SystemExit(0)", "SystemExit(0)"),
+                                          ("KeyboardInterrupt", "KeyboardInterrupt"),
                                           ("type('Quit', (BaseException,), {})('bye')", "Quit('bye')")])
 def test_a_reward_that_raises_a_base_exception_is_one_line_naming_the_task_and_the_call(tmp_path, capsys, raised,
                                                                                       shown):

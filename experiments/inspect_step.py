@@ -71,9 +71,9 @@ def main(argv=None):
         parser.error(f"{args.run}: no such folder")
     try:
         path = inspect_checkpoint(args.run, output=args.output, device=args.device, task=args.task)
-    except (RunError, InputError) as error:
+    except (RunError, InputError) as error:  # a flag's (--device, --task): 2, as argparse's; the run's files: 1
         print(f"{PROG}: error: {error}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2 if isinstance(error, InputError) else 1)
     print(f"wrote {path} ({os.path.getsize(path) / 1024:.0f} KB)")
     return path
 

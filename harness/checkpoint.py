@@ -372,6 +372,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     import torch
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
+    refuse_nonfinite_weights(model, step, output_dir)
     if os.path.lexists(tmp) and checkpoint_step(output_dir, os.path.basename(tmp)) is None:
         raise RunError(f"{tmp} is in the way of this run's next save and is not one of its own; move it elsewhere, "
                        "then continue with --resume")
@@ -389,13 +390,14 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
             f.write("a checkpoint written by train.py (harness/checkpoint.py)\n")
         save_policy(model, tmp)  # a LoRA policy: its adapters only (harness/model.py)
         tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, os.path.join(tmp, TRAINER_STATE))
+        torch.save({**trainer_state, WEIGHTS_SHA256: weight_digests(tmp)}, os.path.join(tmp, TRAINER_STATE))
         with open(os.path.join(tmp, RUN_SETTINGS), "w") as f:  # written last: the folder is complete once it exists
             json.dump(settings, f, indent=1, sort_keys=True)
         shutil.rmtree(final, ignore_errors=True)  # a later checkpoint of a replaced timeline; `latest` is elsewhere
         os.replace(tmp, final)
         point_latest(output_dir, step)  # atomic switch: `latest` is always a complete checkpoint
     except Exception as error:  # noqa: BLE001 -- whatever the writer raised, the run's files stay as they were
+        error = as_disk_full(error, output_dir)  # before the partial folder goes (and frees its space)
         shutil.rmtree(tmp, ignore_errors=True)
         kept = f" ({latest} still points to the previous checkpoint)" if os.path.lexists(latest) else ""
         raise RunError(write_failed(f"checkpoint {final}", error) + kept) from None
@@ -456,7 +458,8 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     except RunError:
         raise
     except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
-        raise RunError(write_failed(folder, error, otherwise="", elsewhere="")) from None
+        raise RunError(write_failed(folder, as_disk_full(error, os.path.dirname(os.path.abspath(tmp))),
+                                    otherwise="", elsewhere="")) from None
     finally:  # also after a signal's Stopped: no half-written copy stays
         if os.path.isdir(tmp) and not os.path.islink(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -467,6 +470,22 @@ def then_resume(output_dir):
     start it again (there is nothing to resume yet)."""
     saved = os.path.lexists(os.path.join(output_dir, "latest")) or checkpoint_steps(output_dir)
     return ", then continue with --resume" if saved else ", then run the command again (no checkpoint saved yet)"
+
+
+DISK_NEARLY_FULL = 16 * 2**20  # bytes free below which a writer's own error (not an OSError) is taken as ENOSPC
+
+
+def as_disk_full(error, folder):
+    """error, or for an error that is not an OSError (torch.save's "[enforce fail at inline_container.cc:672] ...
+    unexpected pos", safetensors' own) while folder's disk has under DISK_NEARLY_FULL bytes free, an OSError ENOSPC
+    "disk full" that write_failed words as such. Any other error stays as it is (a bug keeps its own words)."""
+    if isinstance(error, OSError):
+        return error
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return error
+    return OSError(errno.ENOSPC, f"disk full ({free} bytes free)") if free < DISK_NEARLY_FULL else error
 
 
 def write_failed(what, error, *, otherwise="; use another --output-dir", elsewhere="use another --output-dir"):
@@ -606,7 +625,33 @@ def load_trainer_state(checkpoint_dir):
                        f"; {hint}")
     if not all(isinstance(state["initial_eval"].get(key), (int, float)) for key in ("pass@1", "reward")):
         raise RunError(f"{path}: no valid 'initial_eval' (pass@1, reward) in it; {hint}")
+    saved = state.get(WEIGHTS_SHA256)  # absent in a checkpoint from before it was written: not checked
+    if saved is not None and saved != weight_digests(checkpoint_dir):
+        found = weight_digests(checkpoint_dir)
+        name = sorted(name for name in set(saved) | set(found) if saved.get(name) != found.get(name))[0]
+        raise RunError(f"{checkpoint_dir}/{name}: " + (
+            "is not the weight file this checkpoint saved at its step (its sha256 differs from the one in "
+            f"{TRAINER_STATE}: copied from another checkpoint?)" if name in saved and name in found else
+            f"{'missing' if name in saved else 'a weight file this checkpoint did not save'}") + f"; {hint}")
     return state
+
+
+WEIGHTS_SHA256 = "weights_sha256"  # trainer_state.pt's {file name: sha256} of the checkpoint's weight files
+
+
+def weight_digests(folder):
+    """{name: sha256 hex} of the weight files (*.safetensors: the policy's, or a LoRA run's adapters) in folder, read
+    in blocks of 1 MiB: what binds a checkpoint's weights to its own step (load_trainer_state checks them)."""
+    import hashlib
+    digests = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors") and os.path.isfile(os.path.join(folder, name)):
+            digest = hashlib.sha256()
+            with open(os.path.join(folder, name), "rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+            digests[name] = digest.hexdigest()
+    return digests
 
 
 def instead_of(checkpoint_dir, otherwise="no other complete checkpoint: start the run again"):
@@ -621,7 +666,8 @@ def tensor_problem(value, dtype, shape=None):
     """What keeps value from being a finite tensor of `dtype` (and `shape`), as "is ..." text; None when nothing."""
     import torch
     if not torch.is_tensor(value):
-        return f"is a {type(value).__name__}, not a tensor"
+        kind = type(value).__name__
+        return f"is {'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}, not a tensor"
     if value.dtype != dtype:
         return f"is {str(value.dtype).removeprefix('torch.')}, not {str(dtype).removeprefix('torch.')}"
     if shape is not None and value.shape != shape:
@@ -629,6 +675,18 @@ def tensor_problem(value, dtype, shape=None):
     if value.is_floating_point() and not torch.isfinite(value).all():
         return "is not finite (nan or inf)"
     return None
+
+
+def refuse_nonfinite_weights(model, step, output_dir):
+    """A RunError naming the weight when a trained weight of `model` holds a nan or inf, before anything of
+    checkpoint-<step> is written: a checkpoint never holds one (resume would refuse it, check_weights)."""
+    import torch
+    for name, param in model.named_parameters():
+        if param.requires_grad and param.is_floating_point() and not torch.isfinite(param).all():
+            saved = checkpoint_steps(output_dir)
+            raise RunError(f"step {step}: the policy's weight {name!r} holds nan or inf, so no checkpoint-{step} is "
+                           "written; " + (f"--resume {output_dir} continues from checkpoint-{saved[-1]}, the last "
+                                          "finite one (a lower --lr?)" if saved else "start the run again"))
 
 
 def check_weights(checkpoint_dir, dtype, model):

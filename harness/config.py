@@ -329,6 +329,9 @@ class Config:
                  "give one of them"),
                 (set((self.report_to or "").split(",")) <= {"", *REPORTERS},
                  f"--report-to takes {' and/or '.join(REPORTERS)}, comma-separated, got {self.report_to!r}"),
+                (len(set((self.report_to or "").split(","))) == len((self.report_to or "").split(",")),
+                 f"--report-to names a logger twice ({self.report_to}), which would log every series twice: name "
+                 "each once"),
                 (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(self.device)) is not None,
                  f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")]:
             if not ok:

@@ -3,9 +3,11 @@
 Appended a row at a time (never truncated in place); read one line at a time, however long the file (a line longer
 than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half-written end of the file);
 rewritten only through a temporary file renamed into place (the resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
-warning; a bad line elsewhere is a RunError naming the file and the line.
+warning; a bad line elsewhere is a RunError naming the file and the line. Each line is strict JSON (metrics_line): a
+statistic that is nan or inf (the loss of a step whose optimizer step was skipped) is written as null.
 """
 import json
+import math
 import os
 import stat
 
@@ -18,9 +20,16 @@ def append_metrics(path, row):
     """Append one row (never through a link, a hard link or a FIFO put there during the run: open_nofollow)."""
     try:
         with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(metrics_line(row))
     except OSError as error:
         raise RunError(write_failed(path, error) + then_resume(os.path.dirname(path) or ".")) from None
+
+
+def metrics_line(row):
+    """A row as one line of strict JSON (no NaN or Infinity, which strict readers refuse): a float nan or inf is
+    written as null."""
+    return json.dumps({key: None if isinstance(value, float) and not math.isfinite(value) else value
+                       for key, value in row.items()}, allow_nan=False) + "\n"
 
 
 def metrics_rows(path, warn=print):
@@ -102,6 +111,6 @@ def rewrite_metrics(path, rows):
     metrics.jsonl.tmp is a new file: a leftover one is removed first, a link in its place is a RunError and stays."""
     try:
         with replaced_file(path, tmp=path + ".tmp") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
+            f.writelines(map(metrics_line, rows))
     except OSError as error:
         raise RunError(write_failed(path, error)) from None

@@ -125,27 +125,37 @@ def no_remote_code(folder, model_arg):
 CONFIG_SIZE_LIMITS = {"num_hidden_layers": 1024, "hidden_size": 65536, "intermediate_size": 262144,
                       "vocab_size": 4 * MIB, "num_attention_heads": 1024, "num_key_value_heads": 1024,
                       "head_dim": 4096, "max_position_embeddings": 16 * MIB}
+CONFIG_SIZE_ALIASES = {  # other architectures' names for the same sizes (GPT-2 / GPT-J / BLOOM, MPT, OPT, T5)
+    "n_embd": "hidden_size", "d_model": "hidden_size", "n_layer": "num_hidden_layers",
+    "n_layers": "num_hidden_layers", "num_layers": "num_hidden_layers", "n_head": "num_attention_heads",
+    "n_heads": "num_attention_heads", "num_heads": "num_attention_heads", "n_inner": "intermediate_size",
+    "ffn_dim": "intermediate_size", "d_ff": "intermediate_size", "n_positions": "max_position_embeddings",
+    "n_ctx": "max_position_embeddings", "max_seq_len": "max_position_embeddings"}
 WEIGHT_FILES = (".safetensors", ".bin")
 
 
 def check_config_sizes(settings, folder, model_arg):
-    """A ValueError naming the field when a folder's config.json asks for a size outside CONFIG_SIZE_LIMITS (or not
-    a positive integer), or for far more weights than the folder's weight files hold (`num_hidden_layers: 100000`
-    beside a 10 MB checkpoint would build for minutes before failing)."""
+    """A ValueError naming the field when a folder's config.json asks for a size outside CONFIG_SIZE_LIMITS (under
+    its Llama name or one of CONFIG_SIZE_ALIASES: GPT-2's n_embd, n_layer, ...; or not a positive integer), or for
+    far more weights than the folder's weight files hold (`num_hidden_layers: 100000` beside a 10 MB checkpoint would
+    build for minutes before failing)."""
     if not isinstance(settings, dict):
         raise ValueError(f"{model_arg}: config.json is not a JSON object")
-    for key, limit in CONFIG_SIZE_LIMITS.items():
+    sizes = {}  # each size by its Llama name, whichever name the config gives it
+    for key, limit in [*CONFIG_SIZE_LIMITS.items(),
+                       *((alias, CONFIG_SIZE_LIMITS[name]) for alias, name in CONFIG_SIZE_ALIASES.items())]:
         value = settings.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise ValueError(f"{model_arg}: config.json's {key} is {value!r}; a model config here needs an integer "
                              f"from 1 to {limit}")
-    hidden, layers = settings.get("hidden_size"), settings.get("num_hidden_layers")
+        sizes.setdefault(CONFIG_SIZE_ALIASES.get(key, key), value)
+    hidden, layers = sizes.get("hidden_size"), sizes.get("num_hidden_layers")
     weights = sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
                   if name.endswith(WEIGHT_FILES) and os.path.isfile(os.path.join(folder, name)))
     if hidden and layers and weights:
-        intermediate = settings.get("intermediate_size") or 4 * hidden
+        intermediate = sizes.get("intermediate_size") or 4 * hidden
         asked = layers * (4 * hidden * hidden + 3 * hidden * intermediate)  # parameters the layers alone need
         if asked > 4 * weights:  # even at 4 bits a weight the files would need asked / 2 bytes
             raise ValueError(f"{model_arg}: config.json asks for ~{asked / 1e9:.3g}B parameters in its layers, "
@@ -165,8 +175,9 @@ def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
     a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless
     given; tokenizer: load_tokenizer(model_arg) unless given.
 
-    Errors are one-line ValueErrors (model_source's, and a model that fails to load). A .gguf is dequantized to an
-    ordinary model that save_pretrained can write.
+    Errors are one-line ValueErrors (model_source's, a model that fails to load, and weight files that lack some of
+    the model's tensors: every tensor comes from the files, or is tied to one that does). A .gguf is dequantized to
+    an ordinary model that save_pretrained can write.
     """
     import torch  # here, not at the top: config.py imports this file before torch is needed
     from transformers import AutoModelForCausalLM
@@ -174,7 +185,13 @@ def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
     tokenizer = tokenizer or load_tokenizer(model_arg)
     path, kwargs = model_source(model_arg)
     with one_line_load_errors(model_arg, kwargs):
-        model = AutoModelForCausalLM.from_pretrained(path, **weights_dtype(dtype), **kwargs)
+        model, loaded = AutoModelForCausalLM.from_pretrained(path, **weights_dtype(dtype), **kwargs,
+                                                             output_loading_info=True)
+    missing = sorted(loaded["missing_keys"])  # tied weights are not missing: they come from their twin
+    if missing:  # transformers would start them at random and carry on
+        raise ValueError(f"{model_arg}: its weight files lack {len(missing)} of the model's tensors ({missing[0]}"
+                         f"{', ...' if len(missing) > 1 else ''}: renamed or dropped), which would start at random; "
+                         "pass the folder these weights were saved with")
     if "gguf_file" in kwargs:  # the weights are plain fp32 tensors now; drop the GGUF marker that blocks saving
         model.hf_quantizer, model.is_quantized = None, False
         model.config.__dict__.pop("quantization_config", None)
@@ -242,6 +259,16 @@ def add_lora(model, rank, alpha, targets):
     adapter starts at B = 0: the policy starts as the base model exactly. alpha: None = 2 x rank."""
     require_peft()
     from peft import inject_adapter_in_model
+    check_lora_targets(model, targets)
+    model = inject_adapter_in_model(lora_config(rank, alpha, targets), model)  # sets model.peft_config
+    for name, param in model.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    return model
+
+
+def check_lora_targets(model, targets):
+    """A ValueError naming them when `targets` ("q_proj,v_proj") names a module `model` lacks, or lm_head. `model`
+    may be a skeleton on the meta device (--dry-run: model_skeleton)."""
     names = targets.split(",")
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     if "lm_head" in names:  # the float32 head (fast/logprobs.py's float32_logits) reads the head's weight directly
@@ -250,10 +277,18 @@ def add_lora(model, rank, alpha, targets):
     if [name for name in names if name not in present]:
         raise ValueError(f"--lora-targets: {model.config.model_type} has no module named "
                          f"{', '.join(name for name in names if name not in present)}")
-    model = inject_adapter_in_model(lora_config(rank, alpha, targets), model)  # sets model.peft_config
-    for name, param in model.named_parameters():
-        param.requires_grad_(".lora_" in name)
-    return model
+
+
+def model_skeleton(model_arg):
+    """The modules of `model_arg` without its weights (on the meta device: nothing allocated), from its config alone
+    (model_source's folder, .gguf header or hub cache). Errors: ValueError, OSError (a config that cannot be
+    read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path, kwargs = model_source(model_arg)
+    settings = AutoConfig.from_pretrained(path, **kwargs)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(settings)
 
 
 NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256  # torchao's (and QLoRA's) defaults: a scale per 64 weights, double-quantized

@@ -158,42 +158,74 @@ class TimedRewards:
     stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
     STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
     while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
-    (tasks.reward_number: any finite real number; else one line naming the task). Everything else is the task's
-    own."""
+    (tasks.reward_number: a number within its range; else one line naming the task). A task file's examples() and
+    solution() (TIMED_CALLS: the user's code, called as the task is built and the run starts) run under the same
+    limit. A SystemExit, KeyboardInterrupt (but a real Ctrl-C's) or other BaseException that is not an Exception,
+    raised by one of these calls, would end the run without a word: a TaskError naming the task and the call.
+    Everything else is the task's own."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
+    TIMED_CALLS = ("examples", "solution")
 
     def __init__(self, task, seconds):
         self.task, self.seconds = task, seconds
 
     def __getattr__(self, name):
-        return getattr(self.task, name)
+        value = getattr(self.task, name)
+        if name not in self.TIMED_CALLS or not hasattr(self.task, "source"):  # a task file has its path as source
+            return value
+
+        def timed(*args, **kwargs):
+            shown = ", ".join([*map(repr, args), *(f"{key}={item!r}" for key, item in kwargs.items())])
+            return self.timed(value, f"{name}({shown[:80]})", "", *args, **kwargs)
+        return timed
 
     def reward(self, completion, example, **kwargs):
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-            return tasks.reward_number(self.task.reward(completion, example, **kwargs), f"task {self.task.name}",
-                                       completion)
+        value = self.timed(self.task.reward, "reward()", f" on the completion {completion[:80]!r}", completion,
+                           example, **kwargs)
+        return tasks.reward_number(value, f"task {self.task.name}", completion)
+
+    def timed(self, call, what, detail, *args, **kwargs):
+        """call(*args, **kwargs) under the time limit; `what` and `detail` name it in an error ("reward()", " on
+        the completion ...")."""
+        source = f" ({self.task.source})" if hasattr(self.task, "source") else ""  # a task file: its path
+        interrupts = []  # a real Ctrl-C during the call (its KeyboardInterrupt is not the task's)
 
         def expired(signum, frame):
             if TimedRewards.stop_signal:
-                say(f"a reward call of task {self.task.name} did not return within {STOP_GRACE:g} s of the stop "
+                say(f"a {what} call of task {self.task.name} did not return within {STOP_GRACE:g} s of the stop "
                     "signal: the run ends now, nothing of this step saved")
                 raise Stopped(TimedRewards.stop_signal)
-            source = f" ({self.task.source})" if hasattr(self.task, "source") else ""  # a task file: its path
-            raise RewardTimeout(f"task {self.task.name}: reward() ran for more than {self.seconds:g} s on the "
-                                f"completion {completion[:80]!r}; fix the task{source}, or raise --reward-timeout")
+            raise RewardTimeout(f"task {self.task.name}: {what} ran for more than {self.seconds:g} s{detail}; fix "
+                                f"the task{source}, or raise --reward-timeout")
+
+        def interrupted(signum, frame):
+            interrupts.append(signum)
+            if callable(previous_interrupt):  # Python's (a KeyboardInterrupt), or start()'s
+                previous_interrupt(signum, frame)
+        main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
         limit = min(self.seconds or STOP_GRACE, STOP_GRACE) if TimedRewards.stop_signal else self.seconds
-        previous = signal.signal(signal.SIGALRM, expired)
-        if limit > 0:
-            signal.setitimer(signal.ITIMER_REAL, limit)
-        TimedRewards.running = True
+        if main:
+            previous, previous_interrupt = signal.signal(signal.SIGALRM, expired), \
+                signal.signal(signal.SIGINT, interrupted)
+            if limit > 0:
+                signal.setitimer(signal.ITIMER_REAL, limit)
+            TimedRewards.running = True
         try:
-            value = self.task.reward(completion, example, **kwargs)
+            return call(*args, **kwargs)
+        except BaseException as error:
+            if isinstance(error, (Exception, Stopped, RewardTimeout)) or interrupts:
+                raise
+            raise tasks.TaskError(f"task {self.task.name}: {what} raised {type(error).__name__}"
+                                  f"{'(' + repr(error.args[0])[:40] + ')' if error.args else ''}{detail}, which "
+                                  f"would end the run without a word; a task returns, or raises an Exception for a "
+                                  f"bug{source}") from None
         finally:
-            TimedRewards.running = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        return tasks.reward_number(value, f"task {self.task.name}", completion)
+            if main:
+                TimedRewards.running = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                signal.signal(signal.SIGINT, previous_interrupt)
 
     @staticmethod
     def stop(signum):
@@ -225,6 +257,9 @@ def hardware(config):
     if device.startswith("cuda") and not torch.cuda.is_available() and not config.dry_run:
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "
                          "use --device cpu")
+    if device == "mps" and not torch.backends.mps.is_available():  # a dry run too: it plans CUDA cards only
+        raise InputError(f"--device mps: this torch sees no MPS device (Apple silicon; torch {torch.__version__}); "
+                         "use --device cpu")
     cuda = device.startswith("cuda")
     if config.optimizer_offload and not cuda:  # a dry run too: it plans only what the run would do
         raise InputError(f"--optimizer-offload moves the optimizer's states from a CUDA card to CPU memory; on "
@@ -243,12 +278,34 @@ def print_settings(config):
     be a chat model; the tiny model's own settings are left out for it). -> the settings dict."""
     shown = {key: value for key, value in config.saved().items()
              if config.model == "tiny" or not key.startswith(("tiny_", "warm_start_"))}
+    if config.lora_rank and not config.resume:
+        dry_run_lora_targets(config)
     print(json.dumps(shown, indent=1, sort_keys=True))
     if config.model != "tiny":
         print(f"note: nothing was loaded; what {config.model} needs on a GPU at these settings (memory, time): "
               "docs/performance.md, \"One GPU\"", file=sys.stderr)
     print_memory_plan(config)
     return shown
+
+
+def dry_run_lora_targets(config):
+    """--dry-run --lora-rank: --lora-targets checked against the model's module names as the run's add_lora would
+    (an InputError naming them), on its skeleton (harness/model.py's model_skeleton: its config, no weights). A
+    config that cannot be read here (offline, not cached): a note, the names unchecked."""
+    from harness.model import check_lora_targets, model_skeleton
+    try:
+        with torch.device("meta"):
+            skeleton = tiny.build_tiny_model(tiny.build_char_tokenizer(), hidden_size=config.tiny_hidden,
+                                             num_layers=config.tiny_layers) if config.model == "tiny" else None
+        skeleton = skeleton or model_skeleton(config.model)
+    except (ValueError, OSError, KeyError) as error:
+        say(f"note: --lora-targets not checked: the config of {config.model} could not be read "
+            f"({str(error).splitlines()[0] if str(error) else type(error).__name__})")
+        return
+    try:
+        check_lora_targets(skeleton, config.lora_targets)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def print_memory_plan(config):
@@ -401,12 +458,35 @@ def adamw_class(config):
     --param-dtype bf16-sr or --step-in-backward: LeanAdamW (harness/lean_optimizer.py), the same AdamW on the weights
     as they are stored (bf16: stochastically rounded, no masters), its moments fp32 or 8-bit (torchao's codes)."""
     if config.param_dtype == "bf16-sr" or config.step_in_backward:
-        return functools.partial(LeanAdamW, moments="8bit" if config.optimizer == "adamw8bit" else "fp32",
-                                 seed=config.seed, step_in_backward=config.step_in_backward)
+        return finite_steps(functools.partial(LeanAdamW, moments="8bit" if config.optimizer == "adamw8bit" else
+                                              "fp32", seed=config.seed, step_in_backward=config.step_in_backward))
     inner = optimizer_class(config)
     if config.optimizer_offload:  # every master and the moments in CPU memory (a CUDA run; hardware() checks)
-        return functools.partial(MasterWeights, inner_class=inner, state_device="cpu")
-    return functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16" else inner
+        return finite_steps(functools.partial(MasterWeights, inner_class=inner, state_device="cpu"))
+    return finite_steps(functools.partial(MasterWeights, inner_class=inner) if config.param_dtype == "bf16"
+                        else inner)
+
+
+def finite_steps(make_optimizer):
+    """make_optimizer(params, **options) -> a function building the same optimizer, whose step() is not taken while
+    a gradient holds a nan or inf (a nan or inf loss, an overflow): the weights and the optimizer's state stay as
+    they were, and optimizer.skipped_steps counts it (RunState.log says so in one line and leaves it out of the
+    row's optimizer_steps). --step-in-backward steps each weight inside backward, so step() finds no gradient to
+    check; save_checkpoint still refuses a weight that is not finite."""
+    def build(params, **options):
+        params = list(params)
+        optimizer = make_optimizer(params, **options)
+        take_step = optimizer.step
+
+        def step(*args, **kwargs):
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads and not torch.stack([torch.isfinite(grad).all() for grad in grads]).all():
+                optimizer.skipped_steps += 1
+                return None
+            return take_step(*args, **kwargs)
+        optimizer.step, optimizer.skipped_steps = step, 0
+        return optimizer
+    return build
 
 
 def optimizer_class(config):
@@ -643,6 +723,11 @@ class RunState:
         """Append one step's metrics (plus its timings) to metrics.jsonl. -> the row written."""
         elapsed = time.time() - self.step_started
         rollout = self.phase_seconds["rollout"] + self.phase_seconds["reward+advantage"]
+        skipped, self.optimizer.skipped_steps = getattr(self.optimizer, "skipped_steps", 0), 0  # finite_steps
+        if skipped:
+            row = {**row, "optimizer_steps": row["optimizer_steps"] - skipped, "skipped_steps": skipped}
+            say(f"step {row['step']}: {skipped} optimizer step(s) not taken: a gradient held nan or inf (the loss's "
+                "too, or an overflow); the weights and the optimizer's state are as before them")
         row = {**row, "rollout_s": rollout, "update_s": elapsed - rollout, "tokens_per_s": tokens / max(elapsed, 1e-9)}
         append_metrics(self.metrics_path, row)
         self.reporters.row(row)

@@ -36,12 +36,17 @@ class TaskError(ValueError):
     """A task file that does not keep the protocol (one line, naming the file)."""
 
 
+REWARD_LIMIT = 1e15  # |reward| at most: float32 (the loop's dtype) holds 3.4e38, but GRPO's group std squares
+# reward differences, and (2 * 1e15)**2 summed over a batch of 8e7 rewards (or reinforce_pp's tokens) stays below it
+
+
 def reward_number(value, source, completion):
-    """A reward as the float the loop computes with: any finite real number (an int, a bool, a float, a Fraction, a
-    Decimal, a numpy integer, float or bool scalar: numbers.Real and those two), converted with float(). Else a
-    TaskError naming `source` (the task): a string, None, a complex number, an array or tensor (return .item()), and
-    nan, inf or a number too large for a float (10**400): one of those would turn every advantage of its group into
-    nan, and clamping it would change what the task rewards (docs/tasks.md)."""
+    """A reward as the float the loop computes with: a real number within +-REWARD_LIMIT (an int, a bool, a float, a
+    Fraction, a Decimal, a numpy integer, float or bool scalar: numbers.Real and those two), converted with float().
+    Else a TaskError naming `source` (the task): a string, None, a complex number, an array or tensor (return
+    .item()), nan, inf, and a number beyond the range (3e38 fits float32 yet overflows GRPO's group std; -1e308
+    does not fit float32 at all): one of those would turn every advantage of its group into nan, and clamping it
+    would change what the task rewards (docs/tasks.md)."""
     numpy = sys.modules.get("numpy")  # a numpy bool comes only from a task that imported numpy
     real = isinstance(value, (numbers.Real, decimal.Decimal)) or (numpy is not None and isinstance(value, numpy.bool_))
     if real:
@@ -49,16 +54,18 @@ def reward_number(value, source, completion):
             number = float(value)
         except (OverflowError, ValueError):  # 10**400, Fraction(10**400), Decimal('sNaN')
             number = math.nan
-        if math.isfinite(number):
+        if abs(number) <= REWARD_LIMIT:
             return number
     try:
         shown = repr(value)[:80]
     except ValueError:  # an int of more than 4300 digits has no repr
         shown = "a huge integer"
     raise TaskError(f"{source}: reward() returned {shown} ({type(value).__name__}) for the completion "
-                    f"{completion[:80]!r}; a reward must be " + ("a finite number, not nan, inf or beyond a float's "
-                    "range" if real else "a real number (int, float, bool, Fraction, Decimal or a numpy scalar; of "
-                    "a tensor or array, its .item())"))
+                    f"{completion[:80]!r}; a reward must be "
+                    + (f"a number from {-REWARD_LIMIT:g} to {REWARD_LIMIT:g} (the loop computes in float32, and "
+                       "its group statistics square reward differences), not nan or inf" if real else
+                       "a real number (int, float, bool, Fraction, Decimal or a numpy scalar; of a tensor or array, "
+                       "its .item())"))
 
 
 class TaskCodeError(RuntimeError):

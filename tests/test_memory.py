@@ -242,6 +242,15 @@ def test_a_lora_target_the_model_lacks_is_one_line(tmp_path, digits_task, capsys
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("llama has no module named c_attn")
 
 
+def test_a_dry_run_checks_the_lora_targets_against_the_model(tmp_path, digits_task, capsys):
+    # --dry-run accepted --lora-targets nonexistent, which the run then refused
+    with pytest.raises(SystemExit) as exit_info:
+        lora_run(tmp_path / "run", "--dry-run", "--lora-targets", "q_proj,nonexistent")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("llama has no module named nonexistent")
+    lora_run(tmp_path / "run", "--dry-run", "--lora-targets", "q_proj,down_proj")  # names it has: planned
+
+
 @pytest.mark.parametrize("field, value, message", [("lora_rank", -1, "--lora-rank must lie in "),
                                                    ("lora_targets", "q_proj,", "--lora-targets must be comma-"),
                                                    ("memory_budget", "lots", "--memory-budget must be a size")])

@@ -82,6 +82,15 @@ def test_a_missing_logger_or_unknown_one_is_one_line(tmp_path, capsys, monkeypat
     assert "--report-to takes tensorboard and/or wandb, comma-separated, got 'mlflow'" in capsys.readouterr().err
 
 
+def test_a_logger_named_twice_is_one_line(tmp_path, capsys):
+    # --report-to tensorboard,tensorboard wrote every series twice
+    with pytest.raises(SystemExit) as exit_info:
+        run(tmp_path / "run", "--report-to", "tensorboard,tensorboard")
+    assert exit_info.value.code == 2 and "--report-to names a logger twice (tensorboard,tensorboard)" in \
+        capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run")
+
+
 def test_overwrite_deletes_the_old_loggers_files(tmp_path):
     pytest.importorskip("tensorboard")
     out = tmp_path / "run"

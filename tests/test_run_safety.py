@@ -756,3 +756,129 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_has_a_checkpoint(tmp_path)
     (tmp_path / "checkpoint-2").mkdir()
     os.symlink("checkpoint-2", tmp_path / "latest")
     assert checkpoint.then_resume(str(tmp_path)) == ", then continue with --resume"
+
+
+# --- a step whose loss or gradient is not finite never reaches the weights (issue 61) ------------------------------
+def strict_rows(path):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not strict JSON")
+    return [json.loads(line, parse_constant=refuse) for line in open(path)]
+
+
+def test_a_step_with_a_nan_loss_is_not_taken_and_the_metrics_stay_strict_json(tmp_path, capsys, monkeypatch):
+    # the nan step was taken: nan weights saved (which --resume then refused) and `NaN` written into metrics.jsonl
+    calls, policy_loss = [], train.policy_loss
+
+    def nan_in_step_2(*args, **kwargs):  # SMALL: one optimizer step, one micro-batch per RL step
+        calls.append(1)
+        loss, stats = policy_loss(*args, **kwargs)
+        return (loss * float("nan"), stats) if len(calls) == 2 else (loss, stats)
+    monkeypatch.setattr(train, "policy_loss", nan_in_step_2)
+    out = tmp_path / "run"
+    run(out, "--steps", "3", "--save-every", "1", "--keep-checkpoints", "0")
+    assert "step 2: 1 optimizer step(s) not taken: a gradient held nan or inf" in capsys.readouterr().out
+    rows = [row for row in strict_rows(out / "metrics.jsonl") if not row.get("eval")]
+    assert [(row["optimizer_steps"], row.get("skipped_steps")) for row in rows] == [(1, None), (0, 1), (1, None)]
+    assert rows[1]["loss"] is None and rows[1]["grad_norm"] is None
+    from safetensors.torch import load_file
+    first, second = (load_file(out / f"checkpoint-{step}" / "model.safetensors") for step in (1, 2))
+    assert all(torch.equal(first[key], second[key]) for key in first)  # step 2 changed nothing
+    train.main(["--resume", str(out), "--steps", "4"])  # and the run goes on
+
+
+def test_a_weight_that_is_not_finite_is_never_saved(tmp_path, finished_run):
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+    with pytest.raises(checkpoint.RunError, match=r"step 6: the policy's weight 'weight' holds nan or inf, so no "
+                                                  r"checkpoint-6 is written; --resume .* from checkpoint-4"):
+        checkpoint.save_checkpoint(finished_run, 6, model, None, {}, {})
+    assert checkpoint.checkpoint_steps(finished_run) == [2, 4]
+    assert not os.path.lexists(f"{finished_run}/checkpoint-6.tmp")
+
+
+# --- weights that are not all there, or not the checkpoint's own, are refused (issue 61) ---------------------------
+def test_a_weight_file_copied_from_another_checkpoint_is_refused(finished_run, capsys):
+    # checkpoint-2's model.safetensors copied into checkpoint-4: resumed as step 4 with step 2's weights, exit 0
+    import shutil
+    shutil.copyfile(f"{finished_run}/checkpoint-2/model.safetensors",
+                    f"{finished_run}/checkpoint-4/model.safetensors")
+    err = fails(capsys, ["--resume", f"{finished_run}/checkpoint-4", "--steps", "5"])
+    assert f"checkpoint-4/model.safetensors: is not the weight file this checkpoint saved at its step" in err
+    assert "resume from checkpoint-2" in err
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "model"])
+def test_a_weight_file_that_lacks_some_tensors_is_refused(finished_run, tmp_path, capsys, where):
+    # a renamed key (a dropped layer alike) loaded as random weights, and the run exited 0
+    from safetensors.torch import load_file, save_file
+    folder = f"{finished_run}/checkpoint-4"
+    if where == "model":
+        import shutil
+        folder = shutil.copytree(folder, tmp_path / "model")
+    path = f"{folder}/model.safetensors"
+    weights = load_file(path)
+    renamed = sorted(key for key in weights if "mlp.up_proj" in key)[0]
+    weights["renamed." + renamed] = weights.pop(renamed)
+    save_file(weights, path, metadata={"format": "pt"})
+    argv = ["--resume", folder, "--steps", "5"] if where == "checkpoint" else \
+        ["--model", str(folder), "--task", "digits", "--output-dir", str(tmp_path / "fresh"), *SMALL, "--steps", "1"]
+    err = fails(capsys, argv, code=1 if where == "checkpoint" else 2)
+    assert f"its weight files lack 1 of the model's tensors ({renamed}: renamed or dropped)" in err
+
+
+@pytest.mark.parametrize("sizes, message", [({"n_embd": 12288, "n_layer": 96, "n_head": 96}, "asks for ~232B"),
+                                            ({"n_layer": 100_000}, "n_layer is 100000"),
+                                            ({"n_positions": 0}, "n_positions is 0")])
+def test_gpt2_style_size_names_are_checked_too(tmp_path, sizes, message):
+    # n_embd / n_layer bypassed the check: a 7 MB folder asked for ~51 GB
+    from harness.model import check_config_sizes
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 7_000_000)
+    with pytest.raises(ValueError, match=message):
+        check_config_sizes({"model_type": "gpt2", "n_inner": None, **sizes}, str(tmp_path), "gpt2-folder")
+    check_config_sizes({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2}, str(tmp_path), "gpt2-folder")
+
+
+# --- the right message (issue 61) --------------------------------------------------------------------------------
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+def test_device_mps_without_mps_is_one_line(tmp_path, capsys, dry_run):
+    # a traceback from the first .to("mps"), and --dry-run accepted it
+    err = fails(capsys, ["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--device", "mps",
+                         *dry_run], code=2)
+    assert "--device mps: this torch sees no MPS device" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_inspect_step_with_a_device_this_machine_lacks_exits_2_as_a_flag_error(finished_run, capsys):
+    from experiments import inspect_step
+    with pytest.raises(SystemExit) as exit_info:
+        inspect_step.main([finished_run, "--device", "cuda"])
+    assert exit_info.value.code == 2 and "--device cuda: this torch sees no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("free, said", [(0, "disk full (0 bytes free); free some disk space"),
+                                        (10**12, "[enforce fail at inline_container.cc:672]")])
+def test_a_full_disk_inside_torch_save_is_said_so(tmp_path, monkeypatch, free, said):
+    # it read "[enforce fail at inline_container.cc:672] . unexpected pos 960 vs 832"; with room left on the disk the
+    # writer's own words stay (not a full disk: maybe a bug)
+    import collections
+    import shutil
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 960 vs 832")
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(torch, "save", full)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1, 1, free))
+    monkeypatch.setattr(checkpoint, "save_policy", lambda model, folder: None)
+    tokenizer = type("Tokenizer", (), {"save_pretrained": lambda self, folder: None})()
+    with pytest.raises(checkpoint.RunError) as error:
+        checkpoint.save_checkpoint(str(tmp_path), 1, model, tokenizer, {}, {})
+    assert f"could not write checkpoint {tmp_path}/checkpoint-1: {said}" in str(error.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_tensor_problem_names_the_type_with_its_article():
+    assert checkpoint.tensor_problem(3, torch.float32) == "is an int, not a tensor"  # was "is a int"
+    assert checkpoint.tensor_problem("x", torch.float32) == "is a str, not a tensor"

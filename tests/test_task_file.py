@@ -239,6 +239,18 @@ def test_a_reward_that_turns_nan_mid_run_is_one_line_and_keeps_the_files(tmp_pat
     assert [r["step"] for r in metrics.read_metrics(os.path.join(out, "metrics.jsonl"))] == [0, 1, 2, 2]
 
 
+@pytest.mark.parametrize("value,method", [("3e38", "grpo"), ("-1e308", "rloo"), ("1e16", "grpo")])
+def test_a_reward_beyond_the_loops_range_is_one_line_naming_the_range(tmp_path, capsys, value, method):
+    # 3e38 fits float32 but overflowed GRPO's and RLOO's group statistics: a nan step, nan weights saved; -1e308 was
+    # called "non-finite" (it is, in float32)
+    path = task_file(tmp_path, DIGITS_TASK.replace("{BROKEN}", value))
+    out = str(tmp_path / "run")
+    err = one_line(capsys, ["--task", path, "--task-option", "break_after=28", "--output-dir", out, *SMALL,
+                            "--steps", "4", "--save-every", "2", "--method", method])
+    assert f"{path}: reward() returned {float(value)!r} (float)" in err and "from -1e+15 to 1e+15" in err
+    assert checkpoint.checkpoint_steps(out) == [2]
+
+
 def test_a_run_json_from_before_the_newer_settings_still_resumes(tmp_path):
     out = tmp_path / "run"
     train.main(["--task", "countdown", "--output-dir", str(out), *SMALL, "--steps", "2"])
@@ -310,3 +322,33 @@ def test_a_reward_that_hangs_while_the_task_file_is_checked_is_stopped_by_its_ti
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert last.startswith("train.py: error: task my_task: reward() ran for more than 1 s on the completion ''")
     assert f"fix the task ({path}), or raise --reward-timeout" in last
+
+
+# --- a task's code cannot end a run silently, or hang its start (issue 61) ----------------------------------------
+@pytest.mark.parametrize("raised,shown", [("SystemExit(0)", "SystemExit(0)"),
+                                          ("KeyboardInterrupt", "KeyboardInterrupt"),
+                                          ("type('Quit', (BaseException,), {})('bye')", "Quit('bye')")])
+def test_a_reward_that_raises_a_base_exception_is_one_line_naming_the_task_and_the_call(tmp_path, capsys, raised,
+                                                                                      shown):
+    # SystemExit(0) in step 3's reward ended the run with exit code 0, two steps short, without a word
+    path = task_file(tmp_path, DIGITS_TASK.replace("return {BROKEN}", f"raise {raised}"))
+    out = str(tmp_path / "run")
+    err = one_line(capsys, ["--task", path, "--task-option", "break_after=28", "--output-dir", out, *SMALL,
+                            "--steps", "4", "--save-every", "2"])
+    assert f"task my_task: reward() raised {shown} on the completion" in err and path in err
+    assert checkpoint.checkpoint_steps(out) == [2]
+
+
+@pytest.mark.parametrize("method,call", [("examples", "examples('train', 2, seed=0)"),
+                                         ("solution", "solution({'prompt': ")])
+def test_examples_or_a_solution_that_hang_as_the_task_is_built_are_stopped_by_the_time_limit(tmp_path, capsys,
+                                                                                             method, call):
+    body = DIGITS_TASK.replace("{BROKEN}", "1").replace("    def examples(self, split, n, seed):\n", (
+        "    def solution(self, example, style):\n        while True:\n            pass\n\n"
+        if method == "solution" else "") + "    def examples(self, split, n, seed):\n"
+        + ("        while True:\n            pass\n" if method == "examples" else ""))
+    path = task_file(tmp_path, body)
+    started = time.time()
+    err = one_line(capsys, ["--task", path, "--output-dir", str(tmp_path / "run"), *SMALL, "--reward-timeout", "1"])
+    assert err.startswith(f"train.py: error: task my_task: {call}") and "ran for more than 1 s" in err, err
+    assert time.time() - started < 30

@@ -210,10 +210,12 @@ def train(config):
         before, after = state.initial_eval, state.final_eval()
 
     # --- before / after: held-out greedy eval of the initial and the final weights ----------------
-    print(f"\n{f'held-out, greedy, {len(eval_examples)} prompts':<32}{'pass@1':>8}{'reward':>8}")
+    print(f"\n{f'held-out, greedy, {len(eval_examples)} prompts':<32}{'pass@1':>8}{'+/- se':>8}"
+          f"{'reward':>8}")  # se: the standard error over the held-out prompts
     before_label = "before RL" + (" (after warm start)" if config.model == "tiny" else "")
     for label, result in [(before_label, before), (f"after RL (step {state.step})", after)]:
-        print(f"{label:<32}{result['pass@1']:>8.3f}{result['reward']:>8.3f}")
+        print(f"{label:<32}{result['pass@1']:>8.3f}{result.get('pass@1_se', 0.0):>8.3f}"
+              f"{result['reward']:>8.3f}")
     print(f"{state.trained_line()}\nmetrics: {state.metrics_path}")
     if state.exit_code:  # a signal (once the checkpoint is safe: 130, 143, 129) or --idle-stop (3)
         sys.exit(state.exit_code)

@@ -28,7 +28,7 @@ def verdicts(folder):
         elif re.match(r"^\S+, (bf16|fp32), .*: (match|REFUSED)", line):
             name, verdict = line.rsplit(": ", 1)
             rows.append(("self-check " + name, verdict))
-    before = re.search(r"^before RL.*?(\d\.\d+)\s+\S+\s*$", text, re.M)
+    before = re.search(r"^before RL(?: \([^)]*\))?\s+(\d\.\d+)", text, re.M)
     after = re.search(r"^after RL \(step (\d+)\)\s+(\d\.\d+)", text, re.M)
     wall = re.search(r"=== tiny default: exit (\d+) after (\d+) s", text)
     if wall:

@@ -154,8 +154,8 @@ def test_gpu_summary_reads_verdicts_targets_and_what_was_skipped(tmp_path, capsy
     (tmp_path / "check.txt").write_text("date\npython x\nNVIDIA H200\ntorch 2.11\nprobe: 700 TFLOP/s bf16\n"
                                         "tiny, bf16, roomy cache: match (check 0.1 s)\n"
                                         "qwen2.5-0.5b, bf16, compiled: REFUSED (check 9.0 s)\n"
-                                        "before RL (after warm start)       0.115   0.115\n"
-                                        "after RL (step 100)                0.590   0.590\n"
+                                        "before RL (after warm start)       0.115   0.023   0.115\n"
+                                        "after RL (step 100)                0.590   0.035   0.590\n"
                                         "=== tiny default: exit 0 after 57 s (estimate 75 s)\n")
     phases = {"rollout": dict(measured_s=6.1, floor_s=0.066, ratio=91.8, part=False),
               "decode": dict(measured_s=5.78, floor_s=0.066, ratio=87.5, part=True),

@@ -60,7 +60,7 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
-LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its docs/results.md rows)
+LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its lab/referees.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
 TABLE3_STEPS = {("countdown3-tuning", "grpo-M8"), ("countdown3-tuning", "softmax-M8-tau0.1")}  # referee_table3's

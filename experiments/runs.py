@@ -1,4 +1,4 @@
-"""The train.py runs of an experiment script (compare, smollm2_cpu): the flags a script passes on to every run,
+"""The train.py runs of an experiment script (smollm2_cpu, lab.compare): the flags a script passes on to every run,
 checked, and a run already finished with the same flags and the same code, read back instead of trained again."""
 import hashlib
 import json
@@ -99,18 +99,3 @@ def finished_run(argv_run):
               f"{current[:12]} (a Python file differs, or a commit is unknown); training it again", flush=True)
         return None
     return {"before": evals[0], "after": evals[config.steps], "metrics_path": metrics_path}
-
-
-# The clip's and the KL's activity of one run (lab.referee_clipping, reproduce's clipping cells)
-ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
-
-
-def activity(metrics_path):
-    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]} (missing keys: none)."""
-    rows = [r for r in read_metrics(metrics_path) if not r.get("eval")]
-    return {key: [(r["step"], r[key]) for r in rows if key in r] for key in ACTIVITY}
-
-
-def ratio_is_one(series):
-    """Every step's token-mean ratio and maximum ratio are 1 (then every ratio is 1: none above, mean 1)."""
-    return bool(series["ratio_mean"]) and all(v == 1.0 for _, v in series["ratio_mean"] + series["ratio_max"])

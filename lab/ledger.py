@@ -231,7 +231,7 @@ def load_average():
 def provenance(load=None):
     """The commit (with -dirty for uncommitted changes to Python files: a results file a ship has just written does
     not count), date, load (default: now's) and machine of a measurement made now."""
-    from lab.runs import git
+    from experiments.runs import git
     commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no",
                                                                      "--", "*.py") else "")  # code, not results files
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -1,4 +1,5 @@
-"""The results ledger: the shipped numbers behind docs/results.md and docs/performance.md, read and written here only.
+"""The results ledger: the shipped numbers behind docs/results.md, docs/performance.md and lab/referees.md, read and
+written here only.
 
 A results file is two CSVs under lab/results/. NAME.csv holds the values, one row per metric:
     cell, made, metric, value

@@ -1,4 +1,5 @@
-"""One command per claim: rerun any shipped cell of docs/results.md from scratch at HEAD and compare.
+"""One command per claim: rerun any shipped cell of docs/results.md or lab/referees.md from scratch at HEAD and
+compare.
 
     python -m lab.reproduce --list            # every cell behind a table or figure: its file, cost, command
     python -m lab.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",

@@ -1,5 +1,6 @@
-"""For a learner: the papers' figures and tables, the ImageNet checks, plotting and inspecting a run; run each with
-python -m experiments.NAME. (The results ledger and the referee studies are the maintainers' lab/.)"""
+"""For a learner: the papers' figures and tables, the ImageNet checks, a real model learning on a CPU (smollm2_cpu,
+with runs, the train.py runs it trains and reuses), plotting and inspecting a run; run each with python -m
+experiments.NAME. (The results ledger and the referee studies are the maintainers' lab/.)"""
 import contextlib
 import csv
 import math

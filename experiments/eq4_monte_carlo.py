@@ -16,7 +16,7 @@ mean +- 1.96 SE (normal: thousands of groups).
 Writes <output-dir>/eq4_monte_carlo.csv (M, tau, p, exact omega, Monte-Carlo mean, SE, z = (mean - exact) / SE)
 and eq4_monte_carlo.png (one panel per (M, tau): the exact curve, the Monte-Carlo means with their intervals).
 Prints per (M, tau) the largest |z| and how many of the intervals hold the exact value (about 95% if Eq. (4) is
-right). Numbers: docs/results.md.
+right). Numbers: lab/referees.md.
 """
 import argparse
 import math

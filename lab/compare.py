@@ -65,7 +65,7 @@ import train
 from harness.metrics import read_metrics
 from harness.config import parse_args
 from experiments import pyplot, write_csv, write_figure
-from lab.runs import finished_run, record_code, train_flags
+from experiments.runs import finished_run, record_code, train_flags
 from lab.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
 TUNING_MS, TUNING_TAUS, TUNING_SAMPLES = (8, 4, 16), (0.1, 0.05, 0.3, 1.0), 512  # samples/step = prompts x M

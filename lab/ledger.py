@@ -1,4 +1,5 @@
-"""The results ledger: the shipped numbers behind docs/results.md and docs/performance.md, read and written here only.
+"""The results ledger: the shipped numbers behind docs/results.md, docs/performance.md and lab/referees.md, read and
+written here only.
 
 A results file is two CSVs under lab/results/. NAME.csv holds the values, one row per metric:
     cell, made, metric, value
@@ -231,7 +232,7 @@ def load_average():
 def provenance(load=None):
     """The commit (with -dirty for uncommitted changes to Python files: a results file a ship has just written does
     not count), date, load (default: now's) and machine of a measurement made now."""
-    from lab.runs import git
+    from experiments.runs import git
     commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no",
                                                                      "--", "*.py") else "")  # code, not results files
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -3,7 +3,7 @@ training, and what does the exact Eq. (2) objective give against the clipped rec
 
     OMP_NUM_THREADS=1 python -m lab.referee_clipping            # seeds 0,1,2 -> runs/referees (18 runs)
     python -m lab.referee_clipping --summary-only               # the runs finished so far
-    python -m lab.referee_clipping --shipped                    # docs/results.md's numbers and figure, from
+    python -m lab.referee_clipping --shipped                    # lab/referees.md's numbers and figure, from
                                                                         # lab/results/referee_clipping_runs.csv
 
 The runs are lab.compare's preset countdown3-eq2 (countdown3's prompts, warm starts and budget; a finished
@@ -25,7 +25,7 @@ the paired differences recipe - eq2 and recipe-2mb - eq2 (same seed: same warm s
 greedy pass@1 and sampled pass@1 / pass@16 with 95% t-intervals; and whether each eq2 run equals, row for row, the
 same seed's countdown3-tuning run with the same method at M 8 (train.py's defaults: the clip bounds are the only
 difference, and they must not matter when the ratio is 1). Writes <output-dir>/countdown3-eq2_activity.csv and,
-with matplotlib, countdown3-eq2_activity.png. Numbers: docs/results.md.
+with matplotlib, countdown3-eq2_activity.png. Numbers: lab/referees.md.
 """
 import csv
 import os
@@ -40,8 +40,7 @@ from lab.seed_stats import paired_text
 from harness.metrics import read_metrics
 
 PRESET = "countdown3-eq2"
-FIGURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                      "referee_clipping_activity.png")
+FIGURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures", "referee_clipping_activity.png")
 SWEEP_CELL = {"grpo": "grpo-M8", "softmax": "softmax-M8-tau0.1"}  # the same train.py run but the clip bounds
 COMPARED = ("reward_mean", "pass_rate", "zero_var_share", "pg_loss", "grad_norm", "entropy")
 
@@ -188,7 +187,7 @@ def main(argv=None):
                         "<output-dir>/countdown3-eq2_runs.csv")
     parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="train nothing: the runs shipped "
                         "in lab/results/referee_clipping_runs.csv from this CPU (or the CPU whose machine contains "
-                        "MACHINE), the figure drawn into docs/")
+                        "MACHINE), the figure drawn into lab/figures/")
     args, extra = parser.parse_known_args(argv)
     if args.shipped is not None:
         runs = shipped_report([int(s) for s in args.seeds.split(",") if s.strip()], args.shipped or None)

@@ -31,7 +31,7 @@ one, the dominance claim fails". Here the high/low ratio ||G_Q4|| / ||G_Q1|| per
 over seeds; the verdict reads "dominance holds" when the interval lies below 0.5, "fails" when it lies above 0.5,
 else "undecided" (0.5, "comparable", is this script's threshold, not the referee's).
 Writes <output-dir>/referee_lopti.csv (one row per seed, beta and quartile), referee_lopti_cosines.csv and, with
-matplotlib, referee_lopti.png. Numbers: docs/results.md.
+matplotlib, referee_lopti.png. Numbers: lab/referees.md.
 """
 import argparse
 import json

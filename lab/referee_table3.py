@@ -2,7 +2,7 @@
 
     python -m lab.referee_table3                  # steps 50, 100, 150 of the sweep's M 8 runs, seeds 0,1,2
     python -m lab.referee_table3 --steps 100,150 --seeds 0,1
-    python -m lab.referee_table3 --shipped        # docs/results.md's numbers and figure, from the shipped rows
+    python -m lab.referee_table3 --shipped        # lab/referees.md's numbers and figure, from the shipped rows
 
 The protocol (DESIGN.md section 7 states it): the policies are lab.referee_tuning's countdown3-tuning runs
 of train.py's countdown3 recipe, GRPO (grpo-M8) and SoftmaxGRPO tau 0.1 (softmax-M8-tau0.1), 150 steps of 64
@@ -18,7 +18,7 @@ not yet trained (or a step not yet saved) is left out and counted.
 
 Writes <output-dir>/countdown3-tuning_table3_steps.csv (one row per step, policy, seed and bin: both estimators'
 shares) and, with matplotlib, countdown3-tuning_table3_steps.png (the measured part vs step, SE bars).
-Numbers: docs/results.md.
+Numbers: lab/referees.md.
 """
 import argparse
 import os
@@ -31,7 +31,7 @@ from experiments.table3_allocation import BIN_NAMES
 
 PRESET = "countdown3-tuning"
 CONFIGS = ("grpo-M8", "softmax-M8-tau0.1")  # train.py's countdown3 recipe, both methods
-FIGURE = os.path.join(reproduce.REPO, "docs", "referee_table3_steps.png")
+FIGURE = os.path.join(reproduce.REPO, "lab", "figures", "referee_table3_steps.png")
 
 
 def available_runs(output_dir, seeds, step):
@@ -123,7 +123,7 @@ def main(argv=None):
     parser.add_argument("-M", type=int, default=16, help="samples per held-out prompt")
     parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="score nothing: the rows shipped "
                         "in lab/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine contains "
-                        "MACHINE), the figure drawn into docs/")
+                        "MACHINE), the figure drawn into lab/figures/")
     args, extra = parser.parse_known_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

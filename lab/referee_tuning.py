@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python -m lab.referee_tuning              # seeds 0,1,2 -> runs/referees (~45 runs)
     python -m lab.referee_tuning --summary-only                 # the grid from the runs finished so far
-    python -m lab.referee_tuning --shipped        # the grid docs/results.md shows, from its shipped rows
+    python -m lab.referee_tuning --shipped        # the grid lab/referees.md shows, from its shipped rows
                                                           # (lab/results/referee_tuning_runs.csv)
 
 The headline (M, tau) = (8, 0.1) is the best cell of the paper's sweep while GRPO got one configuration. Here both
@@ -18,7 +18,7 @@ mean of --select) against the other's best: the paired difference over the seeds
 t-interval. Picking the best of 12 SoftmaxGRPO cells vs 3 GRPO cells on the same seeds favours SoftmaxGRPO (winner's
 curse); the script also prints the paired difference of the two fixed recipes (M 8: tau 0.1 vs GRPO), which is
 not selected. Writes <output-dir>/countdown3-tuning_grid.csv and countdown3-tuning_grid.png (the Table-5-style
-heat maps: rows tau or GRPO, columns M, one panel per metric). Numbers: docs/results.md.
+heat maps: rows tau or GRPO, columns M, one panel per metric). Numbers: lab/referees.md.
 """
 import argparse
 import csv
@@ -31,7 +31,7 @@ from lab import compare
 from lab.seed_stats import mean_se, mean_se_interval, paired_text
 
 PRESET = "countdown3-tuning"
-FIGURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "referee_tuning_grid.png")
+FIGURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures", "referee_tuning_grid.png")
 METRICS = ("after_pass@1", "sampled_pass@1", "sampled_pass@4", "sampled_pass@16")
 
 
@@ -174,7 +174,7 @@ def main(argv=None):
                         "<output-dir>/countdown3-tuning_runs.csv (e.g. while the sweep still runs)")
     parser.add_argument("--shipped", nargs="?", const="", metavar="MACHINE", help="train nothing: the grid of the rows "
                         "shipped in lab/results/referee_tuning_runs.csv from this CPU (or the CPU whose machine "
-                        "contains MACHINE), its figure drawn into docs/")
+                        "contains MACHINE), its figure drawn into lab/figures/")
     args, extra = parser.parse_known_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if args.shipped is not None:

@@ -1,4 +1,5 @@
-"""One command per claim: rerun any shipped cell of docs/results.md from scratch at HEAD and compare.
+"""One command per claim: rerun any shipped cell of docs/results.md or lab/referees.md from scratch at HEAD and
+compare.
 
     python -m lab.reproduce --list            # every cell behind a table or figure: its file, cost, command
     python -m lab.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
@@ -18,12 +19,13 @@ run folder and no cached warm start is reused. Kinds of cell:
   fig1      Fig. 1's exact prompt weights (experiments.fig1_prompt_weight) at p = 0, 0.5, 1: exact
   eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
             |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
-  smollm2   `python -m lab.smollm2_cpu --seeds S [flags]` (SmolLM2-135M-Instruct, text similarity, 60 steps): the
-            held-out greedy reward and pass@1 at every eval step
+  smollm2   `python -m experiments.smollm2_cpu --seeds S [flags]` (SmolLM2-135M-Instruct, text similarity, 60
+            steps): the held-out greedy reward and pass@1 at every eval step
   default-fig3-sgd  `python train.py`, then Lopti's Fig. 3 on its final checkpoint with one SGD step (lr 0.5) in
             place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
-  referee-lopti-pretrained  `python -m lab.referee_lopti --checkpoint smollm2` on lab.smollm2_cpu's
-            data (the pretrained model, before RL; its own pi_ref): items 5-7's on-policy numbers, as below
+  referee-lopti-pretrained  `python -m lab.referee_lopti --checkpoint smollm2` on
+            experiments.smollm2_cpu's data (the pretrained model, before RL; its own pi_ref): items 5-7's on-policy
+            numbers, as below
   timing    `python benchmarks/step_time.py ARGS --json` (our step against TRL's GRPOTrainer and against its floor,
             docs/performance.md): ratios only, since seconds do not carry across machines or loads: ours/TRL and Lopti /
             one pass (s per step), each side's step and phases over its floor; each within TIMING_TOLERANCE
@@ -60,7 +62,7 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
-LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its docs/results.md rows)
+LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its lab/referees.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
 TABLE3_STEPS = {("countdown3-tuning", "grpo-M8"), ("countdown3-tuning", "softmax-M8-tau0.1")}  # referee_table3's
@@ -207,9 +209,9 @@ def command_text(name, extra=None):
     if kind == "imagenet-toy":
         return prefix + " ".join(["python -m experiments.imagenet_toy", *args])
     if kind == "smollm2":
-        return prefix + " ".join(["python -m lab.smollm2_cpu --seeds", *args])
+        return prefix + " ".join(["python -m experiments.smollm2_cpu --seeds", *args])
     if kind == "referee-lopti-pretrained":
-        return (f"lab.smollm2_cpu.write_data(DATA); {prefix}python -m lab.referee_lopti "
+        return (f"experiments.smollm2_cpu.write_data(DATA); {prefix}python -m lab.referee_lopti "
                 + " ".join(args))
     if kind == "default-fig3-sgd":
         return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.lopti_token_stats "
@@ -288,7 +290,7 @@ def rerun(name, folder, extra=None):
     if kind == "default-fig3-sgd":
         return rerun_default_figures(folder, environment, lopti_flags=args, table3=False)
     if kind == "referee-lopti-pretrained":
-        from lab.smollm2_cpu import write_data
+        from experiments.smollm2_cpu import write_data
         data = os.path.join(folder, "data")
         write_data(data)
         out = os.path.join(folder, "referee")
@@ -296,7 +298,7 @@ def rerun(name, folder, extra=None):
                      "--output-dir", out], environment)
         return onpolicy_cell_metrics(out)
     if kind == "smollm2":
-        run_quietly([sys.executable, "-m", "lab.smollm2_cpu", "--seeds", *args, "--output-dir", folder],
+        run_quietly([sys.executable, "-m", "experiments.smollm2_cpu", "--seeds", *args, "--output-dir", folder],
                     environment)
         return {f"{key}_step{row['step']}": round(float(row[key]), 6)
                 for row in read_rows(os.path.join(folder, "smollm2_cpu.csv")) for key in ("reward", "pass@1")}
@@ -498,7 +500,7 @@ def ship_from(folder, load, preset=None):
     environment) as its cell <preset>-<config>-seed<N>: the commit from each run's code.json (a run without one is
     refused), the date its metrics were last written, this machine, `load` as given. preset: needed when the
     folder holds the runs of several. -> the cells shipped."""
-    from lab.runs import CODE_FILE, recorded_code
+    from experiments.runs import CODE_FILE, recorded_code
     presets = sorted(name[:-len("_runs.csv")] for name in os.listdir(folder) if name.endswith("_runs.csv"))
     if preset is None and len(presets) != 1:
         raise SystemExit(f"reproduce: error: {folder} holds the runs of {len(presets)} presets "

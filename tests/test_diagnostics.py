@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tasks
-from experiments import lopti_token_stats, table3_allocation
-from lab import compare, runs, seed_stats
+from experiments import lopti_token_stats, runs, table3_allocation
+from lab import compare, seed_stats
 from harness.model import load_policy
 from harness.tiny import build_char_tokenizer, build_tiny_model, prompt_style
 from rollout import token_logprobs

@@ -393,7 +393,7 @@ def test_compare_without_matplotlib_or_pass_at_k(tmp_path, monkeypatch, capsys, 
 def test_smollm2_cpu_data_holds_out_prompts_never_trained_on():
     import random
 
-    from lab import smollm2_cpu
+    from experiments import smollm2_cpu
     from tasks.text_match import similarity
     train, test = smollm2_cpu.instruction_rows(600, 128, random.Random(0))
     assert len(train) == 600 and len(test) == 128 and len({r["prompt"] for r in test}) == 128
@@ -413,7 +413,7 @@ def test_smollm2_cpu_data_holds_out_prompts_never_trained_on():
 
 
 def test_smollm2_cpu_runs_its_seeds_on_the_tiny_model(tmp_path, capsys):
-    from lab import smollm2_cpu
+    from experiments import smollm2_cpu
     out = str(tmp_path / "smol")
     table = smollm2_cpu.main(["--seeds", "0,1", "--output-dir", out, "--model", "tiny", *SMALL_TRAIN, "--steps", "2",
                               "--eval-size", "8"])
@@ -426,12 +426,12 @@ def test_smollm2_cpu_runs_its_seeds_on_the_tiny_model(tmp_path, capsys):
     assert os.path.exists(os.path.join(out, "smollm2_cpu.png")) == HAS_MATPLOTLIB
 
 
-@pytest.mark.parametrize("script", ["smollm2_cpu", "compare"])
+@pytest.mark.parametrize("script", ["experiments.smollm2_cpu", "lab.compare"])
 @pytest.mark.parametrize("flag", ["--seed", "--seed=2", "--overwrite", "--resume"])
 def test_a_flag_the_script_sets_for_each_run_is_refused(script, flag, tmp_path, capsys):
     # `--seed 2` (meant: --seeds 2) used to reach every train.py run, where the last --seed won: seed 2 trained into
     # seed0/ and seed1/ and labelled seed 0 and 1. Now one line, before anything runs.
-    module = importlib.import_module(f"lab.{script}")
+    module = importlib.import_module(script)
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--output-dir", str(tmp_path / "out"), flag, *(["2"] if "=" not in flag and "seed" in flag
                                                                      else [])])
@@ -441,7 +441,7 @@ def test_a_flag_the_script_sets_for_each_run_is_refused(script, flag, tmp_path, 
 
 
 def test_an_experiment_dry_run_prints_each_runs_settings(tmp_path, capsys):
-    from lab import smollm2_cpu
+    from experiments import smollm2_cpu
     out = tmp_path / "smol"
     assert smollm2_cpu.main(["--seeds", "0,1", "--output-dir", str(out), "--model", "tiny", "--dry-run"]) is None
     printed = capsys.readouterr().out

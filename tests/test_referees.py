@@ -1,4 +1,4 @@
-"""Issue 30's scripts, each on a tiny setting (what the papers' referees asked; numbers: docs/results.md).
+"""Issue 30's scripts, each on a tiny setting (what the papers' referees asked; numbers: lab/referees.md).
 
 eq4_monte_carlo: the simulated mean against the exact omega within a derived tolerance, and the same data rejecting
 a wrong weight; referee_tuning: the grid's bookkeeping by hand, and the sweep end to end on a very small run."""

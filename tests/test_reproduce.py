@@ -1,7 +1,9 @@
 """lab/reproduce.py: a shipped cell rerun from scratch compares equal, and a changed number is reported."""
 import csv
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +30,25 @@ def test_every_cell_names_a_results_file_and_a_command(capsys):
     assert reproduce.command_text("step-time-smollm2-cpu") == ("OMP_NUM_THREADS=1 python benchmarks/step_time.py "
                                                                "--preset smollm2-cpu --steps 2 --warmup 1 --no-memory "
                                                                "--threads 1")
+
+
+
+def test_every_cells_command_runs_a_module_that_exists_today(tmp_path, monkeypatch):
+    # the cells.csv files keep the command of their commit (`python -m lab.smollm2_cpu` before issue 62 moved it to
+    # experiments/); --list and a rerun name today's module
+    for name in reproduce.CELLS:
+        text = reproduce.command_text(name)
+        for module in re.findall(r"python -m ([\w.]+)", text) + re.findall(r"([\w.]+)\.\w+\(", text):
+            assert importlib.util.find_spec(module), f"{name}: {module}"
+    ran = []
+
+    def run(argv, environment):
+        ran.append(argv)
+        with open(os.path.join(argv[argv.index("--output-dir") + 1], "smollm2_cpu.csv"), "w") as f:
+            f.write("step,reward,pass@1\n0,0.5,0.25\n")
+    monkeypatch.setattr(reproduce, "run_quietly", run)
+    assert reproduce.rerun("smollm2-cpu-seed0", str(tmp_path)) == {"reward_step0": 0.5, "pass@1_step0": 0.25}
+    assert ran[0][1:5] == ["-m", "experiments.smollm2_cpu", "--seeds", "0"]
 
 
 def test_the_identity_cell_reproduces_and_a_changed_number_differs(tmp_path, monkeypatch, capsys):
@@ -212,7 +233,7 @@ def test_fig3_over_seeds_from_the_grpo_cells_by_hand(tmp_path, monkeypatch, caps
 
 
 def test_a_changed_results_file_does_not_mark_the_code_dirty_but_a_changed_python_file_does(tmp_path, monkeypatch):
-    from lab import runs
+    from experiments import runs
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "cells.csv").write_text("a\n")

@@ -337,7 +337,7 @@ def test_a_pruning_folder_that_cannot_be_removed_is_not_said_removed(finished, m
 
 # --- what lab and experiments write: never through a link, a hard link or a FIFO ---------------------------------
 def write_code(path):
-    from lab.runs import record_code
+    from experiments.runs import record_code
     assert os.path.basename(path) == "code.json"
     record_code(os.path.dirname(path))
 

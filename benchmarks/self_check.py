@@ -13,7 +13,6 @@ step of `python train.py`'s tiny default (--prompts 64 x M 8 x 12 tokens: collec
 update_policy), medians of --repeats, on the tiny shape, --threads threads.
 """
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import tasks  # noqa: E402
 import train  # noqa: E402
 from benchmarks.random_model_step import build  # noqa: E402
 from fast import generate as fast_generate  # noqa: E402
+from fast.precision import precision  # noqa: E402
 from harness import tiny  # noqa: E402
 from harness.config import Config  # noqa: E402
 from rollout import FAST_GENERATE, generate_rollouts, render_prompts  # noqa: E402
@@ -39,7 +39,7 @@ def checked_rollout_seconds(model, tokenizer, prompts, dtype, **paths):
     seconds = []
     for _ in range(2):
         start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext():
+        with precision(device, dtype):
             generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=1, greedy=True,
                               fast=dict(FAST_GENERATE, **paths))
         seconds.append(time.perf_counter() - start)

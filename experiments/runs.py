@@ -73,6 +73,14 @@ def train_flags(parser, extra, own=("--seeds", "--output-dir")):
     return extra
 
 
+def seed_list(parser, text):
+    """--seeds "0,1,2" -> [0, 1, 2]; anything but comma-separated integers is the parser's one-line error."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {text!r}")
+
+
 def finished_run(argv_run):
     """The result train.main would return for `argv_run` when its --output-dir already holds that run finished
     (latest at the run's --steps, its held-out evals at step 0 and at the end, and every flag of argv_run equal in

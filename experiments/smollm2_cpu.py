@@ -40,7 +40,7 @@ import time
 import train
 from harness.metrics import read_metrics
 from experiments import output_file, plot_metrics
-from experiments.runs import finished_run, record_code, train_flags
+from experiments.runs import finished_run, record_code, seed_list, train_flags
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
 SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax", "--tau", "0.1", "--steps", "60",
@@ -145,10 +145,7 @@ def main(argv=None):
     args, extra = parser.parse_known_args(argv)
     extra = train_flags(parser, extra)
     dry_run = "--dry-run" in extra  # each run's settings, then stop
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    seeds = seed_list(parser, args.seeds)
     if not seeds:
         parser.error("--seeds: need at least one seed")
     data = write_data(os.path.join(args.output_dir, "data"))

@@ -107,7 +107,12 @@ def self_check(model, sample, compiled, log=print):
     if not untested_device(model) or compiled in verdicts:
         return verdicts.get(compiled, True)
     plain = sample(fast=False, compiled=False, max_new_tokens=SELF_CHECK_TOKENS)
-    paths = "the roomy cache" + (" and compiled generate" if compiled else "")
+    if compiled:
+        paths = "the static cache and compiled generate"
+    elif next(model.parameters()).device.type in ROOMY_CACHE_DEVICES:
+        paths = "the roomy cache"
+    else:
+        paths = "the shared prefill into HF's cache"
     rows = f"{len(plain[2])} rows x {SELF_CHECK_TOKENS} greedy tokens"
     try:
         fast = sample(fast=True, compiled=compiled, max_new_tokens=SELF_CHECK_TOKENS)

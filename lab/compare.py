@@ -65,7 +65,7 @@ import train
 from harness.metrics import read_metrics
 from harness.config import parse_args
 from experiments import pyplot, write_csv, write_figure
-from experiments.runs import finished_run, record_code, train_flags
+from experiments.runs import finished_run, record_code, seed_list, train_flags
 from lab.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
 TUNING_MS, TUNING_TAUS, TUNING_SAMPLES = (8, 4, 16), (0.1, 0.05, 0.3, 1.0), 512  # samples/step = prompts x M
@@ -367,10 +367,7 @@ def main(argv=None):
     args, extra = parser.parse_known_args(argv)
     extra = train_flags(parser, extra)
     dry_run = "--dry-run" in extra  # each run's settings, then stop
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    seeds = seed_list(parser, args.seeds)
     try:
         ks = None if args.pass_k in ("auto", "off") else [int(k) for k in args.pass_k.split(",") if k.strip()]
     except ValueError:

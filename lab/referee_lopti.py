@@ -41,10 +41,9 @@ import statistics
 
 import torch
 
-import train
 from fast import update as fast_update
-from experiments import pyplot, save_figure
-from experiments import write_csv
+from experiments import pyplot, save_figure, write_csv
+from experiments.runs import seed_list
 from experiments.lopti_token_stats import NUM_GROUPS, logit_gradient_norms, probability_groups, sampled_batch
 from lab.referee_lopti_offpolicy import measure_off_policy, saved_moments, step_settings, summarize_off_policy
 from lab.seed_stats import interval_text, mean_se_interval
@@ -320,10 +319,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default="runs/referee_lopti")
     args = parser.parse_args(argv)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    seeds = seed_list(parser, args.seeds)
     if not seeds or args.beta < 0 or args.token_samples < 1:
         parser.error("need at least one seed, --beta >= 0 and --token-samples >= 1")
     pattern, ref_pattern = args.checkpoint, args.ref_checkpoint

@@ -805,7 +805,7 @@ def test_a_weight_file_copied_from_another_checkpoint_is_refused(finished_run, c
     shutil.copyfile(f"{finished_run}/checkpoint-2/model.safetensors",
                     f"{finished_run}/checkpoint-4/model.safetensors")
     err = fails(capsys, ["--resume", f"{finished_run}/checkpoint-4", "--steps", "5"])
-    assert f"checkpoint-4/model.safetensors: is not the weight file this checkpoint saved at its step" in err
+    assert "checkpoint-4/model.safetensors: is not the weight file this checkpoint saved at its step" in err
     assert "resume from checkpoint-2" in err
 
 

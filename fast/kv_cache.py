@@ -10,7 +10,7 @@
                         keys and values at the front of buffers with room for the completion: a
                         step writes its one position in place and attention reads the same values
                         from a view (tests/test_fast_generate.py: completions token for token equal)
-  static_cache          --fast-generate's fixed-size cache (fast/generate.py compiles on it)
+  static_cache          --fast-generate's fixed-size cache (fast/generate.py's decode loop)
 
 The roomy and static caches build on transformers' layered cache API (cache_utils.DynamicLayer,
 tested with 4.57.6 and 5.24). Where it is missing or older (4.50-4.56, tested with 4.50.3 and
@@ -30,8 +30,8 @@ except ImportError:  # an older transformers: HF's concatenating cache as it is
     DynamicLayer, StaticLayer, LAYERED_CACHE = object, object, False
 LAZY_INITIALIZATION_ARGS = len(inspect.signature(DynamicLayer.lazy_initialization).parameters) - 1 \
     if LAYERED_CACHE else 0
-STATIC_LAZY_INITIALIZATION_ARGS = len(inspect.signature(StaticLayer.lazy_initialization).parameters) - 1 \
-    if LAYERED_CACHE else 0
+STATIC_LAZY_INITIALIZATION_ARGS = \
+    len(inspect.signature(StaticLayer.lazy_initialization).parameters) - 1 if LAYERED_CACHE else 0
 
 
 def cache_name(model):
@@ -199,18 +199,20 @@ class TypedStaticLayer(StaticLayer):
     writes of a narrower dtype exactly (bf16 into fp32), as a DynamicCache's concatenation does.
 
     Under bf16 autocast over fp32 weights a layer's keys leave RoPE in fp32 (bf16 projections times
-    fp32 cos/sin) and its values leave v_proj in bf16. transformers' StaticLayer allocates both in one
-    dtype in some 5.x versions (the keys', in 5.17) and its index_copy_ takes no other: the first CUDA
-    run's "index_copy_(): self and source expected to have the same dtype". A DynamicCache there holds
-    the values in fp32 (its first, empty tensor has the keys' dtype; concatenation promotes), so the
-    shared prefill copies fp32 values and generate's own forward then writes bf16 ones."""
+    fp32 cos/sin) and its values leave v_proj in bf16. transformers' StaticLayer allocates both
+    in one dtype in some 5.x versions (the keys', in 5.17) and its index_copy_ takes no other: the
+    first CUDA run's "index_copy_(): self and source expected to have the same dtype". A
+    DynamicCache there holds the values in fp32 (its first, empty tensor has the keys' dtype;
+    concatenation promotes), so the shared prefill copies fp32 values and generate's own forward
+    then writes bf16 ones."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:  # takes (key_states) in transformers 4.57, (key, value) in 5.x
             self.lazy_initialization(*(key_states, value_states)[:STATIC_LAZY_INITIALIZATION_ARGS])
             if self.values.dtype != value_states.dtype:
                 self.values = self.values.to(value_states.dtype)
-                torch._dynamo.mark_static_address(self.values)  # what the compiled step, a CUDA graph, reads
+                # what the compiled step (a CUDA graph) reads
+                torch._dynamo.mark_static_address(self.values)
         key_states, value_states = (exactly_as(new, kept) for new, kept in
                                     ((key_states, self.keys), (value_states, self.values)))
         return super().update(key_states, value_states, *args, **kwargs)
@@ -224,8 +226,8 @@ def exactly_as(states, kept):
 
 
 def compute_dtypes(device):
-    """(the autocast dtype on this device, or None): what decides the dtypes a forward writes into its cache, with
-    the weights' dtype."""
+    """(the autocast dtype on this device, or None): what decides the dtypes a forward writes into
+    its cache, with the weights' dtype."""
     device_type = torch.device(device).type
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
@@ -238,16 +240,17 @@ def static_cache(model, prefilled, rows, prompt_width, max_new_tokens):
     prompt_width - 1 positions), or None (generate then prefills into the empty static cache
     itself). The cache of a shape is kept on the model and reset for the next call: the compiled
     step (and a CUDA graph) is tied to its tensors. Its keys and values take the dtypes the forward
-    writes (TypedStaticLayer), which the weights' dtype and the autocast state decide: a cache is kept
-    per shape and per both, so a call under bf16 autocast never writes into one made without it."""
+    writes (TypedStaticLayer), which the weights' dtype and the autocast state decide: a cache is
+    kept per shape and per both, so a call under bf16 autocast never writes into one made without
+    it."""
     length = -(-(prompt_width + max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
     kept = model.__dict__.setdefault("_fast_generate_caches", {})
     parameter = next(model.parameters())
     key = (rows, length, parameter.dtype, compute_dtypes(parameter.device))
     if key not in kept:
         kept[key] = StaticCache(config=model.config, max_cache_len=length)
-        kept[key].layers = [TypedStaticLayer(layer.max_cache_len) if type(layer) is StaticLayer else layer
-                            for layer in kept[key].layers]
+        kept[key].layers = [TypedStaticLayer(layer.max_cache_len) if type(layer) is StaticLayer
+                            else layer for layer in kept[key].layers]
     cache = kept[key]
     cache.reset()  # zeros, length 0 (the layers of a new cache allocate on their first update)
     if prefilled is not None:

@@ -280,6 +280,9 @@ def decode_loop_refusal(model, generate_kwargs):
         return "no layered cache API in this transformers"
     if not model._supports_default_dynamic_cache():
         return "the model keeps no plain KV cache"
+    if any(kind != "full_attention" for kind in
+           getattr(model.config.get_text_config(), "layer_types", None) or ()):
+        return "layers other than full attention (the static cache's plain layers only)"
     if model.config._attn_implementation not in LOOP_ATTENTION:
         return f"attention {model.config._attn_implementation!r} (the loop: {LOOP_ATTENTION})"
     if set(generate_kwargs) - set(SAMPLING_KEYS) or \
@@ -419,7 +422,7 @@ def decode_loop(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, 
         for _ in range(start, end):
             if run is not None:
                 run()
-            elif device.type == "cuda":  # the first step runs eagerly, then it is captured
+            elif graphs_on(device):  # the first step runs eagerly, then it is captured
                 run = cuda_graph(step, device)
             else:
                 step()
@@ -430,6 +433,11 @@ def decode_loop(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, 
                 redraw(device, before, steps - start, state["scores_shape"])
             break
     return state["completion"][:, :steps]
+
+
+def graphs_on(device):
+    """Whether decode_loop captures its step: on CUDA devices."""
+    return device.type == "cuda"
 
 
 def rng_state(device):

@@ -1,0 +1,210 @@
+"""Device-free proxies of the decode step's host cost, before and after fast/generate.py's decode
+loop: dispatched aten ops per decode token, blocking host syncs per decode token, and the
+milliseconds per token of a "skinny" Qwen2 whose compute is ~0 (all host cost) on this CPU.
+
+    python benchmarks/decode_ops.py                      # 24 layers (Qwen2.5-0.5B's), 16 rows
+    python benchmarks/decode_ops.py --layers 2 --rows 4 --tokens 4 8   # a smoke test
+
+The model: Qwen2.5-0.5B's layer structure (24 layers, 14 query and 2 KV heads, SDPA attention,
+tied embeddings) at hidden 56 (4 per head), MLP 64, vocabulary 512: the ops a token dispatches
+depend on the structure, not the widths, so the op and sync counts are the 0.5B's (at any rows);
+the milliseconds are the host's cost per token (the compute is ~0). Sampling as train.py's
+rollouts (temperature 1, top-p 1, top-k off); no row finishes (EOS outside the vocabulary), so
+every call runs its tokens. Per decode token: (count at the longer --tokens minus the count at
+the shorter) over their difference, so the prefill and the call's setup cancel.
+
+Paths:
+  plain generate            rollout.plain_generate: HF generate on its DynamicCache (--no-fast)
+  default (roomy cache)     fast/generate.py on a CPU: shared prefill, roomy cache, one generate
+  fast-generate before      generate on the static cache (decode_loop=False), its forward eager
+                            here; "compiled, inferred": the ops generate dispatches outside the
+                            forward + 1 (the compiled forward counted as one graph launch, as
+                            mode "reduce-overhead" replays it on CUDA): inferred, not measured
+  decode loop, eager        fast/generate.py's decode loop as it runs on a CPU (measured)
+  decode loop, one graph    the same loop with its step counted as one host op (what a CUDA graph
+                            replay is: measured here are the ops outside the step, + 1 replay)
+
+A "sync" is an op whose kernel blocks the host on the device's result: aten._local_scalar_dense
+(.item(), int(), bool() of a tensor, `if tensor`), aten.nonzero, aten.masked_select,
+aten.unique*, and aten.multinomial (its host-side checks of the probabilities; counted once).
+"""
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+from fast import generate as fast_generate, kv_cache  # noqa: E402
+from rollout import plain_generate  # noqa: E402
+
+SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique",
+            "aten._unique", "aten._unique2", "aten.unique_consecutive", "aten.unique_dim",
+            "aten.multinomial", "aten.is_nonzero", "aten.item")
+SAMPLING = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched under it (ops), the blocking host syncs among them (syncs),
+    and their names; while `paused` (a region counted as one op by the caller) nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.syncs = 0
+        self.names, self.paused = set(), False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused:
+            name = str(func.overloadpacket)
+            self.ops += 1
+            self.syncs += name in SYNC_OPS
+            self.names.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+def one_op(function, counter):
+    """function, counted as one host op by `counter` (what a graph launch costs the host)."""
+    def call(*args, **kwargs):
+        counter.ops += not counter.paused
+        counter.paused, was = True, counter.paused
+        try:
+            return function(*args, **kwargs)
+        finally:
+            counter.paused = was
+    return call
+
+
+def skinny_model(layers, seed=0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    config = Qwen2Config(hidden_size=56, num_hidden_layers=layers, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=64, vocab_size=512,
+                         tie_word_embeddings=True, max_position_embeddings=4096, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=1)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def paths(model, prompts, rows):
+    """name -> function(tokens, counter) running one call of `rows` completions of `tokens`."""
+    ids = torch.randint(3, 500, (prompts, 32), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # some left padding
+    per_prompt = rows // prompts
+    eos = model.config.vocab_size  # never sampled: every row runs its tokens
+    options = dict(pad_id=0, eos_id=eos, generate_kwargs=SAMPLING)
+
+    def plain(tokens, counter):
+        plain_generate(model, ids.repeat_interleave(per_prompt, 0),
+                       mask.repeat_interleave(per_prompt, 0), max_new_tokens=tokens, **options)
+
+    def fast(tokens, counter, **choice):
+        fast_generate.fast_generate(model, ids, mask, per_prompt, max_new_tokens=tokens,
+                                    share_prefill=True, drop_finished_every=None, **options,
+                                    **choice)
+
+    def static_before(tokens, counter, compiled_forward=False):
+        forward = model.forward
+        if compiled_forward:  # the forward of a decode step is one op; the prefill's is counted
+            @functools.wraps(forward)  # generate reads its signature
+            def counted(*args, **kwargs):
+                decoding = kwargs["input_ids"].shape[1] == 1
+                return (one_op(forward, counter) if decoding else forward)(*args, **kwargs)
+            model.forward = counted
+        try:
+            fast(tokens, counter, compiled=True, decode_loop=False)
+        finally:
+            model.__dict__.pop("forward", None)
+
+    def loop(tokens, counter, graph=False):
+        step = fast_generate.decode_step
+
+        def one_op_step(*args, **kwargs):
+            run, state = step(*args, **kwargs)
+            return one_op(run, counter), state
+        if graph:
+            fast_generate.decode_step = one_op_step
+        try:
+            fast(tokens, counter, compiled=True)
+        finally:
+            fast_generate.decode_step = step
+
+    return {"plain generate": plain,
+            "default (roomy cache)": lambda tokens, counter: fast(tokens, counter, compiled=False),
+            "fast-generate before, eager": static_before,
+            "fast-generate before, compiled (inferred)":
+                lambda tokens, counter: static_before(tokens, counter, compiled_forward=True),
+            "decode loop, eager": loop,
+            "decode loop, one graph a step": lambda tokens, counter: loop(tokens, counter, True)}
+
+
+def per_token(run, short, long):
+    """(ops, syncs) per decode token of run(tokens, counter): the difference of two lengths."""
+    counts = []
+    for tokens in (short, long):
+        with OpCounter() as counter:
+            run(tokens, counter)
+        counts.append((counter.ops, counter.syncs))
+    return tuple((b - a) / (long - short) for a, b in zip(*counts))
+
+
+def ms_per_token(run, short, long, repeats):
+    """Median seconds of run at `long` tokens minus at `short`, per token, in ms."""
+    def seconds(tokens):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run(tokens, None)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    return (seconds(long) - seconds(short)) / (long - short) * 1e3
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=24, help="Qwen2.5-0.5B: 24")
+    p.add_argument("--rows", type=int, default=16, help="completions per call (prompts x M)")
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--tokens", type=int, nargs=2, default=(8, 24), metavar=("SHORT", "LONG"))
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per length (median)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stop-check-every", type=int, default=fast_generate.STOP_CHECK_EVERY)
+    args = p.parse_args(argv)
+    if args.rows % args.prompts:
+        raise SystemExit(f"--rows {args.rows} is not a multiple of --prompts {args.prompts}")
+    if not kv_cache.LAYERED_CACHE:
+        raise SystemExit("the static cache needs transformers' layered cache API (4.57 or later)")
+    torch.set_num_threads(args.threads)
+    fast_generate.STOP_CHECK_EVERY = args.stop_check_every
+    compile_config = fast_generate.compile_config
+    fast_generate.compile_config = lambda device, mode=None: None  # "before": its forward eager
+    model = skinny_model(args.layers)
+    short, long = args.tokens
+    print(f"skinny Qwen2: {args.layers} layers, hidden 56, vocab 512, {args.rows} rows, sampled, "
+          f"stop check every {args.stop_check_every}; per decode token from {short} vs {long} "
+          f"tokens; CPU, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}")
+    print(f"{'path':44s} {'ops/token':>10s} {'syncs/token':>12s} {'ms/token':>9s}")
+    results = {}
+    with torch.no_grad():
+        for name, run in paths(model, args.prompts, args.rows).items():
+            ops, syncs = per_token(run, short, long)
+            timed = "compiled" not in name and "graph" not in name  # a proxy's time means nothing
+            ms = ms_per_token(run, short, long, args.repeats) if timed else float("nan")
+            results[name] = (ops, syncs, ms)
+            print(f"{name:44s} {ops:10.1f} {syncs:12.3f} {ms:9.2f}", flush=True)
+    fast_generate.compile_config = compile_config
+    before = results["fast-generate before, compiled (inferred)"]
+    after = results["decode loop, one graph a step"]
+    plain = results["plain generate"]
+    print(f"host ops per token, compiled path: before {before[0] + before[1]:.1f} (ops + syncs, "
+          f"inferred), after {after[0] + after[1]:.2f} (measured outside the step + 1 replay): "
+          f"{(before[0] + before[1]) / (after[0] + after[1]):.0f}x fewer; against plain generate "
+          f"{(plain[0] + plain[1]) / (after[0] + after[1]):.0f}x")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,8 @@ cost.
     python benchmarks/self_check.py                 # on this CPU: the verdict (the check forced here)
     python benchmarks/self_check.py --force         # on this CPU: the verdict and its cost against one step
 
-The verdict: the roomy cache (and compiled generate, on CUDA or with --compiled) against plain generate
+The verdict: the roomy cache (and --fast-generate's decode loop, "compiled": one CUDA graph a step
+on CUDA, eager with --compiled on a CPU) against plain generate
 on the tiny default shape at init and a random Qwen2 of --shape (benchmarks/random_model_step.py),
 under the run's precision (bf16 autocast where the card has bf16, else fp32: harness/run.py).
 The cost: the check's seconds (a rollout call with the check minus the same call after it) over one
@@ -57,7 +58,8 @@ def main(argv=None):
                    help="auto: bf16 autocast where the card has bf16 (as a run), else fp32")
     p.add_argument("--force", action="store_true", help="on a CPU: also the check's cost against one step")
     p.add_argument("--shape", default="qwen2.5-0.5b", help="random_model_step.SHAPES, or none")
-    p.add_argument("--compiled", action="store_true", help="compiled generate too on a CPU (minutes)")
+    p.add_argument("--compiled", action="store_true",
+                   help="--fast-generate's decode loop too on a CPU (eager there)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompts", type=int, default=64, help="the step's prompts (the tiny default: 64)")
     p.add_argument("--threads", type=int, default=1)

@@ -4,12 +4,14 @@ and values written in place instead of concatenated) gives rollout.py's generate
 finished rows, no shared prefill, several layers with grouped-query attention). The first-CUDA-rollout self-check,
 forced on this CPU: it passes when the paths agree, and a mismatch injected into the roomy cache makes it say so in
 one line and generate with the plain call.
-The --fast-generate path: the static KV cache filled from the shared prefill and the compiled decode step give the same
-completions as rollout.py's plain generate call: greedy token for token, and sampled token for token under the same
-seed (generate draws the same torch.multinomial per step either way; only the logits' forward changes, by float
-rounding). Also: the completion mask, EOS handling and --rollout-batch are unchanged, and the compiled step is
-compiled once and reused (the cache of a shape is kept). The compiled tests are slow (inductor compiles on the CPU:
-minutes on a shared machine)."""
+The --fast-generate path: the static KV cache filled from the shared prefill and the decode loop (one step with
+generate's sampling inside, the stop check every k tokens) give the same completions as rollout.py's plain generate
+call: greedy token for token, and sampled token for token under the same seed (the step draws the random numbers of
+generate's torch.multinomial and picks its token; only the logits' forward changes, by float rounding), fp32 and under
+bf16 autocast, with rows ending at EOS inside a stop-check block (their extra steps cut, their draws undone: the random
+numbers after the call are the plain call's), with the loop's CUDA-graph branch run on this CPU with torch.cuda's graph
+API stood in. Where the loop does not apply, generate's own compiled static-cache call: the same completions; its
+compiled tests are slow (inductor compiles on the CPU: minutes on a shared machine)."""
 import contextlib
 import copy
 
@@ -202,10 +204,16 @@ def test_compile_mode_follows_the_device():
     assert config._compile_all_devices and config.fullgraph and config.dynamic is False
 
 
+def generates_compiled_call(monkeypatch):
+    """--fast-generate as generate's compiled static-cache call (where the decode loop does not apply)."""
+    monkeypatch.setattr(fast_generate, "decode_loop_refusal", lambda model, kwargs: "the test's refusal")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])  # on a CPU reduce-overhead compiles without graphs
 def test_compiled_decode_step_samples_alike(one_thread, monkeypatch, mode):
     tokenizer, model, prompts = tiny_setup()
+    generates_compiled_call(monkeypatch)
     monkeypatch.setattr(fast_generate, "compile_mode", lambda device: mode)
     for seed, options in ((0, dict(greedy=True)), (1, dict()), (2, dict(temperature=0.7))):
         plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
@@ -230,7 +238,8 @@ def test_smollm2_roomy_cache_samples_alike(monkeypatch, one_thread):
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_and_seeded_samples_token_for_token():
+def test_smollm2_greedy_and_seeded_samples_token_for_token(loop_calls):
+    """--fast-generate's decode loop on SmolLM2-135M: token for token the plain call's completions."""
     from harness.model import load_policy
     smollm2_or_skip()
     model, tokenizer = load_policy("smollm2")
@@ -240,7 +249,7 @@ def test_smollm2_greedy_and_seeded_samples_token_for_token():
     for seed, options in ((0, dict(greedy=True)), (1, dict())):
         plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
         assert_same(plain, fast)
-    assert getattr(model, "_compiled_call", None) is not None
+    assert loop_calls
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,8 +374,9 @@ def test_static_cache_types_its_values_where_transformers_allocated_them_as_its_
 
 
 @pytest.mark.slow
-def test_compiled_decode_step_under_bf16_autocast_samples_alike(one_thread):
+def test_compiled_decode_step_under_bf16_autocast_samples_alike(one_thread, monkeypatch):
     tokenizer, model, prompts = tiny_setup()
+    generates_compiled_call(monkeypatch)
     for seed, options in ((0, dict(greedy=True)), (1, dict())):
         plain = under_bf16(plain_call, model, tokenizer, prompts, seed, **options)
         torch.manual_seed(seed)

@@ -1,0 +1,24 @@
+"""benchmarks/decode_ops.py at a tiny shape: it runs, prints every path, and its numbers hold what the decode loop
+promises: the loop's blocking syncs per decode token are 1/k (k = the stop-check interval), generate's at least one
+(its stop check), and with the step counted as one graph launch the loop's host ops per token are 1 + 1/k."""
+import pytest
+
+from fast import kv_cache
+
+
+@pytest.mark.skipif(not kv_cache.LAYERED_CACHE, reason="no layered cache API in this transformers")
+def test_decode_ops_runs_at_a_tiny_shape_and_the_loop_syncs_once_every_k(one_thread, capsys):
+    from benchmarks import decode_ops
+    from fast import generate as fast_generate
+    every = fast_generate.STOP_CHECK_EVERY
+    try:
+        results = decode_ops.main(["--layers", "1", "--rows", "4", "--tokens", "4", "12", "--repeats", "1",
+                                   "--stop-check-every", "4"])
+    finally:
+        fast_generate.STOP_CHECK_EVERY = every
+    out = capsys.readouterr().out
+    assert all(name in out for name in results) and "x fewer" in out
+    ops, syncs, _ = results["decode loop, eager"]
+    assert syncs <= 1 / 4 and ops > 10  # (12 - 4) / 4 = 2 checks over 8 tokens
+    assert results["decode loop, one graph a step"][:2] == (1 + 1 / 4, 1 / 4)  # one replay + the check's read
+    assert results["plain generate"][1] >= 1 and results["fast-generate before, eager"][1] >= 1

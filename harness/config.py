@@ -143,8 +143,8 @@ class Config:
     fast: bool = setting(True, "the fast paths (fast/: shared prefill, roomy KV cache, chunked log-probs, no pi_old "
                          "forward when nothing reads it); --no-fast: the lesson as written, the same up to float rounding, slower",
                          resumable=True)
-    fast_generate: bool = setting(False, "static KV cache + compiled decode step in generate (CUDA graphs on a GPU; "
-                                  "same samples; compiles once per run: fast/generate.py)", resumable=True)
+    fast_generate: bool = setting(False, "static KV cache + a decode loop whose step is one CUDA graph on a GPU "
+                                  "(same samples; the stop check every 8 tokens: fast/generate.py)", resumable=True)
     # --- the training prompts ---------------------------------------------------------------------------------------
     epochs: int | None = setting(None, "passes over a fixed training set: epochs x rows // prompts-per-step steps "
                                  "(--steps, if given, stops it sooner, as verl); none = fresh prompts every step",

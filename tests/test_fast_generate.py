@@ -678,3 +678,26 @@ def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_
         assert_same(plain, fast)
         # max_new_tokens 8, one block of STOP_CHECK_EVERY = 8 steps: the first eager, 7 replays
         assert cuda.events.count("captured") == 1 and cuda.events.count("replay") == 7
+
+
+@layered
+def test_self_check_covers_the_decode_loop(forced_check, loop_calls, monkeypatch, capsys):
+    """--fast-generate's first CUDA rollout (forced here) checks the decode loop itself: a match says so and keeps the
+    loop; a loop that raises (as a capture could on a GPU) is one FAILED line and the plain call's completions."""
+    tokenizer, model, prompts = tiny_setup()
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    assert "the decode loop on the static cache match plain generate" in capsys.readouterr().out
+    assert model._fast_self_check == {True: True} and len(loop_calls) == 2  # the check's call, then the rollout's
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    monkeypatch.setattr(fast_generate, "cuda_graph", broken)
+    monkeypatch.setattr(fast_generate, "graphs_on", lambda device: True)
+    model.__dict__.pop("_fast_self_check")
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    output = capsys.readouterr().out
+    assert output.count("\n") == 1 and "the decode loop on the static cache FAILED on this device" in output
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)

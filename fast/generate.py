@@ -339,7 +339,6 @@ def static_decode(model, prompt_input_ids, prompt_mask, num_generations, *, max_
         eos_id=eos_id, generate_kwargs=generate_kwargs, stop_check_every=stop_check_every)
 
 
-@torch.no_grad()
 def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
                 generate_kwargs):
     """(step, state): step() decodes one token of every row, as one iteration of generate's

@@ -701,3 +701,23 @@ def test_self_check_covers_the_decode_loop(forced_check, loop_calls, monkeypatch
     output = capsys.readouterr().out
     assert output.count("\n") == 1 and "the decode loop on the static cache FAILED on this device" in output
     assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+
+
+@layered
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_decode_loop_with_grouped_query_attention_fp32_and_bf16(loop_calls, attention):
+    """Three layers, 4 query heads on 2 KV heads; SDPA takes the loop's boolean 4D mask, eager attention its additive
+    one: token for token the plain call, fp32 and under bf16 autocast."""
+    tokenizer, _, prompts = tiny_setup()
+    config = build_tiny_model(tokenizer, hidden_size=64, num_layers=3, num_heads=4).config
+    config.num_key_value_heads = 2
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config).eval()
+    model.config._attn_implementation = attention
+    for seed, options in ((0, dict(greedy=True)), (1, dict()), (2, dict(temperature=0.7))):
+        assert_same(*both_paths(model, tokenizer, prompts, seed, **options))
+        plain = under_bf16(plain_call, model, tokenizer, prompts, seed, **options)
+        torch.manual_seed(seed)
+        assert_same(plain, under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8,
+                                      fast_generate=True, **options))
+    assert len(loop_calls) == 6

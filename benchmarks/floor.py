@@ -426,21 +426,29 @@ def recorded(clock, optimizer):
     """Record one step's forwards (and time its pieces) while train.py's functions run unchanged.
 
     Yields a dict: "forwards" (a Forward per token_logprobs call of fast/update.py's update_policy, the one a
-    benchmark step runs), "optimizer steps".
-    clock(name) times "prefill" (rollout's shared prefill), "no-grad forwards" and "optimizer step"."""
+    benchmark step runs), "optimizer steps", "prefills" ("rollout" or "update": who called each
+    kv_cache.prefill_prompt_cache).
+    clock(name) times "prefill" (the rollout's shared prefill only: the shared-prompt forward inside an update
+    log-prob forward is that forward's, so the update's clock), "no-grad forwards" and "optimizer step"."""
     from fast import kv_cache, update
 
     record = defaultdict(list)
     token_logprobs, prefill, step = update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
+    in_update = []  # non-empty while an update's log-prob forward runs
 
     def recording_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs):
         trains = torch.is_grad_enabled()
         record["forwards"].append(forward_of(attention_mask, completion_mask, trains))
-        with contextlib.nullcontext() if trains else clock("no-grad forwards"):
-            return token_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs)
+        in_update.append(1)
+        try:
+            with contextlib.nullcontext() if trains else clock("no-grad forwards"):
+                return token_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs)
+        finally:
+            in_update.pop()
 
     def timed_prefill(*args, **kwargs):
-        with clock("prefill"):
+        record["prefills"].append("update" if in_update else "rollout")
+        with contextlib.nullcontext() if in_update else clock("prefill"):
             return prefill(*args, **kwargs)
 
     def timed_step(*args, **kwargs):

@@ -210,3 +210,45 @@ def test_gpu_summary_reads_each_sides_memory_from_its_own_process(tmp_path, caps
     row = next(line for line in out.splitlines() if line.startswith("ours / TRL, peak memory"))
     assert row.split()[-2:] == ["1.00", "met"] and " 0.75 " in row  # 18000 / 24000
     assert "peak memory, trl alone: 24000 MiB (+20000 MiB above" in out
+
+
+def autocast_seen(model, seen):
+    """Record (grad enabled, CPU autocast on) at every decoder layer's forward of `model`; returns it."""
+    for layer in model.get_decoder().layers:
+        layer.register_forward_pre_hook(lambda module, inputs: seen.add(
+            (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"))))
+    return model
+
+
+def test_benchmarks_run_the_step_under_the_precision_train_py_runs_it(tmp_path, digits_task, monkeypatch):
+    """--dtype bf16 on a CPU: every decoder-layer forward of train.py's step (its rollout without gradients, its update
+    with) runs under autocast, and so does each benchmark's (random_model_step.py, step_time.py, memory_check.py).
+    Before issue 67 the benchmarks called collect_rollouts bare: their rollouts ran in fp32."""
+    from benchmarks import memory_check, step_time
+    from harness import run
+    from tests.stubs import SMALL_TRAIN
+    import train
+    seen = {name: set() for name in ("train.py", "random_model_step", "step_time", "memory_check")}
+    build_policy, build_shape = run.build_policy, random_model_step.build
+    monkeypatch.setattr(run, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
+                                                                            ref))(*build_policy(*a, **k)))
+    train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL_TRAIN, "--steps", "1",
+                "--device", "cpu", "--dtype", "bf16"])
+    small = ["-M", "2", "--max-new-tokens", "4"]
+    for name, run_it in [
+            ("random_model_step", lambda: random_model_step.main(
+                ["--shape", "test", "--device", "cpu", "--dtype", "bf16", "--steps", "1", "--prompts", "2", *small,
+                 "--peak-tflops", "0.1", "--peak-gbps", "10"])),
+            ("step_time", lambda: step_time.main(
+                ["--random-shape", "test", "--device", "cpu", "--dtype", "bf16", "--only", "ours", "--no-memory",
+                 "--steps", "1", "--warmup", "0", "--prompts-per-step", "2", "--num-generations", "2",
+                 "--max-new-tokens", "4", "--threads", "1"])),
+            ("memory_check", lambda: memory_check.main(
+                ["--model", "test", "--device", "cpu", "--dtype", "bf16", "--prompts", "2", *small,
+                 "--micro-batch", "2", "--threads", "1"]))]:
+        monkeypatch.setattr(random_model_step, "build", lambda *a, _name=name, **k: (lambda m, t: (
+            autocast_seen(m, seen[_name]), t))(*build_shape(*a, **k)))
+        run_it()
+    assert seen["train.py"] == {(False, True), (True, True)}  # rollout and update, both under autocast
+    for name in ("random_model_step", "step_time", "memory_check"):
+        assert seen[name] == seen["train.py"], name

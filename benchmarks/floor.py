@@ -56,6 +56,8 @@ KNOWN_SHAPES = {  # from the models' config.json (nothing downloads): hidden, la
                          qkv_bias=True),
     "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, tied=True,
                          qkv_bias=True),
+    "qwen2.5-3b": dict(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab=151936, tied=True,
+                       qkv_bias=True),
     "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True),
 }
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

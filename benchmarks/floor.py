@@ -33,6 +33,8 @@ from collections import defaultdict
 
 import torch
 
+from harness.memory import GPU_PEAKS
+
 # --- Clocks: a phase's wall time, queued CUDA work included -----------------------------------------------------------
 def sync(device):
     if device.type == "cuda":
@@ -130,13 +132,7 @@ def shape_of(config):
 
 
 # --- Peaks: a probe, or the table ----------------------------------------------------------------------------------
-KNOWN_GPUS = {  # dense (no sparsity) tensor-core peaks from the vendors' datasheets: FLOP/s by dtype, bytes/s
-    "H200": dict(bf16=989e12, fp16=989e12, fp32=67e12, bandwidth=4.8e12),
-    "H100": dict(bf16=989e12, fp16=989e12, fp32=67e12, bandwidth=3.35e12),  # SXM
-    "A100": dict(bf16=312e12, fp16=312e12, fp32=19.5e12, bandwidth=2.039e12),  # 80 GB SXM
-    "L4": dict(bf16=121e12, fp16=121e12, fp32=30.3e12, bandwidth=0.3e12),
-    "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
-}
+KNOWN_GPUS = GPU_PEAKS  # the vendors' datasheet peaks, one table (harness/memory.py's, its plan's step time too)
 
 
 @dataclasses.dataclass(frozen=True)

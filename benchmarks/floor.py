@@ -27,13 +27,16 @@ import argparse
 import contextlib
 import dataclasses
 import re
+import os
 import statistics
+import sys
 import time
 from collections import defaultdict
 
 import torch
 
-from harness.memory import GPU_PEAKS
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+from harness.memory import GPU_PEAKS  # noqa: E402
 
 # --- Clocks: a phase's wall time, queued CUDA work included -----------------------------------------------------------
 def sync(device):

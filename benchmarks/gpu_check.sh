@@ -24,7 +24,7 @@
 #        | --dry-run (every step of every part with tiny shapes on this CPU, < 3 min unloaded)
 #        | --fetch-wheels | --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,26p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,25p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 WHEELS=.whl
 if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: the device's README)

@@ -24,7 +24,9 @@ advantages 0 our update has nothing to do. What the clock covers, per step:
   TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per
         micro-batch forward (with entropy) + backward, clip, AdamW, scheduler, zero_grad.
 Timings alternate in one process (TRL step k, our step k, our Lopti step k, ...), medians after warm-up; peak memory
-is measured for each side in a fresh subprocess (--only ours / --only trl): a process's peak RSS only grows.
+is measured for each side in a fresh subprocess (--only ours / --only trl): a process's peak RSS only grows. On a GPU
+gpu_check.sh times each side alone that way (--only ours --json: our side's report and numbers; --only trl), so that
+each first step runs on a cold CUDA.
 """
 import argparse
 import copy

@@ -48,8 +48,9 @@ def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks pas
 def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock):
     """M sampled completions per example, their task rewards and group advantages (DESIGN.md
     sections 2, 5) -> (rollouts: rollout.Rollouts of B = len(examples) * M rows, rewards [B] float,
-    advantages [B] float). Reads the settings ROLLOUT_SETTINGS names."""
-    with clock("rollout"):
+    advantages [B] float). Reads the settings ROLLOUT_SETTINGS names. Generates under --dtype's
+    precision (bf16: autocast), whoever calls it."""
+    with clock("rollout"), precision(next(model.parameters()).device, config.dtype):
         rollouts = generate_rollouts(
             model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
             config.num_generations, max_new_tokens=config.max_new_tokens,
@@ -191,9 +192,8 @@ def train(config):
             # --- 1. rollouts, rewards, group advantages -------------------------------------------
             run.set_learning_rate(optimizer, config, step)  # linear warm-up, then constant
             examples = prompts(step)  # the step's prompts_per_step training examples
-            with precision(model.device, config.dtype):  # --dtype bf16: autocast
-                rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
-                                                                 config, clock=state.clock)
+            rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
+                                                             config, clock=state.clock)
             # --- 2. the update --------------------------------------------------------------------
             page = state.page_before_update(step, rollouts, rewards)  # --inspect-every, else None
             stats = update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,

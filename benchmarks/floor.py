@@ -27,11 +27,16 @@ import argparse
 import contextlib
 import dataclasses
 import re
+import os
 import statistics
+import sys
 import time
 from collections import defaultdict
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+from harness.memory import GPU_PEAKS  # noqa: E402
 
 # --- Clocks: a phase's wall time, queued CUDA work included -----------------------------------------------------------
 def sync(device):
@@ -56,6 +61,8 @@ KNOWN_SHAPES = {  # from the models' config.json (nothing downloads): hidden, la
                          qkv_bias=True),
     "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, tied=True,
                          qkv_bias=True),
+    "qwen2.5-3b": dict(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab=151936, tied=True,
+                       qkv_bias=True),
     "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True),
 }
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -128,13 +135,7 @@ def shape_of(config):
 
 
 # --- Peaks: a probe, or the table ----------------------------------------------------------------------------------
-KNOWN_GPUS = {  # dense (no sparsity) tensor-core peaks from the vendors' datasheets: FLOP/s by dtype, bytes/s
-    "H200": dict(bf16=989e12, fp16=989e12, fp32=67e12, bandwidth=4.8e12),
-    "H100": dict(bf16=989e12, fp16=989e12, fp32=67e12, bandwidth=3.35e12),  # SXM
-    "A100": dict(bf16=312e12, fp16=312e12, fp32=19.5e12, bandwidth=2.039e12),  # 80 GB SXM
-    "L4": dict(bf16=121e12, fp16=121e12, fp32=30.3e12, bandwidth=0.3e12),
-    "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
-}
+KNOWN_GPUS = GPU_PEAKS  # the vendors' datasheet peaks, one table (harness/memory.py's, its plan's step time too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,21 +427,29 @@ def recorded(clock, optimizer):
     """Record one step's forwards (and time its pieces) while train.py's functions run unchanged.
 
     Yields a dict: "forwards" (a Forward per token_logprobs call of fast/update.py's update_policy, the one a
-    benchmark step runs), "optimizer steps".
-    clock(name) times "prefill" (rollout's shared prefill), "no-grad forwards" and "optimizer step"."""
+    benchmark step runs), "optimizer steps", "prefills" ("rollout" or "update": who called each
+    kv_cache.prefill_prompt_cache).
+    clock(name) times "prefill" (the rollout's shared prefill only: the shared-prompt forward inside an update
+    log-prob forward is that forward's, so the update's clock), "no-grad forwards" and "optimizer step"."""
     from fast import kv_cache, update
 
     record = defaultdict(list)
     token_logprobs, prefill, step = update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
+    in_update = []  # non-empty while an update's log-prob forward runs
 
     def recording_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs):
         trains = torch.is_grad_enabled()
         record["forwards"].append(forward_of(attention_mask, completion_mask, trains))
-        with contextlib.nullcontext() if trains else clock("no-grad forwards"):
-            return token_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs)
+        in_update.append(1)
+        try:
+            with contextlib.nullcontext() if trains else clock("no-grad forwards"):
+                return token_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs)
+        finally:
+            in_update.pop()
 
     def timed_prefill(*args, **kwargs):
-        with clock("prefill"):
+        record["prefills"].append("update" if in_update else "rollout")
+        with contextlib.nullcontext() if in_update else clock("prefill"):
             return prefill(*args, **kwargs)
 
     def timed_step(*args, **kwargs):

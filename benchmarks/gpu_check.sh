@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
-# One prepared GPU check: one CUDA GPU (an H200 sized it), no network, within a global deadline (DEADLINE, 420 s).
-# Correctness first, then timings one at a time (nothing else on the GPU meanwhile); a step whose estimate does not
-# fit the time left is skipped and named, never cut mid-way. Output: at most 8 files under $OUT (runs/gpu_check):
-#   check.txt    versions, the card and its probed peaks; every fast path's self-check against plain generate
-#                (the default cache, no shared prefill, static cache + compiled decode: tiny shape and Qwen2.5-0.5B's, under
-#                bf16 autocast); `python train.py` (the tiny offline default) on CUDA: its before/after table, wall
-#   step.txt     benchmarks/step_time.py --preset gpu: a random model of Qwen2.5-0.5B's shape, 16 prompts x M 8 x
-#                256 tokens, ours (one pass; AR + Lopti) against TRL's GRPOTrainer (from carried wheels), each phase
-#                against its floor; step.json: its numbers; then each side's peak memory in a fresh process
-#   profile.txt  a torch profile of our step's top CUDA kernels (the same workload)
-#   more.txt     the 0.5B step with --fast-generate (static cache, CUDA graphs) and with the roomy cache (a CPU's
-#                default) instead of HF's concatenating one (CUDA's); the step at Qwen2.5-1.5B's shape
-#   memory.txt   the memory plan against the measured peak, per setting, while time is left
-#   summary.txt  the closing table: each check's verdict, each phase against its floor, the targets' ratios
+# One prepared GPU check in parts, each one device call within its deadline (one CUDA GPU, an H200 sized it; offline).
+# A session's 15 device minutes hold a start (1-2 min), part 1 (300 s) and part 2 (360 s): run them back to back;
+# part 3 (420 s) is the next session's. Timings one at a time (nothing else on the GPU meanwhile); a step whose
+# estimate does not fit the time left is skipped and named, never cut mid-way. PLAN below: every step, its part, its
+# estimate and what the estimate is sized from (tests/test_benchmarks.py: each part's sum under its deadline, with
+# margin). Output: at most 8 files under $OUT (runs/gpu_check):
+#   part 1, issue 63's targets: the step on a random model of Qwen2.5-0.5B's shape, 16 prompts x M 8 x 256 tokens,
+#     bf16 autocast, as train.py runs it: ours alone, then TRL's GRPOTrainer alone (from carried wheels), each in a
+#     fresh process (its first step on a cold CUDA, its peak memory) -> step.txt, step.json (each phase against its
+#     floor: step, decode, update; first step / steady; ours / TRL from the two steady steps; memory ours / TRL);
+#     then the same step with --fast-generate (static cache + CUDA graphs; its self-check's verdict says what ran)
+#     -> more.txt; check.txt: versions, the card, its probed peaks
+#   part 2: the step at Qwen2.5-1.5B's and Qwen2.5-3B's shapes, a torch profile of ours (profile.txt), the roomy
+#     cache (a CPU's default) against HF's (CUDA's) -> more.txt
+#   part 3: every fast path's self-check (tiny and 0.5B shapes), `python train.py` (the tiny default) on CUDA ->
+#     check.txt; the memory plan against the measured peak, per setting, while time is left -> memory.txt
+#   summary.txt: the closing table: each check's verdict, each phase against its floor, the targets' ratios
 # TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/ (torchao 0.18.0
 # for the 8-bit and NF4 memory settings, in its own path): `bash benchmarks/gpu_check.sh --fetch-wheels` on a machine
 # with PyPI, then carry .whl; without them that side is skipped and said so.
-# Usage: OUT=DIR DEADLINE=SECONDS SKIP='NAME|NAME' bash benchmarks/gpu_check.sh   (SKIP: steps named so, as the
-#          output names them, e.g. a second run's SKIP='self-check|tiny default|step, qwen2.5-0.5b')
-#        | --dry-run (every step with tiny shapes on this CPU, < 3 min unloaded)
+# Usage: OUT=DIR [DEADLINE=SECONDS] [SKIP='NAME|NAME'] bash benchmarks/gpu_check.sh [--part 1|2|3]   (default part 1;
+#          DEADLINE: the part's; SKIP: steps named as PLAN names them)
+#        | --dry-run (every step of every part with tiny shapes on this CPU, < 3 min unloaded)
 #        | --fetch-wheels | --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,22p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,25p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 WHEELS=.whl
 if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: the device's README)
@@ -33,9 +36,45 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: 
   done
   ls "$WHEELS"; exit 0
 fi
-DRY=0; [[ "${1:-}" == "--dry-run" ]] && DRY=1
+DRY=0 PART=1
+case "${1:-}" in
+  --dry-run) DRY=1 ;;
+  --part) PART=${2:-}; [[ "$PART" =~ ^[123]$ ]] || { echo "gpu_check.sh: --part takes 1, 2 or 3" >&2; exit 2; } ;;
+  "") ;;
+  *) echo "gpu_check.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+esac
+# Every step: part|estimate s|name|what the estimate is sized from. The logs: lab/logs/gpu-h200-27cee0c (one H200,
+# transformers 5.17): a 0.5B-shaped step (16 x 8 x 256) 8.23 s after a 21.6 s first step, decode 22.6 ms a token at
+# 128 rows; 1.5B runs at 64 prompts and at memory_check's 16 x 8 x 256 did not finish in 60 s (their weights drawn on
+# the CPU: now on the GPU); 3B at the 24 GB plan's settings (1024-word prompts, 64 micro-batches) not in 230 s.
+PART_DEADLINES=(0 300 360 420)  # a session: start (1-2 min) + part 1 + part 2 <= 15 min
+PLAN=(
+  "1|15|peaks|python + torch on CUDA ~8 s, a few 8192^3 matmuls and 1 GiB copies"
+  "1|50|step, ours alone|python + model ~10 s + the first step 21.6 s + one steady step 8.23 s (27cee0c)"
+  "1|70|step, trl alone|not measured yet (its crash at 27cee0c): trl + datasets import, HF generate as ours, 1.5x"
+  "1|120|step, --fast-generate|ours alone + its self-check + two compilations (2 and 128 rows), not measured yet"
+  "2|90|step, 1.5b|3.1x the 0.5B's FLOPs, 28 layers: ~25 s first, ~15 s steady step, python ~10 s, x 1.6 (unmeasured)"
+  "2|110|step, 3b|6.2x the 0.5B's FLOPs, 36 layers, weights drawn on the GPU: ~35 s first, ~25 s steady, x 1.5"
+  "2|55|profile|ours alone + the profiler's overhead on one step (~1.5x)"
+  "2|50|step, roomy cache|ours alone at 27cee0c's roomy cache: 21.2 + 8.2 s, python ~10 s"
+  "3|120|self-check|two shapes x four paths, two of them compiled (~25 s each, unmeasured)"
+  "3|75|tiny default|57 s at 27cee0c (a.txt: beside another lane's GPU work)"
+  "3|0|memory *|each setting 35 s (0.5B) or 60 s (1.5B, 3B), while time is left: the loop below"
+)
+estimate_of() {  # estimate_of NAME -> its PLAN estimate (a name PLAN does not hold is a bug here: exit)
+  local row part estimate pattern
+  for row in "${PLAN[@]}"; do
+    IFS='|' read -r part estimate pattern _ <<<"$row"
+    # shellcheck disable=SC2053  # a PLAN name may be a glob
+    if [[ "$1" == $pattern ]]; then echo "$estimate"; return; fi
+  done
+  echo "gpu_check.sh: step '$1' is not in PLAN" >&2; exit 3
+}
+in_part() {  # in_part N: whether this run runs part N (a dry run: every part)
+  ((DRY || PART == $1))
+}
 OUT=${OUT:-runs/gpu_check}
-DEADLINE=${DEADLINE:-420}
+DEADLINE=${DEADLINE:-${PART_DEADLINES[$PART]}}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore
 PY=""  # a python that holds torch: on the H200 python3 is a virtual environment's, and `python` may be another
@@ -46,9 +85,11 @@ for candidate in python3 python; do
 done
 [[ -n "$PY" ]] || { echo "no python with torch on PATH" | tee "$OUT/summary.txt"; exit 1; }
 SKIPPED=()
-step() {  # step FILE ESTIMATE_S NAME COMMAND...: run if its estimate fits the time left, its output appended to FILE
-  local file=$1 estimate=$2 name=$3; shift 3
-  local left=$((DEADLINE - SECONDS)) skip
+step() {  # step FILE NAME COMMAND...: run if its PLAN estimate fits the time left, its output appended to FILE
+  local file=$1 name=$2; shift 2
+  local estimate left=$((DEADLINE - SECONDS)) skip
+  estimate=$(estimate_of "$name") || exit 3
+  [[ "$name" == memory\ * ]] && { estimate=35; [[ "$name" == *qwen2.5-0.5b* ]] || estimate=60; }
   IFS='|' read -ra skip <<<"${SKIP:-}"
   for pattern in "${skip[@]}"; do
     if [[ "$name" == "$pattern" ]]; then
@@ -69,65 +110,67 @@ step() {  # step FILE ESTIMATE_S NAME COMMAND...: run if its estimate fits the t
   echo "=== $name: exit $rc after $((SECONDS - start)) s (estimate ${estimate} s)" | tee -a "$OUT/$file"
 }
 if ((DRY)); then  # the same steps on this CPU with tiny shapes: what a GPU run will do, tested before it is spent
-  DEVICE=cpu; SHAPE=test; BIG=test; DTYPE=bf16; STEPS=(--steps 1 --warmup 1 --prompts-per-step 2 -M 2
-    --max-new-tokens 4 --threads 1); TINY=(--steps 2 --eval-every 2 --eval-size 8 --prompts-per-step 4
-    --warm-start-steps 0); CHECK=(--shape test --threads 1)
+  DEVICE=cpu; SHAPE=test; MID=test; BIG=test; DTYPE=bf16; GIVEN=(--peak-tflops 0.05 --peak-gbps 5)  # (a probe
+  STEPS=(--steps 1 --warmup 1 --prompts-per-step 2 -M 2 --max-new-tokens 4 --threads 1 "${GIVEN[@]}")  # per step
+  TINY=(--steps 2 --eval-every 2 --eval-size 8 --prompts-per-step 4 --warm-start-steps 0)  # takes minutes here;
+  CHECK=(--shape test --threads 1); SMALL=(--prompts 2 -M 2 --max-new-tokens 4 "${GIVEN[@]}")  # "peaks" runs it)
 else
-  DEVICE=cuda; SHAPE=qwen2.5-0.5b; BIG=qwen2.5-1.5b; DTYPE=bf16; STEPS=(--preset gpu); TINY=(); CHECK=(--shape
-    "$SHAPE")
+  DEVICE=cuda; SHAPE=qwen2.5-0.5b; MID=qwen2.5-1.5b; BIG=qwen2.5-3b; DTYPE=bf16; STEPS=(--preset gpu --steps 1
+    --warmup 1); TINY=(); CHECK=(--shape "$SHAPE"); SMALL=(--prompts 16)
 fi
 TRL_PATH=""
-if ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side from carried wheels, on a path of its own
+if in_part 1 && ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side from carried wheels, on a path of its own
   TRL_PATH=$(mktemp -d)/site-trl
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$TRL_PATH" \
     "$WHEELS"/trl-*.whl "$WHEELS"/datasets-*.whl "$WHEELS"/dill-*.whl "$WHEELS"/multiprocess-*.whl \
     >/dev/null 2>&1 || { echo "TRL wheels did not install"; TRL_PATH=""; }
 fi
 AO_PATH=""
-if ls "$WHEELS"/torchao-*.whl >/dev/null 2>&1; then
+if in_part 3 && ls "$WHEELS"/torchao-*.whl >/dev/null 2>&1; then
   AO_PATH=$(mktemp -d)/site-ao
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$AO_PATH" "$WHEELS"/torchao-*.whl \
     >/dev/null 2>&1 || AO_PATH=""
 fi
 TRL_NOTE="TRL: from $WHEELS"; [[ -n "$TRL_PATH" ]] || TRL_NOTE="TRL: no wheels in $WHEELS (--fetch-wheels), \
 $("$PY" -c 'import trl; print("the environment'"'"'s trl", trl.__version__)' 2>/dev/null || echo "side skipped")"
-# ---- 1. correctness: versions and peaks, every fast path's self-check, the tiny default to completion -------------
 {
-  date -u; echo "python $PY | $TRL_NOTE"
+  date -u; echo "python $PY | part $PART$( ((DRY)) && echo ' (dry run: every part)') | $TRL_NOTE"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 } >"$OUT/check.txt" 2>&1
-step check.txt 20 "peaks" "$PY" -c "from benchmarks import floor; import torch; d = '$DEVICE'
+# ---- part 1: issue 63's targets ------------------------------------------------------------------------------------
+if in_part 1; then
+  step check.txt "peaks" "$PY" -c "from benchmarks import floor; import torch; d = '$DEVICE'
 name = floor.known_gpu(torch.cuda.get_device_name()) if d == 'cuda' else None; dtype = 'bf16' if d == 'cuda' else 'fp32'
 p = floor.probe(d, dtype); print(f'probe: {p.flops / 1e12:.1f} TFLOP/s {dtype}, {p.bandwidth / 1e9:.0f} GB/s copy;',
 'datasheet:', floor.KNOWN_GPUS.get(name, 'not in floor.KNOWN_GPUS'))"
-step check.txt 120 "self-check" "$PY" benchmarks/self_check.py --device "$DEVICE" --dtype "$DTYPE" "${CHECK[@]}"
-step check.txt 75 "tiny default" "$PY" train.py --device "$DEVICE" --output-dir "$OUT/tiny-run" "${TINY[@]}"
-rm -rf "$OUT/tiny-run"  # its metrics are in check.txt; the 8-file budget
-# ---- 2. timings, one at a time -------------------------------------------------------------------------------------
-# Sized from the first H200 run (27cee0c): a 0.5B-shaped step ~8 s after a ~21 s first step, python and a model ~15 s
-step step.txt 135 "step, $SHAPE" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" benchmarks/step_time.py \
-  --random-shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" "${STEPS[@]}" --no-memory --json "$OUT/step.json"
-SMALL=""; ((DRY)) && SMALL="--prompts 2 -M 2 --max-new-tokens 4"
-if ((DRY)); then  # inductor on a CPU takes minutes: tests/test_fast_generate.py's slow tests compile there
-  echo "=== step, $SHAPE, --fast-generate: not in a dry run (compiles on CUDA; on a CPU the slow tests)" >>"$OUT/more.txt"
-else
-  step more.txt 90 "step, $SHAPE, --fast-generate" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
-    --device "$DEVICE" --steps 1 --prompts 16 --fast-generate  # static cache + CUDA graphs, with its compile time
+  # ours, then TRL, each alone in a fresh process: its first step on a cold CUDA, its steady step, its peak memory
+  step step.txt "step, ours alone" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
+    --dtype "$DTYPE" "${STEPS[@]}" --only ours --json "$OUT/step.json"
+  if [[ -n "$TRL_PATH" ]] || "$PY" -c "import trl" 2>/dev/null; then
+    step step.txt "step, trl alone" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" benchmarks/step_time.py \
+      --random-shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" "${STEPS[@]}" --only trl
+  else
+    echo "=== step, trl alone: not run (no TRL: --fetch-wheels)" >>"$OUT/step.txt"
+  fi
+  if ((DRY)); then  # inductor on a CPU takes minutes: tests/test_fast_generate.py's slow tests compile there
+    echo "=== step, --fast-generate: not in a dry run (compiles on CUDA; on a CPU the slow tests)" >>"$OUT/more.txt"
+  else  # static cache + CUDA graphs, its compilation in the warm-up step; its self-check's verdict says what ran
+    step more.txt "step, --fast-generate" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" --device "$DEVICE" \
+      --steps 1 "${SMALL[@]}" --fast-generate
+  fi
 fi
-for side in ours trl; do  # each side's peak in a fresh process (a process's peak only grows), as step_time does
-  [[ $side == trl && -z "$TRL_PATH" ]] && ! "$PY" -c "import trl" 2>/dev/null && continue
-  step step.txt 50 "memory, $side alone" env ${TRL_PATH:+PYTHONPATH=$TRL_PATH} "$PY" benchmarks/step_time.py \
-    --random-shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" "${STEPS[@]}" --only "$side" --no-memory --steps 1 \
-    --warmup 1
-done
-step profile.txt 45 "profile, $SHAPE" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
-  --dtype "$DTYPE" "${STEPS[@]}" --profile torch
-step more.txt 45 "step, $SHAPE, roomy cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
-  --device "$DEVICE" --steps 1 --prompts 16 --roomy-cache $SMALL  # CUDA's default is HF's concatenating cache
-step more.txt 60 "step, $BIG" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
-  --prompts 16 --micro-batch 8 $SMALL
-# ---- 3. the memory plan against the measured peak, while time is left ----------------------------------------------
+# ---- part 2: the larger shapes, the profile, the cache comparison --------------------------------------------------
+if in_part 2; then
+  step more.txt "step, 1.5b" "$PY" benchmarks/random_model_step.py --shape "$MID" --device "$DEVICE" --steps 1 \
+    "${SMALL[@]}" --micro-batch 8
+  step more.txt "step, 3b" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
+    "${SMALL[@]}" --micro-batch 8
+  step profile.txt "profile" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
+    --dtype "$DTYPE" "${STEPS[@]}" --profile torch
+  step more.txt "step, roomy cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" --device "$DEVICE" \
+    --steps 1 "${SMALL[@]}" --roomy-cache  # CUDA's default is HF's concatenating cache
+fi
 MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-0.5b|"
   "qwen2.5-0.5b|--gradient-checkpointing"
@@ -140,30 +183,37 @@ MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-1.5b|--param-dtype bf16 --optimizer-offload"
   "qwen2.5-1.5b|--param-dtype bf16 --lora-rank 16 --kl-coef 0.01 --base-dtype nf4"
   "qwen2.5-1.5b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
+  "qwen2.5-3b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
 )
 MEMORY_SHAPE_FLAGS="--prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8"
-if ((DRY)); then  # every setting's plan in one process (each a fresh process on the GPU, for its own peak)
-  step memory.txt 30 "memory plans" "$PY" -c "import shlex, sys; from benchmarks import memory_check
+# ---- part 3: every fast path's self-check, the tiny default, the memory plan against the measured peak -------------
+if in_part 3; then
+  step check.txt "self-check" "$PY" benchmarks/self_check.py --device "$DEVICE" --dtype "$DTYPE" "${CHECK[@]}"
+  step check.txt "tiny default" "$PY" train.py --device "$DEVICE" --output-dir "$OUT/tiny-run" "${TINY[@]}"
+  rm -rf "$OUT/tiny-run"  # its metrics are in check.txt; the 8-file budget
+  if ((DRY)); then  # every setting's plan in one process (each a fresh process on the GPU, for its own peak)
+    step memory.txt "memory plans" "$PY" -c "import shlex, sys; from benchmarks import memory_check
 for setting in sys.argv[1:]:
     shape, flags = setting.split('|'); memory_check.main(['--model', shape, '--device', 'cuda', '--plan-only',
         *shlex.split('$MEMORY_SHAPE_FLAGS'), *shlex.split(flags), '--setting=' + (flags or 'as written')])" \
-    "${MEMORY_SETTINGS[@]}"
-else
-  for setting in "${MEMORY_SETTINGS[@]}"; do
-    shape=${setting%%|*} flags=${setting#*|}
-    estimate=35; [[ $shape == qwen2.5-1.5b ]] && estimate=60
-    path=""; [[ "$flags" == *adamw8bit* || "$flags" == *nf4* ]] && path=$AO_PATH
-    if [[ ("$flags" == *adamw8bit* || "$flags" == *nf4*) && -z "$path" ]] && ! "$PY" -c "import torchao" 2>/dev/null
-    then
-      echo "MEMORY $shape $flags: skipped (no torchao: --fetch-wheels)" >>"$OUT/memory.txt"; continue
-    fi
-    step memory.txt "$estimate" "memory $shape ${flags:-(as written)}" env ${path:+PYTHONPATH=$path} "$PY" \
-      benchmarks/memory_check.py --model "$shape" --device "$DEVICE" $MEMORY_SHAPE_FLAGS $flags \
-      --setting="${flags:-as written}"
-  done
+      "${MEMORY_SETTINGS[@]}"
+  else
+    for setting in "${MEMORY_SETTINGS[@]}"; do
+      shape=${setting%%|*} flags=${setting#*|}
+      path=""; [[ "$flags" == *adamw8bit* || "$flags" == *nf4* ]] && path=$AO_PATH
+      if [[ ("$flags" == *adamw8bit* || "$flags" == *nf4*) && -z "$path" ]] && ! "$PY" -c "import torchao" 2>/dev/null
+      then
+        echo "MEMORY $shape $flags: skipped (no torchao: --fetch-wheels)" >>"$OUT/memory.txt"; continue
+      fi
+      step memory.txt "memory $shape ${flags:-(as written)}" env ${path:+PYTHONPATH=$path} "$PY" \
+        benchmarks/memory_check.py --model "$shape" --device "$DEVICE" $MEMORY_SHAPE_FLAGS $flags \
+        --setting="${flags:-as written}"
+    done
+  fi
 fi
 # ---- the closing table ---------------------------------------------------------------------------------------------
 printf '%s\n' "${SKIPPED[@]}" >"$OUT/skipped.tmp"
-"$PY" benchmarks/gpu_summary.py "$OUT" --seconds "$SECONDS" --deadline "$DEADLINE" --skipped "$OUT/skipped.tmp" \
+SHOWN_DEADLINE=$DEADLINE; ((DRY)) && SHOWN_DEADLINE=0  # a dry run has none
+"$PY" benchmarks/gpu_summary.py "$OUT" --seconds "$SECONDS" --deadline "$SHOWN_DEADLINE" --skipped "$OUT/skipped.tmp" \
   | tee "$OUT/summary.txt"
 rm -f "$OUT/skipped.tmp"

@@ -1,5 +1,6 @@
-"""benchmarks/gpu_check.sh's closing table, read back from its output folder: each check's verdict, each phase of the
-step against its floor, and issue 63's targets with their measured ratios (or "not measured").
+"""benchmarks/gpu_check.sh's closing table, read back from its output folder: each check's verdict (the self-checks
+the steps ran included: what actually ran), each phase of the step against its floor, and issue 63's targets with
+their measured ratios (or "not measured"; a refused fast path's targets "refused", never its plain path's numbers).
 
     python benchmarks/gpu_summary.py runs/gpu_check          # what gpu_check.sh prints last (summary.txt)
 """
@@ -19,8 +20,25 @@ def read(folder, name):
     return open(path, errors="replace").read() if os.path.isfile(path) else ""
 
 
+def sections(folder, name):
+    """{step name: its output lines} of one of gpu_check.sh's files (a step runs between "=== [N s] NAME: command"
+    and "=== NAME: exit ...")."""
+    found, current = {}, None
+    for line in read(folder, name).splitlines():
+        header = re.match(r"^=== \[\d+ s\] (.+?): ", line)
+        if header:
+            current = header.group(1)
+            found[current] = []
+        elif line.startswith("=== "):
+            current = None
+        elif current is not None:
+            found[current].append(line)
+    return found
+
+
 def verdicts(folder):
-    """[(check, verdict)] from check.txt: the probe, every self-check line, the tiny default's table."""
+    """[(check, verdict)] from check.txt: the probe, every self-check line, the tiny default's table; then each step's
+    own fast-path self-check line (step.txt, more.txt: what its rollout ran)."""
     text, rows = read(folder, "check.txt"), []
     for line in text.splitlines():
         if line.startswith("probe:"):
@@ -35,7 +53,49 @@ def verdicts(folder):
         rows.append(("tiny default (python train.py)", f"exit {wall.group(1)}, {wall.group(2)} s wall" +
                      (f", held-out pass@1 {before.group(1)} -> {after.group(2)} at step {after.group(1)}"
                       if before and after else "")))
+    for name in ("step.txt", "more.txt"):
+        for step, lines in sections(folder, name).items():
+            for line in lines:
+                if line.startswith("fast-path self-check"):
+                    rows.append((f"fast path in '{step}'", line.split("): ", 1)[-1]))
     return rows
+
+
+def table_ratios(lines):
+    """{row: ratio} of a floor table as random_model_step.py prints it ("step", "decode", ...)."""
+    ratios = {}
+    for line in lines:
+        row = re.match(r"^\s*(step|rollout|decode|prefill|update|forward\+backward)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
+                       line)
+        if row:
+            ratios[row.group(1)] = float(row.group(4))
+    return ratios
+
+
+def fast_generate_step(folder):
+    """(ran, {row: ratio}) of part 1's --fast-generate step: ran None when it did not run, False when its self-check
+    refused the compiled path (its numbers are then plain generate's: not reported as the fast path's)."""
+    lines = sections(folder, "more.txt").get("step, --fast-generate")
+    result = [line for line in lines or [] if line.startswith("RESULT")]
+    if not result:
+        return None, {}
+    if "REFUSED" in result[-1] or "fast generate" not in result[-1]:
+        return False, {}
+    return True, table_ratios(lines)
+
+
+def alone_runs(folder):
+    """{side: {"peak": MiB, "before_step": MiB, "seconds": [s per step]}} from step.txt's "step, SIDE alone" steps
+    (step_time.py --only SIDE, each a fresh process: its RESULT line; its first step on a cold CUDA)."""
+    runs = {}
+    for name, lines in sections(folder, "step.txt").items():
+        side = re.match(r"^(?:step|memory), (\w+) alone$", name)
+        for line in lines:
+            if side and line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+                peak, before = result["memory"]
+                runs[side.group(1)] = {"peak": peak, "before_step": before, "seconds": result.get("seconds", [])}
+    return runs
 
 
 def step_rows(numbers):
@@ -48,32 +108,36 @@ def step_rows(numbers):
     return rows
 
 
+def steady(seconds):
+    """A run's steady s/step: the median of its steps after the first (the first, when it is the only one)."""
+    later = sorted(seconds[1:] or seconds)
+    return later[(len(later) - 1) // 2] if later else None
+
+
 def target_rows(numbers):
-    """[(target, measured ratio or None, limit)]: issue 63's, from step.json."""
+    """[(target, measured ratio or None or "refused", limit)]: issue 63's, from step.json (ours alone), step.txt (each
+    side alone: ours / TRL, memory, first step) and more.txt (--fast-generate)."""
+    folder = numbers.get("_folder", "")
     sides, ratios = numbers.get("sides", {}), numbers.get("ratios", {})
     phases = sides.get("one_pass", {}).get("phases", {})
     rows = [(what, (phases.get(phase) or {}).get("ratio"), limit) for what, phase, limit in TARGETS]
-    rows.append(("ours / TRL GRPOTrainer, s/step", ratios.get("one_pass_over_trl"), 0.5))
-    memory = numbers.get("memory_mib") or side_memory(numbers.get("_folder", ""))
+    runs = alone_runs(folder)
+    ours_over_trl = ratios.get("one_pass_over_trl")
+    if ours_over_trl is None and {"ours", "trl"} <= runs.keys() and steady(runs["trl"]["seconds"]):
+        ours_over_trl = steady(runs["ours"]["seconds"]) / steady(runs["trl"]["seconds"])  # each in its own process
+    rows.append(("ours / TRL GRPOTrainer, s/step", ours_over_trl, 0.5))
+    memory = numbers.get("memory_mib") or {}
+    memory = {**{side: run for side, run in runs.items()}, **memory}
     rows.append(("ours / TRL, peak memory", memory["ours"]["peak"] / memory["trl"]["peak"]
                  if {"ours", "trl"} <= memory.keys() else None, 1.0))
     one_pass = sides.get("one_pass", {})
     rows.append(("first step / 3 steady steps", one_pass["first_step_s"] / (3 * one_pass["s_per_step"])
                  if one_pass.get("first_step_s") else None, 1.0))
+    ran, fast = fast_generate_step(folder)
+    for what, row, limit in (("--fast-generate step / its floor", "step", 8.0),
+                             ("--fast-generate decode / its floor", "decode", 10.0)):
+        rows.append((what, "refused" if ran is False else fast.get(row), limit))
     return rows
-
-
-def side_memory(folder):
-    """{side: {"peak": MiB, "before_step": MiB}} from step.txt's "memory, SIDE alone" steps (step_time.py --only SIDE,
-    each a fresh process: its RESULT line)."""
-    memory, side = {}, None
-    for line in read(folder, "step.txt").splitlines():
-        header = re.match(r"^=== \[\d+ s\] memory, (\w+) alone", line)
-        side = header.group(1) if header else side if not line.startswith("===") else None
-        if side and line.startswith("RESULT "):
-            peak, before = json.loads(line[len("RESULT "):])["memory"]
-            memory[side] = {"peak": peak, "before_step": before}
-    return memory
 
 
 def memory_rows(folder):
@@ -101,7 +165,8 @@ def main(argv=None):
     p.add_argument("--deadline", type=int, default=None)
     p.add_argument("--skipped", default=None, help="a file of the steps skipped for time, a line each")
     args = p.parse_args(argv)
-    print("GPU CHECK SUMMARY" + (f" ({args.seconds} s of a {args.deadline} s deadline)" if args.seconds else ""))
+    print("GPU CHECK SUMMARY" + (f" ({args.seconds} s of a {args.deadline} s deadline)" if args.seconds and
+                                 args.deadline else f" (a dry run: {args.seconds} s)" if args.seconds else ""))
     first = read(args.folder, "check.txt").splitlines()[:4]
     print("\n".join("  " + line for line in first))
     print("\ncheck                                          verdict")
@@ -120,13 +185,17 @@ def main(argv=None):
         print("\nstep: no step.json (the step did not run or failed: step.txt)")
     print("\ntarget (issue 63)                              measured   at most  verdict")
     for what, value, limit in target_rows(numbers):
-        verdict = "not measured" if value is None else "met" if value <= limit else "missed"
-        print(f"{what:46s} {number(value):>8s} {limit:9.2f}  {verdict}")
-    for side, mib in (numbers.get("memory_mib") or side_memory(args.folder)).items():
-        print(f"peak memory, {side} alone: {mib['peak']:.0f} MiB ({mib['peak'] - mib['before_step']:+.0f} MiB above "
-              "its level before the first step)")
-    more = [line for line in read(args.folder, "more.txt").splitlines() if line.startswith(
-        ("RESULT", "fast generate's compilation")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
+        verdict = "not measured" if value is None else "refused: plain generate ran" if value == "refused" else \
+            "met" if value <= limit else "missed"
+        print(f"{what:46s} {number(value if value != 'refused' else None):>8s} {limit:9.2f}  {verdict}")
+    for side, run in alone_runs(args.folder).items():
+        print(f"{side} alone (a fresh process): peak memory {run['peak']:.0f} MiB "
+              f"({run['peak'] - run['before_step']:+.0f} MiB above its level before the first step); s per step "
+              + ", ".join(f"{s:.2f}" for s in run["seconds"]))
+    more = []
+    for name, lines in sections(args.folder, "more.txt").items():
+        more += [f"{name}:"] + ["  " + line for line in lines if line.startswith(
+            ("RESULT", "fast generate's compilation")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
     print("\nmore steps (random_model_step.py: one measured step after one warm-up)\n" + "\n".join(more or ["none"]))
     rows = memory_rows(args.folder)
     if rows:

@@ -161,7 +161,7 @@ def build(args, config):
         task = DigitsTask(args.prompt_digits)
     else:
         from benchmarks.random_model_step import GradedTask, build as build_shape
-        model, tokenizer = build_shape(args.model)
+        model, tokenizer = build_shape(args.model, device=args.device)
         task = GradedTask()
     model = model.to(args.device).to(run.storage_dtype(config))  # as run.build_policy: cast, then the options
     return run.memory_options(config, model).train(), tokenizer, task

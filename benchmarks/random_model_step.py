@@ -35,13 +35,16 @@ SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "te
                          intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                          intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                       intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True),
     "test": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
 }
 
 
-def build(shape, seed=0):
-    """A random Qwen2 model of `shape` and a word-level tokenizer with exactly its vocabulary size."""
+def build(shape, seed=0, device="cpu"):
+    """A random Qwen2 model of `shape` and a word-level tokenizer with exactly its vocabulary size. The weights are
+    drawn on `device` (a 3B model drawn on a CPU takes minutes of a GPU check; on CUDA, a second)."""
     vocab = {"<pad>": 0, "<eos>": 1, " ": 2, **{f"w{i}": i + 3 for i in range(SHAPES[shape]["vocab_size"] - 3)}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -51,7 +54,19 @@ def build(shape, seed=0):
     torch.manual_seed(seed)
     config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, pad_token_id=0, eos_token_id=1,
                          bos_token_id=1)
-    return Qwen2ForCausalLM(config), tokenizer
+    with torch.device(device):
+        return Qwen2ForCausalLM(config), tokenizer
+
+
+def fast_generate_ran(model):
+    """Whether --fast-generate's compiled path ran on `model`: False when its self-check refused it there (the run
+    then generated with the plain call), True where it passed or was never needed (a tested device)."""
+    return getattr(model, "_fast_self_check", {}).get(True, not fast_generate.untested_device(model))
+
+
+def fast_generate_label(model):
+    return " | fast generate" if fast_generate_ran(model) else \
+        " | fast generate REFUSED by its self-check (plain generate ran)"
 
 
 class GradedTask:
@@ -97,8 +112,8 @@ def main(argv=None):
     if args.roomy_cache:  # where it is not the default (fast/generate.py's ROOMY_CACHE_DEVICES)
         fast_generate.ROOMY_CACHE_DEVICES = ("cpu", torch.device(args.device).type)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
-    model, tokenizer = build(args.shape)
-    model.to(args.device).train()
+    model, tokenizer = build(args.shape, device=args.device)
+    model.train()
     task = GradedTask()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     config = Config(style="compact", num_generations=args.M, max_new_tokens=args.max_new_tokens,
@@ -128,7 +143,7 @@ def main(argv=None):
             floors.append(floor.step_floors(floor.shape_of(model.config),
                                             floor.workload_of(rollouts, args.M, record, dtype), peaks))
         compiling = " (warm-up: kernels, allocator" + (", fast generate's compilation)" if args.fast_generate
-                                                         else ")") if step == 0 else ""
+                                                         and fast_generate_ran(model) else ")") if step == 0 else ""
         print(f"step {step}: {time.perf_counter() - start:.2f} s{compiling}, rollout {clocked['rollout']:.2f} s, "
               f"reward {rewards.mean():.3f}, optimizer steps {stats['optimizer_steps']}", flush=True)
         first_rollout = clocked["rollout"] if step == 0 else first_rollout
@@ -140,13 +155,13 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} prompts x M={args.M}"
           f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'}"
-          f"{' | fast generate' if args.fast_generate else ''}"
+          f"{fast_generate_label(model) if args.fast_generate else ''}"
           f"{' | concatenated cache' if args.concatenated_cache else ''}{' | roomy cache' if args.roomy_cache else ''} | "
           f"{statistics.median(seconds):.2f} s/step | {statistics.median(tokens) / statistics.median(seconds):.0f} "
           f"completion tokens/s | {peak}")
     print(floor.format_report(floor.median_phases(phases), floor.median_floors(floors), peaks,
                               title=f"{args.shape} vs floor (median)"))
-    if args.fast_generate:  # paid once per run and shape
+    if args.fast_generate and fast_generate_ran(model):  # paid once per run and shape
         print(f"fast generate's compilation: {first_rollout - floor.median_phases(phases)['rollout']:.1f} s "
               "(the warm-up step's rollout minus the median)")
 

@@ -24,7 +24,9 @@ advantages 0 our update has nothing to do. What the clock covers, per step:
   TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per
         micro-batch forward (with entropy) + backward, clip, AdamW, scheduler, zero_grad.
 Timings alternate in one process (TRL step k, our step k, our Lopti step k, ...), medians after warm-up; peak memory
-is measured for each side in a fresh subprocess (--only ours / --only trl): a process's peak RSS only grows.
+is measured for each side in a fresh subprocess (--only ours / --only trl): a process's peak RSS only grows. On a GPU
+gpu_check.sh times each side alone that way (--only ours --json: our side's report and numbers; --only trl), so that
+each first step runs on a cold CUDA.
 """
 import argparse
 import copy
@@ -106,8 +108,8 @@ def parse_args(argv=None):
         setattr(args, key, preset[key] if getattr(args, key) is None else getattr(args, key))
     if args.steps < 1 or args.warmup < 0:
         p.error("need --steps >= 1 and --warmup >= 0")
-    if args.json and (args.only in ("ours", "trl") or args.profile != "none"):
-        p.error("--json writes the report's numbers: not with --only ours / trl or --profile")
+    if args.json and (args.only == "trl" or args.profile != "none"):
+        p.error("--json writes the report's numbers: not with --only trl or --profile")
     args.train = settings.parse_args(preset["train"] + train_argv, prog="step_time.py")  # later flags win
     if args.train.model == "smollm2":
         try:
@@ -141,7 +143,7 @@ def memory_mib(device):
 def build_workload(args):
     """-> (task, examples, model, tokenizer); one example list, sliced per step by every side."""
     if args.random_shape:  # no download: a random model of the shape, its graded task
-        model, tokenizer = random_model_step.build(args.random_shape, seed=args.train.seed)
+        model, tokenizer = random_model_step.build(args.random_shape, seed=args.train.seed, device=args.train.device)
         args.train = dataclasses.replace(args.train, model=f"random {args.random_shape}", task="graded",
                                          style="compact", lr=1e-6)
         task = random_model_step.GradedTask()
@@ -475,7 +477,8 @@ def main(argv=None):
         trainer, trl_clock = make_trl_trainer(model, tokenizer, task, examples, args, our_sides)
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     args.shape = floor.shape_of(model.config)
-    args.peaks = None if args.only in ("ours", "trl") else floor.peaks_for(  # (a memory subprocess: no probe)
+    report_floors = args.only not in ("ours", "trl") or bool(args.json)  # (a memory subprocess: no probe)
+    args.peaks = None if not report_floors else floor.peaks_for(
         args.device, args.train.dtype, gpu=args.gpu, tflops=args.peak_tflops, gbps=args.peak_gbps)  # run's threads
     del model  # every side holds its own copy; drop the template before measuring memory
     if args.device.type == "cuda":
@@ -487,11 +490,15 @@ def main(argv=None):
     else:
         for step in range(args.warmup + args.steps):
             our_sides(step)
-    if args.only in ("ours", "trl"):
+    if args.only in ("ours", "trl"):  # a fresh process: its peak, its first step (nothing warmed CUDA before it)
         seconds = sides[0]["seconds"] if sides else trl_clock.seconds
-        print("RESULT " + json.dumps({"memory": [memory_mib(args.device)[0], before], "seconds": seconds}))
-        return
-    memory = {} if args.no_memory else measure_memory_in_subprocesses(["ours"] + ["trl"] * have_trl, argv)
+        peak = memory_mib(args.device)[0]
+        print("RESULT " + json.dumps({"memory": [peak, before], "seconds": seconds}))
+        if not args.json:
+            return
+        memory = {args.only: (peak, before)}  # --only ours --json: our side's report too (gpu_check.sh's step.json)
+    else:
+        memory = {} if args.no_memory else measure_memory_in_subprocesses(["ours"] + ["trl"] * have_trl, argv)
     numbers = step_numbers(args, sides, trl_clock, None if trl_clock else NO_TRL if not have_trl else
                            f"--only {args.only}")
     numbers["memory_mib"] = {side: {"peak": peak, "before_step": before} for side, (peak, before) in memory.items()}

@@ -486,9 +486,74 @@ def modes_text(modes, budget):
             return f"does not fit (the smallest plan tried needs {needed(fitted) / GB:.3f} GB)"
         steps = f"; {changes['mini_batches']} optimizer steps a batch" if changes.get("step_in_backward") else ""
         return "fits as it is" if not changes else f"fits with {flags_text(changes)}" \
-            + f" (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f}{steps})"
+            + f" (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f}{steps})" + never_on_gpu(changes)
     return f"  per mode, on {budget / GB:.1f} GB (each searched alone):" + "".join(
         f"\n    {mode}: {said(*fit)}" for mode, fit in modes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The step's time on a card: estimated (its floor x the one step / floor ratio a GPU has measured), never measured
+# ---------------------------------------------------------------------------------------------------------------
+GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datasheets: FLOP/s by dtype, bytes/s
+    "H200": dict(bf16=989e12, fp16=989e12, fp32=67e12, bandwidth=4.8e12),
+    "H100": dict(bf16=989e12, fp16=989e12, fp32=67e12, bandwidth=3.35e12),  # SXM
+    "A100": dict(bf16=312e12, fp16=312e12, fp32=19.5e12, bandwidth=2.039e12),  # 80 GB SXM
+    "L4": dict(bf16=121e12, fp16=121e12, fp32=30.3e12, bandwidth=0.3e12),
+    "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
+}  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
+MEASURED_STEP_RATIO = 48.6  # the step over its floor, the only GPU measurement of the step so far:
+MEASURED_STEP_SOURCE = ("48.6x its floor measured on one H200 at 27cee0c, Qwen2.5-0.5B's shape, 16 prompts x 8 x 256 "
+                        "tokens, bf16 (lab/logs/gpu-h200-27cee0c/r1-roomy.txt)")
+# The settings no GPU has finished a step with: the one GPU run (lab/logs/gpu-h200-27cee0c) ran the default step
+# (fp32 weights, bf16 autocast); its --gradient-checkpointing runs and the 24 GB plan's bf16-sr + 8-bit moments +
+# step in backward started and did not finish; --fast-generate crashed (fixed since, on a CPU)
+NEVER_ON_GPU = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "stochastic_rounding",
+                "step_in_backward", "lora_rank", "base_dtype", "fast_generate")
+
+
+def step_floor(shape, config, prompt_length, peaks):
+    """The least seconds one step's FLOPs and bytes allow on a card of `peaks` (a GPU_PEAKS row), every prompt
+    prompt_length tokens and every row max_new_tokens (benchmarks/floor.py's count for a uniform workload: the shared
+    prefill; decode, each token max(FLOPs, bytes of the weights and the KV cache read); the update's forward +
+    backward, 3 x the forward's FLOPs per micro-batch; AdamW's 28 bytes a parameter)."""
+    P, T, M, G = prompt_length, config.max_new_tokens, config.num_generations, config.prompts_per_step
+    b = 2 if config.dtype == "bf16" else 4
+    flops_peak, bandwidth = peaks[config.dtype], peaks["bandwidth"]
+    body = shape.layers * sum(i * o for i, o in shape.linear_shapes().values())
+    weights = body + shape.vocab * shape.hidden  # the LM head runs whether or not it is tied
+    kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * b  # one position's keys and values
+    attention = lambda keys: 4 * shape.layers * shape.heads * shape.head_dim * keys  # noqa: E731
+    causal = lambda n, first: n * first + n * (n - 1) // 2  # noqa: E731  (query, key) pairs
+    floor = lambda flops, moved: max(flops / flops_peak, moved / bandwidth)  # noqa: E731
+    prefill = floor(G * (2 * body * (P - 1) + attention(causal(P - 1, 1))), body * b + G * (P - 1) * kv_bytes)
+    rows = G * M
+    decode = sum(floor(2 * weights * rows + attention(rows * (P + t)), weights * b + rows * (P + t) * kv_bytes)
+                 for t in range(T))
+    micro = min(config.micro_batch, rows)
+    chunks = [min(micro, rows - start) for start in range(0, rows, micro)]
+    forward = sum(-(-n // M) * (2 * body * (P - 1) + attention(causal(P - 1, 1)))
+                  + n * (2 * weights * T + attention(causal(T, P))) for n in chunks)
+    update = floor(3 * forward, 3 * len(chunks) * weights * b)
+    return prefill + decode + update + 28 * shape.parameters() / bandwidth
+
+
+def step_time_text(shape, config, prompt_length):
+    """One line: the step's estimated seconds on each card of GPU_PEAKS (its floor x MEASURED_STEP_RATIO), and the
+    settings of this run no GPU has run a step with."""
+    floors = {card: step_floor(shape, config, prompt_length, peaks) for card, peaks in GPU_PEAKS.items()}
+    seconds = lambda x: f"{x:.0f}" if x >= 100 else f"{x:.3g}"  # noqa: E731
+    cards = ", ".join(f"{card} ~{seconds(MEASURED_STEP_RATIO * floor)} s" for card, floor in floors.items())
+    return (f"  step time at this run's settings (estimated: each card's floor x the {MEASURED_STEP_SOURCE}; not "
+            f"measured at this shape; a fit's options add their time): {cards}")
+
+
+def never_on_gpu(changes):
+    """The flags of `changes` (a config's or a fit's settings) that no GPU has run a step with, in words, or ""."""
+    names = [name for name in NEVER_ON_GPU if name == "fast_generate" and changes.get(name) or
+             name in OPTIONS and chosen(name, changes)]
+    flags = sorted({"--fast-generate" if name == "fast_generate" else flags_text(
+        {k: v for k, v in changes.items() if k in OPTIONS[name][0] or k == name}) for name in names})
+    return f" [never run on a GPU: {', '.join(flags)}]" if flags else ""
 
 
 def plan_text(plan, budget=None, fit=None):
@@ -538,6 +603,7 @@ def fit_text(plan, budget, fit, *, kl_tried=False):
         own = lambda name, k: k in OPTIONS[name][0] or k == name or (  # noqa: E731 (the flags an option set)
             k == "mini_batches" and name == "step_in_backward")
         costs = [f"\n    {flags_text({k: v for k, v in changes.items() if own(name, k)})}: {cost}"
+                 + (" [never run on a GPU]" if name in NEVER_ON_GPU else "")
                  for name, (_, cost) in OPTIONS.items() if chosen(name, changes)]
         return f"fits with {flags_text(changes)} (peak {fitted['peak'] / GB:.3f} GB, needs {needed(fitted) / GB:.3f})" \
             + "".join(costs) + untried

@@ -327,7 +327,10 @@ def print_memory_plan(config):
     except ValueError as error:
         print(f"note: no {error}", file=sys.stderr)
         return
+    gpu = config.device.startswith("cuda")  # the step's time: the GPU's estimate (a CPU's: benchmarks/step_time.py)
     print(memory.plan_text(plan, budget, fit) + (f"\n{memory.modes_text(modes, budget)}" if modes else "")
+          + (f"\n{memory.step_time_text(shape, config, prompt_length)}{memory.never_on_gpu(vars(config))}"
+             if gpu else "")
           + ("" if config.max_prompt_length else
              f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
     if not budget:

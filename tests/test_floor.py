@@ -1,5 +1,6 @@
 """benchmarks/floor.py: the FLOP and byte counts of each phase against a hand count on a tiny shape, the decode
 floor's two limits, the report's arithmetic, and what a recorded step hands it."""
+import contextlib
 import functools
 from collections import defaultdict
 
@@ -157,3 +158,31 @@ def test_recorded_step_hands_the_floor_what_ran(digits_task):
     assert {"prefill", "no-grad forwards", "optimizer step"} <= seconds.keys()
     work = floor.workload_of(rollouts, 4, record, "fp32")
     assert work.prompt_lengths == rollouts.attention_mask[::4, :-6].sum(1).tolist() and len(work.prompt_lengths) == 2
+
+
+def test_prefill_clock_times_the_rollouts_prefill_only(digits_task):
+    """The "prefill" clock is the rollout's shared prefill: the shared-prompt forward inside each update micro-batch
+    (fast/logprobs.py calls the same kv_cache.prefill_prompt_cache) is counted as the update's, never as prefill (it
+    was, before issue 67: prefill looked ~M x larger and decode smaller)."""
+    tokenizer, model, _ = tiny_policy_and_rollouts()
+    config = Config(style="compact", num_generations=4, max_new_tokens=6, micro_batch=4, method="softmax")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    entered = defaultdict(int)
+
+    @contextlib.contextmanager
+    def counting_clock(name):
+        entered[name] += 1
+        yield
+
+    torch.manual_seed(0)
+    with floor.recorded(counting_clock, optimizer) as record:
+        with counting_clock("rollout"):
+            rollouts, _, advantages = train.collect_rollouts(model, tokenizer, DigitsTask(), DigitsTask().examples(
+                "train", 2, 0), config)
+        rollout_prefills = entered["prefill"]
+        train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
+                           advantages, config)
+    assert rollout_prefills == 1  # one rollout batch: its prompts prefilled once
+    assert entered["prefill"] == 1  # the update's shared-prompt forwards on the update's clock, not the prefill's
+    assert record["prefills"] == ["rollout"] + ["update"] * (len(record["prefills"]) - 1)
+    assert len(record["prefills"]) > 1  # (the update's micro-batches did share their prompts' forward)

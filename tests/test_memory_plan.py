@@ -515,3 +515,28 @@ def test_a_run_whose_plan_exceeds_this_machine_says_so_before_it_starts(tmp_path
     monkeypatch.setattr(run, "machine_memory", lambda device: (1e13, "this machine's total RAM"))
     run.within_machine(config)
     assert capsys.readouterr().out == ""  # a plan that fits: nothing said
+
+
+def test_plan_states_each_cards_step_time_as_estimated_and_settings_no_gpu_ran(capsys):
+    """--dry-run on CUDA: the step's time per card is its floor (benchmarks/floor.py's count, held equal here on a
+    uniform workload) x the one measured ratio, labelled estimated with its source; each proposed setting no GPU has
+    run a step with is marked so (issue 67: a 24 GB plan gave no time and never said which settings were untried)."""
+    from benchmarks import floor
+    from harness import run
+    config = Config(model="Qwen/Qwen2.5-0.5B", device="cuda", dtype="bf16", prompts_per_step=16, num_generations=8,
+                    max_new_tokens=256, micro_batch=16)
+    shape = memory.QWEN25["qwen2.5-0.5b"]
+    work = floor.uniform_workload(16, 8, 33, 256, "bf16", micro_batch=16)
+    peaks = floor.Peaks(989e12, 4.8e12, "H200")
+    by_floor = sum(f.seconds for f in floor.step_floors(floor.shape_of("qwen2.5-0.5b"), work, peaks).values())
+    assert memory.step_floor(shape, config, 33, memory.GPU_PEAKS["H200"]) == pytest.approx(by_floor, rel=1e-9)
+    assert 48.6 * by_floor == pytest.approx(8.23, rel=0.03)  # the measured step it is estimated from
+    line = memory.step_time_text(shape, config, 33)
+    assert "estimated" in line and "27cee0c" in line and "H200 ~8.2" in line and "L4 ~" in line
+    assert memory.never_on_gpu({"fast_generate": True, "micro_batch": 2}) == " [never run on a GPU: --fast-generate]"
+    assert "--optimizer-offload" in memory.never_on_gpu({"optimizer_offload": True})
+    run.print_memory_plan(dataclasses.replace(config, model="Qwen/Qwen2.5-3B", memory_budget="24GB",
+                                               fast_generate=True))
+    err = capsys.readouterr().err
+    assert "step time at this run's settings (estimated" in err and "[never run on a GPU: --fast-generate]" in err
+    assert err.count("[never run on a GPU") >= 4  # each fit's untried options, each mode's

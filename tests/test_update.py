@@ -138,3 +138,53 @@ def test_the_step_reads_an_allow_list_of_settings_and_no_speed_flag_shapes_the_p
                         "gradient_checkpointing", "param_dtype", "optimizer_offload", "fast_generate"}
     assert not parameters & speed_and_memory
     assert "config" not in inspect.getsource(train.update_policy)
+
+
+PASTE_SCRIPT = '''
+import sys
+sys.path.insert(0, ".")  # python -I leaves the folder off the path, and every site's path but the installed packages
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from update import update_policy
+
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=2, max_position_embeddings=64)
+model = LlamaForCausalLM(config)
+input_ids = torch.randint(0, 50, (6, 10))  # 6 rows: a 4-token prompt, then 6 completion tokens
+attention_mask = torch.ones_like(input_ids)
+completion_mask = torch.ones(6, 6)
+completion_mask[0, 3:] = 0
+advantages = torch.tensor([1.0, -1.0, 0.5, 0.0, -0.5, 0.2])
+before = [p.detach().clone() for p in model.parameters()]
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+stats = update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages, alpha=0.3,
+                      lopti_eta=0.5, mini_batches=2, micro_batch=2)
+assert stats["optimizer_steps"] >= 2, stats
+assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+assert not {name.split(".")[0] for name in sys.modules} & {"fast", "harness", "train"}, "a house module loaded"
+print("pasted update ok", sorted(stats))
+'''
+
+
+def test_update_policy_pasted_alone_runs_with_the_lesson_files_it_names(tmp_path):
+    # README: copy update_policy. Its source and train.py's imports of the lesson files, into update.py in an empty
+    # folder beside those lesson files (rollout.py, ppo.py, lopti.py, softmax_grpo.py) and nothing else: one update
+    # of a tiny random HF Llama with micro-batches runs there, and loads nothing of fast/ or harness/.
+    import shutil
+    import subprocess
+    import sys
+    source = open(os.path.join(REPO, "train.py")).read()
+    lesson = ("rollout", "ppo", "lopti", "softmax_grpo")
+    imports = [line for line in source.splitlines() if line.startswith("from ") and line.split()[1] in lesson]
+    assert imports, "train.py imports the lesson files it uses"
+    for name in lesson:
+        shutil.copy(os.path.join(REPO, f"{name}.py"), tmp_path / f"{name}.py")
+    (tmp_path / "update.py").write_text("import torch\n" + "\n".join(imports) + "\n\n\n"
+                                        + inspect.getsource(train.update_policy))
+    (tmp_path / "run_it.py").write_text(PASTE_SCRIPT)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-I", "run_it.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pasted update ok" in done.stdout

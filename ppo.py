@@ -133,11 +133,12 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
 
 def merge_stats(chunks):
     """[(stats, completion_mask, kl_mask)] of one optimizer step's forward chunks (policy_loss's
-    stats, loss added) -> the step's stats, as one forward of all their rows would give them: token
-    means weighted by the chunk's valid tokens (kl: its KL tokens), pg_loss and loss summed (the
-    chunks' weights are the mini-batch's), ratio_max the max. 0-dim tensors (no sync)."""
+    stats, loss added; kl_mask: the tokens its KL covers) -> the step's stats, as one forward of
+    all their rows would give them: token means weighted by the chunk's valid tokens (kl: its KL
+    tokens), pg_loss and loss summed (the chunks' weights are the mini-batch's), ratio_max the
+    max. 0-dim tensors (no sync)."""
     tokens = [mask.sum() for _, mask, _ in chunks]
-    kl_tokens = [(mask if kl is None else kl).sum() for _, mask, kl in chunks]
+    kl_tokens = [kl.sum() for _, _, kl in chunks]
     merged = {}
     for key in chunks[0][0]:
         values = torch.stack([stats[key] for stats, _, _ in chunks])
@@ -149,6 +150,40 @@ def merge_stats(chunks):
             counts = torch.stack(kl_tokens if key == "kl" else tokens).to(values.dtype)
             merged[key] = (values * counts).sum() / counts.sum().clamp_min(1)
     return merged
+
+
+def rows_with_gradient(pass_advantages, pass_mask, *, kl):
+    """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of
+    its tokens). The others need no forward: their loss is 0 and constant, though they still count
+    in the mini-batch's token_weights."""
+    return (pass_advantages != 0).any(1) | (kl & pass_mask.any(1))
+
+
+class UpdateStats:
+    """One update's stats, whatever its path: add() each forward chunk's policy_loss stats, step()
+    after each optimizer step, result() once (the only read from the device)."""
+    def __init__(self):
+        self.chunks, self.steps = [], []
+
+    def add(self, stats, loss, completion_mask, kl_mask):
+        self.chunks.append(({**stats, "loss": loss.detach()}, completion_mask, kl_mask))
+
+    def step(self, grad_norm):
+        self.steps.append({**merge_stats(self.chunks), "grad_norm": grad_norm})
+        self.chunks = []
+
+    def result(self, entropy, entropy_mask, passes, learns, completion_mask):
+        """-> python floats: summarize_steps; entropy: the token mean of `entropy` over entropy_mask
+        (pi_old's, on the tokens that can learn); with Lopti, lopti_low_share: the share of the
+        tokens that can learn (rows `learns` [B] bool) in its low pass."""
+        result = summarize_steps(self.steps)
+        tokens = entropy_mask.sum().clamp_min(1)
+        result["entropy"] = ((entropy * entropy_mask).sum() / tokens).item()
+        for name, _, pass_mask in passes:
+            if name == "low":
+                result["lopti_low_share"] = (pass_mask[learns].sum()
+                                             / completion_mask[learns].sum().clamp_min(1)).item()
+        return result
 
 
 def summarize_steps(steps):

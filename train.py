@@ -33,7 +33,7 @@ from fast.precision import precision
 from fast.update import update_policy as fast_update_policy
 from harness import config as settings, run
 from lopti import lopti_passes, reweight_advantages
-from ppo import merge_stats, policy_loss, summarize_steps, token_weights
+from ppo import UpdateStats, policy_loss, rows_with_gradient, token_weights
 from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
@@ -98,14 +98,13 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                   mini_batches=1, clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=0.0,
                   kl_clamp=20.0, loss_agg="token-mean", norm_constant=None, grad_clip=1.0,
                   temperature=1.0, micro_batch=None):
-    """Algorithm 1's update on one batch -> stats (python floats): the loss's stats over the
-    optimizer steps (ppo.summarize_steps), pi_old's entropy and Lopti's low share over the tokens
-    that can learn. input_ids, attention_mask [B, P+T]; completion_mask [B, T]; advantages [B]; all
-    on the model's device. micro_batch: rows per forward and backward (None: a mini-batch at once);
-    the gradients add up to the mini-batch's, exactly, for every loss_agg (ppo.token_weights)."""
-    mask = completion_mask.float()
+    """Algorithm 1's update on one batch -> stats (python floats, ppo.UpdateStats). input_ids,
+    attention_mask [B, P+T]; completion_mask [B, T]; advantages [B]; all on the model's device.
+    micro_batch: rows per forward and backward (None: a mini-batch at once); the gradients add up
+    to the mini-batch's, exactly, for every loss_agg (ppo.token_weights)."""
+    mask, kl = completion_mask.float(), ref_model is not None
     batch_rows = torch.arange(len(advantages), device=advantages.device)
-    learns = mask.any(1) & ((advantages != 0) | (ref_model is not None))  # [B]: rows that can learn
+    learns = mask.any(1) & ((advantages != 0) | kl)  # [B]: the rows that can learn
 
     def logprobs_of(policy, rows, with_entropy=False):  # [rows, T] log pi of the sampled tokens
         return token_logprobs(policy, input_ids[rows], attention_mask[rows], mask[rows],
@@ -114,41 +113,32 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
 
     with torch.no_grad():  # 1. pi_old (its entropy: a metric) and pi_ref, fixed before any update
         old_logprobs, entropy = logprobs_of(model, batch_rows, with_entropy=True)
-        ref_logprobs = None if ref_model is None else logprobs_of(ref_model, batch_rows)
+        ref_logprobs = logprobs_of(ref_model, batch_rows) if kl else None
     old_probs = old_logprobs.exp()
     token_adv = reweight_advantages(advantages, old_probs, mask, alpha)  # 2. AR, once per batch
-    steps = []  # each optimizer step's stats
+    stats = UpdateStats()
     passes = lopti_passes(token_adv, old_probs, mask, lopti_eta, lopti_order)  # 3. Lopti's passes
     for name, pass_adv, pass_mask in passes:
         for epoch in range(ppo_epochs):  # each pass, epoch and mini-batch: one optimizer step
             for mini_batch in batch_rows.tensor_split(mini_batches):
                 weights = token_weights(mask[mini_batch], loss_agg, norm_constant)  # [rows, T]
-                has_gradient = (pass_adv[mini_batch] != 0).any(1) | (
-                    ref_model is not None) & pass_mask[mini_batch].any(1)  # the others: loss 0
-                if not has_gradient.any():  # nothing to learn: no step (AdamW would still move)
+                trained = mini_batch[rows_with_gradient(pass_adv[mini_batch],
+                                                        pass_mask[mini_batch], kl=kl)]
+                if len(trained) == 0:  # nothing to learn: no step (AdamW would still move)
                     continue
                 optimizer.zero_grad()
-                chunks = []  # each forward's (stats, completion mask, KL mask)
-                for rows in mini_batch[has_gradient].split(micro_batch or len(mini_batch)):
-                    loss, stats = policy_loss(
+                for rows in trained.split(micro_batch or len(mini_batch)):
+                    loss, loss_stats = policy_loss(
                         logprobs_of(model, rows), old_logprobs[rows], pass_adv[rows], mask[rows],
                         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                         kl_coef=kl_coef, kl_clamp=kl_clamp, kl_mask=pass_mask[rows],
-                        ref_logprobs=None if ref_model is None else ref_logprobs[rows],
+                        ref_logprobs=ref_logprobs[rows] if kl else None,
                         weights=weights[rows - mini_batch[0]])
                     loss.backward()  # gradients add up: the chunks' losses sum to the mini-batch's
-                    chunks.append(({**stats, "loss": loss.detach()}, mask[rows],
-                                   None if ref_model is None else pass_mask[rows]))
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                    stats.add(loss_stats, loss, mask[rows], pass_mask[rows])
+                stats.step(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
                 optimizer.step()
-                steps.append({**merge_stats(chunks), "grad_norm": grad_norm})
-    learning_tokens = mask[learns].sum().clamp_min(1)
-    stats = {**summarize_steps(steps),
-             "entropy": ((entropy * mask)[learns].sum() / learning_tokens).item()}
-    for name, _, pass_mask in passes:  # Lopti: the share of the tokens that can learn it isolates
-        if name == "low":
-            stats["lopti_low_share"] = (pass_mask[learns].sum() / learning_tokens).item()
-    return stats
+    return stats.result(entropy[learns], mask[learns], passes, learns, mask)
 
 
 UPDATE_SETTINGS = ("alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batches", "clip_low",

@@ -14,7 +14,7 @@ with a gradient (micro_batch at a time), a clip and a step. This file takes the 
      mini-batch's micro-batches: forward_chunks);
   5. --step-in-backward (harness/lean_optimizer.py): the optimizer steps inside backward, so no
      global norm is clipped;
-  6. the stats kept on the device and read once (ppo.merge_stats, ppo.summarize_steps).
+  6. the stats kept on the device and read once (ppo.UpdateStats, as train.update_policy).
 
 Nothing here imports rollout.py or train.py.
 """
@@ -25,7 +25,7 @@ import torch
 from fast.logprobs import token_logprobs
 from fast.precision import precision
 from lopti import lopti_passes, reweight_advantages
-from ppo import merge_stats, policy_loss, summarize_steps, token_weights
+from ppo import UpdateStats, policy_loss, rows_with_gradient, token_weights
 
 
 def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks pass a real one
@@ -62,7 +62,7 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     token_adv = reweight_advantages(advantages, old_probs, mask, config.alpha)  # [B, T]
 
     # 3. Lopti's passes (low-probability tokens first), each ppo_epochs x mini_batches steps
-    steps, grad_norms, entropy_parts = [], [], []
+    stats, entropy_parts = UpdateStats(), []  # entropy_parts: the first step's (no pi_old forward)
     passes = lopti_passes(token_adv, old_probs, mask, config.lopti_eta, config.lopti_order)
     for name, pass_adv, pass_mask in passes:
         trained = rows_with_gradient(pass_adv, pass_mask, kl=ref_model is not None)  # [B] bool
@@ -70,50 +70,31 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
             for mini_batch, rows in mini_batches_with_gradient(trained, config.mini_batches):
                 weights = token_weights(mask[mini_batch], config.loss_agg, config.max_new_tokens,
                                         config.micro_batch)  # the mini-batch's loss, per token
-                first = mini_batch[0]
                 optimizer.zero_grad(set_to_none=True)
-                chunks = []
                 for micro in forward_chunks(rows, mini_batch, config.loss_agg, config.micro_batch):
-                    logprobs, chunk_entropy = logprobs_of(model, micro, with_entropy=entropy is None
-                                                          and not steps)  # pi_old's weights
+                    logprobs, micro_entropy = logprobs_of(  # entropy: at pi_old's weights only
+                        model, micro, with_entropy=entropy is None and not stats.steps)
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[micro]
                     loss, loss_stats = policy_loss(
                         logprobs, old, pass_adv[micro], mask[micro], clip_low=config.clip_low,
                         clip_high=config.clip_high, dual_clip=config.dual_clip,
                         kl_coef=config.kl_coef, kl_clamp=config.kl_clamp, kl_mask=pass_mask[micro],
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
-                        weights=weights[micro - first])
+                        weights=weights[micro - mini_batch[0]])
                     loss.backward()  # the chunks' losses add up to the mini-batch's
-                    chunks.append(({**loss_stats, "loss": loss.detach()}, mask[micro],
-                                   None if ref_logprobs is None else pass_mask[micro]))
-                    if chunk_entropy is not None:
-                        entropy_parts.append((chunk_entropy, mask[micro]))
-                grad_norms.append(optimizer.grad_norm() if config.step_in_backward else  # no clip
-                                  torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                                 config.grad_clip))
+                    stats.add(loss_stats, loss, mask[micro], pass_mask[micro])
+                    if micro_entropy is not None:
+                        entropy_parts.append((micro_entropy, mask[micro]))
+                stats.step(optimizer.grad_norm() if config.step_in_backward else  # no clip
+                           torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
                 optimizer.step()
-                steps.append({**merge_stats(chunks), "grad_norm": grad_norms[-1]})
-    if entropy is None and entropy_parts:  # measured in the first step's forwards (pi_old's)
-        entropy = (sum((e * m).sum() for e, m in entropy_parts)
-                   / sum(m.sum() for _, m in entropy_parts).clamp_min(1))
-    return update_metrics(steps, entropy, passes, learns, mask)
-
-
-def update_metrics(steps, entropy, passes, learns, mask):
-    """The update's stats (python floats): the steps' (ppo.summarize_steps), pi_old's entropy over
-    the tokens that can learn, and with Lopti the share of those tokens in its low pass."""
-    metrics = summarize_steps(steps)
-    if entropy is not None:
-        metrics["entropy"] = entropy.item()
-    for name, _, pass_mask in passes:
-        if name == "low":
-            metrics["lopti_low_share"] = (pass_mask[learns].sum()
-                                          / mask[learns].sum().clamp_min(1)).item()
-    return metrics
+    if entropy is None:  # measured in the first step's forwards instead, at pi_old's weights
+        entropy = [torch.cat(parts) for parts in zip(*entropy_parts)] or (mask[:0], mask[:0])
+    return stats.result(*entropy, passes, learns, mask)
 
 
 def fixed_pi_old(model, logprobs_of, rows, mask, old_logprobs, config):
-    """(log pi_old, p_old [B, T], pi_old's entropy over `rows`' valid tokens) of the sampled tokens,
+    """(log pi_old, p_old [B, T], (pi_old's entropy, mask) of `rows`) of the sampled tokens,
     fixed before the batch's first update, or (None, None, None): the speed rule. When nothing reads
     p_old before the loss (no AR, no Lopti, one optimizer step), each training forward's detached
     log-probs are pi_old, so no pi_old forward runs (docs/performance.md). Otherwise one no-grad
@@ -125,18 +106,11 @@ def fixed_pi_old(model, logprobs_of, rows, mask, old_logprobs, config):
         with torch.no_grad():
             scored, token_entropy = logprobs_of(model, rows, with_entropy=True)
             old_logprobs = torch.zeros_like(mask).index_put((rows,), scored)
-            entropy = (token_entropy * mask[rows]).sum() / mask[rows].sum().clamp_min(1)
+            entropy = token_entropy, mask[rows]
     if old_logprobs is None:
         return None, None, None
     old_logprobs = old_logprobs.to(mask.device)
     return old_logprobs, old_logprobs.exp(), entropy
-
-
-def rows_with_gradient(pass_adv, pass_mask, *, kl):
-    """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of
-    its tokens). The others are skipped: their loss is 0 and constant, though they still count in
-    the mini-batch's mean."""
-    return (pass_adv != 0).any(1) | (kl & pass_mask.any(1))
 
 
 def mini_batches_with_gradient(trained, count):

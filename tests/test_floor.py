@@ -157,3 +157,12 @@ def test_recorded_step_hands_the_floor_what_ran(digits_task):
     assert {"prefill", "no-grad forwards", "optimizer step"} <= seconds.keys()
     work = floor.workload_of(rollouts, 4, record, "fp32")
     assert work.prompt_lengths == rollouts.attention_mask[::4, :-6].sum(1).tolist() and len(work.prompt_lengths) == 2
+
+
+def test_update_head_counts_at_the_tf32_rate_under_bf16():
+    # fast/logprobs.py runs the update's head in float32 on TF32 tensor cores: half the bf16 rate, so under bf16 its
+    # FLOPs count twice. Completions: 7 tokens x 2 x 40 head weights = 560 more FLOPs a forward, x 3 with its backward
+    import dataclasses
+    fp32 = floor.forwards_floor(TINY, WORK, PEAKS, trains=True)
+    bf16 = floor.forwards_floor(TINY, dataclasses.replace(WORK, dtype="bf16"), PEAKS, trains=True)
+    assert bf16.flops - fp32.flops == 3 * 7 * 2 * TINY.head_params == 1680

@@ -23,27 +23,38 @@ def kl_k3(logprobs, ref_logprobs, log_ratio_clamp=20.0):
     return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
-def aggregate(token_values, completion_mask, loss_agg="token-mean", norm_constant=None):
-    """Per-token values [B, T] (zero outside completion_mask) -> a scalar, by loss_agg:
+def token_weights(completion_mask, loss_agg="token-mean", norm_constant=None, micro_batch=None):
+    """Each token's weight in the loss, [B, T] (0 outside completion_mask), by loss_agg: the loss
+    is sum(weights * l). Computed once over a whole mini-batch, so that the loss of any split of its
+    rows into chunks is the sum of the chunks' sum(weights * l): gradient accumulation, exactly.
 
-    token-mean               sum over the valid tokens / their number (default)
-    seq-mean-token-mean      mean over sequences of each one's token mean (original GRPO)
-    seq-mean-token-sum       mean over sequences of each one's token sum
-    seq-mean-token-sum-norm  mean over sequences of token sum / norm_constant (Dr. GRPO; default T)
-    token-mean-per-micro-batch  token-mean of one micro-batch (fast/update.py averages them)
+    token-mean               1 / the valid tokens (default)
+    seq-mean-token-mean      1 / (B * the row's valid tokens)  (original GRPO)
+    seq-mean-token-sum       1 / B
+    seq-mean-token-sum-norm  1 / (B * norm_constant)  (Dr. GRPO; default T)
+    token-mean-per-micro-batch  1 / (the micro-batch's valid tokens * the number of micro-batches):
+                             the mean of each micro_batch rows' token means (verl's; default one)
     """
-    mask = completion_mask.to(token_values.dtype)
-    B, T = token_values.shape
-    if loss_agg in ("token-mean", "token-mean-per-micro-batch"):
-        return token_values.sum() / mask.sum().clamp_min(1.0)
+    mask = completion_mask.float()
+    B, T = mask.shape
+    if loss_agg == "token-mean":
+        return mask / mask.sum().clamp_min(1.0)
     if loss_agg == "seq-mean-token-mean":
-        return (token_values.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)).mean()
+        return mask / mask.sum(dim=1, keepdim=True).clamp_min(1.0) / B
     if loss_agg == "seq-mean-token-sum":
-        return token_values.sum(dim=1).mean()
+        return mask / B
     if loss_agg == "seq-mean-token-sum-norm":
-        norm_constant = T if norm_constant is None else norm_constant
-        return token_values.sum(dim=1).mean() / _positive(norm_constant, "norm_constant")
+        return mask / B / _positive(T if norm_constant is None else norm_constant, "norm_constant")
+    if loss_agg == "token-mean-per-micro-batch":
+        parts = mask.split(micro_batch or B)
+        return torch.cat([part / part.sum().clamp_min(1.0) / len(parts) for part in parts])
     raise ValueError(f"unknown loss_agg {loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
+
+
+def aggregate(token_values, completion_mask, loss_agg="token-mean", norm_constant=None):
+    """Per-token values [B, T] (zero outside completion_mask) -> a scalar: sum(token_weights *
+    values), the mean loss_agg names (token_weights lists them)."""
+    return (token_values * token_weights(completion_mask, loss_agg, norm_constant)).sum()
 
 
 def clipped_token_loss(logprobs, old_logprobs, advantages, *, clip_low=0.2, clip_high=0.28,
@@ -71,14 +82,17 @@ def clip_masks(ratio, advantages, completion_mask, *, clip_low=0.2, clip_high=0.
 
 def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low=0.2,
                 clip_high=0.28, dual_clip=None, ref_logprobs=None, kl_coef=0.0, kl_clamp=20.0,
-                kl_mask=None, loss_agg="token-mean", norm_constant=None):
-    """loss = aggregate(clipped_token_loss + kl_coef * k3) -> (loss, stats: detached 0-dim tensors).
+                kl_mask=None, loss_agg="token-mean", norm_constant=None, weights=None):
+    """loss = sum(weights * (clipped_token_loss + kl_coef * k3)) -> (loss, stats: detached 0-dim
+    tensors).
 
     logprobs [B, T] (carries the gradient), old_logprobs [B, T] (detached), advantages [B] or
-    [B, T]; completion_mask [B, T] alone sets the denominator. kl_mask [B, T]: the tokens that carry
-    the KL (default all valid; a Lopti pass passes its own). stats: clip_frac_low, clip_frac_high,
-    ratio_mean, ratio_max, pg_loss over the valid tokens; dual_clip_frac with dual_clip; kl with a
-    reference.
+    [B, T]; completion_mask [B, T]. weights [B, T]: each token's weight (token_weights), default
+    token_weights(completion_mask, loss_agg, norm_constant) over these rows; a chunk of a mini-batch
+    passes its rows of the mini-batch's weights. kl_mask [B, T]: the tokens that carry the KL
+    (default all valid; a Lopti pass passes its own). stats: clip_frac_low, clip_frac_high,
+    ratio_mean, ratio_max over the valid tokens; pg_loss; dual_clip_frac with dual_clip; kl with a
+    reference (merge_stats joins the stats of a mini-batch's chunks).
     """
     advantages = _check_loss_inputs(logprobs, old_logprobs, advantages, completion_mask, loss_agg,
                                     dual_clip)
@@ -87,14 +101,16 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
 
     token_loss = clipped_token_loss(logprobs, old_logprobs, advantages, clip_low=clip_low,
                                     clip_high=clip_high, dual_clip=dual_clip)
+    if weights is None:
+        weights = token_weights(mask, loss_agg, norm_constant)
     token_loss = torch.where(mask, token_loss, 0.0)  # where, not *: padding's NaN cannot leak
-    pg_loss = aggregate(token_loss, mask, loss_agg, norm_constant)
+    pg_loss = (weights * token_loss).sum()
     loss = pg_loss
     stats = {}
     if ref_logprobs is not None:
         kl_mask = mask if kl_mask is None else kl_mask.bool()
         k3 = torch.where(kl_mask, kl_k3(logprobs, ref_logprobs, kl_clamp), 0.0)
-        loss = loss + kl_coef * aggregate(k3, mask, loss_agg, norm_constant)  # all valid tokens
+        loss = loss + kl_coef * (weights * k3).sum()  # weighted as the valid tokens
         stats["kl"] = (k3.sum() / kl_mask.sum().clamp_min(1)).detach()
 
     with torch.no_grad():
@@ -113,6 +129,71 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
         stats["ratio_max"] = torch.where(mask, ratio, 0.0).max()
         stats["pg_loss"] = pg_loss.detach()
     return loss, stats
+
+
+def merge_stats(chunks):
+    """[(stats, completion_mask, kl_mask)] of one optimizer step's forward chunks (policy_loss's
+    stats, loss added; kl_mask: the tokens its KL covers) -> the step's stats, as one forward of
+    all their rows would give them: token means weighted by the chunk's valid tokens (kl: its KL
+    tokens), pg_loss and loss summed (the chunks' weights are the mini-batch's), ratio_max the
+    max. 0-dim tensors (no sync)."""
+    tokens = [mask.sum() for _, mask, _ in chunks]
+    kl_tokens = [kl.sum() for _, _, kl in chunks]
+    merged = {}
+    for key in chunks[0][0]:
+        values = torch.stack([stats[key] for stats, _, _ in chunks])
+        if key == "ratio_max":
+            merged[key] = values.max()
+        elif key in ("pg_loss", "loss"):
+            merged[key] = values.sum()
+        else:
+            counts = torch.stack(kl_tokens if key == "kl" else tokens).to(values.dtype)
+            merged[key] = (values * counts).sum() / counts.sum().clamp_min(1)
+    return merged
+
+
+def rows_with_gradient(pass_advantages, pass_mask, *, kl):
+    """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of
+    its tokens). The others need no forward: their loss is 0 and constant, though they still count
+    in the mini-batch's token_weights."""
+    return (pass_advantages != 0).any(1) | (kl & pass_mask.any(1))
+
+
+class UpdateStats:
+    """One update's stats, whatever its path: add() each forward chunk's policy_loss stats, step()
+    after each optimizer step, result() once (the only read from the device)."""
+    def __init__(self):
+        self.chunks, self.steps = [], []
+
+    def add(self, stats, loss, completion_mask, kl_mask):
+        self.chunks.append(({**stats, "loss": loss.detach()}, completion_mask, kl_mask))
+
+    def step(self, grad_norm):
+        self.steps.append({**merge_stats(self.chunks), "grad_norm": grad_norm})
+        self.chunks = []
+
+    def result(self, entropy, entropy_mask, passes, learns, completion_mask):
+        """-> python floats: summarize_steps; entropy: the token mean of `entropy` over entropy_mask
+        (pi_old's, on the tokens that can learn); with Lopti, lopti_low_share: the share of the
+        tokens that can learn (rows `learns` [B] bool) in its low pass."""
+        result = summarize_steps(self.steps)
+        tokens = entropy_mask.sum().clamp_min(1)
+        result["entropy"] = ((entropy * entropy_mask).sum() / tokens).item()
+        for name, _, pass_mask in passes:
+            if name == "low":
+                result["lopti_low_share"] = (pass_mask[learns].sum()
+                                             / completion_mask[learns].sum().clamp_min(1)).item()
+        return result
+
+
+def summarize_steps(steps):
+    """[each optimizer step's merged stats] -> python floats: each stat's mean over the steps,
+    ratio_max their max; optimizer_steps."""
+    summary = {"optimizer_steps": len(steps)}
+    for key in (steps[0] if steps else {}):
+        values = torch.stack([step[key] for step in steps])
+        summary[key] = (values.max() if key == "ratio_max" else values.mean()).item()
+    return summary
 
 
 # The checks a copier's bad input meets (one place, not ahead of each formula)

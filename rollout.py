@@ -14,9 +14,6 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-from fast.generate import sample_completions as fast_sample_completions
-from fast.logprobs import token_logprobs as fast_token_logprobs
-
 
 # --------------------------------------------------------------------------------------------------
 # Prompts: chat template for instruct models, plain text otherwise
@@ -141,6 +138,7 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
     if fast:  # fast/generate.py: the same completions sooner (None: its check refused them here)
+        from fast.generate import sample_completions as fast_sample_completions
         sampled = fast_sample_completions(
             model, plain_generate, prompt_input_ids, prompt_mask, num_generations,
             max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
@@ -218,7 +216,7 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
 # the fast path (same numbers) in fast/logprobs.py
 # --------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0,
-                   micro_batch=None, with_entropy=False, fast=True, logit_chunk=1024,
+                   micro_batch=None, with_entropy=False, fast=False, logit_chunk=1024,
                    fp32_head=True, body_autocast=True, share_prompts=True):
     """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
 
@@ -227,9 +225,11 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     micro_batch: rows per forward. Positions as HF generate gives them with left padding, so each
     token is scored as it was sampled. body_autocast=False: the forward in the weights' dtype. fast:
     fast/logprobs.py, the same values up to rounding with less memory (shared prompts, a float32
-    head on logit_chunk tokens at a time); the plain path below is the definition.
+    head on logit_chunk tokens at a time: logit_chunk, fp32_head and share_prompts are its only);
+    the plain path below (the default) is the definition.
     """
     if fast:  # same numbers, less memory and compute: see fast/logprobs.py
+        from fast.logprobs import token_logprobs as fast_token_logprobs
         return fast_token_logprobs(
             model, input_ids, attention_mask, completion_mask, temperature=temperature,
             micro_batch=micro_batch, with_entropy=with_entropy, logit_chunk=logit_chunk,

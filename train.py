@@ -33,7 +33,7 @@ from fast.precision import precision
 from fast.update import update_policy as fast_update_policy
 from harness import config as settings, run
 from lopti import lopti_passes, reweight_advantages
-from ppo import policy_loss
+from ppo import UpdateStats, policy_loss, rows_with_gradient, token_weights
 from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
@@ -98,48 +98,53 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                   ref_model=None, alpha=0.0, lopti_eta=0.0, lopti_order="low-first", ppo_epochs=1,
                   mini_batches=1, clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=0.0,
                   kl_clamp=20.0, loss_agg="token-mean", norm_constant=None, grad_clip=1.0,
-                  temperature=1.0):
-    """Algorithm 1's update on one batch -> stats: the loss's stats and grad_norm averaged over
-    the optimizer steps, and optimizer_steps (python floats). input_ids, attention_mask [B, P+T];
-    completion_mask [B, T]; advantages [B]; all on the model's device."""
-    mask = completion_mask.float()
-    everything = torch.arange(len(advantages), device=advantages.device)
+                  temperature=1.0, micro_batch=None):
+    """Algorithm 1's update on one batch -> stats (python floats, ppo.UpdateStats). input_ids,
+    attention_mask [B, P+T]; completion_mask [B, T]; advantages [B]; all on the model's device.
+    micro_batch: rows per forward and backward (None: a mini-batch at once); the gradients add up
+    to the mini-batch's, exactly, for every loss_agg (ppo.token_weights)."""
+    mask, kl = completion_mask.float(), ref_model is not None
+    batch_rows = torch.arange(len(advantages), device=advantages.device)
+    learns = mask.any(1) & ((advantages != 0) | kl)  # [B]: the rows that can learn
 
-    def logprobs_of(policy, rows):  # [rows, T] log pi of the sampled tokens
+    def logprobs_of(policy, rows, with_entropy=False):  # [rows, T] log pi of the sampled tokens
         return token_logprobs(policy, input_ids[rows], attention_mask[rows], mask[rows],
-                              temperature=temperature, fast=False)
+                              temperature=temperature, micro_batch=micro_batch,
+                              with_entropy=with_entropy)
 
-    with torch.no_grad():  # 1. pi_old and pi_ref of the sampled tokens, fixed before any update
-        old_logprobs = logprobs_of(model, everything)
-        ref_logprobs = None if ref_model is None else logprobs_of(ref_model, everything)
+    with torch.no_grad():  # 1. pi_old (its entropy: a metric) and pi_ref, fixed before any update
+        old_logprobs, entropy = logprobs_of(model, batch_rows, with_entropy=True)
+        ref_logprobs = logprobs_of(ref_model, batch_rows) if kl else None
     old_probs = old_logprobs.exp()
     token_adv = reweight_advantages(advantages, old_probs, mask, alpha)  # 2. AR, once per batch
-    steps = []  # each optimizer step's stats
+    stats = UpdateStats()
     passes = lopti_passes(token_adv, old_probs, mask, lopti_eta, lopti_order)  # 3. Lopti's passes
     for name, pass_adv, pass_mask in passes:
         for epoch in range(ppo_epochs):  # each pass, epoch and mini-batch: one optimizer step
-            for rows in everything.tensor_split(mini_batches):
-                kl_rows = ref_model is not None and pass_mask[rows].any()
-                if not ((pass_adv[rows] != 0).any() or kl_rows):  # no gradient (an empty pass):
-                    continue  # no step, since AdamW would still move the weights
-                loss, stats = policy_loss(
-                    logprobs_of(model, rows), old_logprobs[rows], pass_adv[rows], mask[rows],
-                    clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-                    kl_clamp=kl_clamp, kl_mask=pass_mask[rows], loss_agg=loss_agg,
-                    ref_logprobs=None if ref_model is None else ref_logprobs[rows],
-                    norm_constant=norm_constant)
+            for mini_batch in batch_rows.tensor_split(mini_batches):
+                weights = token_weights(mask[mini_batch], loss_agg, norm_constant)  # [rows, T]
+                trained = mini_batch[rows_with_gradient(pass_adv[mini_batch],
+                                                        pass_mask[mini_batch], kl=kl)]
+                if len(trained) == 0:  # nothing to learn: no step (AdamW would still move)
+                    continue
                 optimizer.zero_grad()
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                for rows in trained.split(micro_batch or len(mini_batch)):
+                    loss, loss_stats = policy_loss(
+                        logprobs_of(model, rows), old_logprobs[rows], pass_adv[rows], mask[rows],
+                        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+                        kl_coef=kl_coef, kl_clamp=kl_clamp, kl_mask=pass_mask[rows],
+                        ref_logprobs=ref_logprobs[rows] if kl else None,
+                        weights=weights[rows - mini_batch[0]])
+                    loss.backward()  # gradients add up: the chunks' losses sum to the mini-batch's
+                    stats.add(loss_stats, loss, mask[rows], pass_mask[rows])
+                stats.step(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
                 optimizer.step()
-                steps.append({**stats, "loss": loss.detach(), "grad_norm": grad_norm})
-    return {**{key: torch.stack([step[key] for step in steps]).mean().item() for key in steps[0]},
-            "optimizer_steps": len(steps)} if steps else {"optimizer_steps": 0}
+    return stats.result(entropy[learns], mask[learns], passes, learns, mask)
 
 
 UPDATE_SETTINGS = ("alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batches", "clip_low",
                    "clip_high", "dual_clip", "kl_coef", "kl_clamp", "loss_agg", "grad_clip",
-                   "temperature")
+                   "temperature", "micro_batch")
 
 
 def update_batch(model, optimizer, input_ids, attention_mask, completion_mask, advantages, config,

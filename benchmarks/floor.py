@@ -14,9 +14,10 @@ A phase cannot take less than max(FLOPs / peak FLOP rate, bytes moved / peak ban
   forwards      the no-grad log-prob forwards (pi_old, a reference model): each distinct prompt of the forwarded
                 rows once (the shared-prompt forward), then each row's completion tokens (LM head on those only).
   fwd+bwd       the same count x 3 for every forward that trains (each micro-batch of each Lopti pass); bytes: the
-                weights read three times.
+                weights read three times. The update's LM head (no-grad and training forwards) is float32 on TF32
+                tensor cores, half the 16-bit rate: its FLOPs count twice under bf16 (HEAD_COST); no recompute.
   optimizer     bytes: AdamW reads parameter, gradient, both moments and writes parameter and moments, fp32 each
-                (28 bytes per parameter per optimizer step).
+                (28 bytes per parameter per optimizer step; fused on CUDA: one pass, no per-tensor launches).
 Left out (a floor may only leave work out): norms, rotary, softmax and other elementwise work, activations' traffic,
 the loss, gradient clipping, rewards (no floor: Python on the host). Tokens are the real ones (no padding), as the
 run sampled them. Peaks: a short probe on this machine (the best rate of a few square matmuls at the dtype, a big
@@ -353,12 +354,20 @@ def decode_floor(shape, work, peaks):
     return Floor(seconds, flops, bytes_moved, "FLOPs" if 2 * flop_bound_steps > steps else "bytes")
 
 
-def forward_flops(shape, forward):
+# The update's LM head runs in float32 on TF32 tensor cores (fast/logprobs.py's head_matmul), at half the 16-bit
+# tensor-core rate on the KNOWN_GPUS: its FLOPs count twice at a bf16/fp16 peak; in an fp32 run as the body's. It is
+# not recomputed (one chunk per micro-batch where its logits fit memory, fast/logprobs.py's head_tokens_at_once).
+HEAD_COST = {"bf16": 2, "fp16": 2, "fp32": 1}
+
+
+def forward_flops(shape, forward, head_cost=1):
     """One forward: each distinct prompt but its last token once (the shared-prompt cache), then each row's
-    completion positions (prompt's last token .. the completion's last but one) through body + LM head."""
+    completion positions (prompt's last token .. the completion's last but one) through body + LM head (the head's
+    FLOPs times head_cost: HEAD_COST)."""
     prompt = sum(2 * shape.body_matmul_params * (p - 1) + shape.attention_flops(causal_keys(p - 1, 1))
                  for p in forward.prompt_lengths)
-    completion = sum(2 * (shape.body_matmul_params + shape.head_params) * n + shape.attention_flops(causal_keys(n, p))
+    completion = sum(2 * (shape.body_matmul_params + head_cost * shape.head_params) * n
+                     + shape.attention_flops(causal_keys(n, p))
                      for p, n in zip(forward.row_prompt_lengths, forward.completion_lengths))
     return prompt + completion
 
@@ -368,7 +377,7 @@ def forwards_floor(shape, work, peaks, trains):
     b = DTYPE_BYTES[work.dtype]
     chosen = [f for f in work.forwards if f.trains == trains]
     factor = 3 if trains else 1  # the backward: gradients of the inputs and of the weights, a forward's FLOPs each
-    flops = factor * sum(forward_flops(shape, f) for f in chosen)
+    flops = factor * sum(forward_flops(shape, f, HEAD_COST[work.dtype]) for f in chosen)
     bytes_moved = factor * len(chosen) * (shape.body_matmul_params + shape.head_params) * b  # weights per pass
     return floor_of(flops, bytes_moved, peaks)
 

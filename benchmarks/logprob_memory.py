@@ -45,9 +45,10 @@ def measure(args):
     start = time.perf_counter()
     if args.mode == "score":
         with torch.no_grad():
-            token_logprobs(model, input_ids, attention_mask, completion_mask, logit_chunk=chunk, with_entropy=True)
+            token_logprobs(model, input_ids, attention_mask, completion_mask, logit_chunk=chunk, with_entropy=True,
+                           fast=True)
     else:
-        token_logprobs(model, input_ids, attention_mask, completion_mask, logit_chunk=chunk).sum().backward()
+        token_logprobs(model, input_ids, attention_mask, completion_mask, logit_chunk=chunk, fast=True).sum().backward()
     seconds = time.perf_counter() - start
     peak, _ = rss_mib()
     print(json.dumps({"peak_mib": peak - before, "seconds": seconds}))

@@ -8,10 +8,11 @@ equal (`--no-fast` runs the lesson as written). A reader of the algorithm can sk
                 place, on by default), --fast-generate's static cache
   generate.py   generate's fast paths (roomy cache; --fast-generate: static cache + compiled decode)
                 and the self-check that holds them to plain generate at the first CUDA rollout
-  logprobs.py   token_logprobs' fast path: shared-prompt forward, chunked float32 head
-  update.py     train.update_policy's fast path: micro-batches, rows without a gradient skipped, no pi_old
-                forward when nothing reads it, --step-in-backward, the loss's stats on the device (step_stats.py)
-  precision.py  --dtype's compute context (bf16 autocast), for the loop, the fast update and the step page
+  logprobs.py   token_logprobs' fast path: shared-prompt forward, float32 head on tensor cores
+  update.py     train.update_policy's fast path: rows without a gradient never scored, no pi_old
+                forward when nothing reads it, --step-in-backward, the stats read once
+  precision.py  --dtype's compute context (bf16 autocast), for the loop, the fast update and the
+                step page
 
 Nothing here imports rollout.py or train.py. Numbers: docs/performance.md.
 """

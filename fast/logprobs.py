@@ -9,9 +9,11 @@ changing the numbers (tests/test_rollout.py checks values and gradients against 
   1. the shared-prompt forward: rows with the same prompt compute its KV cache once
      (completion_features, on fast/kv_cache.py's shared_prompt_cache);
   2. the chunked float32 head: the LM head and the log-softmax run on `logit_chunk` tokens at a
-     time, each chunk checkpointed under autograd (chunk_logprobs, chunked_logprobs);
-  3. precision: the head in float32 under autocast (fp32_head), the body optionally outside
-     autocast.
+     time, each chunk checkpointed under autograd (chunk_logprobs, chunked_logprobs), unless a
+     micro-batch's logits fit in free CUDA memory: then one chunk, no recompute
+     (head_tokens_at_once);
+  3. precision: the head's logits in float32 under autocast (fp32_head), on TF32 tensor cores on
+     CUDA (head_matmul), the body optionally outside autocast.
 
 Plus what makes these safe on any HF causal LM: models that rescale their logits after the head keep
 their own forward (has_plain_lm_head), and a transformers-version shim (activation_checkpointing).
@@ -100,14 +102,56 @@ def body_precision(device_type, body_autocast):
 
 
 # --------------------------------------------------------------------------------------------------
-# The head: float32 logits, a chunk of tokens at a time
+# The head: float32 logits on tensor cores, a chunk of tokens at a time
 # --------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def tf32_matmuls():
+    """CUDA float32 matmuls on TF32 tensor cores inside the block only (operands rounded to 10
+    mantissa bits, products accumulated in float32); the global setting is restored after. A CPU
+    has no TF32: its float32 matmuls stay exact."""
+    matmul = torch.backends.cuda.matmul
+    previous, matmul.allow_tf32 = matmul.allow_tf32, True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = previous
+
+
+class TensorCoreHead(torch.autograd.Function):
+    """logits = features @ weight^T, [n, H] x [V, H] -> [n, V] float32, under tf32_matmuls in the
+    forward and in both backward matmuls alike (a context around the call would miss the backward,
+    which runs later). benchmarks/logprob_fidelity.py chose TF32 over bf16 operands by its
+    numbers."""
+    @staticmethod
+    def forward(ctx, features, weight):
+        ctx.save_for_backward(features, weight)
+        with tf32_matmuls():
+            return features @ weight.T
+
+    @staticmethod
+    def backward(ctx, grad_logits):
+        features, weight = ctx.saved_tensors
+        with tf32_matmuls():
+            grad_features = grad_logits @ weight if ctx.needs_input_grad[0] else None
+            grad_weight = grad_logits.T @ features if ctx.needs_input_grad[1] else None
+        return grad_features, grad_weight
+
+
+def head_matmul(features, weight):
+    """[n, H] float32 features x the [V, H] float32 head -> [n, V] float32 logits: on CUDA TF32
+    tensor cores (TensorCoreHead), elsewhere the exact float32 matmul."""
+    if features.device.type == "cuda":
+        return TensorCoreHead.apply(features, weight)
+    return F.linear(features, weight)
+
+
 def float32_logits(model, plain_head, fp32_head):
     """-> to_logits: [n, H] hidden states (or [n, V] logits of the fallback) -> [n, V] float32
     logits.
 
-    fp32_head: run the LM head in float32 even under autocast (bf16 rounds a logit of 16 by up to
-    0.06); False: the head in the autocast dtype, its logits cast to float32 after."""
+    fp32_head: float32 logits even under autocast (bf16 rounds a logit of 16 by up to 0.06), from
+    float32 operands with float32 accumulation (head_matmul: TF32 tensor cores on CUDA); False: the
+    head in the autocast dtype, its logits cast to float32 after."""
     if not plain_head:  # the model's own logits (see has_plain_lm_head)
         return lambda features: features.float()
     head = model.get_output_embeddings()
@@ -117,7 +161,8 @@ def float32_logits(model, plain_head, fp32_head):
 
     def to_logits(features):
         with torch.autocast(features.device.type, enabled=False):
-            return F.linear(features.float(), weight, bias)
+            logits = head_matmul(features.float(), weight)
+            return logits if bias is None else logits + bias
     return to_logits
 
 
@@ -125,9 +170,11 @@ def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
     """features [n, H or V], targets [n] -> (log p of targets [n], entropy [n] or None), via
     float32 logits [n, V].
 
-    Exact: log p = logit[token] - logsumexp(logits), per token; the entropy is detached (a
-    metric)."""
-    logits = to_logits(features) / temperature
+    Exact: log p = logit[token] - logsumexp(logits), per token (no divide at temperature 1); the
+    entropy is detached (a metric)."""
+    logits = to_logits(features)
+    if temperature != 1:
+        logits = logits / temperature
     log_normalizer = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_normalizer
     if not with_entropy:
@@ -135,6 +182,19 @@ def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
     with torch.no_grad():
         entropy = log_normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
     return logprobs, entropy
+
+
+def head_tokens_at_once(tokens, vocab, device, logit_chunk):
+    """How many tokens' float32 logits the head makes at once: all `tokens` of the micro-batch (no
+    checkpoint, no recompute) when on CUDA their logits and the log-softmax's temporaries
+    (3 * tokens * V * 4 bytes) take at most half the free memory; else logit_chunk. On a CPU:
+    logit_chunk (the memory plan's number, and the same bits whatever memory is free)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        if 12 * tokens * vocab <= free // 2:
+            return max(tokens, logit_chunk)
+    return logit_chunk
 
 
 def chunked_logprobs(features, targets, to_logits, temperature, with_entropy, logit_chunk):
@@ -185,9 +245,11 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
         mask = attention_mask[start:start + micro_batch]
         with body_precision(ids.device.type, body_autocast):  # [b, T, H or V]
             features = completion_features(model, ids, mask, width, plain_head, share_prompts)
-        # features[:, t] (position P+t-1) scores ids[:, P+t]
+        # features[:, t] (position P+t-1) scores ids[:, P+t]; the head's chunk: head_tokens_at_once
+        vocab = model.get_output_embeddings().weight.shape[0] if plain_head else features.shape[-1]
+        chunk = head_tokens_at_once(ids.shape[0] * width, vocab, ids.device, logit_chunk)
         logprobs, entropy = chunked_logprobs(features, ids[:, -width:], to_logits, temperature,
-                                             with_entropy, logit_chunk)
+                                             with_entropy, chunk)
         logprob_parts.append(logprobs)
         entropy_parts.append(entropy)
     logprobs = torch.cat(logprob_parts)

@@ -10,6 +10,7 @@ run.settle decides every remaining setting once, before the run starts, and noth
 is dataclasses.replace). This file imports no torch, so `--help` and a bad flag answer at once.
 """
 import argparse
+import ast
 import dataclasses
 import functools
 import importlib.util
@@ -26,12 +27,23 @@ from harness.checkpoint import RunError, checkpoint_step, load_run_settings, ref
 from harness.memory import parse_size
 from harness.watch import DEFAULT_PATIENCE
 
-# The choices of three settings, spelled here so that this file needs no torch (tests check them against
-# softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
-METHODS = ("softmax", "grpo", "dr_grpo", "rloo", "maxrl", "reinforce", "reinforce_pp")
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-             "token-mean-per-micro-batch")
-LOPTI_ORDERS = ("low-first", "high-first")
+def lesson_names(file_name, name):
+    """The strings that the lesson file `file_name` lists at its top level as `name = (...)` or the keys of
+    `name = {...}`, read from its source (not imported: this file loads no torch, so --help answers at once)."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), file_name)) as source:
+        tree = ast.parse(source.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            items = node.value.keys if isinstance(node.value, ast.Dict) else node.value.elts
+            return tuple(item.value for item in items)
+    raise LookupError(f"{file_name} has no top-level {name} = ...")
+
+
+# The choices of three settings, where the lesson spells them: adding an advantage method is one entry in
+# softmax_grpo.ESTIMATORS (tests check these against softmax_grpo.METHODS, ppo.LOSS_AGGS and lopti.PASS_ORDERS).
+METHODS = lesson_names("softmax_grpo.py", "ESTIMATORS")
+LOSS_AGGS = lesson_names("ppo.py", "LOSS_AGGS")
+LOPTI_ORDERS = lesson_names("lopti.py", "PASS_ORDERS")
 REPORTERS = ("tensorboard", "wandb")  # --report-to (harness/report.py)
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # attention + MLP
 # Bounds of settings whose absurd values crash in float math or allocate without end (validate says why each)

@@ -492,10 +492,19 @@ def finite_steps(make_optimizer):
     return build
 
 
+def fused_adamw(params, **options):
+    """torch.optim.AdamW, fused (one kernel for every weight, no per-tensor launches) when all its weights are on
+    CUDA; elsewhere (a CPU, --optimizer-offload's CPU masters) as torch builds it."""
+    params = list(params)
+    weights = [w for item in params for w in (item["params"] if isinstance(item, dict) else [item])]
+    on_cuda = bool(weights) and all(w.is_cuda for w in weights)
+    return torch.optim.AdamW(params, **options, **({"fused": True} if on_cuda else {}))
+
+
 def optimizer_class(config):
     """adamw_class's optimizer for fp32 weights."""
     if config.optimizer == "adamw":
-        return torch.optim.AdamW
+        return fused_adamw
     require_library("torchao", "--optimizer adamw8bit")
     from torchao.optim import AdamW8bit
 
@@ -512,7 +521,8 @@ def optimizer_class(config):
     return AdamW8bitFloatLR
 
 
-OPTIMIZER_SETTINGS_SET_EACH_STEP = {"lr"}  # the loop's warm-up sets it before every step
+# lr: the loop's warm-up sets it before every step; fused, foreach: how (not what) the step computes
+OPTIMIZER_SETTINGS_SET_EACH_STEP = {"lr", "fused", "foreach"}
 
 
 def check_optimizer_settings(optimizer, saved, checkpoint_dir):

@@ -85,7 +85,7 @@ def sampled_logprobs(model, rollouts, config):
         return token_logprobs(model, rollouts.input_ids.to(device), rollouts.attention_mask.to(device),
                               rollouts.completion_mask.to(device).float(), temperature=config.temperature,
                               micro_batch=config.micro_batch, logit_chunk=config.logit_chunk,
-                              body_autocast=not config.logprob_fp32).float().cpu()
+                              body_autocast=not config.logprob_fp32, fast=config.fast).float().cpu()
 
 
 def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, due=None, source=""):

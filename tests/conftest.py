@@ -21,10 +21,11 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-# The lesson's own tests (`python -m pytest -m lesson`, seconds): its five files, their shape, the plain update
-# against its fast path. README.md names the command beside the full suite's.
-LESSON_TESTS = ("test_advantages.py", "test_theory.py", "test_lopti.py", "test_ppo.py", "test_update.py",
-                "test_lesson_shape.py")
+# The lesson's own tests (`python -m pytest -m lesson`): every lesson file's (softmax_grpo: advantages and theory;
+# lopti, ppo, rollout, train's update), their shape, the pasted update. README.md names the command beside the full
+# suite's. The docs-number linter (test_doc_numbers.py) is the full suite's.
+LESSON_TESTS = ("test_advantages.py", "test_theory.py", "test_lopti.py", "test_ppo.py", "test_rollout.py",
+                "test_update.py", "test_lesson_shape.py")
 
 
 def pytest_collection_modifyitems(config, items):

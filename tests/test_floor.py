@@ -186,3 +186,12 @@ def test_prefill_clock_times_the_rollouts_prefill_only(digits_task):
     assert entered["prefill"] == 1  # the update's shared-prompt forwards on the update's clock, not the prefill's
     assert record["prefills"] == ["rollout"] + ["update"] * (len(record["prefills"]) - 1)
     assert len(record["prefills"]) > 1  # (the update's micro-batches did share their prompts' forward)
+
+
+def test_update_head_counts_at_the_tf32_rate_under_bf16():
+    # fast/logprobs.py runs the update's head in float32 on TF32 tensor cores: half the bf16 rate, so under bf16 its
+    # FLOPs count twice. Completions: 7 tokens x 2 x 40 head weights = 560 more FLOPs a forward, x 3 with its backward
+    import dataclasses
+    fp32 = floor.forwards_floor(TINY, WORK, PEAKS, trains=True)
+    bf16 = floor.forwards_floor(TINY, dataclasses.replace(WORK, dtype="bf16"), PEAKS, trains=True)
+    assert bf16.flops - fp32.flops == 3 * 7 * 2 * TINY.head_params == 1680

@@ -295,7 +295,8 @@ def test_token_logprobs_equal_full_log_softmax(tiny):
         expected, expected_entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
                                                     temperature=temperature, with_entropy=True, fast=False)
     logprobs, entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
-                                       temperature=temperature, micro_batch=4, with_entropy=True)  # 9 rows: 4+4+1
+                                       temperature=temperature, micro_batch=4, with_entropy=True,
+                                       fast=True)  # 9 rows: 4+4+1
     assert logprobs.shape == (9, T) and logprobs.requires_grad and not entropy.requires_grad
     torch.testing.assert_close(logprobs.detach(), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, expected_entropy, atol=1e-5, rtol=1e-5)
@@ -331,7 +332,8 @@ def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
     batch = (r.input_ids, r.attention_mask, r.completion_mask)
     results = {}
     # the plain path, then one chunk per micro-batch, then 5 tokens per chunk (checkpointed: recomputed in backward)
-    for name, options in [("plain", dict(fast=False)), ("whole", dict(logit_chunk=10**6)), ("5", dict(logit_chunk=5))]:
+    for name, options in [("plain", dict(fast=False)), ("whole", dict(fast=True, logit_chunk=10**6)),
+                          ("5", dict(fast=True, logit_chunk=5))]:
         logprobs, entropy = token_logprobs(model, *batch, micro_batch=4, with_entropy=True, **options)
         gradients = torch.autograd.grad((logprobs * r.completion_mask).sum(), list(model.parameters()))
         results[name] = logprobs.detach(), entropy, gradients
@@ -361,8 +363,8 @@ def test_shared_prompts_give_the_plain_forward_values_and_gradients_with_fewer_p
     embedding = model.get_input_embeddings()
     hook = embedding.register_forward_hook(lambda module, args, out: positions.append(args[0].numel()))
     results = {}
-    for name, options in [("plain", dict(fast=False)), ("unshared", dict(share_prompts=False)),
-                          ("shared", dict(share_prompts=True))]:
+    for name, options in [("plain", dict(fast=False)), ("unshared", dict(fast=True, share_prompts=False)),
+                          ("shared", dict(fast=True, share_prompts=True))]:
         positions.clear()
         logprobs = token_logprobs(model, *batch, micro_batch=6, **options)
         gradients = torch.autograd.grad((logprobs * batch[2]).sum(), list(model.parameters()))
@@ -388,16 +390,40 @@ def test_shared_prompts_step_aside_under_activation_checkpointing():
     with torch.no_grad():
         plain = token_logprobs(model, *batch, fast=False)
     shapes.clear()
-    shared = token_logprobs(model, *batch)
+    shared = token_logprobs(model, *batch, fast=True)
     assert len(shapes) == 2  # the 2 prompts, then the 8 rows' completion positions
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable()
     model.train()
     shapes.clear()
-    checkpointed = token_logprobs(model, *batch)
+    checkpointed = token_logprobs(model, *batch, fast=True)
     assert shapes == [tuple(r.input_ids.shape)]
     torch.testing.assert_close(shared.detach(), plain, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(checkpointed.detach(), plain, atol=1e-5, rtol=1e-5)
+
+
+def test_the_tensor_core_head_is_the_head_matmul_with_tf32_scoped_to_it(monkeypatch):
+    # fast/logprobs.py's TensorCoreHead: logits = features @ weight^T with TF32 allowed inside its forward and both
+    # backward matmuls only (a context around the call would miss the backward); on a CPU the flag changes nothing,
+    # so values and gradients are the exact float32 ones. The global setting is what it was before and after.
+    from fast import logprobs
+    seen, matmul = [], torch.matmul
+    monkeypatch.setattr(torch.Tensor, "__matmul__",
+                        lambda a, b: (seen.append(torch.backends.cuda.matmul.allow_tf32), matmul(a, b))[1])
+    features = torch.randn(5, 8, requires_grad=True)
+    weight = torch.randn(11, 8, requires_grad=True)
+    logits = logprobs.TensorCoreHead.apply(features, weight)
+    (logits.sin().sum()).backward()
+    assert seen == [True, True, True] and torch.backends.cuda.matmul.allow_tf32 is False
+    monkeypatch.undo()
+    exact_features, exact_weight = features.detach().requires_grad_(), weight.detach().requires_grad_()
+    exact = torch.nn.functional.linear(exact_features, exact_weight)
+    exact.sin().sum().backward()
+    assert torch.equal(logits, exact)
+    torch.testing.assert_close(features.grad, exact_features.grad, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(weight.grad, exact_weight.grad, atol=1e-6, rtol=1e-6)
+    # on a CPU the head keeps logit_chunk (the memory plan's number, the same bits whatever memory is free)
+    assert logprobs.head_tokens_at_once(10**6, 50_000, torch.device("cpu"), 1024) == 1024
 
 
 def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
@@ -409,9 +435,11 @@ def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monk
     r = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=6)
     with torch.no_grad():
         plain = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, fast=False)
-        own_head = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
+        own_head = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7,
+                                  fast=True)
         monkeypatch.setattr(model.config, "logits_scaling", 1.0, raising=False)
-        model_forward = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7)
+        model_forward = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7,
+                                       fast=True)
     torch.testing.assert_close(own_head, plain, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model_forward, plain, atol=1e-5, rtol=1e-5)
 
@@ -428,9 +456,9 @@ def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
     with torch.no_grad():
         fp32 = token_logprobs(model, *batch, temperature=1 / 8, fast=False)  # the definition, in float32
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False)
-            fp32_head = token_logprobs(model, *batch, temperature=1 / 8)
-            fp32_body = token_logprobs(model, *batch, temperature=1 / 8, body_autocast=False)
+            bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False, fast=True)
+            fp32_head = token_logprobs(model, *batch, temperature=1 / 8, fast=True)
+            fp32_body = token_logprobs(model, *batch, temperature=1 / 8, body_autocast=False, fast=True)
     error_bf16_head = (bf16_head - fp32)[real].abs().mean()
     error_fp32_head = (fp32_head - fp32)[real].abs().mean()
     assert fp32_head.dtype == torch.float32 and error_fp32_head < error_bf16_head / 2
@@ -523,7 +551,7 @@ def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smoll
     completion_mask, _ = completion_mask_from_ids(plain.sequences[:, -T:], model.generation_config.eos_token_id)
     full_mask = torch.cat([settings["attention_mask"], completion_mask.long()], dim=1)
     with torch.no_grad():
-        ours = token_logprobs(model, plain.sequences, full_mask, completion_mask, logit_chunk=5)
+        ours = token_logprobs(model, plain.sequences, full_mask, completion_mask, logit_chunk=5, fast=True)
         definition = token_logprobs(model, plain.sequences, full_mask, completion_mask, fast=False)
     generate_logp = torch.log_softmax(torch.stack(plain.logits, dim=1), dim=-1)
     theirs = generate_logp.gather(-1, plain.sequences[:, -T:, None]).squeeze(-1)

@@ -58,8 +58,13 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             fast=config.fast and dict(share_prefill=True, compiled=config.fast_generate,
                                       drop_finished_every=config.drop_finished_every))
     with clock("reward+advantage"):
-        rewards = torch.tensor(task_rewards(task, rollouts.completions, [
-            examples[i] for i in rollouts.prompt_index.tolist()], config.style))
+        scored = [examples[i] for i in rollouts.prompt_index.tolist()]  # x_i of each o_ij
+        if hasattr(task, "rewards"):  # the run's task: all in one call (harness/rewards.py)
+            rewards = task.rewards(rollouts.completions, scored, style=config.style)
+        else:
+            rewards = [float(task.reward(text, example, style=config.style))
+                       for text, example in zip(rollouts.completions, scored)]
+        rewards = torch.tensor(rewards)
         if not torch.isfinite(rewards).all():
             raise ValueError(
                 f"task {task.name!r} returned a non-finite reward for the completion "
@@ -69,15 +74,6 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
         advantages = group_advantages(group_rewards, config.method, tau=config.tau,
                                       lengths=lengths).view(-1)  # [B]
     return rollouts, rewards, advantages
-
-
-def task_rewards(task, completions, examples, style):
-    """R_ij = task.reward(o_ij, x_i) of each completion and its prompt's example -> list of floats.
-    The run's task (harness/rewards.py) scores the batch in one call, in its worker process."""
-    if hasattr(task, "rewards"):
-        return task.rewards(completions, examples, style=style)
-    return [float(task.reward(text, example, style=style))
-            for text, example in zip(completions, examples)]
 
 
 ROLLOUT_SETTINGS = ("style", "num_generations", "max_new_tokens", "temperature", "top_p",

@@ -134,7 +134,7 @@ class TimedRewards:
         return tasks.reward_number(value, f"task {self.task.name}", completion)
 
     def rewards(self, completions, examples, *, style):
-        """reward() of each completion and its example -> list of floats (train.task_rewards' one call)."""
+        """reward() of each completion and its example -> list of floats (train.collect_rollouts' one call)."""
         return [self.reward(text, example, style=style) for text, example in zip(completions, examples)]
 
     def source_note(self):
@@ -353,9 +353,9 @@ class RewardWorker(TimedRewards):
         cls = classes.get((payload["module"], payload["type"]))
         if cls is None and payload["module"] == "builtins":
             cls = getattr(builtins, payload["type"], None)
-        if cls in classes.values():  # a task's own error, one line: its message says which and where
+        if cls is tasks.TaskError:  # what the task got wrong, one line: its message says which and where
             return cls(payload["message"])
-        try:
+        try:  # anything else is a bug: this process's traceback, the worker's above it
             error = cls(payload["message"]) if isinstance(cls, type) and issubclass(cls, Exception) else None
         except Exception:  # an exception class that takes other arguments
             error = None

@@ -113,7 +113,7 @@ def metrics_rows(out):
                                                                                       "tokens_per_s")} for line in f]
 
 
-# --- a reward cannot move or replace the run's files, nor change the trainer's state -----------------------------------
+# --- a reward cannot move or replace the run's files, nor change the trainer's state ---------------------------------
 MEDDLES = """
 import torch
 if os.path.isdir("run"):  # the run's folder, seen from the trainer's working directory
@@ -182,20 +182,46 @@ HANGS = {
 }
 
 
+CHECK_TASK = """
+import functools, sys, types
+sys.path.insert(0, {repo!r})
+import tasks
+from harness import rewards
+config = types.SimpleNamespace(task={path!r}, data=None, task_options={{}})
+try:
+    tasks.get_task({path!r}, wrap=functools.partial(rewards.timed_task, seconds=1,
+                                                    recipe=rewards.worker_recipe(config)))
+except rewards.RewardTimeout as error:
+    print(error)
+"""
+
+
 @pytest.mark.parametrize("hang", list(HANGS))
 def test_a_hang_that_defeats_an_alarm_is_stopped_by_the_time_limit(tmp_path, hang):
-    # f80a5bd: each of these hung the run past --reward-timeout (forever); the check's own rewards hang here
-    # (--dry-run, seconds); the whole run's case is the next test
+    # f80a5bd: each of these hung the run past --reward-timeout (forever). Here: the rewards that check the task
+    # file as it is built, as settle() builds it, in a process without torch (seconds); the whole run's case is the
+    # next test, and tests/test_task_file.py's hangs
     path = task_file(tmp_path, HANGS[hang], after=0)
+    marker = uuid.uuid4().hex
     started = time.time()
-    code, _, err, left = run_train(["--task", path, "--dry-run", *SMALL, "--reward-timeout", "1"], cwd=tmp_path,
-                                   timeout=60)
-    assert code == 2 and "Traceback" not in err and not left, (code, err, left)
-    assert last_line(err).startswith("train.py: error: task my_task: reward() ran for more than 1 s on the "
-                                     "completion ''"), err
-    assert time.time() - started < 45
+    proc = subprocess.Popen([sys.executable, "-c", CHECK_TASK.format(repo=REPO, path=path)], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=limited, env={**os.environ, "REWARD_WORKER_TEST": marker})
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    time.sleep(0.5)
+    left = processes_with(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0 and not left, (proc.returncode, err, left)
+    assert out.startswith("task my_task: reward() ran for more than 1 s on the completion ''"), (out, err)
+    assert time.time() - started < 30
 
 
+@pytest.mark.slow  # the three hangs above, as the task is checked, are the default suite's
 def test_a_hang_in_a_run_stops_it_in_one_line_with_its_files_intact(tmp_path):
     path = task_file(tmp_path, HANGS["a bare except"])
     code, _, err, left = run_train(["--task", path, "--output-dir", "run", *SMALL, "--steps", "4", "--save-every",
@@ -207,16 +233,17 @@ def test_a_hang_in_a_run_stops_it_in_one_line_with_its_files_intact(tmp_path):
     assert [row["step"] for row in metrics_rows(str(tmp_path / "run"))] == [0, 1]
 
 
-@pytest.mark.parametrize("exit_code", [0, 3])
-def test_a_reward_that_ends_its_process_is_one_line_naming_the_task(tmp_path, exit_code):
+@pytest.mark.parametrize("exit_code,in_run", [(0, True), (3, False)], ids=["0 in step 2", "3 as the task is checked"])
+def test_a_reward_that_ends_its_process_is_one_line_naming_the_task(tmp_path, exit_code, in_run):
     # f80a5bd: os._exit(0) or os._exit(3) in a reward ended the run with that code and no message
-    path = task_file(tmp_path, f"os._exit({exit_code})")
+    path = task_file(tmp_path, f"os._exit({exit_code})", after=14 if in_run else 0)
     code, _, err, left = run_train(["--task", path, "--output-dir", "run", *SMALL, "--steps", "4", "--save-every",
-                                    "1"], cwd=tmp_path)
+                                    "1"] + ([] if in_run else ["--dry-run"]), cwd=tmp_path)
     assert code == 2 and "Traceback" not in err and not left, (code, err, left)
     assert last_line(err).startswith(f"train.py: error: task my_task: the reward worker process exited with code "
                                      f"{exit_code} during a reward() call on the completion"), err
-    assert checkpoint.checkpoint_steps(str(tmp_path / "run")) == [1]
+    if in_run:
+        assert checkpoint.checkpoint_steps(str(tmp_path / "run")) == [1]
 
 
 def test_a_float_whose_conversion_raises_is_one_line_naming_the_task(tmp_path, capsys):
@@ -279,7 +306,6 @@ def test_the_workers_rewards_are_the_tasks_own_in_order():
     expected = [float(task.reward(text, example, style="compact")) for text, example in zip(completions, scored)]
     assert timed.rewards(completions, scored, style="compact") == expected
     assert [timed.reward(text, example, style="compact") for text, example in zip(completions, scored)] == expected
-    assert train.task_rewards(timed, completions, scored, "compact") == expected
     assert 0 < sum(expected) < len(expected)
     worker, scratch = timed.process.pid, timed.scratch
     timed.close()  # its process group killed and reaped, its scratch directory gone

@@ -282,14 +282,14 @@ class RewardWorker(TimedRewards):
 
     def answer(self, what, detail, values, least=0.0):
         limit = max(self.seconds, least) if self.seconds > 0 else float("inf")
-        deadline = time.monotonic() + limit
+        progress = time.monotonic()  # the request sent, or the latest reward read back
         while True:
-            if TimedRewards.stop_signal:
-                deadline = min(deadline, TimedRewards.stopped_at + STOP_GRACE)
-            remaining = deadline - time.monotonic()
+            deadline = progress + limit
+            grace = max(progress, TimedRewards.stopped_at) + STOP_GRACE if TimedRewards.stop_signal else deadline
+            remaining = min(deadline, grace) - time.monotonic()
             if remaining <= 0:
                 self.close()
-                if TimedRewards.stop_signal and deadline == TimedRewards.stopped_at + STOP_GRACE:
+                if grace < deadline:
                     say(stop_grace_line(what, self.task.name))
                     raise Stopped(TimedRewards.stop_signal)
                 raise RewardTimeout(timeout_line(self.task.name, what, self.seconds, detail(len(values)),
@@ -304,7 +304,7 @@ class RewardWorker(TimedRewards):
             kind, payload = record
             if kind == "values":
                 values += payload
-                deadline = time.monotonic() + limit
+                progress = time.monotonic()
             elif kind == "done":
                 return values if payload is None else payload
             else:  # "error": a task's error, raised here; then the worker is ended (ask)

@@ -310,3 +310,17 @@ def test_the_workers_rewards_are_the_tasks_own_in_order():
     worker, scratch = timed.process.pid, timed.scratch
     timed.close()  # its process group killed and reaped, its scratch directory gone
     assert not os.path.exists(f"/proc/{worker}") and not os.path.exists(scratch)
+
+
+def test_after_a_stop_signal_a_step_whose_rewards_return_still_gets_them(monkeypatch):
+    # Ctrl-C during the step's rollouts: its rewards, asked for long after the signal, come back (each call has
+    # STOP_GRACE from when it is asked), so the step finishes and saves
+    task = tasks.get_task("countdown", num_count=2)
+    config = types.SimpleNamespace(task="countdown", data=None, task_options={"num_count": 2})
+    timed = rewards.timed_task(task, 60.0, rewards.worker_recipe(config))
+    examples = task.examples("train", 4, seed=0)
+    monkeypatch.setattr(rewards.TimedRewards, "stop_signal", signal.SIGINT)
+    monkeypatch.setattr(rewards.TimedRewards, "stopped_at", time.monotonic() - 10 * rewards.STOP_GRACE)
+    completions = [task.solution(example, "compact") for example in examples]
+    assert timed.rewards(completions, examples, style="compact") == [1.0] * 4
+    timed.close()

@@ -313,7 +313,9 @@ class RewardWorker(TimedRewards):
     def read_record(self, seconds):
         """The next message from the worker, None if none came within `seconds`, EOFError at its end."""
         while len(self.buffer) < HEADER.size or len(self.buffer) < HEADER.size + HEADER.unpack_from(self.buffer)[0]:
-            if not select.select([self.results], [], [], seconds)[0]:
+            ready = select.poll()
+            ready.register(self.results, select.POLLIN)
+            if not ready.poll(seconds * 1000):
                 return None
             chunk = os.read(self.results, 1 << 20)
             if not chunk:
@@ -344,9 +346,6 @@ class RewardWorker(TimedRewards):
             return tasks.TaskError(f"task {name}: a {payload['what']} call forked the process and the child returned "
                                    f"from it; the child ended there. A task that forks ends its children itself "
                                    f"(os._exit), or runs a program with subprocess{source}")
-        if payload["kind"] == "build":
-            return tasks.TaskError(f"task {name}: the reward worker process could not build the task: "
-                                   f"{payload['message']}{source}")
         classes = {("tasks.custom", "TaskError"): tasks.TaskError,
                    ("tasks.custom", "TaskCodeError"): tasks.custom.TaskCodeError}
         import builtins
@@ -437,8 +436,8 @@ def serve(requests, results, parent_pid):
                     os._exit(FORKED)
 
     ok, task = guarded("build", build_task, recipe)
-    if not ok:
-        send(("error", {**task, "kind": "build"}))
+    if not ok:  # it was built in the trainer: a TaskError here is the task's (its data changed), else a bug
+        send(("error", task))
         return
     send(("done", None))
     while True:

@@ -53,8 +53,8 @@ def reward_number(value, source, completion):
     if real:
         try:
             number = float(value)
-        except Exception as error:  # 10**400, Fraction(10**400), Decimal('sNaN'), a float subclass whose __float__
-            number, failed = math.nan, f" (float() of it raised {type(error).__name__})"  # raises
+        except Exception as error:  # 10**400, Fraction(10**400), Decimal('sNaN'), a __float__ that raises
+            number, failed = math.nan, f" (float() of it raised {type(error).__name__})"
         if abs(number) <= REWARD_LIMIT:
             return number
     try:

@@ -59,9 +59,13 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             fast=config.fast and dict(share_prefill=True, compiled=config.fast_generate,
                                       drop_finished_every=config.drop_finished_every))
     with clock("reward+advantage"):
-        rewards = torch.tensor([float(task.reward(text, examples[i], style=config.style))
-                                for text, i in zip(rollouts.completions,
-                                                   rollouts.prompt_index.tolist())])
+        scored = [examples[i] for i in rollouts.prompt_index.tolist()]  # x_i of each o_ij
+        if hasattr(task, "rewards"):  # the run's task: all in one call (harness/rewards.py)
+            rewards = task.rewards(rollouts.completions, scored, style=config.style)
+        else:
+            rewards = [float(task.reward(text, example, style=config.style))
+                       for text, example in zip(rollouts.completions, scored)]
+        rewards = torch.tensor(rewards)
         if not torch.isfinite(rewards).all():
             raise ValueError(
                 f"task {task.name!r} returned a non-finite reward for the completion "

@@ -2,6 +2,7 @@
 
     config.py      every setting once (the Config dataclass), the command line generated from it, --resume's settings
     run.py         a run's lifecycle: the settings decided once, the policy built, metrics, evals, checkpoints, Ctrl-C
+    rewards.py     where a task's reward runs: a worker process (--reward-timeout kills it), one round trip a step
     prompts.py     the training prompts of each step: fresh draws, or --epochs over a fixed set; their context check
     checkpoint.py  the run's files, written atomically (a kill or a full disk never loses what was there)
     metrics.py     metrics.jsonl: appended a row at a time, read a bounded line at a time, rewritten atomically

@@ -171,7 +171,7 @@ class Config:
     eval_size: int = setting(200, "held-out prompts of the eval")
     reward_timeout: float = setting(60.0, "seconds one call of the task's reward may take before the run stops with "
                                     "one line naming the task (0 = no limit; a pure-Python loop is interrupted, a "
-                                    "C call that never returns is not)", resumable=True)
+                                    "C call that never returns too: it runs in a worker process)", resumable=True)
     save_every: int = setting(50, "checkpoint every N steps", resumable=True)
     keep_checkpoints: int = setting(2, "newest checkpoints kept (0 = all)", resumable=True)
     seed: int = setting(0, "seed of the weights (tiny), prompts, sampling")

@@ -24,7 +24,6 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -47,20 +46,12 @@ from harness.config import Config, InputError, check_libraries, require_library
 from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
                            without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
+from harness.rewards import RewardTimeout, Stopped, TimedRewards, timed_task, worker_recipe
 from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, noise, top_answer
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each: finish the step, save, stop
-
-
-class Stopped(BaseException):
-    """Ctrl-C, SIGTERM or SIGHUP before the run's first step (model loading, the warm start): nothing to save;
-    train.py exits with the signal's code. A BaseException, like KeyboardInterrupt, so no `except Exception`
-    swallows it."""
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def say(text):
@@ -118,7 +109,8 @@ def settle(config):
             config = dataclasses.replace(config, style="compact" if compact else "chat")
             config = tiny.apply_cpu_defaults(config) if compact else config
         config = task_file(config)
-        timed = functools.partial(TimedRewards, seconds=config.reward_timeout)  # a task file's first rewards too
+        timed = functools.partial(timed_task, seconds=config.reward_timeout,  # a task file's first rewards too
+                                  recipe=worker_recipe(config))  # harness/rewards.py: its worker process
         if config.dry_run:  # no data file is read (but a task file's): the steps --epochs sets from --train-size
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
                 config.train_size else config.steps
@@ -142,97 +134,6 @@ def settle(config):
     elif not config.dry_run:
         within_machine(config)
     return (config, tokenizer, None if config.dry_run else task, prompts)
-
-
-class RewardTimeout(BaseException):
-    """A task's reward() ran past --reward-timeout: start() turns it into one InputError line naming the task (exit
-    2). A BaseException, so that a task file's own `except Exception` (or tasks/custom.py's, which reports a bug in
-    the file) cannot take it for the reward's own error."""
-
-
-STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
-
-
-class TimedRewards:
-    """The task, with each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout it
-    stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
-    STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
-    while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
-    (tasks.reward_number: a number within its range; else one line naming the task). A task file's examples() and
-    solution() (TIMED_CALLS: the user's code, called as the task is built and the run starts) run under the same
-    limit. A SystemExit, KeyboardInterrupt (but a real Ctrl-C's) or other BaseException that is not an Exception,
-    raised by one of these calls, would end the run without a word: a TaskError naming the task and the call.
-    Everything else is the task's own."""
-    running = False   # a reward call is under way
-    stop_signal = 0   # the stop signal received, if any (reset by start())
-    TIMED_CALLS = ("examples", "solution")
-
-    def __init__(self, task, seconds):
-        self.task, self.seconds = task, seconds
-
-    def __getattr__(self, name):
-        value = getattr(self.task, name)
-        if name not in self.TIMED_CALLS or not hasattr(self.task, "source"):  # a task file has its path as source
-            return value
-
-        def timed(*args, **kwargs):
-            shown = ", ".join([*map(repr, args), *(f"{key}={item!r}" for key, item in kwargs.items())])
-            return self.timed(value, f"{name}({shown[:80]})", "", *args, **kwargs)
-        return timed
-
-    def reward(self, completion, example, **kwargs):
-        value = self.timed(self.task.reward, "reward()", f" on the completion {completion[:80]!r}", completion,
-                           example, **kwargs)
-        return tasks.reward_number(value, f"task {self.task.name}", completion)
-
-    def timed(self, call, what, detail, *args, **kwargs):
-        """call(*args, **kwargs) under the time limit; `what` and `detail` name it in an error ("reward()", " on
-        the completion ...")."""
-        source = f" ({self.task.source})" if hasattr(self.task, "source") else ""  # a task file: its path
-        interrupts = []  # a real Ctrl-C during the call (its KeyboardInterrupt is not the task's)
-
-        def expired(signum, frame):
-            if TimedRewards.stop_signal:
-                say(f"a {what} call of task {self.task.name} did not return within {STOP_GRACE:g} s of the stop "
-                    "signal: the run ends now, nothing of this step saved")
-                raise Stopped(TimedRewards.stop_signal)
-            raise RewardTimeout(f"task {self.task.name}: {what} ran for more than {self.seconds:g} s{detail}; fix "
-                                f"the task{source}, or raise --reward-timeout")
-
-        def interrupted(signum, frame):
-            interrupts.append(signum)
-            if callable(previous_interrupt):  # Python's (a KeyboardInterrupt), or start()'s
-                previous_interrupt(signum, frame)
-        main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
-        limit = min(self.seconds or STOP_GRACE, STOP_GRACE) if TimedRewards.stop_signal else self.seconds
-        if main:
-            previous, previous_interrupt = signal.signal(signal.SIGALRM, expired), \
-                signal.signal(signal.SIGINT, interrupted)
-            if limit > 0:
-                signal.setitimer(signal.ITIMER_REAL, limit)
-            TimedRewards.running = True
-        try:
-            return call(*args, **kwargs)
-        except BaseException as error:
-            if isinstance(error, (Exception, Stopped, RewardTimeout)) or interrupts:
-                raise
-            raise tasks.TaskError(f"task {self.task.name}: {what} raised {type(error).__name__}"
-                                  f"{'(' + repr(error.args[0])[:40] + ')' if error.args else ''}{detail}, which "
-                                  f"would end the run without a word; a task returns, or raises an Exception for a "
-                                  f"bug{source}") from None
-        finally:
-            if main:
-                TimedRewards.running = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
-                signal.signal(signal.SIGINT, previous_interrupt)
-
-    @staticmethod
-    def stop(signum):
-        """A stop signal: the reward call under way, and each one after it, gets STOP_GRACE seconds."""
-        TimedRewards.stop_signal = signum
-        if TimedRewards.running:
-            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
 
 
 def task_file(config):

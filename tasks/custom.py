@@ -49,18 +49,19 @@ def reward_number(value, source, completion):
     would change what the task rewards (docs/tasks.md)."""
     numpy = sys.modules.get("numpy")  # a numpy bool comes only from a task that imported numpy
     real = isinstance(value, (numbers.Real, decimal.Decimal)) or (numpy is not None and isinstance(value, numpy.bool_))
+    failed = ""  # float(value)'s own error, when it raised one
     if real:
         try:
             number = float(value)
-        except (OverflowError, ValueError):  # 10**400, Fraction(10**400), Decimal('sNaN')
-            number = math.nan
+        except Exception as error:  # 10**400, Fraction(10**400), Decimal('sNaN'), a __float__ that raises
+            number, failed = math.nan, f" (float() of it raised {type(error).__name__})"
         if abs(number) <= REWARD_LIMIT:
             return number
     try:
         shown = repr(value)[:80]
-    except ValueError:  # an int of more than 4300 digits has no repr
-        shown = "a huge integer"
-    raise TaskError(f"{source}: reward() returned {shown} ({type(value).__name__}) for the completion "
+    except Exception:  # an int of more than 4300 digits has no repr; nor has a subclass whose __repr__ raises
+        shown = "a huge integer" if isinstance(value, int) else f"a {type(value).__name__} without a repr"
+    raise TaskError(f"{source}: reward() returned {shown} ({type(value).__name__}){failed} for the completion "
                     f"{completion[:80]!r}; a reward must be "
                     + (f"a number from {-REWARD_LIMIT:g} to {REWARD_LIMIT:g} (the loop computes in float32, and "
                        "its group statistics square reward differences), not nan or inf" if real else
@@ -101,7 +102,13 @@ def file_sha256(path):
 
 def load(name, *, data=None, wrap=None, **options):
     """Import the task file or module `name`, call its make_task(data=data, **options) -> a FileTask, or wrap(it)
-    (train.py's TimedRewards: --reward-timeout), its protocol checked through that (check_protocol)."""
+    (harness/rewards.py's: --reward-timeout, a worker process), its protocol checked through that (check_protocol)."""
+    task = build(name, data=data, **options)
+    return check_protocol(wrap(task) if wrap else task)
+
+
+def build(name, *, data=None, **options):
+    """load's FileTask, unchecked: what harness/rewards.py's worker process builds again (load checked it)."""
     path = source_file(name)
     if name.endswith(".py"):
         spec = importlib.util.spec_from_file_location(f"task_file_{hashlib.sha256(path.encode()).hexdigest()[:12]}",
@@ -119,8 +126,7 @@ def load(name, *, data=None, wrap=None, **options):
     if unknown or ("data" not in parameters and not takes_any):
         raise TaskError(f"{path}: make_task takes no " + (f"option(s) {unknown}" if unknown else "data= argument")
                         + f"; its parameters: {list(parameters)}")
-    task = FileTask(make_task(data=data, **options), path, data)
-    return check_protocol(wrap(task) if wrap else task)
+    return FileTask(make_task(data=data, **options), path, data)
 
 
 def check_protocol(task):

@@ -1,0 +1,490 @@
+"""Where a task's code runs during a run: a worker process, out of the trainer's reach.
+
+A task's reward() (and a task file's examples() and solution()) is the user's code, or a verifier's: it may chdir,
+fork, exit, close stdout, set torch's threads or seed, install signal handlers, or never return. During a run it
+runs in one worker process (RewardWorker: a fresh interpreter, started with the task and kept for the run), in a
+scratch working directory, in a process group of its own:
+  - the trainer sends a step's completions in one message and reads their rewards back (one round trip per step;
+    a single call, such as an eval's, is one round trip);
+  - --reward-timeout is the trainer's clock: when no reward comes back for that long, the trainer kills the worker's
+    process group (nothing inside it can defeat that) and the run stops with one line naming the task;
+  - a call that ends the worker (os._exit, a signal), raises SystemExit / KeyboardInterrupt, returns something that
+    is not a number, or forks a child that returns into the worker: one line naming the task;
+  - an exception raised inside reward(): a bug, shown with the worker's traceback (RemoteTraceback).
+A task that cannot be rebuilt in a fresh process (one registered in tasks.TASKS from Python, as the tests' stubs
+are) keeps its calls in the trainer's process under SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a
+reward runs inside", says what each side can reach.
+"""
+import os
+import pickle
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+
+from tqdm import tqdm
+
+import tasks
+
+STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
+FLUSH_S = 0.05  # the worker sends a batch's rewards back at least this often (the trainer's clock reads them)
+POLL_S = 0.5  # the trainer looks at its clock (and a stop signal) at least this often while it waits
+TIMER_LIMIT = 1e8  # seconds: a longer --reward-timeout is no limit for SIGALRM (setitimer overflows near 1e300)
+FORKED = 86  # the exit code of a worker's child that returned from a task's call: it ends there
+HEADER = struct.Struct(">Q")  # a message: its length, then its pickle
+BUILD_S = 120.0  # seconds the worker may take to build the task (its imports, a data file), at least
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Stopped(BaseException):
+    """Ctrl-C, SIGTERM or SIGHUP before the run's first step (model loading, the warm start): nothing to save;
+    train.py exits with the signal's code. A BaseException, like KeyboardInterrupt, so no `except Exception`
+    swallows it."""
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class RewardTimeout(BaseException):
+    """A task's reward() ran past --reward-timeout: start() turns it into one InputError line naming the task (exit
+    2). A BaseException, so that a task file's own `except Exception` (or tasks/custom.py's, which reports a bug in
+    the file) cannot take it for the reward's own error."""
+
+
+class RemoteTraceback(Exception):
+    """The worker's traceback of an exception raised in a task's call, shown above the trainer's (a bug)."""
+    def __str__(self):
+        return f"\n\n(in the reward worker process)\n{self.args[0]}"
+
+
+def say(text):
+    tqdm.write(text)
+    sys.stdout.flush()
+
+
+def timed_task(task, seconds, recipe=None):
+    """settle()'s wrap of the task: a RewardWorker where the worker can rebuild it from `recipe` (worker_recipe),
+    else TimedRewards in this process, with a note."""
+    if recipe is not None and rebuildable(recipe["task"]):
+        return RewardWorker(task, seconds, recipe)
+    if recipe is not None:
+        say(f"note: task {task.name} was registered from Python (tasks.TASKS), so a worker process cannot rebuild it: "
+            "its rewards run in this process (harness/rewards.py; a reward that changes the working directory, "
+            "forks or exits reaches the run)")
+    return TimedRewards(task, seconds)
+
+
+def worker_recipe(config):
+    """What the worker needs to build the run's task again: the task's name or its file's absolute path, --data
+    (absolute where it is a path here), --task-option, and this process's import path (the working directory
+    made absolute: a task module importable from here is importable there)."""
+    task = tasks.custom.source_file(config.task) if config.task.endswith(".py") else config.task
+    data = os.path.abspath(config.data) if config.data and os.path.exists(config.data) else config.data
+    return dict(task=task, data=data, options=dict(config.task_options),
+                sys_path=[os.path.abspath(entry or os.curdir) for entry in sys.path])
+
+
+def rebuildable(name):
+    """Whether a fresh process builds the task `name` as this one did: a task file or module, or a built-in task
+    whose factory is still its module's make_task (not one registered from Python)."""
+    if name not in tasks.TASKS:
+        return tasks.is_task_file(name)
+    factory = tasks.TASKS[name]
+    module = sys.modules.get(getattr(factory, "__module__", None) or "")
+    return module is not None and module.__name__.startswith("tasks.") and getattr(module, "make_task", 0) is factory
+
+
+class TimedRewards:
+    """The task, with each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout it
+    stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
+    STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
+    while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
+    (tasks.reward_number: a number within its range; else one line naming the task). A task file's examples() and
+    solution() (TIMED_CALLS: the user's code, called as the task is built and the run starts) run under the same
+    limit. A SystemExit, KeyboardInterrupt (but a real Ctrl-C's) or other BaseException that is not an Exception,
+    raised by one of these calls, would end the run without a word: a TaskError naming the task and the call.
+    Everything else is the task's own. In this process only for a task the worker cannot rebuild (RewardWorker)."""
+    running = False   # a reward call is under way
+    stop_signal = 0   # the stop signal received, if any (reset by start())
+    stopped_at = 0.0  # when it came (time.monotonic())
+    TIMED_CALLS = ("examples", "solution")
+
+    def __init__(self, task, seconds):
+        self.task, self.seconds = task, seconds
+
+    def __getattr__(self, name):
+        value = getattr(self.task, name)
+        if name not in self.TIMED_CALLS or not hasattr(self.task, "source"):  # a task file has its path as source
+            return value
+
+        def timed(*args, **kwargs):
+            return self.timed(value, f"{name}({shown(args, kwargs)[:80]})", "", *args, **kwargs)
+        return timed
+
+    def reward(self, completion, example, **kwargs):
+        value = self.timed(self.task.reward, "reward()", f" on the completion {completion[:80]!r}", completion,
+                           example, **kwargs)
+        return tasks.reward_number(value, f"task {self.task.name}", completion)
+
+    def rewards(self, completions, examples, *, style):
+        """reward() of each completion and its example -> list of floats (train.collect_rollouts' one call)."""
+        return [self.reward(text, example, style=style) for text, example in zip(completions, examples)]
+
+    def source_note(self):
+        return f" ({self.task.source})" if hasattr(self.task, "source") else ""  # a task file: its path
+
+    def timed(self, call, what, detail, *args, **kwargs):
+        """call(*args, **kwargs) under the time limit; `what` and `detail` name it in an error ("reward()", " on
+        the completion ...")."""
+        interrupts = []  # a real Ctrl-C during the call (its KeyboardInterrupt is not the task's)
+
+        def expired(signum, frame):
+            if TimedRewards.stop_signal:
+                say(stop_grace_line(what, self.task.name))
+                raise Stopped(TimedRewards.stop_signal)
+            raise RewardTimeout(timeout_line(self.task.name, what, self.seconds, detail, self.source_note()))
+
+        def interrupted(signum, frame):
+            interrupts.append(signum)
+            if callable(previous_interrupt):  # Python's (a KeyboardInterrupt), or start()'s
+                previous_interrupt(signum, frame)
+        main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+        limit = min(self.seconds or STOP_GRACE, STOP_GRACE) if TimedRewards.stop_signal else self.seconds
+        if main:
+            previous, previous_interrupt = signal.signal(signal.SIGALRM, expired), \
+                signal.signal(signal.SIGINT, interrupted)
+            if 0 < limit <= TIMER_LIMIT:
+                signal.setitimer(signal.ITIMER_REAL, limit)
+            TimedRewards.running = True
+        try:
+            return call(*args, **kwargs)
+        except BaseException as error:
+            if isinstance(error, (Exception, Stopped, RewardTimeout)) or interrupts:
+                raise
+            raise tasks.TaskError(base_exception_line(self.task.name, what, type(error).__name__, error.args,
+                                                      detail, self.source_note())) from None
+        finally:
+            if main:
+                TimedRewards.running = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                signal.signal(signal.SIGINT, previous_interrupt)
+
+    @staticmethod
+    def stop(signum):
+        """A stop signal: the reward call under way, and each one after it, gets STOP_GRACE seconds."""
+        TimedRewards.stop_signal, TimedRewards.stopped_at = signum, time.monotonic()
+        if TimedRewards.running:
+            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
+
+
+def shown(args, kwargs):
+    return ", ".join([*map(repr, args), *(f"{key}={item!r}" for key, item in kwargs.items())])
+
+
+def timeout_line(name, what, seconds, detail, source):
+    return f"task {name}: {what} ran for more than {seconds:g} s{detail}; fix the task{source}, or raise " \
+        "--reward-timeout"
+
+
+def stop_grace_line(what, name):
+    return f"a {what} call of task {name} did not return within {STOP_GRACE:g} s of the stop signal: the run ends " \
+        "now, nothing of this step saved"
+
+
+def base_exception_line(name, what, kind, args, detail, source):
+    return (f"task {name}: {what} raised {kind}{'(' + repr(args[0])[:40] + ')' if args else ''}{detail}, which "
+            f"would end the run without a word; a task returns, or raises an Exception for a bug{source}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The worker, seen from the trainer
+# ---------------------------------------------------------------------------------------------------------------
+class RewardWorker(TimedRewards):
+    """The task, its reward() (a task file's examples() and solution() too) called in the worker process: the
+    module docstring. Everything else (name, prompt(), pass_threshold, ...) is the task built in this process."""
+
+    def __init__(self, task, seconds, recipe):
+        super().__init__(task, seconds)
+        self.recipe, self.process = recipe, None
+        self.remote = ("reward",) + (self.TIMED_CALLS if hasattr(task, "source") else ())
+        self.start()  # now: its start overlaps the model's loading
+
+    def __getattr__(self, name):
+        value = getattr(self.task, name)
+        if name not in self.remote:
+            return value
+
+        def remote(*args, **kwargs):
+            return self.ask(("call", name, args, kwargs), f"{name}({shown(args, kwargs)[:80]})", lambda k: "")
+        return remote
+
+    def reward(self, completion, example, **kwargs):
+        return self.ask(("call", "reward", (completion, example), kwargs), "reward()",
+                        lambda k: f" on the completion {completion[:80]!r}")
+
+    def rewards(self, completions, examples, *, style):
+        """The rewards of a batch in one round trip -> list of floats, in the order of completions."""
+        where = {}  # a prompt's M completions share its example: each is sent once
+        index = [where.setdefault(id(example), len(where)) for example in examples]
+        unique = list({id(example): example for example in examples}.values())
+        return self.ask(("rewards", completions, unique, index, style), "reward()",
+                        lambda k: f" on the completion {completions[k][:80]!r}")
+
+    def start(self):
+        """The worker: a fresh interpreter (no fork of this process and its threads), in a scratch directory."""
+        self.scratch = tempfile.mkdtemp(prefix="reward-worker-")
+        requests_read, self.requests = os.pipe()
+        self.results, results_write = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness.rewards import "
+                 f"serve; serve({requests_read}, {results_write}, {os.getpid()})"], cwd=self.scratch,
+                stdin=subprocess.DEVNULL, pass_fds=(requests_read, results_write), start_new_session=True)
+        finally:
+            os.close(requests_read)
+            os.close(results_write)
+        self.buffer = b""
+        self.closed = weakref.finalize(self, end_worker, self.process, self.requests, self.results, self.scratch)
+        write_message(self.requests, self.recipe)
+        self.ready = False
+
+    def close(self):
+        self.closed()
+        self.process = None
+
+    def ask(self, message, what, detail):
+        """Send one request, read its answer: the value of a call, or a batch's rewards. The time limit runs from
+        the request and from each reward read back; any error kills the worker (a later call starts another)."""
+        if self.process is None:
+            self.start()
+        try:
+            if not self.ready:
+                self.answer("the task's build in the worker", lambda k: "", [], BUILD_S)
+                self.ready = True
+            write_message(self.requests, message)
+            values = []
+            return self.answer(what, detail, values)
+        except BrokenPipeError:
+            ended = self.ended()
+            self.close()
+            raise tasks.TaskError(self.ended_line(what, detail(0), ended)) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def answer(self, what, detail, values, least=0.0):
+        limit = max(self.seconds, least) if self.seconds > 0 else float("inf")
+        progress = time.monotonic()  # the request sent, or the latest reward read back
+        while True:
+            deadline = progress + limit
+            grace = max(progress, TimedRewards.stopped_at) + STOP_GRACE if TimedRewards.stop_signal else deadline
+            remaining = min(deadline, grace) - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                if grace < deadline:
+                    say(stop_grace_line(what, self.task.name))
+                    raise Stopped(TimedRewards.stop_signal)
+                raise RewardTimeout(timeout_line(self.task.name, what, self.seconds, detail(len(values)),
+                                                 self.source_note()))
+            record = self.read_record(min(remaining, POLL_S))
+            if record is None:
+                continue
+            if record is EOFError:
+                ended = self.ended()
+                self.close()
+                raise tasks.TaskError(self.ended_line(what, detail(len(values)), ended))
+            kind, payload = record
+            if kind == "values":
+                values += payload
+                progress = time.monotonic()
+            elif kind == "done":
+                return values if payload is None else payload
+            else:  # "error": a task's error, raised here; then the worker is ended (ask)
+                raise self.error(payload, what, detail(len(values)))
+
+    def read_record(self, seconds):
+        """The next message from the worker, None if none came within `seconds`, EOFError at its end."""
+        while len(self.buffer) < HEADER.size or len(self.buffer) < HEADER.size + HEADER.unpack_from(self.buffer)[0]:
+            ready = select.poll()
+            ready.register(self.results, select.POLLIN)
+            if not ready.poll(seconds * 1000):
+                return None
+            chunk = os.read(self.results, 1 << 20)
+            if not chunk:
+                return EOFError
+            self.buffer += chunk
+        size = HEADER.unpack_from(self.buffer)[0]
+        record, self.buffer = pickle.loads(self.buffer[HEADER.size:HEADER.size + size]), \
+            self.buffer[HEADER.size + size:]
+        return record
+
+    def ended(self):
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "closed its channel to the trainer"
+        return f"exited with code {code}" if code >= 0 else f"was killed by {signal.Signals(-code).name}"
+
+    def ended_line(self, what, detail, ended):
+        return (f"task {self.task.name}: the reward worker process {ended} during a {what} call{detail}: a task's "
+                f"call returns a value (or raises an Exception for a bug), never ends its process{self.source_note()}")
+
+    def error(self, payload, what, detail):
+        """The exception to raise here for the worker's report of one."""
+        name, source = self.task.name, self.source_note()
+        if payload["kind"] == "base":  # SystemExit, KeyboardInterrupt, ... : they would end a run silently
+            return tasks.TaskError(base_exception_line(name, what, payload["type"], payload["args"], detail, source))
+        if payload["kind"] == "forked":
+            return tasks.TaskError(f"task {name}: a {payload['what']} call forked the process and the child returned "
+                                   f"from it; the child ended there. A task that forks ends its children itself "
+                                   f"(os._exit), or runs a program with subprocess{source}")
+        classes = {("tasks.custom", "TaskError"): tasks.TaskError,
+                   ("tasks.custom", "TaskCodeError"): tasks.custom.TaskCodeError}
+        import builtins
+        cls = classes.get((payload["module"], payload["type"]))
+        if cls is None and payload["module"] == "builtins":
+            cls = getattr(builtins, payload["type"], None)
+        if cls is tasks.TaskError:  # what the task got wrong, one line: its message says which and where
+            return cls(payload["message"])
+        try:  # anything else is a bug: this process's traceback, the worker's above it
+            error = cls(payload["message"]) if isinstance(cls, type) and issubclass(cls, Exception) else None
+        except Exception:  # an exception class that takes other arguments
+            error = None
+        error = error or RuntimeError(f"{payload['module']}.{payload['type']}: {payload['message']}")
+        error.__cause__ = RemoteTraceback(payload["traceback"])
+        return error
+
+
+def end_worker(process, requests, results, scratch):
+    """The worker's process group killed (the children a task forked too), its pipes closed, its directory gone."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+    for fd in (requests, results):
+        os.close(fd)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_message(fd, message):
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = HEADER.pack(len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The worker process
+# ---------------------------------------------------------------------------------------------------------------
+def read_message(fd, buffer):
+    """-> (message, rest of buffer), or (EOFError, b"") when the trainer closed the channel."""
+    while len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack_from(buffer)[0]:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return EOFError, b""
+        buffer += chunk
+    size = HEADER.unpack_from(buffer)[0]
+    return pickle.loads(buffer[HEADER.size:HEADER.size + size]), buffer[HEADER.size + size:]
+
+
+def die_with_parent(parent_pid):
+    """On Linux the kernel kills the worker when the trainer dies (tasks/_math.py's helper does the same)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: it ends when its channel closes
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def serve(requests, results, parent_pid):
+    """The worker's loop: build the task (the recipe, first message), then answer each request."""
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer's Ctrl-C is the trainer's
+    pid, buffer = os.getpid(), b""
+    recipe, buffer = read_message(requests, buffer)
+    if recipe is EOFError:
+        return
+    sys.path[:] = recipe["sys_path"]
+
+    def send(message):
+        write_message(results, message)
+
+    def guarded(what, call, *args, **kwargs):
+        """call(...) -> (True, value), or (False, the error's report); a child forked inside never returns."""
+        try:
+            return True, call(*args, **kwargs)
+        except BaseException as error:  # noqa: B036 (everything the task raises is reported to the trainer)
+            if os.getpid() != pid:
+                raise
+            return False, report(error)
+        finally:
+            if os.getpid() != pid:  # a child the call forked, back in the worker's code: it ends here
+                try:
+                    send(("error", {"kind": "forked", "what": what}))
+                finally:
+                    os._exit(FORKED)
+
+    ok, task = guarded("build", build_task, recipe)
+    if not ok:  # it was built in the trainer: a TaskError here is the task's (its data changed), else a bug
+        send(("error", task))
+        return
+    send(("done", None))
+    while True:
+        message, buffer = read_message(requests, buffer)
+        if message is EOFError:
+            return
+        if message[0] == "call":
+            _, method, args, kwargs = message
+            ok, value = guarded(f"{method}()", getattr(task, method), *args, **kwargs)
+            if ok and method == "reward":
+                ok, value = guarded("reward()", tasks.reward_number, value, f"task {task.name}", args[0])
+            send(("done", value) if ok else ("error", value))
+            continue
+        _, completions, examples, index, style = message
+        values, flushed = [], time.monotonic()
+        for completion, i in zip(completions, index):
+            ok, value = guarded("reward()", task.reward, completion, examples[i], style=style)
+            if ok:
+                ok, value = guarded("reward()", tasks.reward_number, value, f"task {task.name}", completion)
+            if not ok:
+                send(("values", values))
+                send(("error", value))
+                break
+            values.append(value)
+            if time.monotonic() - flushed >= FLUSH_S:
+                send(("values", values))
+                values, flushed = [], time.monotonic()
+        else:
+            send(("values", values))
+            send(("done", None))
+
+
+def report(error):
+    """An exception raised by a task's call, as the trainer rebuilds it (RewardWorker.error)."""
+    if not isinstance(error, Exception):
+        return {"kind": "base", "type": type(error).__name__, "args": error.args[:1]}
+    try:
+        message = str(error)
+    except Exception:
+        message = f"(a {type(error).__name__} whose message cannot be shown)"
+    return {"kind": "exception", "type": type(error).__name__, "module": type(error).__module__, "message": message,
+            "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))}
+
+
+def build_task(recipe):
+    """The run's task, as settle() built it (tasks.get_task; a task file's protocol was checked there)."""
+    name, data, options = recipe["task"], recipe["data"], recipe["options"]
+    if name not in tasks.TASKS and tasks.is_task_file(name):
+        return tasks.custom.build(name, data=data, **options)
+    return tasks.get_task(name, data=data, **options)

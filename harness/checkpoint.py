@@ -467,9 +467,9 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
         os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if info is not None:
+        if info is not None:  # written last, with the sha256 of every other file (tiny.warm_start checks them)
             with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-                json.dump(info, f)
+                json.dump({**info, "sha256": folder_digests(tmp)}, f)
         for attempt in range(2):
             try:
                 os.rename(tmp, folder)  # fails when folder exists and is not empty: never replaces another's copy
@@ -685,10 +685,10 @@ def file_sha256(path):
 def write_manifest(folder, known=None):
     """Write folder/MANIFEST: the sha256 of every file in folder (known: {name: digest} already computed, or of a
     file about to be written, run.json's). What binds a checkpoint's files into one set (verify_checkpoint)."""
-    digests = {name: file_sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder))
-               if name not in (known or {}) and name != MANIFEST}
+    known = known or {}
+    digests = folder_digests(folder, skip=(*known, MANIFEST))
     with open(os.path.join(folder, MANIFEST), "w") as f:
-        json.dump({"sha256": {**digests, **(known or {})}}, f, indent=1, sort_keys=True)
+        json.dump({"sha256": {**digests, **known}}, f, indent=1, sort_keys=True)
 
 
 def verify_checkpoint(checkpoint_dir, log=print):
@@ -710,18 +710,28 @@ def verify_checkpoint(checkpoint_dir, log=print):
             raise ValueError("no table of file names to sha256 digests")
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise RunError(f"{path} is unreadable ({type(error).__name__}: {error}); {hint}") from None
-    found = set(os.listdir(checkpoint_dir)) - {MANIFEST}
+    check_digests(checkpoint_dir, listed, MANIFEST, hint)
+
+
+def check_digests(folder, listed, manifest, hint):
+    """A RunError naming the first file of folder that is not as `listed` ({name: sha256}, read from the file
+    `manifest`, which is left out): missing, changed, not a regular file, or one the save did not write."""
+    found = set(os.listdir(folder)) - {manifest}
     for name in sorted(found | set(listed)):
-        file, kind = os.path.join(checkpoint_dir, name), what_is(os.path.join(checkpoint_dir, name))
+        file, kind = os.path.join(folder, name), what_is(os.path.join(folder, name))
         if name not in listed:
-            raise RunError(f"{file}: a file this checkpoint's save did not write (not in its {MANIFEST}); move it "
-                           f"away, or {hint}")
+            raise RunError(f"{file}: a file its save did not write (not in {manifest}); move it away, or {hint}")
         if kind != "a file":
             raise RunError(f"{file}: " + ("missing" if kind is None else f"is {kind}, not the file its save wrote")
-                           + f" (listed in its {MANIFEST}); {hint}")
+                           + f" (listed in {manifest}); {hint}")
         if file_sha256(file) != listed[name]:
-            raise RunError(f"{file}: not the file this checkpoint saved (its sha256 differs from the one in its "
-                           f"{MANIFEST}: changed, or copied from another checkpoint?); {hint}")
+            raise RunError(f"{file}: not the file its save wrote (its sha256 differs from the one in {manifest}: "
+                           f"changed, or copied from elsewhere?); {hint}")
+
+
+def folder_digests(folder, skip=()):
+    """{name: sha256} of every file in folder but those named in skip (a save's own files, just written)."""
+    return {name: file_sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder)) if name not in skip}
 
 
 def weight_digests(folder):

@@ -202,6 +202,9 @@ class Config:
                          choices=("chat", "compact"))
     rules: str | None = setting(None, "the task's reward rules", flag=False)
     initial_policy: str | None = setting(None, "where the initial (reference) weights live", flag=False)
+    initial_policy_sha256: str | None = setting(None, "a LoRA run's base: the sha256 of its weight and config files "
+                                                "(model.policy_digest; merge_lora and a resume check it)", flag=False,
+                                                pattern=r"[0-9a-f]{64}")
     given: frozenset = field(default=frozenset(), repr=False, compare=False, metadata=dict(flag=False, saved=False))
 
     # --- checks ---------------------------------------------------------------------------------------------------
@@ -357,7 +360,8 @@ class Config:
 # Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
                   "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast", "idle_warn",
-                  "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload", "step_in_backward")
+                  "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload", "step_in_backward",
+                  "initial_policy_sha256")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 

@@ -44,8 +44,8 @@ from harness.lean_optimizer import LeanAdamW
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, fixed_paths, require_library
-from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
-                           without_adapters)
+from harness.model import (add_lora, base_changed, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
+                           policy_digest, quantize_base, without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
 from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, noise, top_answer
 
@@ -108,6 +108,9 @@ def settle(config):
     folders are absolute from here on (config.fixed_paths), whatever a task does to the working directory."""
     config = hardware(fixed_paths(config))
     run_folders(config)
+    changed = base_changed(config, f"{config.resume}/run.json") if config.resume else None
+    if changed:  # a resumed LoRA run loads its base from initial_policy: the one its adapters trained on
+        raise RunError(changed)
     if not config.dry_run:
         check_libraries(config)  # a Config from Python; the command line's config.load checked it before torch
     with input_errors():
@@ -676,6 +679,9 @@ class RunState:
         self.watch = Watch(tiny=self.config.model == "tiny", warm_start=tiny.warm_start_seen(self.config))
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
+        if self.config.lora_rank and not self.config.resume:  # the base its adapters belong to, in run.json
+            self.config = dataclasses.replace(self.config,
+                                              initial_policy_sha256=policy_digest(self.config.initial_policy))
         if self.config.resume:
             saved = load_trainer_state(self.config.resume)
             check_optimizer_settings(optimizer, saved["optimizer"], self.config.resume)

@@ -468,8 +468,9 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if info is not None:  # written last, with the sha256 of every other file (tiny.warm_start checks them)
+            info = {**info, "sha256": folder_digests(tmp)}
             with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-                json.dump({**info, "sha256": folder_digests(tmp)}, f)
+                json.dump(info, f)
         for attempt in range(2):
             try:
                 os.rename(tmp, folder)  # fails when folder exists and is not empty: never replaces another's copy

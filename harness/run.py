@@ -90,8 +90,9 @@ def policy_load_errors(config):
     exit 1, like its other files), any other source is the user's input (an InputError, exit 2)."""
     try:
         yield
-    except ValueError as error:
-        raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else
+    except ValueError as error:  # the checkpoint named once: model.py's message names it already, or not
+        named = "" if str(error).startswith(str(config.resume)) else f"{config.resume}: "
+        raise (RunError(f"{named}{error}; resume from another checkpoint") if config.resume else
                InputError(str(error))) from None
 
 

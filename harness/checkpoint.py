@@ -467,10 +467,11 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
         os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if info is not None:  # written last, with the sha256 of every other file (tiny.warm_start checks them)
-            info = {**info, "sha256": folder_digests(tmp)}
-            with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-                json.dump(info, f)
+        if info is not None:  # written last, after MANIFEST, which lists it too (tiny.load_warm_start checks them)
+            info_json = json.dumps(info).encode()
+            write_manifest(tmp, {"warm_start.json": hashlib.sha256(info_json).hexdigest()})
+            with open(os.path.join(tmp, "warm_start.json"), "wb") as f:
+                f.write(info_json)
         for attempt in range(2):
             try:
                 os.rename(tmp, folder)  # fails when folder exists and is not empty: never replaces another's copy
@@ -697,11 +698,18 @@ def verify_checkpoint(checkpoint_dir, log=print):
     changed (config.json, the tokenizer's, the weights, trainer_state.pt, run.json: its sha256 is not MANIFEST's),
     one the save did not write, or anything but a regular file. A checkpoint from before MANIFEST was written: a
     note (its weights are checked by trainer_state.pt's digests, load_trainer_state). Reads every file once."""
-    path, hint = os.path.join(checkpoint_dir, MANIFEST), instead_of(checkpoint_dir)
-    if not os.path.lexists(path):
+    hint = instead_of(checkpoint_dir)
+    if not verify_manifest(checkpoint_dir, hint):
         log(f"note: {checkpoint_dir} was saved before checkpoints listed their files' sha256 ({MANIFEST}): only its "
             "weights are checked against its trainer_state.pt; the run's next checkpoint has one")
-        return
+
+
+def verify_manifest(folder, hint):
+    """Check folder's files against its MANIFEST (check_digests) -> True; False when it has none (a save from before
+    it). A MANIFEST that is not a small regular file holding a table of digests is a RunError ending with hint."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.lexists(path):
+        return False
     try:
         if what_is(path) != "a file" or os.path.getsize(path) > MANIFEST_LIMIT:
             raise ValueError(f"not a regular file of at most {MANIFEST_LIMIT} bytes")
@@ -711,7 +719,8 @@ def verify_checkpoint(checkpoint_dir, log=print):
             raise ValueError("no table of file names to sha256 digests")
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise RunError(f"{path} is unreadable ({type(error).__name__}: {error}); {hint}") from None
-    check_digests(checkpoint_dir, listed, MANIFEST, hint)
+    check_digests(folder, listed, MANIFEST, hint)
+    return True
 
 
 def check_digests(folder, listed, manifest, hint):

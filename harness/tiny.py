@@ -17,7 +17,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.checkpoint import RunError, check_digests, refuse_link, save_policy_atomically
+from harness.checkpoint import RunError, refuse_link, save_policy_atomically, verify_manifest
 from harness.watch import DEFAULT_PATIENCE, warm_start_advice
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
@@ -181,7 +181,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
 
 def load_warm_start(cache_dir, info, model, log=print):
     """The cached warm start in cache_dir, checked as a checkpoint is: its files those its save wrote (their sha256
-    in warm_start.json; a cache from before them: a note), every tensor of `model` in it (from_pretrained would draw
+    in its manifest.json; a cache from before it: a note), every tensor of `model` in it (from_pretrained would draw
     a missing one at random), each finite. Loaded first as any model folder: its small files bounded, no code of its
     own, the sizes it may ask for, weights that fail to load (truncated, empty) one line. Else a RunError naming the
     file or the tensor."""
@@ -201,11 +201,7 @@ def load_warm_start(cache_dir, info, model, log=print):
     for name, value in cached.state_dict().items():
         if value.is_floating_point() and not torch.isfinite(value).all():
             raise RunError(f"{cache_dir}: the warm start's weight {name!r} is not finite (nan or inf); {hint}")
-    if isinstance(info.get("sha256"), dict) and all(isinstance(v, str) for v in info["sha256"].values()):
-        check_digests(cache_dir, info["sha256"], "warm_start.json", hint)  # last: a damaged file is named first
-    elif "sha256" in info:  # by the check that reads it (its config's sizes, a truncated file, a missing tensor)
-        raise RunError(f"{cache_dir}/warm_start.json: its 'sha256' is not a table of file names to digests; {hint}")
-    else:
+    if not verify_manifest(cache_dir, hint):  # last: a damaged file is named first by the check that reads it
         log(f"note: {cache_dir} was cached before warm starts listed their files' sha256: its tensors are checked, "
             "its files are not")
     return cached.to(model.device)

@@ -251,7 +251,7 @@ def rewrite_weights(folder, change):
     (lambda t: {k: v.fill_(float("nan")) if "mlp.down_proj" in k else v for k, v in t.items()},
      "the warm start's weight 'model.layers.0.mlp.down_proj.weight' is not finite"),  # f80a5bd: a traceback
     (lambda t: {k: v + 0.01 if "mlp.down_proj" in k else v for k, v in t.items()},
-     "model.safetensors: not the file its save wrote (its sha256 differs from the one in warm_start.json")])
+     "model.safetensors: not the file its save wrote (its sha256 differs from the one in manifest.json")])
 def test_a_damaged_warm_start_cache_is_one_line(tmp_path, capsys, damage, message):
     flags, folder = cached_warm_start(tmp_path)
     rewrite_weights(folder, damage)
@@ -262,13 +262,12 @@ def test_a_damaged_warm_start_cache_is_one_line(tmp_path, capsys, damage, messag
 
 def test_a_warm_start_cache_from_before_its_digests_loads_with_a_note(tmp_path, capsys):
     flags, folder = cached_warm_start(tmp_path)
-    info_path = os.path.join(folder, "warm_start.json")
-    info = json.load(open(info_path))
-    assert set(info["sha256"]) == set(os.listdir(folder)) - {"warm_start.json"}
+    manifest = os.path.join(folder, checkpoint.MANIFEST)
+    assert set(json.load(open(manifest))["sha256"]) == set(os.listdir(folder)) - {checkpoint.MANIFEST}
     capsys.readouterr()
     train.main([*flags, "--output-dir", str(tmp_path / "checked")])  # its files as saved: loaded, no note
     assert "warm start: loaded" in capsys.readouterr().out
-    json.dump({k: v for k, v in info.items() if k != "sha256"}, open(info_path, "w"))
+    os.remove(manifest)
     capsys.readouterr()
     train.main([*flags, "--output-dir", str(tmp_path / "b")])
     assert f"note: {folder} was cached before warm starts listed their files' sha256" in capsys.readouterr().out

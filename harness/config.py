@@ -493,14 +493,15 @@ def build_parser(prog="train.py"):
     return parser
 
 
-PATH_SETTINGS = ("output_dir", "warm_start_cache", "resume")  # folders a run writes to or reads from as it goes
+PATH_SETTINGS = ("output_dir", "warm_start_cache")  # folders a run writes to as it goes
 
 
-def fixed_paths(config):
-    """config with PATH_SETTINGS made absolute, once, where the run starts (parse_args, run.settle): a task that
-    changes the working directory (os.chdir in a reward, as sandboxing verifiers do) then moves none of the run's
-    files (its lock, checkpoints, `latest`, metrics, warm-start cache)."""
-    changes = {key: os.path.abspath(getattr(config, key)) for key in PATH_SETTINGS
+def fixed_paths(config, keys=PATH_SETTINGS):
+    """config with the folders `keys` names made absolute, once, where the run starts (parse_args; run.settle, with
+    --resume, which load has made a real path already): a task that changes the working directory (os.chdir in a
+    reward, as sandboxing verifiers do) then moves none of the run's files (its lock, checkpoints, `latest`,
+    metrics, warm-start cache)."""
+    changes = {key: os.path.abspath(getattr(config, key)) for key in keys
                if getattr(config, key) is not None and getattr(config, key) != os.path.abspath(getattr(config, key))}
     return dataclasses.replace(config, **changes) if changes else config
 

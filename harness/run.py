@@ -107,7 +107,7 @@ def settle(config):
     the task's reward rules and where the initial (reference) weights live; the step count of --epochs. With
     --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name. The run's
     folders are absolute from here on (config.fixed_paths), whatever a task does to the working directory."""
-    config = hardware(fixed_paths(config))
+    config = hardware(fixed_paths(config, ("output_dir", "warm_start_cache", "resume")))
     run_folders(config)
     changed = base_changed(config, f"{config.resume}/run.json") if config.resume else None
     if changed:  # a resumed LoRA run loads its base from initial_policy: the one its adapters trained on

@@ -462,6 +462,7 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     if what_is(tmp) not in (None, "a directory"):  # a FIFO there would hang rmtree, which opens it
         raise RunError(f"{tmp} is {what_is(tmp)}, where this program writes a folder of its own; move it away")
     shutil.rmtree(tmp, ignore_errors=True)  # a folder of an earlier process of this PID
+    remove_dead_copies(folder)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
         os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
@@ -492,6 +493,18 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     finally:  # also after a signal's Stopped: no half-written copy stays
         if os.path.isdir(tmp) and not os.path.islink(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dead_copies(folder):
+    """Remove the <folder>.tmp-<PID> folders (not links) of processes that are gone: what a kill during
+    save_policy_atomically left (its own `finally` never ran)."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+        match = re.fullmatch(re.escape(name) + r"\.tmp-(\d+)", entry)
+        path = os.path.join(parent, entry)
+        if match and int(match.group(1)) != os.getpid() and not process_alive(int(match.group(1))) \
+                and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def then_resume(output_dir):

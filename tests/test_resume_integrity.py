@@ -167,6 +167,25 @@ def test_a_failed_prune_is_said_when_it_fails(tmp_path, capsys, monkeypatch):
     assert f"note: could not delete {tmp_path / 'run' / 'checkpoint-1.pruning'} (Permission denied)" in out
 
 
+def test_a_warm_start_copy_a_killed_process_left_is_removed(tmp_path):
+    # a kill inside save_policy_atomically left <cache>.tmp-<PID> (7 MB for the tiny default) for good
+    import subprocess
+    import sys
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    flags = ["--task", "digits", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(tmp_path / "cache"),
+             "--steps", "1"]
+    from harness import config as settings, tiny
+    folder = tiny.initial_policy_dir(run_module.settle(settings.parse_args([*flags, "--output-dir",
+                                                                          str(tmp_path / "a")]))[0])
+    os.makedirs(f"{folder}.tmp-{dead.pid}")
+    open(f"{folder}.tmp-{dead.pid}/model.safetensors", "wb").write(b"half")
+    os.makedirs(f"{folder}.tmp-{os.getppid()}")  # a live process's: not ours to delete
+    train.main([*flags, "--output-dir", str(tmp_path / "a")])
+    assert sorted(os.listdir(tmp_path / "cache")) == sorted([os.path.basename(folder),
+                                                             f"{os.path.basename(folder)}.tmp-{os.getppid()}"])
+
+
 # --- a checkpoint's files, one set ---------------------------------------------------------------------------------
 @pytest.fixture
 def saved_run(tmp_path):

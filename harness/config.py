@@ -42,6 +42,7 @@ MAX_PROMPTS, MAX_GENERATIONS, MAX_NEW_TOKENS, MAX_LORA_RANK = 2**20, 2**16, 2**2
 # CPU threads: more than any machine's cores (the largest have a few hundred); libgomp fails to create 16 384 on a
 # 2-core machine and segfaults at 100 000, in the run's first parallel loop, after the dry run accepted them
 MAX_THREADS = 1024
+MAX_LORA_SCALE = 1000  # LoRA's alpha / rank: recipes use 0.5-2; at 1e300 the first step's update overflows to inf
 MAX_INT = 2**63 - 1  # a count beyond a signed 64-bit integer: torch raises "Overflow when unpacking long long"
 WANDB_RUN_ID = r"[A-Za-z0-9_-]{1,64}"  # what W&B takes as a run id (it refuses :;,#?/' and ''); ours: 8 hex digits
 
@@ -273,7 +274,9 @@ class Config:
                 (self.logit_chunk >= 1, "--logit-chunk must be >= 1"),
                 (0 <= self.lora_rank <= MAX_LORA_RANK, f"--lora-rank must lie in [0, {MAX_LORA_RANK}] (0 = full "
                  "fine-tuning)"),
-                (self.lora_alpha is None or self.lora_alpha > 0, "--lora-alpha must be > 0"),
+                (self.lora_alpha is None or 0 < self.lora_alpha <= MAX_LORA_SCALE * max(self.lora_rank, 1),
+                 f"--lora-alpha must lie in (0, {MAX_LORA_SCALE} x --lora-rank] (the update is scaled by alpha / "
+                 "rank: at 1e300 the first step's update overflows to inf, a traceback in the next sampling)"),
                 (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
                  f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
                 (not (self.param_dtype != "fp32" and self.dtype == "fp32"), f"--param-dtype {self.param_dtype} "

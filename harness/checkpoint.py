@@ -15,6 +15,7 @@ so reading a run's settings (config.py) needs no torch.
 import contextlib
 import errno
 import filecmp
+import hashlib
 import json
 import os
 import pickle
@@ -181,14 +182,16 @@ def run_owns(name):
 
 def refuse_planted_links(output_dir):
     """A RunError naming the first entry of output_dir that the run owns (run_owns) and that is a link; `latest`
-    may be one, to a checkpoint-<step> beside it (the link each save writes). A `latest` that is neither such a
+    may be one, to a checkpoint-<step> beside it (the link each save writes), and so may latest.tmp (that link
+    before its rename, which a kill left: recover() removes it). A `latest` that is neither such a
     link nor a folder copying one of the checkpoints (refuse_odd_latest), and anything but a regular file with one
     name where the run keeps a file (OWN_FILES), are refused too."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
         if os.path.islink(path) and run_owns(name) and not (
-                name == "latest" and re.fullmatch(r"checkpoint-\d+", os.readlink(path))):
-            refuse_link(path)
+                name in ("latest", "latest.tmp") and re.fullmatch(r"checkpoint-\d+", os.readlink(path))):
+            refuse_link(path)  # latest.tmp: point_latest's link, left by a kill before its rename (recover removes it)
+    refuse_unless_file(os.path.join(output_dir, "latest.tmp"), links=True)  # a folder or FIFO: not the run's
     for name in OWN_FILES:  # a hard link, FIFO, device or folder where the run keeps a file of its own
         refuse_unless_file(os.path.join(output_dir, name))
     refuse_odd_latest(output_dir)
@@ -313,6 +316,9 @@ def recover(output_dir, log=print):
             else:
                 log(f"note: removed {path}, a checkpoint whose deletion was interrupted")
             continue
+        if empty_save_folder(output_dir, name):  # a kill between a save's mkdir and its mark: nothing in it
+            os.rmdir(path)
+            continue
         if not name.endswith(".tmp") or checkpoint_step(output_dir, name) is None:
             continue
         leftover, final = os.path.join(output_dir, name), os.path.join(output_dir, name[:-len(".tmp")])
@@ -328,6 +334,14 @@ def recover(output_dir, log=print):
     if os.path.lexists(latest) and not is_complete(latest) and steps:
         point_latest(output_dir, steps[-1])
         log(f"note: {latest} pointed to a missing checkpoint; it now points to checkpoint-{steps[-1]}")
+
+
+def empty_save_folder(output_dir, name):
+    """Whether output_dir/name is an empty checkpoint-<step>.tmp folder (not a link): what a kill between a save's
+    mkdir and its first file (SAVE_MARK) leaves. Nothing is in it, so nothing is lost when it goes."""
+    path = os.path.join(output_dir, name)
+    return re.fullmatch(r"checkpoint-\d+\.tmp", name) is not None and os.path.isdir(path) and \
+        not os.path.islink(path) and not os.listdir(path)
 
 
 def refuse_odd_latest(output_dir):
@@ -364,16 +378,18 @@ def later_checkpoints(output_dir, step):
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
-def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings, *, keep=2):
-    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, run.json), point `latest` at it, and keep the
-    newest `keep` checkpoints up to this step (0 = all); checkpoints after this step belong to a timeline a resumed
-    run replaces, and go. Any failure (a full disk raises OSError, safetensors' SafetensorError or torch's
+def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings, *, keep=2, log=print):
+    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, MANIFEST: the sha256 of each of its files,
+    run.json's too, then run.json), point `latest` at it, and keep the newest `keep` checkpoints up to this step
+    (0 = all); checkpoints after this step belong to a timeline a resumed run replaces, and go (a deletion that
+    fails is said, log). Any failure (a full disk raises OSError, safetensors' SafetensorError or torch's
     RuntimeError) removes the partial folder, leaves `latest` as it was, and is one RunError."""
     import torch
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
     refuse_nonfinite_weights(model, step, output_dir)
-    if os.path.lexists(tmp) and checkpoint_step(output_dir, os.path.basename(tmp)) is None:
+    if os.path.lexists(tmp) and checkpoint_step(output_dir, os.path.basename(tmp)) is None and \
+            not empty_save_folder(output_dir, os.path.basename(tmp)):
         raise RunError(f"{tmp} is in the way of this run's next save and is not one of its own; move it elsewhere, "
                        "then continue with --resume")
     kind = what_is(final)
@@ -390,10 +406,14 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
             f.write("a checkpoint written by train.py (harness/checkpoint.py)\n")
         save_policy(model, tmp)  # a LoRA policy: its adapters only (harness/model.py)
         tokenizer.save_pretrained(tmp)
-        torch.save({**trainer_state, WEIGHTS_SHA256: weight_digests(tmp)}, os.path.join(tmp, TRAINER_STATE))
-        with open(os.path.join(tmp, RUN_SETTINGS), "w") as f:  # written last: the folder is complete once it exists
-            json.dump(settings, f, indent=1, sort_keys=True)
-        shutil.rmtree(final, ignore_errors=True)  # a later checkpoint of a replaced timeline; `latest` is elsewhere
+        weights = weight_digests(tmp)
+        torch.save({**trainer_state, WEIGHTS_SHA256: weights}, os.path.join(tmp, TRAINER_STATE))
+        run_json = json.dumps(settings, indent=1, sort_keys=True).encode()
+        write_manifest(tmp, {**weights, RUN_SETTINGS: hashlib.sha256(run_json).hexdigest()})
+        with open(os.path.join(tmp, RUN_SETTINGS), "wb") as f:  # written last: the folder is complete once it exists
+            f.write(run_json)
+        if os.path.isdir(final) and not os.path.islink(final):  # a later checkpoint of a replaced timeline
+            prune(final, log)  # renamed first: a kill midway leaves a .pruning folder, never half a checkpoint
         os.replace(tmp, final)
         point_latest(output_dir, step)  # atomic switch: `latest` is always a complete checkpoint
     except Exception as error:  # noqa: BLE001 -- whatever the writer raised, the run's files stay as they were
@@ -404,13 +424,14 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
     earlier = [s for s in checkpoint_steps(output_dir) if s < step]
     pruned = earlier[:-(keep - 1) or None] if keep > 0 else []  # never the one just written
     for name in later_checkpoints(output_dir, step) + [f"checkpoint-{s}" for s in pruned]:
-        prune(os.path.join(output_dir, name))
+        prune(os.path.join(output_dir, name), log)
     return final
 
 
-def prune(folder):
+def prune(folder, log=print):
     """Delete a checkpoint folder: renamed to <folder>.pruning first (atomic), then removed, so a kill midway leaves
-    no half-deleted checkpoint-<step> but a .pruning folder that recover() removes."""
+    no half-deleted checkpoint-<step> but a .pruning folder that recover() removes. A deletion that fails (a folder
+    not writable) is said now, in one note naming what is left; the run goes on."""
     doomed = folder + PRUNING
     try:
         if os.path.isdir(doomed) and not os.path.islink(doomed):
@@ -419,7 +440,13 @@ def prune(folder):
         folder = doomed
     except OSError:
         pass  # the rmtree below removes what it can
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        shutil.rmtree(folder)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        log(f"note: could not delete {folder} ({error.strerror or error}), a checkpoint this run no longer keeps; "
+            "delete it by hand (the run goes on; each start tries again)")
 
 
 def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
@@ -435,14 +462,17 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     if what_is(tmp) not in (None, "a directory"):  # a FIFO there would hang rmtree, which opens it
         raise RunError(f"{tmp} is {what_is(tmp)}, where this program writes a folder of its own; move it away")
     shutil.rmtree(tmp, ignore_errors=True)  # a folder of an earlier process of this PID
+    remove_dead_copies(folder)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
         os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if info is not None:
-            with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-                json.dump(info, f)
+        if info is not None:  # written last, after MANIFEST, which lists it too (tiny.load_warm_start checks them)
+            info_json = json.dumps(info).encode()
+            write_manifest(tmp, {"warm_start.json": hashlib.sha256(info_json).hexdigest()})
+            with open(os.path.join(tmp, "warm_start.json"), "wb") as f:
+                f.write(info_json)
         for attempt in range(2):
             try:
                 os.rename(tmp, folder)  # fails when folder exists and is not empty: never replaces another's copy
@@ -463,6 +493,18 @@ def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
     finally:  # also after a signal's Stopped: no half-written copy stays
         if os.path.isdir(tmp) and not os.path.islink(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dead_copies(folder):
+    """Remove the <folder>.tmp-<PID> folders (not links) of processes that are gone: what a kill during
+    save_policy_atomically left (its own `finally` never ran)."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+        match = re.fullmatch(re.escape(name) + r"\.tmp-(\d+)", entry)
+        path = os.path.join(parent, entry)
+        if match and int(match.group(1)) != os.getpid() and not process_alive(int(match.group(1))) \
+                and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def then_resume(output_dir):
@@ -626,6 +668,9 @@ def load_trainer_state(checkpoint_dir):
     if not all(isinstance(state["initial_eval"].get(key), (int, float)) for key in ("pass@1", "reward")):
         raise RunError(f"{path}: no valid 'initial_eval' (pass@1, reward) in it; {hint}")
     saved = state.get(WEIGHTS_SHA256)  # absent in a checkpoint from before it was written: not checked
+    if saved is not None and not (isinstance(saved, dict) and all(
+            isinstance(name, str) and isinstance(digest, str) for name, digest in saved.items())):
+        raise RunError(f"{path}: its {WEIGHTS_SHA256!r} is not a table of file names to sha256 digests; {hint}")
     if saved is not None and saved != weight_digests(checkpoint_dir):
         found = weight_digests(checkpoint_dir)
         name = sorted(name for name in set(saved) | set(found) if saved.get(name) != found.get(name))[0]
@@ -639,19 +684,84 @@ def load_trainer_state(checkpoint_dir):
 WEIGHTS_SHA256 = "weights_sha256"  # trainer_state.pt's {file name: sha256} of the checkpoint's weight files
 
 
+MANIFEST = "manifest.json"  # {"sha256": {file name: sha256 hex}}: every file of a checkpoint, written before run.json
+MANIFEST_LIMIT = 1 << 20  # bytes: a manifest is ~1 KB
+
+
+def file_sha256(path):
+    """The sha256 hex digest of the file at path, read in blocks of 1 MiB."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder, known=None):
+    """Write folder/MANIFEST: the sha256 of every file in folder (known: {name: digest} already computed, or of a
+    file about to be written, run.json's). What binds a checkpoint's files into one set (verify_checkpoint)."""
+    known = known or {}
+    digests = folder_digests(folder, skip=(*known, MANIFEST))
+    with open(os.path.join(folder, MANIFEST), "w") as f:
+        json.dump({"sha256": {**digests, **known}}, f, indent=1, sort_keys=True)
+
+
+def verify_checkpoint(checkpoint_dir, log=print):
+    """A RunError naming the file when checkpoint_dir's files are not the set its save wrote: a file missing,
+    changed (config.json, the tokenizer's, the weights, trainer_state.pt, run.json: its sha256 is not MANIFEST's),
+    one the save did not write, or anything but a regular file. A checkpoint from before MANIFEST was written: a
+    note (its weights are checked by trainer_state.pt's digests, load_trainer_state). Reads every file once."""
+    hint = instead_of(checkpoint_dir)
+    if not verify_manifest(checkpoint_dir, hint):
+        log(f"note: {checkpoint_dir} was saved before checkpoints listed their files' sha256 ({MANIFEST}): only its "
+            "weights are checked against its trainer_state.pt; the run's next checkpoint has one")
+
+
+def verify_manifest(folder, hint):
+    """Check folder's files against its MANIFEST (check_digests) -> True; False when it has none (a save from before
+    it). A MANIFEST that is not a small regular file holding a table of digests is a RunError ending with hint."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.lexists(path):
+        return False
+    try:
+        if what_is(path) != "a file" or os.path.getsize(path) > MANIFEST_LIMIT:
+            raise ValueError(f"not a regular file of at most {MANIFEST_LIMIT} bytes")
+        with open(path) as f:
+            listed = json.load(f)["sha256"]
+        if not isinstance(listed, dict) or not all(isinstance(digest, str) for digest in listed.values()):
+            raise ValueError("no table of file names to sha256 digests")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
+        raise RunError(f"{path} is unreadable ({type(error).__name__}: {error}); {hint}") from None
+    check_digests(folder, listed, MANIFEST, hint)
+    return True
+
+
+def check_digests(folder, listed, manifest, hint):
+    """A RunError naming the first file of folder that is not as `listed` ({name: sha256}, read from the file
+    `manifest`, which is left out): missing, changed, not a regular file, or one the save did not write."""
+    found = set(os.listdir(folder)) - {manifest}
+    for name in sorted(found | set(listed)):
+        file, kind = os.path.join(folder, name), what_is(os.path.join(folder, name))
+        if name not in listed:
+            raise RunError(f"{file}: a file its save did not write (not in {manifest}); move it away, or {hint}")
+        if kind != "a file":
+            raise RunError(f"{file}: " + ("missing" if kind is None else f"is {kind}, not the file its save wrote")
+                           + f" (listed in {manifest}); {hint}")
+        if file_sha256(file) != listed[name]:
+            raise RunError(f"{file}: not the file its save wrote (its sha256 differs from the one in {manifest}: "
+                           f"changed, or copied from elsewhere?); {hint}")
+
+
+def folder_digests(folder, skip=()):
+    """{name: sha256} of every file in folder but those named in skip (a save's own files, just written)."""
+    return {name: file_sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder)) if name not in skip}
+
+
 def weight_digests(folder):
     """{name: sha256 hex} of the weight files (*.safetensors: the policy's, or a LoRA run's adapters) in folder, read
     in blocks of 1 MiB: what binds a checkpoint's weights to its own step (load_trainer_state checks them)."""
-    import hashlib
-    digests = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors") and os.path.isfile(os.path.join(folder, name)):
-            digest = hashlib.sha256()
-            with open(os.path.join(folder, name), "rb") as f:
-                while block := f.read(1 << 20):
-                    digest.update(block)
-            digests[name] = digest.hexdigest()
-    return digests
+    return {name: file_sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder))
+            if name.endswith(".safetensors") and os.path.isfile(os.path.join(folder, name))}
 
 
 def instead_of(checkpoint_dir, otherwise="no other complete checkpoint: start the run again"):

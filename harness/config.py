@@ -51,6 +51,11 @@ MAX_KL_COEF, MIN_TEMPERATURE, MAX_TINY_HIDDEN, MAX_TINY_LAYERS = 100, 1e-3, 4096
 # Counts that size a step's tensors, far above any recipe (512 prompts x 16, 8 192 new tokens, rank 256): beyond
 # them a run allocates without end before any check of memory could speak (--dry-run --memory-budget plans a run)
 MAX_PROMPTS, MAX_GENERATIONS, MAX_NEW_TOKENS, MAX_LORA_RANK = 2**20, 2**16, 2**20, 2**16
+# CPU threads: more than any machine's cores (the largest have a few hundred); libgomp fails to create 16 384 on a
+# 2-core machine and segfaults at 100 000, in the run's first parallel loop, after the dry run accepted them
+MAX_THREADS = 1024
+MAX_LORA_SCALE = 1000  # LoRA's alpha / rank: recipes use 0.5-2; at 1e300 the first step's update overflows to inf
+MAX_INT = 2**63 - 1  # a count beyond a signed 64-bit integer: torch raises "Overflow when unpacking long long"
 WANDB_RUN_ID = r"[A-Za-z0-9_-]{1,64}"  # what W&B takes as a run id (it refuses :;,#?/' and ''); ours: 8 hex digits
 
 
@@ -210,6 +215,9 @@ class Config:
                          choices=("chat", "compact"))
     rules: str | None = setting(None, "the task's reward rules", flag=False)
     initial_policy: str | None = setting(None, "where the initial (reference) weights live", flag=False)
+    initial_policy_sha256: str | None = setting(None, "a LoRA run's base: the sha256 of its weight and config files "
+                                                "(model.policy_digest; merge_lora and a resume check it)", flag=False,
+                                                pattern=r"[0-9a-f]{64}")
     given: frozenset = field(default=frozenset(), repr=False, compare=False, metadata=dict(flag=False, saved=False))
 
     # --- checks ---------------------------------------------------------------------------------------------------
@@ -278,7 +286,9 @@ class Config:
                 (self.logit_chunk >= 1, "--logit-chunk must be >= 1"),
                 (0 <= self.lora_rank <= MAX_LORA_RANK, f"--lora-rank must lie in [0, {MAX_LORA_RANK}] (0 = full "
                  "fine-tuning)"),
-                (self.lora_alpha is None or self.lora_alpha > 0, "--lora-alpha must be > 0"),
+                (self.lora_alpha is None or 0 < self.lora_alpha <= MAX_LORA_SCALE * max(self.lora_rank, 1),
+                 f"--lora-alpha must lie in (0, {MAX_LORA_SCALE} x --lora-rank] (the update is scaled by alpha / "
+                 "rank: at 1e300 the first step's update overflows to inf, a traceback in the next sampling)"),
                 (re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", self.lora_targets) is not None,
                  f"--lora-targets must be comma-separated module names, got {self.lora_targets!r}"),
                 (not (self.param_dtype != "fp32" and self.dtype == "fp32"), f"--param-dtype {self.param_dtype} "
@@ -318,7 +328,9 @@ class Config:
                 (self.idle_warn >= 1, "--idle-warn must be >= 1"),
                 (self.idle_stop >= 0, "--idle-stop must be >= 0 (0 = never stop)"),
                 (0 <= self.seed < 2**32, "--seed must lie in [0, 2**32)"),
-                (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
+                (self.threads is None or 1 <= self.threads <= MAX_THREADS, f"--threads must lie in [1, "
+                 f"{MAX_THREADS}] (more than any CPU's cores; a thread count the machine cannot create crashes "
+                 "the run)"),
                 (8 <= self.tiny_hidden <= MAX_TINY_HIDDEN and self.tiny_hidden % 8 == 0, "--tiny-hidden must be a "
                  f"multiple of 8 from 8 to {MAX_TINY_HIDDEN} (4 heads, each of an even width for its rotary "
                  "embedding; a larger model: --model)"),
@@ -348,6 +360,11 @@ class Config:
                  f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")]:
             if not ok:
                 raise ValueError(message)
+        for f in dataclasses.fields(self):  # a count the checks above leave open: within torch's integers
+            value = getattr(self, f.name)
+            if field_kind(f)[0] is int and value is not None and abs(value) > MAX_INT:
+                raise ValueError(f"{setting_name(f)} must lie within +-(2**63 - 1), what torch's integers hold, got "
+                                 f"{str(value)[:20]}{'...' if len(str(value)) > 20 else ''}")
         return self
 
     def saved(self):
@@ -358,7 +375,8 @@ class Config:
 # Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
                   "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast", "idle_warn",
-                  "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload", "step_in_backward")
+                  "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload", "step_in_backward",
+                  "initial_policy_sha256")
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
@@ -490,6 +508,19 @@ def build_parser(prog="train.py"):
     return parser
 
 
+PATH_SETTINGS = ("output_dir", "warm_start_cache")  # folders a run writes to as it goes
+
+
+def fixed_paths(config, keys=PATH_SETTINGS):
+    """config with the folders `keys` names made absolute, once, where the run starts (parse_args; run.settle, with
+    --resume, which load has made a real path already): a task that changes the working directory (os.chdir in a
+    reward, as sandboxing verifiers do) then moves none of the run's files (its lock, checkpoints, `latest`,
+    metrics, warm-start cache)."""
+    changes = {key: os.path.abspath(getattr(config, key)) for key in keys
+               if getattr(config, key) is not None and getattr(config, key) != os.path.abspath(getattr(config, key))}
+    return dataclasses.replace(config, **changes) if changes else config
+
+
 def fail(message, prog="train.py"):
     """One line on stderr and exit code 2: no usage dump, no traceback."""
     print(f"{prog}: error: {message}", file=sys.stderr)
@@ -505,7 +536,7 @@ def parse_args(argv=None, prog="train.py"):
         if "task_options" in given:
             given["task_options"] = dict(map(parse_task_option, given["task_options"]))
         config = Config(**given, given=frozenset(given))
-        return config.validate()
+        return fixed_paths(config.validate())
     except ValueError as error:
         fail(str(error), prog)
 

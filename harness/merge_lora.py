@@ -13,7 +13,8 @@ import contextlib
 import os
 import sys
 
-from harness.checkpoint import LOCK, RunError, holds_a_run, resolve_checkpoint, run_owns, save_policy_atomically
+from harness.checkpoint import (LOCK, RunError, holds_a_run, resolve_checkpoint, run_owns, save_policy_atomically,
+                                verify_checkpoint)
 from harness.config import saved_config
 
 
@@ -37,7 +38,13 @@ def main(argv=None):
             raise RunError(f"{checkpoint}: not a LoRA run (its weights are already a plain model)")
         if not settings.initial_policy:
             raise RunError(f"{checkpoint}/run.json: no initial_policy (the base weights the adapters belong to)")
-        from harness.model import load_adapters, load_policy, load_tokenizer, merge_adapters
+        from harness.model import base_changed, load_adapters, load_policy, load_tokenizer, merge_adapters
+        changed = base_changed(settings, f"{checkpoint}/run.json")
+        if changed:
+            raise RunError(changed)
+        if settings.initial_policy_sha256 is None:
+            print(f"note: {checkpoint}/run.json records no sha256 of its base (a run from before the record, or a "
+                  f"hub id): {settings.initial_policy} is taken as the base the adapters trained on")
         tokenizer = load_tokenizer(checkpoint)
         base, _ = load_policy(settings.initial_policy, tokenizer=tokenizer)
         if settings.base_dtype == "nf4":  # the base the policy ran with: quantized and dequantized again
@@ -46,7 +53,9 @@ def main(argv=None):
             from harness.run import storage_dtype
             require_library("torchao", "merging a --base-dtype nf4 run")
             base = nf4_round_trip(base.to(storage_dtype(settings)))
-        model = merge_adapters(load_adapters(base, checkpoint, settings))
+        adapted = load_adapters(base, checkpoint, settings)
+        verify_checkpoint(checkpoint)  # its files the set its save wrote (manifest.json): last, as a resume does
+        model = merge_adapters(adapted)
         save_policy_atomically(model, tokenizer, args.output)
     except (RunError, ValueError) as error:
         print(f"merge_lora: error: {error}", file=sys.stderr)

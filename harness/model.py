@@ -69,6 +69,43 @@ def model_source(model_arg):
     return path, kwargs
 
 
+POLICY_FILES = r"config\.json|.+\.safetensors|.+\.bin|.+\.safetensors\.index\.json|.+\.gguf"  # what a base is
+
+
+def policy_digest(model_arg):
+    """The sha256 of the files that make model_arg's weights (config.json, *.safetensors, *.bin, their index; a .gguf
+    file), over their names and own sha256s: what a LoRA run records of its base (run.json's initial_policy_sha256),
+    which merge_lora and a resume compare (base_changed). None for a hub id (no file here to read)."""
+    import hashlib
+    import re
+    from harness.checkpoint import file_sha256
+    path = smollm2_gguf() if model_arg == "smollm2" else os.path.expanduser(model_arg)
+    if os.path.isfile(path):
+        files = [path]
+    elif os.path.isdir(path):
+        files = [os.path.join(path, name) for name in sorted(os.listdir(path))
+                 if re.fullmatch(POLICY_FILES, name) and os.path.isfile(os.path.join(path, name))]
+    else:
+        return None
+    lines = "".join(f"{os.path.basename(file)} {file_sha256(file)}\n" for file in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def base_changed(settings, where):
+    """One line when a LoRA run's base (settings.initial_policy) is not the one it recorded (initial_policy_sha256):
+    its adapters belong to those weights only. None when it is, or when nothing was recorded (a run from before
+    the record, a hub id). where: the run.json that recorded it."""
+    if not settings.lora_rank or settings.initial_policy_sha256 is None:
+        return None
+    now = policy_digest(settings.initial_policy) if os.path.exists(os.path.expanduser(settings.initial_policy)) or \
+        settings.initial_policy == "smollm2" else None
+    if now == settings.initial_policy_sha256:
+        return None
+    return (f"{settings.initial_policy}: not the base this LoRA run trained on (" + (
+        f"sha256 {now[:12]}..." if now else "missing") + f", {where} recorded {settings.initial_policy_sha256[:12]}"
+        "...): its adapters belong to that base only; put it back where run.json's initial_policy names")
+
+
 def load_tokenizer(model_arg):
     """-> the tokenizer of `model_arg` (as load_policy), with a pad token (EOS when the model defines none) and left
     padding. Errors: one-line ValueErrors."""

@@ -38,13 +38,13 @@ from harness import memory, report, tiny
 from harness.checkpoint import (RunError, check_weights, checkpoint_step, checkpoint_steps, existing_copy,
                                 holds_a_run, instead_of, later_checkpoints, load_trainer_state, locked, point_latest,
                                 recover, refuse_planted_links, remove_run, restore_rng, rng_state, save_checkpoint,
-                                tensor_problem, write_failed)
+                                tensor_problem, verify_checkpoint, what_is, write_failed)
 from harness.lean_optimizer import LeanAdamW
 from harness.master_weights import MasterWeights
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
-from harness.config import Config, InputError, check_libraries, require_library
-from harness.model import (add_lora, enable_checkpointing, load_adapters, load_policy, load_tokenizer, quantize_base,
-                           without_adapters)
+from harness.config import Config, InputError, check_libraries, fixed_paths, require_library
+from harness.model import (add_lora, base_changed, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
+                           policy_digest, quantize_base, without_adapters)
 from harness.prompts import epoch_steps, training_prompts, within_context
 from harness.rewards import RewardTimeout, Stopped, TimedRewards, timed_task, worker_recipe
 from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, noise, top_answer
@@ -81,8 +81,9 @@ def policy_load_errors(config):
     exit 1, like its other files), any other source is the user's input (an InputError, exit 2)."""
     try:
         yield
-    except ValueError as error:
-        raise (RunError(f"{config.resume}: {error}; resume from another checkpoint") if config.resume else
+    except ValueError as error:  # the checkpoint named once: model.py's message names it already, or not
+        named = "" if str(error).startswith(str(config.resume)) else f"{config.resume}: "
+        raise (RunError(f"{named}{error}; resume from another checkpoint") if config.resume else
                InputError(str(error))) from None
 
 
@@ -95,8 +96,13 @@ def settle(config):
     Decided here: --device/--dtype auto for this machine; for a fresh run, the prompt style from the tokenizer
     (compact for the tiny character vocabulary, which then gets tiny.CPU_DEFAULTS where the flags left them open),
     the task's reward rules and where the initial (reference) weights live; the step count of --epochs. With
-    --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name."""
-    config = hardware(config)
+    --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name. The run's
+    folders are absolute from here on (config.fixed_paths), whatever a task does to the working directory."""
+    config = hardware(fixed_paths(config, ("output_dir", "warm_start_cache", "resume")))
+    run_folders(config)
+    changed = base_changed(config, f"{config.resume}/run.json") if config.resume else None
+    if changed:  # a resumed LoRA run loads its base from initial_policy: the one its adapters trained on
+        raise RunError(changed)
     if not config.dry_run:
         check_libraries(config)  # a Config from Python; the command line's config.load checked it before torch
     with input_errors():
@@ -134,6 +140,15 @@ def settle(config):
     elif not config.dry_run:
         within_machine(config)
     return (config, tokenizer, None if config.dry_run else task, prompts)
+
+
+def run_folders(config):
+    """An InputError naming the flag when --output-dir or --warm-start-cache names something other than a folder
+    (a file, a FIFO): said by the dry run too, before the run would fail on it."""
+    for flag, path in (("--output-dir", config.output_dir), ("--warm-start-cache", config.warm_start_cache)):
+        if path and os.path.lexists(path) and not os.path.isdir(path):  # a link to a folder is one
+            raise InputError(f"{flag} {path} is {what_is(path)}, not a folder; name a folder (it is created if "
+                             "missing)")
 
 
 def task_file(config):
@@ -579,6 +594,9 @@ class RunState:
         self.watch = Watch(tiny=self.config.model == "tiny", warm_start=tiny.warm_start_seen(self.config))
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
+        if self.config.lora_rank and not self.config.resume:  # the base its adapters belong to, in run.json
+            self.config = dataclasses.replace(self.config,
+                                              initial_policy_sha256=policy_digest(self.config.initial_policy))
         if self.config.resume:
             saved = load_trainer_state(self.config.resume)
             check_optimizer_settings(optimizer, saved["optimizer"], self.config.resume)
@@ -597,6 +615,8 @@ class RunState:
             except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
                 raise RunError(f"{self.config.resume}/trainer_state.pt: its RNG states are unusable "
                                f"({type(error).__name__}); resume from another checkpoint") from None
+            verify_checkpoint(self.config.resume, say)  # its files as one set (config, tokenizer, ...): last, so
+            # that a damaged file is named by the check that reads it first
             self.step, self.initial_eval = saved["step"], saved["initial_eval"]
             self.last_eval = (saved["step"], saved.get("last_eval"))
             # what can fail without changing the folder goes first: the loggers (a W&B run id it refuses, ...)
@@ -740,7 +760,7 @@ class RunState:
                          "last_eval": self.last_eval[1] if self.last_eval[0] == step else None,
                          "optimizer": self.optimizer.state_dict(), "rng": rng_state()}
         save_checkpoint(self.config.output_dir, step, self.model, self.tokenizer, trainer_state,
-                        self.config.saved(), keep=self.config.keep_checkpoints)
+                        self.config.saved(), keep=self.config.keep_checkpoints, log=say)
 
     def final_eval(self):
         """The eval of the final weights: the one at the last step if there was one, else a new one."""

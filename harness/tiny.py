@@ -17,7 +17,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.checkpoint import RunError, refuse_link, save_policy_atomically
+from harness.checkpoint import RunError, refuse_link, save_policy_atomically, verify_manifest
 from harness.watch import DEFAULT_PATIENCE, warm_start_advice
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
@@ -142,14 +142,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
         info = read_small_json(info_path)
         log(f"warm start: loaded {cache_dir} (pass@1 {info['pass@1']:.3f} after {info['steps']} steps, on the warm "
             "start's own held-out draw; the run's evals use another)")
-        from harness.model import model_source, one_line_load_errors, weights_dtype
-        try:  # loaded as any model folder: its small files bounded, no code of its own, the sizes it may ask for,
-            path, kwargs = model_source(cache_dir)  # and weights that fail to load (truncated, empty) one line
-            with one_line_load_errors(cache_dir, kwargs):
-                cached = AutoModelForCausalLM.from_pretrained(path, **weights_dtype(model.dtype), **kwargs)
-        except ValueError as error:
-            raise RunError(f"{error}; delete that warm-start folder") from None
-        return cached.to(model.device), info
+        return load_warm_start(cache_dir, info, model, log), info
     torch.manual_seed(seed)
     rng = random.Random(seed)
     pool = task.examples("train", min(max_steps * batch_size, 4000), seed=seed + 1)  # 2-number countdown has ~6k
@@ -184,6 +177,34 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
             "stopped": stopped, "best": max(best, metrics["pass@1"])}
     save_policy_atomically(model, tokenizer, cache_dir, info, cache=True)
     return model, info
+
+
+def load_warm_start(cache_dir, info, model, log=print):
+    """The cached warm start in cache_dir, checked as a checkpoint is: its files those its save wrote (their sha256
+    in its manifest.json; a cache from before it: a note), every tensor of `model` in it (from_pretrained would draw
+    a missing one at random), each finite. Loaded first as any model folder: its small files bounded, no code of its
+    own, the sizes it may ask for, weights that fail to load (truncated, empty) one line. Else a RunError naming the
+    file or the tensor."""
+    from harness.model import model_source, one_line_load_errors, weights_dtype
+    hint = "delete that warm-start folder (the run trains it again)"
+    try:
+        path, kwargs = model_source(cache_dir)
+        with one_line_load_errors(cache_dir, kwargs):
+            cached, loading = AutoModelForCausalLM.from_pretrained(path, **weights_dtype(model.dtype), **kwargs,
+                                                                  output_loading_info=True)
+    except ValueError as error:
+        raise RunError(f"{error}; {hint}") from None
+    missing = sorted(loading["missing_keys"]) + sorted(loading["mismatched_keys"])
+    if missing:
+        raise RunError(f"{cache_dir}: the warm start lacks the weight {str(missing[0])!r} (of {len(missing)} "
+                       f"missing or of another shape); {hint}")
+    for name, value in cached.state_dict().items():
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise RunError(f"{cache_dir}: the warm start's weight {name!r} is not finite (nan or inf); {hint}")
+    if not verify_manifest(cache_dir, hint):  # last: a damaged file is named first by the check that reads it
+        log(f"note: {cache_dir} was cached before warm starts listed their files' sha256: its tensors are checked, "
+            "its files are not")
+    return cached.to(model.device)
 
 
 def read_small_json(path, limit=1 << 20):

@@ -21,8 +21,8 @@ stay within its noise meanwhile (docs/tasks.md, "When a run says it learns nothi
 alone called it flat and the train reward did not; tests/test_watch.py replays it).
 
 What the notes cannot see: a task whose right answer is the same string for most prompts looks collapsed; a held-out
-gain smaller than the eval's noise, with a train reward that does not rise, looks flat (a larger --eval-size
-resolves less); a train reward that rises only because sampling concentrates on the answers greedy decoding already
+gain smaller than the eval's noise, with a train reward that does not rise, looks flat (the end table's verdict,
+harness/advice.py, says how many held-out prompts would resolve it, within the task's split); a train reward that rises only because sampling concentrates on the answers greedy decoding already
 gave counts as learning, and so does one that rises by memorising a fixed training set (--epochs): neither run is
 called flat; a reward that rewards the wrong thing looks like learning; a run shorter than FLAT_EVALS evals or than
 2 REWARD_WINDOW train rows is never called flat.

@@ -88,7 +88,8 @@ def test_the_reverse_a_word_run_reaches_one_verdict_that_more_steps_do_not_flip(
     assert said[342][0].endswith("beyond the noise at this eval alone, which does not resolve a change (2 evals in a "
                                  "row do: harness/advice.py says the rule)")
     assert verdicts[342].endswith("held-out pass@1 is not resolved: a next eval beyond the noise too would resolve "
-                                  "it: python train.py --resume runs/reverse --task /home/me/reverse_word.py --steps 362")
+                                  "it: python train.py --resume runs/reverse --task /home/me/reverse_word.py "
+                                  "--steps 362")
     assert all("moved within its noise" in line for steps, line in verdicts.items() if steps != 342)
     assert not any("may not be learning" in line for lines in said.values() for line in lines)  # one verdict
     trend = next(line for line in said[400] if line.startswith("train reward"))
@@ -107,7 +108,8 @@ def test_the_reverse_a_word_run_reaches_one_verdict_that_more_steps_do_not_flip(
 
 
 def test_a_larger_eval_size_reaches_the_same_verdict():
-    """The issue's --eval-size 1000: held-out pass@1 0.100 -> 0.115 on 1000 prompts (noise ~0.028), the same train rows."""
+    """The issue's --eval-size 1000: held-out pass@1 0.100 -> 0.115 on 1000 prompts (noise ~0.028), the same train
+    rows."""
     lines = replayed(400, prompts=1000, held_out={step: 0.115 for step in HELD_OUT})
     assert verdict(lines).startswith("verdict: the policy learns the train reward")
     assert not any(OLD_WITHIN in line for line in lines)

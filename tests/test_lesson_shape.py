@@ -217,7 +217,8 @@ def slug(heading):
 def results_sections(table):
     """{anchor: the row values docs/results.md's section under that heading cites} (for a link to results.md#anchor)."""
     text = open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8").read()
-    return {slug(lines[0]): cited("\n".join(lines), table, {}) for _, lines in sections(text) if lines[0].startswith("#")}
+    return {slug(lines[0]): cited("\n".join(lines), table, {}) for _, lines in sections(text)
+            if lines[0].startswith("#")}
 
 
 def cited(text, table, anchors):
@@ -228,7 +229,8 @@ def cited(text, table, anchors):
               for value in cell]
     cells = {cell: got for cells in table.values() for cell, got in cells.items()}
     values += [value for word in set(re.findall(r"[\w.+-]+", text)) if word in cells for value in cells[word]]
-    return values + [value for anchor in set(re.findall(r"results\.md#([\w-]+)", text)) for value in anchors.get(anchor, [])]
+    return values + [value for anchor in set(re.findall(r"results\.md#([\w-]+)", text))
+                     for value in anchors.get(anchor, [])]
 
 
 def unrowed(text, table, anchors=None):

@@ -1,6 +1,7 @@
 """What a run tells its user after its evals: the verdict on whether RL changed the policy, what the run's noise
-needs to decide more, the held-out split's size, and the command that resumes (docs/tasks.md, "The end table's
-verdict"). Every number comes from the run's own evals and train rows; every flag advised is one the run may take.
+needs to decide more, the held-out split's size, the flags its notes advise (flags_to_try), and the command that
+resumes (docs/tasks.md, "When a run says it learns nothing"). Every number comes from the run's own evals and train
+rows; every flag advised is one the run may take.
 
 The verdict, decided here and nowhere else, from two pieces of evidence, each against its own noise:
 
@@ -28,6 +29,8 @@ import math
 import shlex
 
 import tasks
+from harness.config import MAX_GENERATIONS
+from harness.watch import MAX_TARGET, target_above
 
 CONFIRM = 2            # evals in a row that resolve a held-out change, or that end one
 MIN_TREND_ROWS = 10    # train rows before the train reward's trend is fitted
@@ -219,3 +222,30 @@ def held_out_needs(first, last, d, prompts, split_rows):
     where = f" of the split's {split_rows}" if split_rows is not None else ""
     return (f"a change of {abs(d):.3f} needs about {needed} held-out prompts{where} (this eval has {prompts}): a new "
             f"run with --eval-size {needed} (a resume keeps the eval's size)")
+
+
+LR_FACTOR = 3  # a note's --lr: the run's divided (a fall, a collapse) or multiplied (flat) by this
+
+
+def flags_to_try(settings, kind):
+    """The flags a note of harness/watch.py advises, each with a value computed from the run's settings (the settled
+    Config) and only where it changes something: "fell" and "collapsed" (a smaller step, a pull to the start),
+    "flat" (a larger step, more varied groups). -> "; try ..." text, or "" when no flag is left to move."""
+    lr, kl, generations, temperature = settings.lr, settings.kl_coef, settings.num_generations, settings.temperature
+    advice = []
+    if kind in ("fell", "collapsed"):
+        advice.append(f"--lr {lr / LR_FACTOR:.2g} (this run: {lr:g})")
+        if 10 * kl <= 1:
+            advice.append(f"--kl-coef {max(0.01, 10 * kl):g}" + (f" (this run: {kl:g})" if kl else ""))
+    target = target_above(settings.warm_start_target)
+    if kind == "flat" and settings.model == "tiny" and settings.warm_start_steps and target <= MAX_TARGET:
+        advice.append(f"--warm-start-target {target:g} (this run: {settings.warm_start_target:g})")
+    if kind in ("fell", "flat") and 2 * generations <= MAX_GENERATIONS:
+        advice.append(f"--num-generations {2 * generations} (this run: {generations})")
+    if kind == "flat" and temperature < 1.0:
+        advice.append(f"--temperature 1.0 (this run: {temperature:g})")
+    if kind == "collapsed" and temperature < 1.2:
+        advice.append(f"--temperature {min(1.2, temperature + 0.3):g} (this run: {temperature:g})")
+    if kind == "flat":
+        advice.append(f"--lr {lr * LR_FACTOR:.2g} (this run: {lr:g})")
+    return "; try " + ", ".join(advice) if advice else ""

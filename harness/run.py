@@ -664,7 +664,7 @@ class RunState:
         self.task, self.eval_examples = task, list(eval_examples)
         self.eval_prompts = [report.prompt_text(task.prompt(example, self.config.style)) for example in eval_examples]
         self.watch = Watch(tiny=self.config.model == "tiny", warm_start=tiny.warm_start_seen(self.config),
-                           settings=self.config)
+                           advise=functools.partial(advice.flags_to_try, self.config))
         if self.eval_examples:  # an --eval-size above the split: said once, at start
             self.split_rows = advice.held_out_rows(task, self.config.eval_size, len(self.eval_examples))
             said = advice.eval_size_note(self.config, len(self.eval_examples))

@@ -126,34 +126,10 @@ def warm_start_advice(warm, constant_pass):
         f"answer's {floor:.3f}; " + NO_FLAG
 
 
-LR_FACTOR = 3  # a note's --lr: the run's divided (a fall, a collapse) or multiplied (flat) by this
-
-
-def flags_to_try(settings, kind, tiny):
-    """The flags a note advises, each with a value computed from the run's settings (the settled Config; None: the
-    defaults) and only where it changes something: "fell" and "collapsed" (a smaller step, a pull to the start),
-    "flat" (a larger step, more varied groups). -> "; try ..." text, or "" when no flag is left to move."""
-    from harness.config import MAX_GENERATIONS, Config  # here: harness/config.py imports this file
-    settings = settings or Config()
-    lr, kl, generations, temperature = settings.lr, settings.kl_coef, settings.num_generations, settings.temperature
-    advice = []
-    if kind in ("fell", "collapsed"):
-        advice.append(f"--lr {lr / LR_FACTOR:.2g} (this run: {lr:g})")
-        if 10 * kl <= 1:
-            advice.append(f"--kl-coef {max(0.01, 10 * kl):g}" + (f" (this run: {kl:g})" if kl else ""))
-    if kind == "flat" and tiny and settings.warm_start_steps and target_above(settings.warm_start_target) \
-            <= MAX_TARGET:
-        advice.append(f"--warm-start-target {target_above(settings.warm_start_target):g} (this run: "
-                      f"{settings.warm_start_target:g})")
-    if kind in ("fell", "flat") and 2 * generations <= MAX_GENERATIONS:
-        advice.append(f"--num-generations {2 * generations} (this run: {generations})")
-    if kind == "flat" and temperature < 1.0:
-        advice.append(f"--temperature 1.0 (this run: {temperature:g})")
-    if kind == "collapsed" and temperature < 1.2:
-        advice.append(f"--temperature {min(1.2, temperature + 0.3):g} (this run: {temperature:g})")
-    if kind == "flat":
-        advice.append(f"--lr {lr * LR_FACTOR:.2g} (this run: {lr:g})")
-    return "; try " + ", ".join(advice) if advice else ""
+GENERIC_FLAGS = {"fell": "; try a lower --lr, --kl-coef 0.01, a larger --num-generations",
+                 "flat": "; try a higher --warm-start-target (tiny model), a larger --num-generations, --temperature 1.0 "
+                         "or above, a higher --lr",
+                 "collapsed": "; try a lower --lr, --kl-coef 0.01, a higher --temperature"}  # without a run's settings
 
 
 def shown(text, limit=40):
@@ -164,10 +140,10 @@ class Watch:
     """The notes of one run: start() at the step-0 eval, later_eval() at each later one, train_row() for each step's
     row, verdict() for the end table. Each kind of note is said once; the verdict repeats what was found."""
 
-    def __init__(self, tiny, warm_start=None, settings=None):
+    def __init__(self, tiny, warm_start=None, advise=None):
         self.tiny = tiny                  # the tiny model: its warm start is what a degenerate start blames
         self.warm_start = warm_start      # what its warm start saw, for warm_start_advice (None: unknown)
-        self.settings = settings          # the run's Config: the notes advise flag values from it (None: defaults)
+        self.advise = advise or GENERIC_FLAGS.get  # kind -> the flags a note advises (advice.flags_to_try)
         self.first = None                 # the step-0 eval's result
         self.evals = 0                    # evals after the start
         self.best = None                  # the best pass@1 after the start
@@ -219,7 +195,7 @@ class Watch:
                                                       f"{trend[1]:.3f}: the policy learns the train prompts' reward, "
                                                       "not the task" if apart else "")
                 + ". Likely: a step too large (lower --lr), a collapse onto one answer, a reward that pays for "
-                "something else" + flags_to_try(self.settings, "fell", self.tiny))
+                "something else" + self.advise("fell"))
         self.rose = self.rose or now - start > margin
         trend = self.reward_trend()
         if self.evals >= FLAT_EVALS and not self.rose and trend is not None and trend[1] - trend[0] <= trend[2] \
@@ -230,7 +206,7 @@ class Watch:
                 f"{self.evals} evals, each within the two evals' noise) and so is the train reward ({trend[0]:.3f} -> "
                 f"{trend[1]:.3f}, within its noise {trend[2]:.3f}). Likely: groups that all tie (see "
                 "zero_var_share), too small a step, a start too weak to sample a success"
-                + flags_to_try(self.settings, "flat", self.tiny))
+                + self.advise("flat"))
         answer, share = top_answer(samples)
         if len(samples) >= MIN_PROMPTS and share >= COLLAPSED_SHARE and "collapsed" not in self.found \
                 and "degenerate start" not in self.found:
@@ -238,7 +214,7 @@ class Watch:
             notes.append(
                 f"note: step {step}: the greedy answers collapsed: {shown(answer)} for {share:.0%} of the "
                 f"{len(samples)} held-out prompts. Likely: a step too large, a reward that pays that answer often"
-                + flags_to_try(self.settings, "collapsed", self.tiny))
+                + self.advise("collapsed"))
         return notes
 
     def reward_trend(self):

@@ -2,6 +2,7 @@
 within what the task allows (the held-out split's size, flags the run may take); the resume hint is the command that
 resumes. The issue's own task (reverse a 3-letter word: train reward 0.075 -> 0.14 over 400 steps, held-out pass@1
 within its noise but for one eval) is replayed from synthetic rows of that shape, not a 400-step run."""
+import functools
 import math
 import random
 import shlex
@@ -181,13 +182,13 @@ def test_an_eval_size_above_the_split_says_so_once_at_start(tmp_path, capsys):
 
 
 def test_the_notes_advise_flag_values_from_the_runs_settings():
-    settings = Config(lr=3e-4, kl_coef=0.01, num_generations=8, temperature=1.0, warm_start_target=0.1)
-    fell = Watch(tiny=True, settings=settings)
+    settings = Config(model="tiny", lr=3e-4, kl_coef=0.01, num_generations=8, temperature=1.0, warm_start_target=0.1)
+    fell = Watch(tiny=True, advise=functools.partial(advice.flags_to_try, settings))
     fell.start(of(0.3), [])
     [note] = fell.later_eval(20, of(0.1), [])
     assert note.endswith("; try --lr 0.0001 (this run: 0.0003), --kl-coef 0.1 (this run: 0.01), --num-generations "
                          "16 (this run: 8)")
-    flat = Watch(tiny=True, settings=settings)
+    flat = Watch(tiny=True, advise=functools.partial(advice.flags_to_try, settings))
     flat.start(of(0.1), [])
     for step in range(1, 5):
         for k in range(20):

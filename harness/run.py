@@ -34,7 +34,7 @@ import transformers
 from tqdm import tqdm
 
 import tasks
-from harness import memory, report, tiny
+from harness import advice, memory, report, tiny
 from harness.checkpoint import (RunError, check_weights, checkpoint_step, checkpoint_steps, existing_copy,
                                 holds_a_run, instead_of, later_checkpoints, load_trainer_state, locked, point_latest,
                                 recover, refuse_planted_links, remove_run, restore_rng, rng_state, save_checkpoint,
@@ -45,9 +45,9 @@ from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, fixed_paths, require_library
 from harness.model import (add_lora, base_changed, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
                            policy_digest, quantize_base, without_adapters)
-from harness.prompts import epoch_steps, training_prompts, within_context
+from harness.prompts import epoch_steps, training_prompts
 from harness.rewards import RewardTimeout, Stopped, TimedRewards, timed_task, worker_recipe
-from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, noise, top_answer
+from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, top_answer
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
 SAMPLES_SHOWN = 3  # greedy completions printed at each eval (the first held-out prompts)
@@ -571,6 +571,7 @@ class RunState:
     task: object = None               # the task and its held-out examples (begin)
     eval_examples: list = None
     watch: Watch = None               # the notes on whether the run learns (harness/watch.py)
+    split_rows: int = None            # the task's held-out split's size (None: a generated split, any size)
 
     @property
     def exit_code(self):
@@ -591,7 +592,13 @@ class RunState:
         self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
         self.task, self.eval_examples = task, list(eval_examples)
         self.eval_prompts = [report.prompt_text(task.prompt(example, self.config.style)) for example in eval_examples]
-        self.watch = Watch(tiny=self.config.model == "tiny", warm_start=tiny.warm_start_seen(self.config))
+        self.watch = Watch(tiny=self.config.model == "tiny", warm_start=tiny.warm_start_seen(self.config),
+                           advise=functools.partial(advice.flags_to_try, self.config))
+        if self.eval_examples:  # an --eval-size above the split: said once, at start
+            self.split_rows = advice.held_out_rows(task, self.config.eval_size, len(self.eval_examples))
+            said = advice.eval_size_note(self.config, len(self.eval_examples))
+            if said:
+                say(said)
         model.train()
         torch.manual_seed(self.config.seed)  # the RL phase starts from the same RNG state whether or not warm start ran
         if self.config.lora_rank and not self.config.resume:  # the base its adapters belong to, in run.json
@@ -681,11 +688,15 @@ class RunState:
 
     def trained_line(self):
         """The end-of-run table's line: how many steps trained."""
-        verdict = self.watch.verdict() if self.watch else None
-        final = self.last_eval[1] if self.last_eval[0] == self.step else None
-        noise_said = self.noise_line(self.initial_eval, final) if self.initial_eval and final else None
+        final = self.last_eval[1] if self.last_eval[0] == self.step and self.step > 0 else None
+        evals = [(step, result) for step, result in (self.watch.evals_seen if self.watch else []) if step < self.step]
+        noise_said, moved = advice.end_lines(self.config, self.initial_eval, evals + [(self.step, final)],
+                                             self.watch.reward_rows if self.watch else [],
+                                             len(self.eval_examples or ()), self.split_rows) \
+            if self.initial_eval and final else ([], None)
+        verdict = self.watch.verdict(moved) if self.watch else None
         trained = f"steps that trained (took an optimizer step): {self.trained_steps} of {self.step}"
-        return "\n".join(filter(None, [noise_said, trained, verdict]))
+        return "\n".join(filter(None, [*noise_said, trained, verdict]))
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
@@ -703,16 +714,6 @@ class RunState:
         for note in filter(None, notes):
             say(note)
         return result
-
-    def noise_line(self, before, after):
-        """The end table's line on noise: each pass@1 with its standard error over the held-out prompts, and whether
-        the change is beyond the two evals' noise, 2 sqrt(se_0^2 + se^2) (harness/watch.py's rule)."""
-        change, margin = after["pass@1"] - before["pass@1"], noise(before, after)
-        said = "within noise: more steps or a larger --eval-size resolve it" if abs(change) <= margin else \
-            ("resolved: a gain" if change > 0 else "resolved: a loss") + " beyond the noise"
-        return (f"pass@1 +/- its standard error: {before['pass@1']:.3f} +/- {before.get('pass@1_se', 0.0):.3f} -> "
-                f"{after['pass@1']:.3f} +/- {after.get('pass@1_se', 0.0):.3f}; change {change:+.3f}, noise "
-                f"2 sqrt(se0^2 + se^2) = {margin:.3f}: {said}")
 
     def constant_pass(self, samples):
         """The held-out pass@1 of answering the most common greedy completion to every prompt (None without the
@@ -748,10 +749,11 @@ class RunState:
         if step % self.config.save_every == 0 or step == self.config.steps or self.stopped or self.idle_stopped:
             self.save(step)
         if self.stopped:
-            say(f"stopped at step {step}; continue with --resume {self.config.output_dir}")
+            say(f"stopped at step {step}; continue with {advice.resume_command(self.config)}")
         elif self.idle_stopped:
             say(f"stopped at step {step}: {self.idle_streak} steps in a row learned nothing (the note above says "
-                f"why); checkpoint-{step} is saved: --resume {self.config.output_dir} --idle-stop 0 goes on anyway")
+                f"why); checkpoint-{step} is saved: {advice.resume_command(self.config, '--idle-stop', 0)} goes on "
+                "anyway")
         self.step_started = time.time()
         return self.stopped or self.idle_stopped
 
@@ -815,7 +817,7 @@ def start(config):
         if not config.resume and holds_a_run(config.output_dir):
             if not config.overwrite:
                 raise RunError(f"{config.output_dir} holds a run ({', '.join(holds_a_run(config.output_dir)[:3])}); "
-                               f"continue it with --resume {config.output_dir}, pick another --output-dir, or pass "
+                               f"continue it with {advice.resume_command(config)}, pick another --output-dir, or pass "
                                "--overwrite to delete it")
             remove_run(config.output_dir)
         state = RunState(config, step=resumed_step(config))
@@ -842,7 +844,7 @@ def start(config):
         except Stopped:
             saved = checkpoint_steps(config.output_dir)
             if state.model is not None and saved:
-                say(f"--resume {config.output_dir} continues from checkpoint-{saved[-1]}")
+                say(f"{advice.resume_command(config)} continues from checkpoint-{saved[-1]}")
             raise
         except (RunError, InputError, KeyboardInterrupt):
             raise
@@ -854,7 +856,7 @@ def start(config):
             saved = checkpoint_steps(config.output_dir)
             where = f"in step {state.step + 1}" if state.model is not None else f"before step {state.step + 1}"
             print(f"\nthe run stopped {where} on the error below; its files are intact"
-                  + (f": --resume {config.output_dir} continues from checkpoint-{saved[-1]}" if saved else
+                  + (f": {advice.resume_command(config)} continues from checkpoint-{saved[-1]}" if saved else
                      ", with no checkpoint: the same command starts afresh"), file=sys.stderr, flush=True)
             raise
         finally:

@@ -21,8 +21,8 @@ stay within its noise meanwhile (docs/tasks.md, "When a run says it learns nothi
 alone called it flat and the train reward did not; tests/test_watch.py replays it).
 
 What the notes cannot see: a task whose right answer is the same string for most prompts looks collapsed; a held-out
-gain smaller than the eval's noise, with a train reward that does not rise, looks flat (a larger --eval-size
-resolves less); a train reward that rises only because sampling concentrates on the answers greedy decoding already
+gain smaller than the eval's noise, with a train reward that does not rise, looks flat (the end table's verdict,
+harness/advice.py, says how many held-out prompts would resolve it, within the task's split); a train reward that rises only because sampling concentrates on the answers greedy decoding already
 gave counts as learning, and so does one that rises by memorising a fixed training set (--epochs): neither run is
 called flat; a reward that rewards the wrong thing looks like learning; a run shorter than FLAT_EVALS evals or than
 2 REWARD_WINDOW train rows is never called flat.
@@ -126,6 +126,12 @@ def warm_start_advice(warm, constant_pass):
         f"answer's {floor:.3f}; " + NO_FLAG
 
 
+GENERIC_FLAGS = {"fell": "; try a lower --lr, --kl-coef 0.01, a larger --num-generations",
+                 "flat": "; try a higher --warm-start-target (tiny model), a larger --num-generations, --temperature 1.0 "
+                         "or above, a higher --lr",
+                 "collapsed": "; try a lower --lr, --kl-coef 0.01, a higher --temperature"}  # without a run's settings
+
+
 def shown(text, limit=40):
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
@@ -134,18 +140,22 @@ class Watch:
     """The notes of one run: start() at the step-0 eval, later_eval() at each later one, train_row() for each step's
     row, verdict() for the end table. Each kind of note is said once; the verdict repeats what was found."""
 
-    def __init__(self, tiny, warm_start=None):
+    def __init__(self, tiny, warm_start=None, advise=None):
         self.tiny = tiny                  # the tiny model: its warm start is what a degenerate start blames
         self.warm_start = warm_start      # what its warm start saw, for warm_start_advice (None: unknown)
+        self.advise = advise or GENERIC_FLAGS.get  # kind -> the flags a note advises (advice.flags_to_try)
         self.first = None                 # the step-0 eval's result
         self.evals = 0                    # evals after the start
         self.best = None                  # the best pass@1 after the start
         self.rose = False                 # an eval after the start above it by more than the two evals' noise
         self.rewards = []                 # the train rows' reward_mean, in step order
         self.found = {}                   # kind -> the short form of its note, for the verdict
+        self.evals_seen = []              # (step, result) of each eval after the start (harness/advice.py's verdict)
+        self.reward_rows = []             # (step, reward_mean) of each train row
 
     def train_row(self, row):
         self.rewards.append(row.get("reward_mean"))
+        self.reward_rows.append((row.get("step", len(self.rewards)), row.get("reward_mean")))
 
     def start(self, result, samples, constant_pass=None):
         """The step-0 eval -> its note, or None. constant_pass: the pass@1 of answering the most common greedy
@@ -170,6 +180,7 @@ class Watch:
         """A later eval -> its new notes (a list, often empty)."""
         if self.first is None:
             return []
+        self.evals_seen.append((step, result))
         self.evals += 1
         self.best = result["pass@1"] if self.best is None else max(self.best, result["pass@1"])
         notes, start, now = [], self.first["pass@1"], result["pass@1"]
@@ -184,7 +195,7 @@ class Watch:
                                                       f"{trend[1]:.3f}: the policy learns the train prompts' reward, "
                                                       "not the task" if apart else "")
                 + ". Likely: a step too large (lower --lr), a collapse onto one answer, a reward that pays for "
-                "something else; try a lower --lr, --kl-coef 0.01, a larger --num-generations")
+                "something else" + self.advise("fell"))
         self.rose = self.rose or now - start > margin
         trend = self.reward_trend()
         if self.evals >= FLAT_EVALS and not self.rose and trend is not None and trend[1] - trend[0] <= trend[2] \
@@ -194,17 +205,16 @@ class Watch:
                 f"note: step {step}: held-out pass@1 is flat ({start:.3f} at the start, at best {self.best:.3f} in "
                 f"{self.evals} evals, each within the two evals' noise) and so is the train reward ({trend[0]:.3f} -> "
                 f"{trend[1]:.3f}, within its noise {trend[2]:.3f}). Likely: groups that all tie (see "
-                "zero_var_share), too small a step, a start too weak to sample a success; try a higher "
-                "--warm-start-target (tiny model), a larger --num-generations, --temperature 1.0 or above, a "
-                "higher --lr")
+                "zero_var_share), too small a step, a start too weak to sample a success"
+                + self.advise("flat"))
         answer, share = top_answer(samples)
         if len(samples) >= MIN_PROMPTS and share >= COLLAPSED_SHARE and "collapsed" not in self.found \
                 and "degenerate start" not in self.found:
             self.found["collapsed"] = f"greedy answers collapsed onto {shown(answer)} ({share:.0%})"
             notes.append(
                 f"note: step {step}: the greedy answers collapsed: {shown(answer)} for {share:.0%} of the "
-                f"{len(samples)} held-out prompts. Likely: a step too large, a reward that pays that answer often; "
-                "try a lower --lr, --kl-coef 0.01, a higher --temperature")
+                f"{len(samples)} held-out prompts. Likely: a step too large, a reward that pays that answer often"
+                + self.advise("collapsed"))
         return notes
 
     def reward_trend(self):
@@ -218,8 +228,12 @@ class Watch:
         return (statistics.fmean(first), statistics.fmean(last),
                 2 * math.sqrt((statistics.variance(first) + statistics.variance(last)) / REWARD_WINDOW))
 
-    def verdict(self):
-        """The end table's line on learning: what the notes found, or None when they found nothing."""
-        if not self.found:
+    def verdict(self, moved=None):
+        """The end table's line on learning: what the notes found, or None when they found nothing. moved: the end
+        verdict's word (harness/advice.py: "gain", "rose", ...), which supersedes a note that said the opposite
+        earlier (a "flat" when the run gained or its train reward rose; a "fell" when it gained)."""
+        superseded = {"gain": ("flat", "fell"), "rose": ("flat",)}.get(moved, ())
+        found = [said for kind, said in self.found.items() if kind not in superseded]
+        if not found:
             return None
-        return "this run may not be learning: " + "; ".join(self.found.values()) + " (the notes above say why)"
+        return "this run may not be learning: " + "; ".join(found) + " (the notes above say why)"

@@ -16,7 +16,8 @@ LABELS = ("typed", "from the shipped rows")  # a block that says one of these an
 NUMBER = re.compile(r"(?<![\w.^/#-])(\d+\.\d+)(?![\w.]*\w)")  # a decimal, not part of a name, version or path
 # what a decimal right after these words is: a reference, a version or a default, not a measured claim
 NOT_A_CLAIM = re.compile(r"(arxiv|prop\.|proposition|eq\.|§|section|theorem|lemma|fig\.|figure|table|transformers|"
-                         r"torch|torchvision|verl|python|cuda|version|pin|default)\W{0,3}$", re.I)
+                         r"torch|torchao|torchvision|verl|python|cuda|version|pin|default)\W{0,3}$"
+                         r"|(^|[^\w])(τ|α|η|β|T|p)( =)? $", re.I)  # and a setting's or an input's value: τ 0.1, p = 0.5
 DEBT = os.path.join(ROOT, "tests", "data", "unrowed_numbers.json")  # the numbers that failed the rule when it came in
 
 
@@ -66,35 +67,51 @@ def blocks(lines, start):
     return out
 
 
-def section_values(text, table):
-    """The row values a section may cite: of each results csv it links, of each cell it names in backquotes, and of
-    every csv where it links docs/results.md (the README, whose results point there)."""
-    names = set(table) if "results.md" in text else set(re.findall(r"results/(\w+\.csv)", text))
-    values = [value for name in names for cell in table.get(name, {}).values() for value in cell]
-    named = set(re.findall(r"`([\w.+-]+)`", text))
-    return values + [value for cells in table.values() for cell, got in cells.items() if cell in named
-                     for value in got]
+def slug(heading):
+    """A markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip("# ").lower()).replace(" ", "-")
 
 
-def unrowed(text, table):
-    """[(line, number)] of the decimals of a markdown text with neither a row nor a label: each decimal (outside code
-    spans, code blocks and link targets, not a reference, version or default: NOT_A_CLAIM) must equal, at its printed precision, a row value its section cites
-    (section_values), or stand in a block (blocks) that says one of LABELS."""
-    found = []
+def results_sections(table):
+    """{anchor: the row values docs/results.md's section under that heading cites} (for a link to results.md#anchor)."""
+    text = open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8").read()
+    return {slug(lines[0]): cited("\n".join(lines), table, {}) for _, lines in sections(text)
+            if lines[0].startswith("#")}
+
+
+def cited(text, table, anchors):
+    """The row values a piece of markdown cites: every row of each results csv it links (results/<name>.csv), of each
+    cell it names (a word that is a cell's name, in backquotes or a command), and of each docs/results.md section it
+    links by its anchor (results.md#anchor: that section's). A link to results.md without an anchor cites nothing."""
+    values = [value for name in set(re.findall(r"results/(\w+\.csv)", text)) for cell in table.get(name, {}).values()
+              for value in cell]
+    cells = {cell: got for cells in table.values() for cell, got in cells.items()}
+    values += [value for word in set(re.findall(r"[\w.+-]+", text)) if word in cells for value in cells[word]]
+    return values + [value for anchor in set(re.findall(r"results\.md#([\w-]+)", text))
+                     for value in anchors.get(anchor, [])]
+
+
+def unrowed(text, table, anchors=None):
+    """[(line, number)] of the decimals of a markdown text with neither a row nor a label. Each decimal (outside code
+    spans, code blocks and link targets, not a reference, version or default: NOT_A_CLAIM) must equal, at its printed
+    precision, a row value that its own block (blocks: a paragraph, a list item, a table row) cites, or, where the
+    block cites none, that its section cites (cited); or stand in a block that says one of LABELS. anchors: the
+    values docs/results.md's sections cite, by anchor (results_sections)."""
+    found, anchors = [], anchors if anchors is not None else {}
     text = re.sub(r"```.*?```", lambda match: "\n" * match.group().count("\n"), text, flags=re.S)
     for start, lines in sections(text):
-        values, rounded = section_values("\n".join(lines), table), {}
+        in_section = cited("\n".join(lines), table, anchors)
         for line, block in blocks(lines, start):
             if any(label in block.lower() for label in LABELS):
                 continue
+            values = cited(block, table, anchors) or in_section
             block = re.sub(r"`[^`]*`|\]\([^)]*\)|https?://\S+", " ", block)
             for match in NUMBER.finditer(block):
                 if NOT_A_CLAIM.search(block[max(0, match.start() - 16):match.start()]) or \
                         re.fullmatch(r"\d{4}\.\d{4,5}", match.group(1)):  # an arXiv id
                     continue
                 digits = len(match.group(1).split(".")[1])
-                rounded.setdefault(digits, {round(value, digits) for value in values})
-                if float(match.group(1)) not in rounded[digits]:
+                if float(match.group(1)) not in {round(value, digits) for value in values}:
                     found.append((line, match.group(1)))
     return found
 
@@ -113,12 +130,32 @@ def test_the_number_rule_flags_what_the_audit_found():
     assert unrowed("## R\n`cmd --lr 0.5` and [a](results/x_0.5.csv), version 2.13.0\n", table) == []
 
 
+def test_the_number_rule_ties_each_number_to_the_rows_its_block_cites():
+    """Issue 70's audit: a README decimal passed if any row anywhere equalled it (a section linking results.md could
+    cite every csv: 99 of 101 two-decimal values in [0, 1] passed). Now a block's numbers must be in the rows it
+    cites itself (else its section's), a link to results.md cites only the section its anchor names, and a plain
+    link to results.md cites nothing."""
+    table = {"a.csv": {"cell-a": [0.25]}, "b.csv": {"cell-b": [0.5]}}
+    anchors = {"the-a-runs": [0.25]}
+    assert unrowed("## R\nSee [results](docs/results.md): 0.5 and 0.25.\n", table) == [(1, "0.5"), (1, "0.25")]
+    assert unrowed("## R\n[a](results/a.csv) gave 0.25.\n\n[b](results/b.csv) gave 0.25.\n", table) == [(4, "0.25")]
+    assert unrowed("## R\n`cell-b` gave 0.5, not 0.25.\n", table) == [(1, "0.25")]
+    assert unrowed("## R\n[there](results.md#the-a-runs): 0.25, 0.5.\n", table, anchors) == [(1, "0.5")]
+    assert unrowed("## R\nrows: [a](results/a.csv).\n\nThe same run: 0.25.\n", table) == []  # its section's
+    assert unrowed("## R\nτ 0.1, p = 0.5, torchao 0.18: settings, not claims.\n", table) == []
+    # the audit's count: of the 101 values 0.00-1.00, a README-style block linking results.md passes none now
+    text = "## R\n[results](docs/results.md): " + ", ".join(f"{k / 100:.2f}" for k in range(101)) + ".\n"
+    assert len(unrowed(text, result_rows())) == 101
+
+
 def test_every_number_in_the_docs_has_its_row_or_its_label():
     table, debt = result_rows(), json.load(open(DEBT))
     over = {}
-    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md")]:
+    anchors = results_sections(table)
+    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md"),
+                                                                         os.path.join(ROOT, "lab", "referees.md")]:
         name = os.path.relpath(path, ROOT)
-        found = unrowed(open(path, encoding="utf-8").read(), table)
+        found = unrowed(open(path, encoding="utf-8").read(), table, anchors)
         extra = collections.Counter(number for _, number in found) - collections.Counter(debt.get(name, {}))
         if extra:
             over[name] = [f"line {line}: {number}" for line, number in found if number in extra]

@@ -204,7 +204,7 @@ def test_a_bug_before_a_resumed_runs_first_step_names_that_step(tmp_path):
                           capture_output=True, text=True, timeout=300, env={**os.environ, "BUG": "1"})
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "a bug in examples" in proc.stderr, proc.stderr
     assert "the run stopped before step 5 on the error below" in proc.stderr
-    assert f"--resume {out} continues from checkpoint-4" in proc.stderr
+    assert f"python train.py --resume {out} --task {path} continues from checkpoint-4" in proc.stderr  # the command
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

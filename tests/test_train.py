@@ -305,7 +305,7 @@ def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, signum):
     steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl") if '"eval"' not in line]
     assert steps == list(range(1, steps[-1] + 1)) and 2 <= steps[-1] < 200
     assert os.path.realpath(out / "latest") == os.path.realpath(out / f"checkpoint-{steps[-1]}")
-    assert f"stopped at step {steps[-1]}; continue with --resume {out}" in stdout
+    assert f"stopped at step {steps[-1]}; continue with python train.py --resume {out}" in stdout
     resumed = subprocess.run([sys.executable, "train.py", "--resume", str(out), "--steps", str(steps[-1] + 1)],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0 and f"resumed from step {steps[-1]}" in resumed.stdout, resumed.stderr
@@ -425,7 +425,8 @@ def test_a_bug_inside_the_loop_shows_its_traceback_and_the_run_resumes(tmp_path,
     with pytest.raises(ValueError, match="token_advantages must be") as error:
         train.main(["--task", "digits", "--output-dir", out, *SMALL, "--steps", "3", "--save-every", "1"])
     assert any(str(entry.path).endswith("train.py") for entry in error.traceback)
-    assert f"its files are intact: --resume {out} continues from checkpoint-1" in capsys.readouterr().err
+    assert f"its files are intact: python train.py --resume {out} continues from checkpoint-1" \
+        in capsys.readouterr().err
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["step"] for r in rows if not r.get("eval")] == [1]
     monkeypatch.setattr(train, "update_batch", original)

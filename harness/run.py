@@ -45,7 +45,7 @@ from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.config import Config, InputError, check_libraries, fixed_paths, require_library
 from harness.model import (add_lora, base_changed, enable_checkpointing, load_adapters, load_policy, load_tokenizer,
                            policy_digest, quantize_base, without_adapters)
-from harness.prompts import epoch_steps, training_prompts
+from harness.prompts import epoch_steps, training_prompts, within_context
 from harness.rewards import RewardTimeout, Stopped, TimedRewards, timed_task, worker_recipe
 from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, top_answer
 

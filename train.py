@@ -31,7 +31,15 @@ from tqdm import tqdm
 
 from fast.precision import precision
 from fast.update import update_policy as fast_update_policy
-from harness import config as settings, run
+from harness.config import Config, InputError
+from harness.console import BAR_FORMAT, progress_line
+from harness.files import RunError
+from harness.flags import load
+from harness.policy import adamw_class, build_policy, set_learning_rate
+from harness.prompts import within_context
+from harness.run import start
+from harness.settle import input_errors, print_settings, settle
+from harness.stops import Stopped
 from lopti import lopti_passes, reweight_advantages
 from ppo import UpdateStats, policy_loss, rows_with_gradient, token_weights
 from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
@@ -173,19 +181,19 @@ def update_batch(model, optimizer, input_ids, attention_mask, completion_mask, a
 # 3. The loop
 # --------------------------------------------------------------------------------------------------
 def train(config):
-    """Run config.steps RL steps (fresh, or continuing a run config.load resumed) -> {"before",
+    """Run config.steps RL steps (fresh, or continuing a run flags.load resumed) -> {"before",
     "after", "metrics_path"}."""
-    config, tokenizer, task, prompts = run.settle(config)  # every setting decided here, then frozen
+    config, tokenizer, task, prompts = settle(config)  # every setting decided here, then frozen
     if config.dry_run:
-        return run.print_settings(config)
-    with run.start(config) as state:  # the folder locked, never over a run; Ctrl-C saves
-        model, ref_model = run.build_policy(config, tokenizer, task, log=tqdm.write)  # + warm start
+        return print_settings(config)
+    with start(config) as state:  # the folder locked, never over a run; Ctrl-C saves
+        model, ref_model = build_policy(config, tokenizer, task, log=tqdm.write)  # + warm start
         trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-        AdamW = run.adamw_class(config)  # torch's (--optimizer adamw8bit: torchao's, 8-bit moments)
+        AdamW = adamw_class(config)  # torch's (--optimizer adamw8bit: torchao's, 8-bit moments)
         optimizer = AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
-        with run.input_errors():  # too few test rows, a prompt longer than the context: one line
+        with input_errors():  # too few test rows, a prompt longer than the context: one line
             eval_examples = task.examples("test", config.eval_size, seed=config.seed)
-            prompts = run.within_context(prompts, eval_examples, model, tokenizer, task, config)
+            prompts = within_context(prompts, eval_examples, model, tokenizer, task, config)
 
         def evaluate_now(samples):  # greedy pass@1 and mean reward on the held-out prompts
             with precision(model.device, config.dtype):
@@ -196,10 +204,10 @@ def train(config):
         # a fresh run: the eval at step 0
         state.begin(model, tokenizer, optimizer, evaluate_now, task, eval_examples)
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
-                        total=config.steps, desc="RL", bar_format=run.BAR_FORMAT)
+                        total=config.steps, desc="RL", bar_format=BAR_FORMAT)
         for step in progress:
             # --- 1. rollouts, rewards, group advantages -------------------------------------------
-            run.set_learning_rate(optimizer, config, step)  # linear warm-up, then constant
+            set_learning_rate(optimizer, config, step)  # linear warm-up, then constant
             examples = prompts(step)  # the step's prompts_per_step training examples
             rollouts, rewards, advantages = collect_rollouts(model, tokenizer, task, examples,
                                                              config, clock=state.clock)
@@ -213,7 +221,7 @@ def train(config):
             batch = rollout_stats(task, rollouts, rewards, advantages)
             row = state.log({"step": step, **batch, **stats, "lr": optimizer.param_groups[0]["lr"]},
                             tokens=rollouts.completion_mask.sum().item())
-            progress.set_postfix_str(run.progress_line(row))  # reward, pass rate, length, s/step
+            progress.set_postfix_str(progress_line(row))  # reward, pass rate, length, s/step
             if state.end_of_step(step):  # evals, saves when due; True after Ctrl-C or --idle-stop
                 break
         before, after = state.initial_eval, state.final_eval()
@@ -235,13 +243,13 @@ def main(argv=None):
     """`python train.py [flags]`. argv: the flags (default: sys.argv), or a Config already loaded
     from them. Errors a user can act on are one line (bad input: exit 2; the run's files: 1); any
     other is a bug: its traceback."""
-    config = argv if isinstance(argv, settings.Config) else settings.load(argv)  # + a resumed run's
+    config = argv if isinstance(argv, Config) else load(argv)  # + a resumed run's
     try:
         return train(config)
-    except (settings.InputError, run.RunError) as error:
+    except (InputError, RunError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
-        sys.exit(2 if isinstance(error, settings.InputError) else 1)
-    except run.Stopped as stop:  # a signal before the first step: nothing to save
+        sys.exit(2 if isinstance(error, InputError) else 1)
+    except Stopped as stop:  # a signal before the first step: nothing to save
         sys.exit(128 + stop.signum)
 
 

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import train  # noqa: E402
 from experiments import output_file  # noqa: E402
-from harness import memory, run  # noqa: E402
+from harness import memory, policy  # noqa: E402
 from harness.config import Config  # noqa: E402
 
 TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a card"): flags on top of the base
@@ -163,8 +163,8 @@ def build(args, config):
         from benchmarks.random_model_step import GradedTask, build as build_shape
         model, tokenizer = build_shape(args.model, device=args.device)
         task = GradedTask()
-    model = model.to(args.device).to(run.storage_dtype(config))  # as run.build_policy: cast, then the options
-    return run.memory_options(config, model).train(), tokenizer, task
+    model = model.to(args.device).to(policy.storage_dtype(config))  # as policy.build_policy: cast, then the options
+    return policy.memory_options(config, model).train(), tokenizer, task
 
 
 def tensor_bytes(tensor):
@@ -175,7 +175,7 @@ def tensor_bytes(tensor):
 
 
 def reference_of(model, config):
-    """As run.build_policy: the adapters-off view (LoRA) or a frozen copy with --kl-coef, else None."""
+    """As policy.build_policy: the adapters-off view (LoRA) or a frozen copy with --kl-coef, else None."""
     if config.kl_coef <= 0:
         return None
     import copy
@@ -209,7 +209,7 @@ def measure(args):
         baseline = rss_bytes("VmRSS") - weight_bytes
     reference = reference_of(model, config)  # after the baseline: the plan counts its copy
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = run.adamw_class(config)(trained, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = policy.adamw_class(config)(trained, lr=config.lr, weight_decay=config.weight_decay)
     phases, seconds, widths = {}, {}, None
     for step in range(2):  # step 0 allocates AdamW's state; step 1 is measured
         reset_peak(args.device)
@@ -304,7 +304,7 @@ def recipe_config(path):
     on a CUDA card in bf16."""
     import re
     import shlex
-    from harness.config import parse_args
+    from harness.flags import parse_args
     block = re.search(r"^args=\($(.*?)^\)$", open(path).read(), re.S | re.M).group(1)
     block = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), block)
     argv = [token for line in block.splitlines() for token in shlex.split(line, comments=True)]

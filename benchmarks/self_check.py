@@ -8,7 +8,7 @@ cost.
 The verdict: the roomy cache (and --fast-generate's decode loop, "compiled": one CUDA graph a step
 on CUDA, eager with --compiled on a CPU) against plain generate
 on the tiny default shape at init and a random Qwen2 of --shape (benchmarks/random_model_step.py),
-under the run's precision (bf16 autocast where the card has bf16, else fp32: harness/run.py).
+under the run's precision (bf16 autocast where the card has bf16, else fp32: harness/settle.py).
 The cost: the check's seconds (a rollout call with the check minus the same call after it) over one
 step of `python train.py`'s tiny default (--prompts 64 x M 8 x 12 tokens: collect_rollouts +
 update_policy), medians of --repeats, on the tiny shape, --threads threads.

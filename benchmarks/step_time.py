@@ -6,11 +6,11 @@
     python benchmarks/step_time.py --preset gpu-1.5b  # the same at Qwen2.5-1.5B's shape
     python benchmarks/step_time.py --random-shape test --device cpu   # any preset on a random model of a shape
     python benchmarks/step_time.py --profile torch    # where our step spends its time (or --profile cprofile)
-    python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to config.parse_args
+    python benchmarks/step_time.py --method grpo --micro-batch 32    # any other flag goes to flags.parse_args
     python benchmarks/step_time.py --json step.json   # the numbers also as data (lab.reproduce's timing cells)
     pip install -r requirements-bench.txt             # the TRL side (optional: without it only ours is timed)
 
-Our configuration is config.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate
+Our configuration is flags.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate
 copies), prompts in the same order, M, max_new_tokens, temperature, top_p, top_k off, beta = 0 (no reference model),
 AdamW lr / weight decay / grad clip, constant lr, micro-batches of --micro-batch rows and one optimizer step per batch
 (TRL: gradient accumulation), fp32 weights (bf16 autocast on GPU), no gradient checkpointing, reward = task.reward.
@@ -46,8 +46,8 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from harness import config as settings  # noqa: E402
-from harness import run  # noqa: E402
+from harness import flags  # noqa: E402
+from harness import policy, settle  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor, random_model_step  # noqa: E402
 from benchmarks.floor import sync, timed  # noqa: E402
@@ -82,7 +82,7 @@ PRESETS = {  # train.py flags + benchmark length + the targets the ratio lines p
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Other flags go to config.parse_args.")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Other flags go to flags.parse_args.")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-cpu")
     p.add_argument("--steps", type=int, default=None, help="measured steps per side (after warm-up)")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured steps per side first")
@@ -110,7 +110,7 @@ def parse_args(argv=None):
         p.error("need --steps >= 1 and --warmup >= 0")
     if args.json and (args.only == "trl" or args.profile != "none"):
         p.error("--json writes the report's numbers: not with --only trl or --profile")
-    args.train = settings.parse_args(preset["train"] + train_argv, prog="step_time.py")  # later flags win
+    args.train = flags.parse_args(preset["train"] + train_argv, prog="step_time.py")  # later flags win
     if args.train.model == "smollm2":
         try:
             smollm2_gguf()
@@ -120,7 +120,7 @@ def parse_args(argv=None):
     args.random_shape = args.random_shape or preset.get("random_shape")
     if args.train.kl_coef > 0 or args.train.ppo_epochs != 1 or args.train.loss_agg != "token-mean":
         p.error("the comparison is defined for kl_coef 0, ppo_epochs 1, loss_agg token-mean (TRL: beta 0, dapo)")
-    args.train = run.hardware(args.train)  # --device/--dtype auto chosen
+    args.train = settle.hardware(args.train)  # --device/--dtype auto chosen
     if args.train.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA device is visible (use --preset tiny-cpu)")
     if args.threads > 0:
@@ -151,9 +151,9 @@ def build_workload(args):
         return task, examples, model.to(args.train.device).train(), tokenizer
     t = dataclasses.replace(args.train, warm_start_steps=0 if args.no_warm_start else args.train.warm_start_steps,
                             warm_start_cache=args.train.warm_start_cache or os.path.join("runs", "bench"))
-    t, tokenizer, task, _ = run.settle(t)  # as train.py: the tiny model's defaults; the warm start cached (minutes)
+    t, tokenizer, task, _ = settle.settle(t)  # as train.py: the tiny model's defaults; the warm start cached (minutes)
     args.train = t
-    model, _ = run.build_policy(t, tokenizer, task)
+    model, _ = policy.build_policy(t, tokenizer, task)
     if t.model == "tiny":
         model.config._attn_implementation = "eager"
     examples = task.examples("train", t.prompts_per_step * (args.warmup + args.steps), seed=t.seed)

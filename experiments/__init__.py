@@ -34,7 +34,7 @@ def output_file(path, mode="w"):
     """A file object for a script's output at path (harness.checkpoint.replaced_file: written beside and renamed
     over it, never through a link, hard link or FIFO there). A refusal or a failed write ends the script in one
     line naming path (exit 1); whatever was at path stays as it was."""
-    from harness.checkpoint import RunError, replaced_file, write_failed
+    from harness.files import RunError, replaced_file, write_failed
     try:
         with replaced_file(path, mode) as f:
             yield f

@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from harness.checkpoint import RunError, resolve_checkpoint
+from harness.checkpoint import resolve_checkpoint
+from harness.files import RunError
 from harness.step_page import after_update, before_update
 
 PROG = "python -m experiments.inspect_step"
@@ -28,25 +29,22 @@ def inspect_checkpoint(path, *, output=None, device=None, task=None, log=print):
     """Load the checkpoint (or a run folder's latest) as --resume does, sample its next step with the run's saved
     settings, optimizer and RNG states, update the loaded copy, and write the page -> its path. task: the run's
     own task file or module, which (as for --resume) is imported only when named here."""
-    from harness import config as settings
+    from harness.flags import load
     checkpoint = resolve_checkpoint(path, log)
-    config = settings.load(["--resume", checkpoint] + (["--device", device] if device else [])
-                           + (["--task", task] if task else []), prog=PROG)  # run.json read and checked there
+    config = load(["--resume", checkpoint] + (["--device", device] if device else [])
+                  + (["--task", task] if task else []), prog=PROG)  # run.json read and checked there
     import train
-    from harness import run
-    from harness.checkpoint import load_trainer_state, restore_rng
-    config, tokenizer, task, prompts = run.settle(config)
-    model, ref_model = run.build_policy(config, tokenizer, task, log=log)
-    optimizer = run.adamw_class(config)([p for p in model.parameters() if p.requires_grad], lr=config.lr,
-                                        weight_decay=config.weight_decay)
-    saved = load_trainer_state(config.resume)  # weights_only: tensors and plain values
-    run.check_optimizer_settings(optimizer, saved["optimizer"], config.resume)
-    optimizer.load_state_dict(saved["optimizer"])  # then as RunState.begin on --resume: the same next step
+    from harness.policy import adamw_class, build_policy, restore_trainer_state, set_learning_rate
+    from harness.settle import settle
+    config, tokenizer, task, prompts = settle(config)
+    model, ref_model = build_policy(config, tokenizer, task, log=log)
+    optimizer = adamw_class(config)([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                    weight_decay=config.weight_decay)
     model.train()
-    torch.manual_seed(config.seed)
-    restore_rng(saved["rng"])
+    torch.manual_seed(config.seed)  # as RunState.begin: the RL phase's seed, then the checkpoint's RNG
+    saved = restore_trainer_state(config.resume, model, optimizer)  # states: the same next step
     step = saved["step"] + 1
-    run.set_learning_rate(optimizer, config, step)
+    set_learning_rate(optimizer, config, step)
     rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task, prompts(step), config)
     record = before_update(config, step, model, tokenizer, task, rollouts, rewards, due=True,
                            source=f"sampled from {os.path.basename(checkpoint)}")
@@ -64,7 +62,8 @@ def main(argv=None):
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: the run's)")
     parser.add_argument("--task", default=None, help="a run of your own task: its file or module, named again "
                         "(as --resume asks; a run folder never chooses code to run)")
-    from harness.config import InputError, fail
+    from harness.config import InputError
+    from harness.flags import fail
     parser.error = lambda message: fail(message, PROG)  # one line, no usage dump
     args = parser.parse_args(argv)
     if not os.path.isdir(args.run):

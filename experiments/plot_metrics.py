@@ -30,7 +30,7 @@ import math
 import os
 
 from experiments import pyplot
-from harness.checkpoint import RunError, replaced_file, what_is, write_failed
+from harness.files import RunError, replaced_file, what_is, write_failed
 from harness.metrics import MAX_METRICS_LINE, bounded_lines, open_for_reading
 
 # panel title -> list of series; a series is (label, training-row aliases, eval-row aliases)

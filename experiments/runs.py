@@ -6,9 +6,9 @@ import os
 import subprocess
 
 from experiments import output_file
-from harness.checkpoint import RunError
+from harness.files import RunError
+from harness.flags import parse_args
 from harness.metrics import read_metrics
-from harness.config import parse_args
 
 PER_RUN_FLAGS = ("--seed", "--output-dir", "--overwrite", "--resume")  # what a script sets for each of its runs
 CODE_FILE = "code.json"  # in a run folder: the commit of the code that trained it (written by these scripts)

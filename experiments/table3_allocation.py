@@ -38,7 +38,8 @@ import torch
 
 import tasks
 from experiments import output_file
-from harness.config import Config, parse_task_option
+from harness.config import Config
+from harness.flags import parse_task_option
 from harness.model import load_policy
 from harness.tiny import apply_cpu_defaults, prompt_style
 from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs

@@ -1,10 +1,17 @@
 """What runs the lesson, beside it: a reader of the RL algorithm can skip this folder.
 
-    config.py      every setting once (the Config dataclass), the command line generated from it, --resume's settings
-    run.py         a run's lifecycle: the settings decided once, the policy built, metrics, evals, checkpoints, Ctrl-C
+    config.py      every setting once (the Config dataclass): its default, its paper value, its checks
+    flags.py       the command line generated from Config, --resume's saved settings merged in: load(argv)
+    settle.py      settling a run: every setting decided once for this machine, its memory plan checked, --dry-run
+    policy.py      the policy, its reference and its optimizer: built fresh, or restored from a checkpoint
+    run.py         a run's lifecycle: the folder owned, metrics, evals, checkpoints, Ctrl-C (the RunState)
+    stops.py       what stops a run: a signal, a stop before the first step, steps that learn nothing
+    console.py     what a run prints: lines beside the progress bar, the bar's numbers, eval samples
     rewards.py     where a task's reward runs: a worker process (--reward-timeout kills it), one round trip a step
     prompts.py     the training prompts of each step: fresh draws, or --epochs over a fixed set; their context check
-    checkpoint.py  the run's files, written atomically (a kill or a full disk never loses what was there)
+    checkpoint.py  the run folder and its checkpoints: one run at a time, a kill's leftovers put right, --resume
+    manifest.py    a model folder written whole, its files bound into one set by their sha256 (manifest.json)
+    files.py       safe file writing: a file replaced whole, never through a link, a hard link or a FIFO
     metrics.py     metrics.jsonl: appended a row at a time, read a bounded line at a time, rewritten atomically
     model.py       loading a policy: hub id, local folder, .gguf file, "smollm2", "tiny"
     tiny.py        the tiny offline model: character tokenizer, a small Llama, its CPU defaults and warm start
@@ -12,12 +19,13 @@
     report.py      --report-to tensorboard,wandb: metrics.jsonl's rows and eval samples to a logger
     merge_lora.py  `python -m harness.merge_lora`: a LoRA run's adapters merged into a plain model folder
     watch.py       the notes on learning: a start, a fall, a flat run or a collapse, said in words
+    advice.py      the end table's verdict and the notes' advice: what the noise needs, the flags to try
     step_page.py   --inspect-every's HTML page of one step (the command: experiments/inspect_step.py)
     before_torch.py  `python train.py`'s flags, read before torch loads (--help and a bad flag answer at once)
 
 The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions collect_rollouts and update_policy)
-import nothing from here (tests/test_train.py checks the step functions); train.py's loop and `main` do. config.py
-and what it imports load no torch, so `--help` and a bad flag answer before torch loads.
+import nothing from here (tests/test_train.py checks the step functions); train.py's loop and `main` do. config.py,
+flags.py and what they import load no torch, so `--help` and a bad flag answer before torch loads.
 """
 import logging
 

@@ -6,7 +6,7 @@ once, --resume's saved settings included); when anything else imports train.py, 
 import os
 import sys
 
-from harness import config
+from harness import flags
 
 
 def running_train_py():
@@ -14,4 +14,4 @@ def running_train_py():
     return os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") == "train.py"
 
 
-command_line = config.load() if running_train_py() else None
+command_line = flags.load() if running_train_py() else None

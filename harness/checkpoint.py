@@ -5,15 +5,15 @@
     <output-dir>/latest -> checkpoint-<step> switched only once the checkpoint folder is complete
     <output-dir>/.lock                       flocked by the run writing here (one run per folder): host, PID, start
 
-Every write goes to a temporary name first and is renamed into place (`os.replace` is atomic on one file system);
-what a kill leaves behind (a `checkpoint-<step>.tmp` holding the save's mark) is put right at the next start; a
-`.tmp` or `.old` copy without that mark is a user's, and stays. Checkpoints load no code: trainer_state.pt
-holds tensors and plain Python values only and is read with `torch.load(weights_only=True)`. Problems a user can act on
-raise RunError: one line that names the file and what to do. torch is imported only by the functions that need it,
-so reading a run's settings (config.py) needs no torch.
+Every write goes to a temporary name first and is renamed into place (`os.replace` is atomic on one file system;
+one file's safe writing is harness/files.py); what a kill leaves behind (a `checkpoint-<step>.tmp` holding the
+save's mark) is put right at the next start; a `.tmp` or `.old` copy without that mark is a user's, and stays.
+Checkpoints load no code: trainer_state.pt holds tensors and plain Python values only and is read with
+`torch.load(weights_only=True)`. Problems a user can act on raise RunError (files.py): one line that names the file
+and what to do. torch is imported only by the functions that need it, so reading a run's settings (config.py)
+needs no torch.
 """
 import contextlib
-import errno
 import filecmp
 import hashlib
 import json
@@ -23,12 +23,12 @@ import random
 import re
 import shutil
 import socket
-import stat
-import tempfile
 import time
 
 import numpy as np
 
+from harness.files import RunError, as_disk_full, open_nofollow, refuse_link, refuse_unless_file, what_is, write_failed
+from harness.manifest import MANIFEST, file_sha256, verify_manifest, write_manifest
 from harness.model import save_policy
 
 TRAINER_STATE = "trainer_state.pt"
@@ -43,134 +43,11 @@ RUN_OUTPUTS = ("metrics.png", "tensorboard", "wandb", "inspect")  # drawn from i
 SAVE_MARK = "saved_by_train.py"  # the first file a save writes: a checkpoint-<step>.tmp holding it is a save's own
 
 
-class RunError(Exception):
-    """A one-line problem with the run's files (train.py prints it and exits with code 1)."""
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Links: a run writes, truncates and deletes only inside its folder, never through a link planted there
 # ---------------------------------------------------------------------------------------------------------------
 PRUNING = ".pruning"  # checkpoint-<step>.pruning: a checkpoint being deleted (renamed first, so a kill leaves no
 # half-deleted checkpoint-<step>); recover() finishes the deletion
-
-
-def refuse_link(path, elsewhere="use another --output-dir"):
-    """path, unless it is a symbolic link: then a RunError naming it (whatever it points to stays as it is).
-    elsewhere: how the tool is told to write elsewhere ("" for one that cannot be)."""
-    if os.path.islink(path):
-        raise RunError(f"{path} is a link (to {os.readlink(path)}); a run never writes through a link in its folder: "
-                       "remove the link" + (f", or {elsewhere}" if elsewhere else ""))
-    return path
-
-
-def what_is(path, status=None):
-    """What stands at path, as a refusal says it: "a link (to ...)", "a FIFO (named pipe)", "a directory",
-    "a character device", "a block device", "a socket", "a hard link (one of N names of a file)" or "a file";
-    None when nothing does. status: its os.lstat (or an open descriptor's os.fstat), else read here."""
-    try:
-        status = status or os.lstat(path)
-    except FileNotFoundError:
-        return None
-    mode = status.st_mode
-    if stat.S_ISLNK(mode):
-        return f"a link (to {os.readlink(path)})"
-    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR,
-             "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    kind = next((name for test, name in kinds if test(mode)), None)
-    if kind is None and status.st_nlink > 1:
-        return f"a hard link (one of {status.st_nlink} names of a file)"
-    return kind or ("a file" if stat.S_ISREG(mode) else "not a regular file")
-
-
-def refuse_unless_file(path, status=None, *, links=False):
-    """path, when nothing stands there or a regular file with one name (a file this program may write, truncate or
-    replace); links=True: a symbolic link too (a rename replaces the link, never what it points to). Anything else is
-    a RunError naming path and what it is: a hard link would write another name's file, a FIFO or device would
-    block or be written to, a folder is not ours to delete."""
-    kind = what_is(path, status)
-    if kind in (None, "a file") or (links and kind.startswith("a link")):
-        return path
-    raise RunError(f"{path} is {kind}, where this program writes a file of its own; it never writes through "
-                   "one: move it away")
-
-
-def open_nofollow(path, flags, mode=0o644):
-    """os.open of a regular file with one name, never following a link nor blocking (O_NOFOLLOW | O_NONBLOCK, then
-    fstat; add O_EXCL for a new file): a link, hard link, FIFO, device or folder at path is a RunError naming it,
-    and nothing it points to is opened, read or written."""
-    refuse_unless_file(path)
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    except OSError as error:  # planted since the check above: a link (ELOOP), a folder, a FIFO without reader
-        if error.errno in (errno.ELOOP, errno.EEXIST, errno.EISDIR, errno.ENXIO, errno.ENOTDIR):
-            refuse_unless_file(path)
-        raise
-    try:
-        refuse_unless_file(path, os.fstat(fd))  # what was opened, whatever stands at path now
-    except RunError:
-        os.close(fd)
-        raise
-    return fd
-
-
-TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-\w+")  # replaced_file's .NAME.tmp-PID-XXXXXXXX
-
-
-def remove_stale_temporaries(path):
-    """Remove what a killed writer of path left beside it: a .NAME.tmp-PID-XXXXXXXX whose process is gone (a
-    folder of that name stays)."""
-    folder, name = os.path.split(path)
-    for entry in os.listdir(folder or "."):
-        match = TEMPORARY.fullmatch(entry)
-        if not match or match.group("name") != name:
-            continue
-        pid, leftover = int(match.group("pid")), os.path.join(folder, entry)
-        if process_alive(pid) or os.path.isdir(leftover) and not os.path.islink(leftover):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(leftover)
-
-
-def process_alive(pid):
-    """Whether a process with this PID exists (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def replaced_file(path, mode="w", *, tmp=None):
-    """A file object whose contents replace path once the block ends: written first to a new file beside it (tmp,
-    else .NAME.tmp-PID-XXXXXXXX, which .gitignore names; O_EXCL | O_NOFOLLOW), flushed to disk and renamed over
-    path (keeping its mode; a new file's is 0o644), so a kill or a full disk leaves the old file whole. At path:
-    nothing, a regular file with one name, or a symbolic link (the rename replaces the link, never what it points
-    to); anything else (a hard link, a FIFO, a device, a folder) is a RunError naming it, before anything is
-    written. The temporary never outlives the block; one that a killed process left is removed first. Other
-    OSErrors (a full disk, a read-only folder) are the caller's to word."""
-    refuse_unless_file(path, links=True)
-    folder, name = os.path.split(path)
-    if tmp is None:
-        remove_stale_temporaries(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.tmp-{os.getpid()}-", dir=folder or ".")
-    else:
-        if what_is(tmp) == "a file":
-            os.remove(tmp)  # what a kill mid-write left
-        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        os.fchmod(fd, stat.S_IMODE(os.lstat(path).st_mode) if what_is(path) == "a file" else 0o644)  # its mode kept
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        refuse_unless_file(path, links=True)  # planted meanwhile: still never replaced
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
 
 
 def run_owns(name):
@@ -449,100 +326,11 @@ def prune(folder, log=print):
             "delete it by hand (the run goes on; each start tries again)")
 
 
-def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
-    """save_pretrained into a temporary folder of this process, then rename: a kill or a full disk never leaves a
-    half-written folder (a failure to write is a RunError). `folder` must not exist (else a RunError, nothing
-    written), except for the tiny model's caches (cache=True: a warm start, with its `info`): when another run has
-    meanwhile saved a complete copy there (two runs of a seed sweep computing the same warm start), its copy is
-    kept and ours dropped, and a cache folder left incomplete is replaced. Nothing else is deleted or written into."""
-    tmp = f"{folder}.tmp-{os.getpid()}"
-    if not cache and os.path.lexists(folder):
-        raise RunError(f"{folder} already exists; name a folder that does not exist yet (nothing was written)")
-    refuse_link(folder, elsewhere="")  # merge_lora's OUT, or a warm-start cache
-    if what_is(tmp) not in (None, "a directory"):  # a FIFO there would hang rmtree, which opens it
-        raise RunError(f"{tmp} is {what_is(tmp)}, where this program writes a folder of its own; move it away")
-    shutil.rmtree(tmp, ignore_errors=True)  # a folder of an earlier process of this PID
-    remove_dead_copies(folder)
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
-        os.mkdir(tmp)  # ours alone: a link or folder that appears at tmp meanwhile fails it (FileExistsError)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if info is not None:  # written last, after MANIFEST, which lists it too (tiny.load_warm_start checks them)
-            info_json = json.dumps(info).encode()
-            write_manifest(tmp, {"warm_start.json": hashlib.sha256(info_json).hexdigest()})
-            with open(os.path.join(tmp, "warm_start.json"), "wb") as f:
-                f.write(info_json)
-        for attempt in range(2):
-            try:
-                os.rename(tmp, folder)  # fails when folder exists and is not empty: never replaces another's copy
-                return
-            except OSError as error:
-                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR) or attempt:
-                    raise
-            if not cache or not os.path.isdir(folder) or os.path.islink(folder):  # appeared meanwhile: not ours
-                raise RunError(f"{folder} appeared while the model was being written; nothing was written there")
-            if os.path.isfile(os.path.join(folder, "warm_start.json" if info is not None else "config.json")):
-                return  # complete: the other run's identical result stays, ours goes (finally)
-            shutil.rmtree(folder, ignore_errors=True)  # a warm-start cache folder left incomplete
-    except RunError:
-        raise
-    except Exception as error:  # noqa: BLE001 -- OSError, safetensors' SafetensorError, ...: one line
-        raise RunError(write_failed(folder, as_disk_full(error, os.path.dirname(os.path.abspath(tmp))),
-                                    otherwise="", elsewhere="")) from None
-    finally:  # also after a signal's Stopped: no half-written copy stays
-        if os.path.isdir(tmp) and not os.path.islink(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def remove_dead_copies(folder):
-    """Remove the <folder>.tmp-<PID> folders (not links) of processes that are gone: what a kill during
-    save_policy_atomically left (its own `finally` never ran)."""
-    parent, name = os.path.split(os.path.abspath(folder))
-    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-        match = re.fullmatch(re.escape(name) + r"\.tmp-(\d+)", entry)
-        path = os.path.join(parent, entry)
-        if match and int(match.group(1)) != os.getpid() and not process_alive(int(match.group(1))) \
-                and os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def then_resume(output_dir):
     """What to do after fixing what stopped a run: continue it with --resume when it has saved a checkpoint, else
     start it again (there is nothing to resume yet)."""
     saved = os.path.lexists(os.path.join(output_dir, "latest")) or checkpoint_steps(output_dir)
     return ", then continue with --resume" if saved else ", then run the command again (no checkpoint saved yet)"
-
-
-DISK_NEARLY_FULL = 16 * 2**20  # bytes free below which a writer's own error (not an OSError) is taken as ENOSPC
-
-
-def as_disk_full(error, folder):
-    """error, or for an error that is not an OSError (torch.save's "[enforce fail at inline_container.cc:672] ...
-    unexpected pos", safetensors' own) while folder's disk has under DISK_NEARLY_FULL bytes free, an OSError ENOSPC
-    "disk full" that write_failed words as such. Any other error stays as it is (a bug keeps its own words)."""
-    if isinstance(error, OSError):
-        return error
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return error
-    return OSError(errno.ENOSPC, f"disk full ({free} bytes free)") if free < DISK_NEARLY_FULL else error
-
-
-def write_failed(what, error, *, otherwise="; use another --output-dir", elsewhere="use another --output-dir"):
-    """"could not write WHAT: its cause; what to do" for a failed write: the OS's message (else the error's first
-    line, else its type), then the remedy its cause calls for (`otherwise` when the cause is not the disk's).
-    elsewhere: how the tool writing WHAT is told to write elsewhere ("" for a tool that cannot be)."""
-    cause = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
-    code = getattr(error, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        remedy = "; free some disk space" + (f" or {elsewhere}" if elsewhere else "")
-    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-        remedy = "; the folder is not writable" + (f": {elsewhere}" if elsewhere else "")
-    else:
-        remedy = otherwise
-    return f"could not write {what}: {cause}{remedy}"
 
 
 def existing_copy(checkpoint_dir):
@@ -684,28 +472,6 @@ def load_trainer_state(checkpoint_dir):
 WEIGHTS_SHA256 = "weights_sha256"  # trainer_state.pt's {file name: sha256} of the checkpoint's weight files
 
 
-MANIFEST = "manifest.json"  # {"sha256": {file name: sha256 hex}}: every file of a checkpoint, written before run.json
-MANIFEST_LIMIT = 1 << 20  # bytes: a manifest is ~1 KB
-
-
-def file_sha256(path):
-    """The sha256 hex digest of the file at path, read in blocks of 1 MiB."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_manifest(folder, known=None):
-    """Write folder/MANIFEST: the sha256 of every file in folder (known: {name: digest} already computed, or of a
-    file about to be written, run.json's). What binds a checkpoint's files into one set (verify_checkpoint)."""
-    known = known or {}
-    digests = folder_digests(folder, skip=(*known, MANIFEST))
-    with open(os.path.join(folder, MANIFEST), "w") as f:
-        json.dump({"sha256": {**digests, **known}}, f, indent=1, sort_keys=True)
-
-
 def verify_checkpoint(checkpoint_dir, log=print):
     """A RunError naming the file when checkpoint_dir's files are not the set its save wrote: a file missing,
     changed (config.json, the tokenizer's, the weights, trainer_state.pt, run.json: its sha256 is not MANIFEST's),
@@ -715,46 +481,6 @@ def verify_checkpoint(checkpoint_dir, log=print):
     if not verify_manifest(checkpoint_dir, hint):
         log(f"note: {checkpoint_dir} was saved before checkpoints listed their files' sha256 ({MANIFEST}): only its "
             "weights are checked against its trainer_state.pt; the run's next checkpoint has one")
-
-
-def verify_manifest(folder, hint):
-    """Check folder's files against its MANIFEST (check_digests) -> True; False when it has none (a save from before
-    it). A MANIFEST that is not a small regular file holding a table of digests is a RunError ending with hint."""
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.lexists(path):
-        return False
-    try:
-        if what_is(path) != "a file" or os.path.getsize(path) > MANIFEST_LIMIT:
-            raise ValueError(f"not a regular file of at most {MANIFEST_LIMIT} bytes")
-        with open(path) as f:
-            listed = json.load(f)["sha256"]
-        if not isinstance(listed, dict) or not all(isinstance(digest, str) for digest in listed.values()):
-            raise ValueError("no table of file names to sha256 digests")
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
-        raise RunError(f"{path} is unreadable ({type(error).__name__}: {error}); {hint}") from None
-    check_digests(folder, listed, MANIFEST, hint)
-    return True
-
-
-def check_digests(folder, listed, manifest, hint):
-    """A RunError naming the first file of folder that is not as `listed` ({name: sha256}, read from the file
-    `manifest`, which is left out): missing, changed, not a regular file, or one the save did not write."""
-    found = set(os.listdir(folder)) - {manifest}
-    for name in sorted(found | set(listed)):
-        file, kind = os.path.join(folder, name), what_is(os.path.join(folder, name))
-        if name not in listed:
-            raise RunError(f"{file}: a file its save did not write (not in {manifest}); move it away, or {hint}")
-        if kind != "a file":
-            raise RunError(f"{file}: " + ("missing" if kind is None else f"is {kind}, not the file its save wrote")
-                           + f" (listed in {manifest}); {hint}")
-        if file_sha256(file) != listed[name]:
-            raise RunError(f"{file}: not the file its save wrote (its sha256 differs from the one in {manifest}: "
-                           f"changed, or copied from elsewhere?); {hint}")
-
-
-def folder_digests(folder, skip=()):
-    """{name: sha256} of every file in folder but those named in skip (a save's own files, just written)."""
-    return {name: file_sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder)) if name not in skip}
 
 
 def weight_digests(folder):

@@ -1,5 +1,5 @@
 """--param-dtype bf16-sr and --step-in-backward: AdamW on bf16 weights with no fp32 master copies, each new weight
-stochastically rounded to bf16, optionally stepped inside backward (harness/run.py's adamw_class builds it).
+stochastically rounded to bf16, optionally stepped inside backward (harness/policy.py's adamw_class builds it).
 
     optimizer = LeanAdamW(trained, lr=1e-6, weight_decay=0.01, seed=0)                        # --param-dtype bf16-sr
     optimizer = LeanAdamW(trained, lr=1e-6, weight_decay=0.01, seed=0, step_in_backward=True)  # + --step-in-backward

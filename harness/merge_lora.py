@@ -13,9 +13,10 @@ import contextlib
 import os
 import sys
 
-from harness.checkpoint import (LOCK, RunError, holds_a_run, resolve_checkpoint, run_owns, save_policy_atomically,
-                                verify_checkpoint)
-from harness.config import saved_config
+from harness.checkpoint import LOCK, holds_a_run, resolve_checkpoint, run_owns, verify_checkpoint
+from harness.files import RunError
+from harness.flags import saved_config
+from harness.manifest import save_policy_atomically
 
 
 def main(argv=None):
@@ -48,9 +49,9 @@ def main(argv=None):
         tokenizer = load_tokenizer(checkpoint)
         base, _ = load_policy(settings.initial_policy, tokenizer=tokenizer)
         if settings.base_dtype == "nf4":  # the base the policy ran with: quantized and dequantized again
-            from harness.config import require_library
+            from harness.flags import require_library
             from harness.model import nf4_round_trip
-            from harness.run import storage_dtype
+            from harness.policy import storage_dtype
             require_library("torchao", "merging a --base-dtype nf4 run")
             base = nf4_round_trip(base.to(storage_dtype(settings)))
         adapted = load_adapters(base, checkpoint, settings)

@@ -11,7 +11,8 @@ import math
 import os
 import stat
 
-from harness.checkpoint import RunError, open_nofollow, replaced_file, then_resume, what_is, write_failed
+from harness.checkpoint import then_resume
+from harness.files import RunError, open_nofollow, replaced_file, what_is, write_failed
 
 MAX_METRICS_LINE = 1 << 20  # bytes: a longer line is not a metrics row
 

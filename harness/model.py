@@ -2,7 +2,7 @@
 
 `load_policy(name)` -> (model, tokenizer), with a pad token and left padding whatever the source. The tiny default
 (--model tiny: a character-level Llama, its CPU defaults and warm start) is built by tiny.py; saving a policy folder
-atomically, in checkpoint.py.
+atomically, in manifest.py.
 """
 import contextlib
 import functools
@@ -38,7 +38,7 @@ def smollm2_gguf():
 
 
 def model_source(model_arg):
-    """Where `model_arg` loads from, checked without torch (config.load calls it before torch is imported):
+    """Where `model_arg` loads from, checked without torch (flags.load calls it before torch is imported):
     -> (path, from_pretrained keyword arguments). One-line ValueErrors: a path that does not exist, a .gguf without
     the `gguf` package, a hub id that is neither in the Hugging Face cache nor reachable, a folder whose files ask
     to run their own Python code (no_remote_code). The keyword arguments always hold trust_remote_code=False."""
@@ -78,7 +78,7 @@ def policy_digest(model_arg):
     which merge_lora and a resume compare (base_changed). None for a hub id (no file here to read)."""
     import hashlib
     import re
-    from harness.checkpoint import file_sha256
+    from harness.manifest import file_sha256
     path = smollm2_gguf() if model_arg == "smollm2" else os.path.expanduser(model_arg)
     if os.path.isfile(path):
         files = [path]

@@ -1,5 +1,5 @@
 """The training prompts of each step: fresh draws by default, or --epochs over a fixed set, with
---max-prompt-length's filter (DESIGN.md section 4, "The training prompts"). run.settle calls training_prompts once,
+--max-prompt-length's filter (DESIGN.md section 4, "The training prompts"). settle calls training_prompts once,
 before the run starts; the loop asks prompts(step) for each step's examples, so a resumed run sees the batches of an
 uninterrupted one. within_context checks them (and the held-out prompts) against the loaded model."""
 import contextlib
@@ -9,8 +9,8 @@ import signal
 import threading
 import traceback
 
-from harness.checkpoint import RunError
 from harness.config import InputError
+from harness.files import RunError
 from rollout import render_prompts
 
 RENDER_SECONDS = 2.0  # + 10 ms a prompt, for one batch: a chat template renders a prompt in about a millisecond

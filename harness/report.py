@@ -3,7 +3,7 @@
 metrics.jsonl stays the source of truth; each row written to it goes here too: a step's keys as `train/<key>`, an
 eval row's as `eval/<key>`, at the row's step, and at each eval a table of the first held-out prompts with their
 greedy completions and rewards (`eval/samples`). Each logger is imported only when asked for, with a one-line error
-naming its pip command when missing (checked before the run starts: config.check_libraries), and a W&B login or
+naming its pip command when missing (checked before the run starts: flags.check_libraries), and a W&B login or
 network failure is one line naming `wandb login` and WANDB_MODE=offline (W&B online without an API key: found out
 before torch loads, check_wandb_login, never W&B's prompt):
   tensorboard   torch's SummaryWriter into <output-dir>/tensorboard (`tensorboard --logdir <output-dir>`); a
@@ -19,8 +19,10 @@ import sys
 import tempfile
 import threading
 
-from harness.checkpoint import RunError, refuse_link, then_resume, write_failed
-from harness.config import InputError, check_wandb_login, require_library, wandb_failed
+from harness.checkpoint import then_resume
+from harness.config import InputError
+from harness.files import RunError, refuse_link, write_failed
+from harness.flags import check_wandb_login, require_library, wandb_failed
 
 SAMPLES_LOGGED = 8  # greedy completions in each eval's table
 

@@ -29,9 +29,9 @@ import time
 import traceback
 import weakref
 
-from tqdm import tqdm
-
 import tasks
+from harness.console import say
+from harness.stops import Stopped
 
 STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
 FLUSH_S = 0.05  # the worker sends a batch's rewards back at least this often (the trainer's clock reads them)
@@ -41,15 +41,6 @@ FORKED = 86  # the exit code of a worker's child that returned from a task's cal
 HEADER = struct.Struct(">Q")  # a message: its length, then its pickle
 BUILD_S = 120.0  # seconds the worker may take to build the task (its imports, a data file), at least
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Stopped(BaseException):
-    """Ctrl-C, SIGTERM or SIGHUP before the run's first step (model loading, the warm start): nothing to save;
-    train.py exits with the signal's code. A BaseException, like KeyboardInterrupt, so no `except Exception`
-    swallows it."""
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
 
 
 class RewardTimeout(BaseException):
@@ -62,11 +53,6 @@ class RemoteTraceback(Exception):
     """The worker's traceback of an exception raised in a task's call, shown above the trainer's (a bug)."""
     def __str__(self):
         return f"\n\n(in the reward worker process)\n{self.args[0]}"
-
-
-def say(text):
-    tqdm.write(text)
-    sys.stdout.flush()
 
 
 def timed_task(task, seconds, recipe=None):

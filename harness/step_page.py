@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from harness.checkpoint import RunError, refuse_link, replaced_file, what_is, write_failed
+from harness.files import RunError, refuse_link, replaced_file, what_is, write_failed
 from lopti import isolation_masks, reweight_advantages
 from ppo import clip_masks
 from fast.precision import precision

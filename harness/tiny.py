@@ -17,7 +17,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.checkpoint import RunError, refuse_link, save_policy_atomically, verify_manifest
+from harness.files import RunError, refuse_link
+from harness.manifest import save_policy_atomically, verify_manifest
 from harness.watch import DEFAULT_PATIENCE, warm_start_advice
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET

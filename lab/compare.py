@@ -62,8 +62,8 @@ import statistics
 import time
 
 import train
+from harness.flags import parse_args
 from harness.metrics import read_metrics
-from harness.config import parse_args
 from experiments import pyplot, write_csv, write_figure
 from experiments.runs import finished_run, record_code, seed_list, train_flags
 from lab.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks

@@ -158,7 +158,7 @@ def write_file(path, fields, rows):
     """Replace one CSV atomically (replaced_file: a new .NAME.csv.tmp-PID beside it, flushed to disk, renamed over
     it; removed however this ends, and one a killed ship left is removed by the next; .gitignore'd). A full disk, a
     read-only folder, or a link, hard link or FIFO in the file's place is one line; the old file stays as it was."""
-    from harness.checkpoint import RunError, replaced_file, write_failed
+    from harness.files import RunError, replaced_file, write_failed
     try:
         if os.path.islink(path):
             raise OSError(f"{path} is a link; the ledger is never written through one: restore it with git checkout")

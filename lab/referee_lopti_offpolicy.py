@@ -29,7 +29,7 @@ import torch
 import train
 from harness.checkpoint import load_trainer_state
 from harness.config import Config
-from harness.run import RunError
+from harness.files import RunError
 from experiments.lopti_token_stats import NUM_GROUPS
 from lab.seed_stats import interval_text, mean_se_interval
 from ppo import clip_masks, policy_loss

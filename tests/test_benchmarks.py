@@ -241,13 +241,13 @@ def test_benchmarks_run_the_step_under_the_precision_train_py_runs_it(tmp_path, 
     with) runs under autocast, and so does each benchmark's (random_model_step.py, step_time.py, memory_check.py).
     Before issue 67 the benchmarks called collect_rollouts bare: their rollouts ran in fp32."""
     from benchmarks import memory_check, step_time
-    from harness import run
+    from harness import policy
     from tests.stubs import SMALL_TRAIN
     import train
     seen = {name: set() for name in ("train.py", "random_model_step", "step_time", "memory_check")}
-    build_policy, build_shape = run.build_policy, random_model_step.build
-    monkeypatch.setattr(run, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
-                                                                            ref))(*build_policy(*a, **k)))
+    build_policy, build_shape = policy.build_policy, random_model_step.build
+    monkeypatch.setattr(train, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
+                                                                              ref))(*build_policy(*a, **k)))
     train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL_TRAIN, "--steps", "1",
                 "--device", "cpu", "--dtype", "bf16"])
     small = ["-M", "2", "--max-new-tokens", "4"]

@@ -289,6 +289,26 @@ def test_the_command_refuses_what_is_not_a_checkpoint_in_one_line(tmp_path, caps
         assert "experiments.inspect_step: error:" in err
 
 
+def test_the_command_refuses_a_checkpoint_that_resume_refuses_in_one_line(inspected_run, tmp_path, capsys):
+    # it re-spelled --resume's branch without the check of the optimizer state's shapes (and of bf16 master
+    # weights): this state then failed in a traceback at the step's optimizer step; now both resume through
+    # policy.restore_trainer_state
+    runs, _ = inspected_run
+    copy = str(tmp_path / "copy")
+    shutil.copytree(runs["without"], copy, symlinks=True)
+    path = os.path.join(copy, "checkpoint-2", "trainer_state.pt")
+    state = torch.load(path, weights_only=True)
+    first = next(iter(state["optimizer"]["state"].values()))
+    first["exp_avg"] = first["exp_avg"].reshape(-1)[:3].clone()  # load_state_dict takes it (same count)
+    torch.save(state, path)
+    with pytest.raises(SystemExit) as exit_info:
+        inspect_step.main([os.path.join(copy, "checkpoint-2"), "--output", str(tmp_path / "page.html")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "trainer_state.pt: its optimizer state does not fit this model" in err
+    assert not os.path.exists(tmp_path / "page.html")
+
+
 def test_inspect_every_is_not_saved_in_run_json_and_an_overwrite_deletes_the_pages(inspected_run, tmp_path):
     runs, _ = inspected_run
     assert "inspect_every" not in json.load(open(os.path.join(runs["with"], "latest", "run.json")))

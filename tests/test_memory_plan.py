@@ -504,16 +504,16 @@ def test_memory_fit_full_proposes_full_parameter_only(tmp_path, capsys, monkeypa
 
 
 def test_a_run_whose_plan_exceeds_this_machine_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
-    from harness import run
-    assert run.machine_memory("cpu")[0] > 1e8 and run.machine_memory("mps") is None
-    monkeypatch.setattr(run, "machine_memory", lambda device: (4e9, "this machine's total RAM"))
+    from harness import settle
+    assert settle.machine_memory("cpu")[0] > 1e8 and settle.machine_memory("mps") is None
+    monkeypatch.setattr(settle, "machine_memory", lambda device: (4e9, "this machine's total RAM"))
     config = Config(model="Qwen/Qwen2.5-0.5B-Instruct", max_prompt_length=256, device="cpu", dtype="fp32")
-    run.within_machine(config)
+    settle.within_machine(config)
     out = capsys.readouterr().out
     assert out.startswith("note: this run's memory plan needs ") and "more than this machine's total RAM, 4GB" in out
     assert "it fits with --" in out and "--dry-run --memory-budget 4GB" in out and out.count("\n") == 1
-    monkeypatch.setattr(run, "machine_memory", lambda device: (1e13, "this machine's total RAM"))
-    run.within_machine(config)
+    monkeypatch.setattr(settle, "machine_memory", lambda device: (1e13, "this machine's total RAM"))
+    settle.within_machine(config)
     assert capsys.readouterr().out == ""  # a plan that fits: nothing said
 
 
@@ -522,7 +522,7 @@ def test_plan_states_each_cards_step_time_as_estimated_and_settings_no_gpu_ran(c
     uniform workload) x the one measured ratio, labelled estimated with its source; each proposed setting no GPU has
     run a step with is marked so (issue 67: a 24 GB plan gave no time and never said which settings were untried)."""
     from benchmarks import floor
-    from harness import run
+    from harness import settle
     config = Config(model="Qwen/Qwen2.5-0.5B", device="cuda", dtype="bf16", prompts_per_step=16, num_generations=8,
                     max_new_tokens=256, micro_batch=16)
     shape = memory.QWEN25["qwen2.5-0.5b"]
@@ -535,8 +535,8 @@ def test_plan_states_each_cards_step_time_as_estimated_and_settings_no_gpu_ran(c
     assert "estimated" in line and "27cee0c" in line and "H200 ~8.2" in line and "L4 ~" in line
     assert memory.never_on_gpu({"fast_generate": True, "micro_batch": 2}) == " [never run on a GPU: --fast-generate]"
     assert "--optimizer-offload" in memory.never_on_gpu({"optimizer_offload": True})
-    run.print_memory_plan(dataclasses.replace(config, model="Qwen/Qwen2.5-3B", memory_budget="24GB",
-                                               fast_generate=True))
+    settle.print_memory_plan(dataclasses.replace(config, model="Qwen/Qwen2.5-3B", memory_budget="24GB",
+                                                  fast_generate=True))
     err = capsys.readouterr().err
     assert "step time at this run's settings (estimated" in err and "[never run on a GPU: --fast-generate]" in err
     assert err.count("[never run on a GPU") >= 4  # each fit's untried options, each mode's

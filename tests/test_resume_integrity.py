@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import train
-from harness import checkpoint
-from harness import run as run_module
+from harness import checkpoint, manifest as manifest_module
+from harness import checkpoint as checkpoint_module, run as run_module, settle
 from tests.stubs import SMALL_TRAIN as SMALL
 
 pytestmark = pytest.mark.usefixtures("digits_task")
@@ -56,7 +56,7 @@ FILE_CALLS = [(os, "replace"), (os, "rename"), (os, "symlink"), (os, "mkdir"), (
 def kill_save(monkeypatch, step, at):
     """During the save at `step`, the at-th call of FILE_CALLS (from 1) raises Killed. -> the names of the calls
     made up to it, in order (all of the save's calls when `at` is past them)."""
-    calls, save = [], run_module.save_checkpoint
+    calls, save = [], checkpoint_module.save_checkpoint
 
     def wrapped(*args, **kwargs):
         if args[1] != step:
@@ -175,8 +175,8 @@ def test_a_warm_start_copy_a_killed_process_left_is_removed(tmp_path):
     dead.wait()
     flags = ["--task", "digits", *SMALL, "--warm-start-steps", "2", "--warm-start-cache", str(tmp_path / "cache"),
              "--steps", "1"]
-    from harness import config as settings, tiny
-    folder = tiny.initial_policy_dir(run_module.settle(settings.parse_args([*flags, "--output-dir",
+    from harness import flags as flags_module, tiny
+    folder = tiny.initial_policy_dir(settle.settle(flags_module.parse_args([*flags, "--output-dir",
                                                                           str(tmp_path / "a")]))[0])
     os.makedirs(f"{folder}.tmp-{dead.pid}")
     open(f"{folder}.tmp-{dead.pid}/model.safetensors", "wb").write(b"half")
@@ -225,12 +225,12 @@ def test_a_file_the_save_did_not_write_is_refused(saved_run, capsys):
 
 
 def test_a_checkpoint_from_before_the_manifest_resumes_with_a_note(saved_run, capsys):
-    os.remove(saved_run / "checkpoint-2" / checkpoint.MANIFEST)
+    os.remove(saved_run / "checkpoint-2" / manifest_module.MANIFEST)
     train.main(["--resume", str(saved_run), "--steps", "3"])
     notes = [line for line in capsys.readouterr().out.splitlines() if "listed their files' sha256" in line]
     assert len(notes) == 1 and notes[0].startswith(f"note: {saved_run / 'checkpoint-2'} was saved before")
     assert checkpoint.checkpoint_steps(str(saved_run))[-1] == 3
-    assert os.path.exists(saved_run / "checkpoint-3" / checkpoint.MANIFEST)  # the next one has it
+    assert os.path.exists(saved_run / "checkpoint-3" / manifest_module.MANIFEST)  # the next one has it
 
 
 def test_a_digest_table_that_is_not_one_is_one_line(saved_run, capsys):
@@ -281,8 +281,8 @@ def test_a_damaged_warm_start_cache_is_one_line(tmp_path, capsys, damage, messag
 
 def test_a_warm_start_cache_from_before_its_digests_loads_with_a_note(tmp_path, capsys):
     flags, folder = cached_warm_start(tmp_path)
-    manifest = os.path.join(folder, checkpoint.MANIFEST)
-    assert set(json.load(open(manifest))["sha256"]) == set(os.listdir(folder)) - {checkpoint.MANIFEST}
+    manifest = os.path.join(folder, manifest_module.MANIFEST)
+    assert set(json.load(open(manifest))["sha256"]) == set(os.listdir(folder)) - {manifest_module.MANIFEST}
     capsys.readouterr()
     train.main([*flags, "--output-dir", str(tmp_path / "checked")])  # its files as saved: loaded, no note
     assert "warm start: loaded" in capsys.readouterr().out
@@ -295,7 +295,7 @@ def test_a_warm_start_cache_from_before_its_digests_loads_with_a_note(tmp_path, 
 # --- merge_lora's base, as the run recorded it -----------------------------------------------------------------------
 def test_merge_lora_refuses_a_changed_base(tmp_path, capsys):
     pytest.importorskip("peft")
-    from harness.config import saved_config
+    from harness.flags import saved_config
     from harness.merge_lora import main as export
     out = tmp_path / "run"
     run(out, "--steps", "1", "--lora-rank", "4")

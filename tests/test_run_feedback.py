@@ -12,7 +12,7 @@ import pytest
 
 import tasks
 import train
-from harness import advice, config, report, run as run_module, tiny
+from harness import advice, config, console, flags as flags_module, report, stops, tiny
 from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +32,7 @@ def test_steps_that_learn_nothing_are_named_then_stop_the_run_resumably(tmp_path
     with pytest.raises(SystemExit) as exit_info:
         train.main(flags)
     captured = capsys.readouterr()
-    assert exit_info.value.code == run_module.IDLE_EXIT == 3
+    assert exit_info.value.code == stops.IDLE_EXIT == 3
     assert [row["optimizer_steps"] for row in train_rows(out)] == [0, 0, 0, 0]  # it stopped at step 4
     notes = [line for line in captured.out.splitlines() if line.startswith("note:") and "learned nothing" in line]
     assert len(notes) == 1 and notes[0].startswith("note: 2 steps in a row learned nothing")
@@ -91,13 +91,14 @@ def test_each_optional_library_a_setting_needs_is_named(monkeypatch, flags, modu
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
     with pytest.raises(config.InputError, match=re.escape(pip)):
-        config.check_libraries(config.parse_args(flags))
+        flags_module.check_libraries(flags_module.parse_args(flags))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
-    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B without a key then (config.check_wandb_login)
-    config.check_libraries(config.parse_args(flags))  # all installed: nothing to say
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B without a key then (flags.check_wandb_login)
+    flags_module.check_libraries(flags_module.parse_args(flags))  # all installed: nothing to say
     # rules that need no math-verify are not stopped by its absence
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
-    config.check_libraries(config.parse_args(["--task", "gsm8k", "--data", "x", "--task-option", "rules=last_number"]))
+    flags_module.check_libraries(flags_module.parse_args(["--task", "gsm8k", "--data", "x", "--task-option",
+                                                         "rules=last_number"]))
 
 
 def test_a_missing_library_stops_the_command_line_before_torch(tmp_path):
@@ -119,7 +120,7 @@ def test_a_config_from_python_is_checked_before_the_model_loads(tmp_path, monkey
     import importlib.util
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
-    monkeypatch.setattr(run_module, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(train, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit) as exit_info:
         train.main(config.Config(task="digits", lora_rank=4, output_dir=str(tmp_path / "run")))
     assert exit_info.value.code == 2
@@ -251,7 +252,7 @@ def test_the_eval_size_does_not_change_the_warm_start(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("warm start: supervised steps") == 1 and out.count("warm start: loaded") == 1
     assert len(os.listdir(cache)) == 1
-    settings = lambda argv: tiny.warm_start_settings(config.parse_args(argv))  # noqa: E731
+    settings = lambda argv: tiny.warm_start_settings(flags_module.parse_args(argv))  # noqa: E731
     assert settings(["--eval-size", "4"]) == settings([]) != settings(["--max-new-tokens", "8"])
 
 
@@ -307,11 +308,11 @@ def test_the_end_table_says_each_pass_its_noise_and_whether_the_change_is_resolv
 def test_each_printed_sample_shows_prompt_completion_and_expected_answer_on_one_line(tmp_path, capsys):
     train.main(["--task", "digits", *SMALL, "--output-dir", str(tmp_path / "run"), "--steps", "0"])
     samples = [line for line in capsys.readouterr().out.splitlines() if line.startswith("    reward ")]
-    assert len(samples) == run_module.SAMPLES_SHOWN
+    assert len(samples) == console.SAMPLES_SHOWN
     assert all(re.fullmatch(r"    reward \d\.\d{3}  '\d+>' -> '.*'  \(expected '777'\)", line) for line in samples)
-    long = run_module.sample_line(DigitsTask(), [{"x": 1}], ["a\nlong " * 30], 0, "x\n" * 80, 0.5)
+    long = console.sample_line(DigitsTask(), [{"x": 1}], ["a\nlong " * 30], 0, "x\n" * 80, 0.5)
     assert "\n" not in long and len(long) < 200 and long.count("...") == 2
-    assert run_module.sample_line(object(), [{"x": 1}], [], 0, "7", 1.0) == "    reward 1.000  '7'"
+    assert console.sample_line(object(), [{"x": 1}], [], 0, "7", 1.0) == "    reward 1.000  '7'"
 
 
 # --- a quiet start (issue 64) -----------------------------------------------------------------------------------------

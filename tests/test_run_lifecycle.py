@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harness import checkpoint, metrics
+from harness import checkpoint, files, manifest, metrics
 from harness import run as run_module
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
@@ -127,7 +127,7 @@ def test_a_half_written_last_row_is_dropped_with_a_warning(finished_run, capsys)
 def test_a_bad_row_in_the_middle_names_its_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(checkpoint.RunError, match=r"metrics.jsonl:2: not a metrics row"):
+    with pytest.raises(files.RunError, match=r"metrics.jsonl:2: not a metrics row"):
         metrics.read_metrics(str(path))
 
 
@@ -159,17 +159,17 @@ def test_an_endless_last_line_is_skipped_in_chunks_not_read_whole(tmp_path, caps
 
 def test_a_metrics_file_that_is_a_device_or_fifo_is_one_line(tmp_path):
     (tmp_path / "metrics.jsonl").symlink_to("/dev/zero")
-    with pytest.raises(checkpoint.RunError, match="metrics.jsonl is not a regular file"):
+    with pytest.raises(files.RunError, match="metrics.jsonl is not a regular file"):
         metrics.read_metrics(str(tmp_path / "metrics.jsonl"))
     os.mkfifo(tmp_path / "fifo.jsonl")
-    with pytest.raises(checkpoint.RunError, match="fifo.jsonl is not a regular file"):
+    with pytest.raises(files.RunError, match="fifo.jsonl is not a regular file"):
         metrics.read_metrics(str(tmp_path / "fifo.jsonl"))
 
 
 def test_a_corrupt_line_met_during_the_resume_rewrite_leaves_the_file_and_no_tmp(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(checkpoint.RunError, match=r"metrics.jsonl:2"):
+    with pytest.raises(files.RunError, match=r"metrics.jsonl:2"):
         metrics.rewrite_metrics(str(path), metrics.metrics_rows(str(path)))
     assert path.read_text() == '{"step": 1}\nnot json\n{"step": 2}\n' and not os.path.exists(f"{path}.tmp")
 
@@ -247,10 +247,10 @@ def test_two_runs_saving_the_same_warm_start_keep_one_copy(tmp_path):
     tokenizer = build_char_tokenizer()
     first, second = (build_tiny_model(tokenizer, hidden_size=32, num_layers=1, seed=seed) for seed in (0, 1))
     folder = str(tmp_path / "warm_start-x")
-    checkpoint.save_policy_atomically(first, tokenizer, folder, {"steps": 1}, cache=True)
-    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2}, cache=True)
+    manifest.save_policy_atomically(first, tokenizer, folder, {"steps": 1}, cache=True)
+    manifest.save_policy_atomically(second, tokenizer, folder, {"steps": 2}, cache=True)
     assert json.load(open(os.path.join(folder, "warm_start.json"))) == {"steps": 1}
     assert os.listdir(tmp_path) == ["warm_start-x"]
     os.remove(os.path.join(folder, "warm_start.json"))  # an incomplete leftover is replaced
-    checkpoint.save_policy_atomically(second, tokenizer, folder, {"steps": 2}, cache=True)
+    manifest.save_policy_atomically(second, tokenizer, folder, {"steps": 2}, cache=True)
     assert json.load(open(os.path.join(folder, "warm_start.json"))) == {"steps": 2}

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from harness import checkpoint, metrics
+from harness import checkpoint, files, metrics
 import train
 from tests.stubs import SMALL_TRAIN as SMALL
 
@@ -95,8 +95,8 @@ def test_a_link_planted_in_an_empty_folder_is_refused_before_a_fresh_run(tmp_pat
 
 def test_the_warm_start_cache_is_never_read_or_written_through_a_link(tmp_path, outside, capsys):
     """The tiny model's cache folder, as its settings name it, planted as a link: refused, nothing written there."""
-    from harness import config, tiny
-    settings = config.load(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL])
+    from harness import flags, tiny
+    settings = flags.load(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL])
     folder = tiny.initial_policy_dir(settings)
     os.makedirs(os.path.dirname(folder))
     os.symlink(outside, folder)
@@ -121,11 +121,11 @@ def test_the_metrics_writers_never_follow_a_link(tmp_path, outside):
     target, path = outside / "thesis.txt", tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n')
     (tmp_path / "metrics.jsonl.tmp").symlink_to(target)
-    with pytest.raises(checkpoint.RunError, match="metrics.jsonl.tmp is a link"):
+    with pytest.raises(files.RunError, match="metrics.jsonl.tmp is a link"):
         metrics.rewrite_metrics(str(path), metrics.read_metrics(str(path)))
     assert target.read_text() == "years of work\n" and path.read_text() == '{"step": 1}\n'
     (tmp_path / "other.jsonl").symlink_to(target)
-    with pytest.raises(checkpoint.RunError, match="other.jsonl is a link"):
+    with pytest.raises(files.RunError, match="other.jsonl is a link"):
         metrics.append_metrics(str(tmp_path / "other.jsonl"), {"step": 2})
     assert target.read_text() == "years of work\n"
 
@@ -154,7 +154,7 @@ def test_a_latest_that_links_out_is_refused_and_one_to_a_checkpoint_beside_it_is
     checkpoint.refuse_planted_links(str(finished))  # `latest -> checkpoint-2`: the save's own link
     os.remove(finished / "latest")
     (finished / "latest").symlink_to(finished.parent)
-    with pytest.raises(checkpoint.RunError, match="latest is a link"):
+    with pytest.raises(files.RunError, match="latest is a link"):
         checkpoint.refuse_planted_links(str(finished))
 
 
@@ -263,11 +263,11 @@ def test_a_fifo_or_folder_named_lock_is_one_line_and_never_waited_on(finished, t
 def test_a_fifo_or_hard_link_put_in_place_of_metrics_during_a_run_is_refused(tmp_path, outside, no_hang):
     path = tmp_path / "metrics.jsonl"
     os.mkfifo(path)
-    with pytest.raises(checkpoint.RunError, match="metrics.jsonl is a FIFO"):
+    with pytest.raises(files.RunError, match="metrics.jsonl is a FIFO"):
         metrics.append_metrics(str(path), {"step": 2})
     os.remove(path)
     os.link(outside / "thesis.txt", path)
-    with pytest.raises(checkpoint.RunError, match="metrics.jsonl is a hard link"):
+    with pytest.raises(files.RunError, match="metrics.jsonl is a hard link"):
         metrics.append_metrics(str(path), {"step": 2})
     assert (outside / "thesis.txt").read_text() == "years of work\n"
 
@@ -292,7 +292,7 @@ def test_a_folder_named_latest_that_copies_no_checkpoint_is_refused_never_delete
 
 def test_a_folder_planted_at_latest_tmp_during_a_run_is_named(finished):
     (finished / "latest.tmp").mkdir()
-    with pytest.raises(checkpoint.RunError, match="latest.tmp is a directory"):
+    with pytest.raises(files.RunError, match="latest.tmp is a directory"):
         checkpoint.point_latest(str(finished), 1)
     assert os.path.isdir(finished / "latest.tmp") and os.readlink(finished / "latest") == "checkpoint-2"
 
@@ -415,7 +415,7 @@ def test_a_replaced_file_keeps_its_mode(tmp_path):
     path = tmp_path / "recipe.sh"
     path.write_text("#!/bin/sh\n")
     os.chmod(path, 0o755)
-    with checkpoint.replaced_file(str(path)) as f:
+    with files.replaced_file(str(path)) as f:
         f.write("#!/bin/sh\necho\n")
     assert path.read_text() == "#!/bin/sh\necho\n" and oct(path.stat().st_mode & 0o777) == "0o755"
 
@@ -423,6 +423,6 @@ def test_a_replaced_file_keeps_its_mode(tmp_path):
 def test_a_file_planted_where_the_step_pages_go_is_named(tmp_path):
     from harness.step_page import write_page
     (tmp_path / "inspect").write_text("mine\n")
-    with pytest.raises(checkpoint.RunError, match=r"inspect is a file, where the step's pages go"):
+    with pytest.raises(files.RunError, match=r"inspect is a file, where the step's pages go"):
         write_page(str(tmp_path / "inspect" / "step-3.html"), "<html>")
     assert (tmp_path / "inspect").read_text() == "mine\n"

@@ -6,7 +6,7 @@ import pytest
 
 import tasks
 import train
-from harness import checkpoint, config
+from harness import checkpoint, flags as flags_module
 from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask
 
 pytestmark = pytest.mark.usefixtures("digits_task")
@@ -41,7 +41,7 @@ def test_a_task_that_changes_the_working_directory_moves_none_of_the_runs_files(
     assert {".lock", "metrics.jsonl", "latest", "checkpoint-1", "checkpoint-2"} <= set(os.listdir(run))
     assert os.path.realpath(run / "latest") == str(run / "checkpoint-2")
     assert [name for name in os.listdir(home / "cache") if name.startswith("warm_start-")]
-    saved = config.saved_config(str(run / "checkpoint-2"))
+    saved = flags_module.saved_config(str(run / "checkpoint-2"))
     assert saved.output_dir == str(run) and saved.initial_policy.startswith(str(home / "cache"))
     os.chdir(home)  # the resume, from where the run was started, moves nothing either
     train.main(["--resume", "run", "--task", "wanderer", "--steps", "3"])
@@ -50,7 +50,7 @@ def test_a_task_that_changes_the_working_directory_moves_none_of_the_runs_files(
 
 def test_the_folders_are_absolute_from_the_command_line_on(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    parsed = config.parse_args(["--output-dir", "a/../run", "--warm-start-cache", "cache"])
+    parsed = flags_module.parse_args(["--output-dir", "a/../run", "--warm-start-cache", "cache"])
     assert (parsed.output_dir, parsed.warm_start_cache) == (str(tmp_path / "run"), str(tmp_path / "cache"))
 
 

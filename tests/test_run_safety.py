@@ -4,9 +4,6 @@ code (2: a flag, 1: the run's files)."""
 import glob
 import json
 import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +11,7 @@ import time
 import pytest
 import torch
 
-from harness import checkpoint
+from harness import checkpoint, files
 from harness import config
 import train
 import tasks
@@ -189,199 +186,6 @@ def test_trainer_state_holds_only_tensors_and_plain_values(finished_run):
     assert set(state) >= {"step", "optimizer", "rng", "initial_eval"} and state["step"] == 4
 
 
-# --- 2. a second run never destroys the first ------------------------------------------------------------------------
-def test_a_fresh_run_into_a_folder_holding_a_run_stops(finished_run, capsys):
-    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
-    err = fails(capsys, ["--task", "digits", "--output-dir", finished_run, *SMALL, "--steps", "2"])
-    assert "holds a run" in err and "--resume" in err and "--overwrite" in err
-    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
-    assert checkpoint.checkpoint_steps(finished_run) == [2, 4]
-
-
-def test_overwrite_starts_afresh_and_keeps_its_own_checkpoints(finished_run):
-    run(finished_run, "--steps", "2", "--save-every", "1", "--overwrite")
-    assert checkpoint.checkpoint_steps(finished_run) == [1, 2]  # the old 4 is gone, not kept over the new ones
-    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-2")
-    assert [json.loads(line)["step"] for line in open(os.path.join(finished_run, "metrics.jsonl"))] == [0, 1, 2, 2]
-
-
-def test_resuming_an_older_checkpoint_with_fewer_kept_never_prunes_what_it_writes(finished_run, capsys):
-    train.main(["--resume", os.path.join(finished_run, "checkpoint-2"), "--keep-checkpoints", "1",
-                "--save-every", "1", "--steps", "3"])
-    out = capsys.readouterr().out
-    assert "resumed from step 2" in out and "checkpoint-4 of this run will be replaced" in out
-    assert checkpoint.checkpoint_steps(finished_run) == [3]  # 4 belonged to the replaced timeline
-    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-3")
-    train.main(["--resume", finished_run, "--steps", "4"])  # and the run goes on from there
-    assert checkpoint.checkpoint_steps(finished_run) == [4]
-
-
-# --- 3. one run per folder -------------------------------------------------------------------------------------------
-def hold_lock(folder):
-    """Another process that takes the folder's lock as a run does (checkpoint.locked) and holds it: -> Popen."""
-    code = (f"import sys, time; sys.path.insert(0, {REPO!r})\nfrom harness.checkpoint import locked\n"
-            f"with locked({str(folder)!r}):\n    print('locked', flush=True)\n    time.sleep(60)\n")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "locked"
-    return holder
-
-
-def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(tmp_path, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    holder = hold_lock(out)
-    try:
-        err = fails(capsys, ["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "1"])
-        assert f"in use by process {holder.pid} on {socket.gethostname()}, started 20" in err
-        assert not (out / "metrics.jsonl").exists()
-    finally:
-        holder.kill()
-        holder.wait()
-    run(out, "--steps", "1")  # its process is gone (killed: no clean-up of its own), so is its lock
-
-
-def test_resuming_a_live_run_that_has_no_checkpoint_yet_names_it(tmp_path, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "metrics.jsonl").write_text('{"step": 0, "eval": true}\n')
-    holder = hold_lock(out)
-    try:
-        err = fails(capsys, ["--resume", str(out)])
-        assert f"its run is still going (process {holder.pid} on" in err and "wait for its first checkpoint" in err
-    finally:
-        holder.kill()
-        holder.wait()
-
-
-def test_resuming_a_live_run_that_saves_every_step_names_it_before_torch_loads(tmp_path):
-    # A live run prunes the checkpoint a resume has just chosen: "model path does not exist" (after torch loaded)
-    # instead of the process that holds the folder. A real run, in another process, saving every step.
-    out = str(tmp_path / "run")
-    trainer = subprocess.Popen([sys.executable, "train.py", "--task", "countdown", "--output-dir", out, *SMALL,
-                                "--steps", "10000", "--save-every", "1", "--keep-checkpoints", "1",
-                                "--eval-every", "10000", "--idle-stop", "0"],
-                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    print('torch' in sys.modules, e.code)")
-    try:
-        deadline = time.time() + 240
-        while not checkpoint.checkpoint_steps(out) and time.time() < deadline:
-            time.sleep(0.2)
-        for target in [out, out, os.path.join(out, "latest"), out]:
-            proc = subprocess.run([sys.executable, "-c", code, "--resume", target], cwd=REPO, capture_output=True,
-                                  text=True, timeout=60)
-            assert proc.stdout.split() == ["False", "1"], proc.stderr
-            assert f"is in use by process {trainer.pid} on" in proc.stderr and "still going" in proc.stderr
-            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    finally:
-        trainer.send_signal(signal.SIGTERM)
-        trainer.wait(timeout=120)
-    assert trainer.returncode == 143  # it saved and stopped as always
-
-
-def test_a_lock_file_nobody_holds_is_no_lock(tmp_path):
-    # What a dead run leaves, even naming a live PID (a recycled one, or a process in another PID namespace):
-    # only a held flock refuses, so such a file neither blocks forever nor lets a second run in.
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / checkpoint.LOCK).write_text(f"process {os.getppid()} on {socket.gethostname()}, started long ago\n")
-    run(out, "--steps", "1")
-    assert (out / "metrics.jsonl").exists()
-
-
-def test_runs_entering_the_lock_at_the_same_instant_get_it_once(tmp_path):
-    # 12 processes wait for the same instant, then all try the lock; whoever gets it holds it 2 s. Exactly one may
-    # enter (the old O_EXCL-then-write-the-PID lock let a second one in, reading the empty file as stale).
-    start_at = time.time() + 3.0
-    code = (f"import sys, time; sys.path.insert(0, {REPO!r})\nfrom harness.checkpoint import RunError, locked\n"
-            f"time.sleep(max(0.0, {start_at} - time.time()))\n"
-            f"try:\n    with locked({str(tmp_path)!r}):\n        print('entered', flush=True)\n"
-            f"        time.sleep(2)\nexcept RunError as error:\n    print('refused', error)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(12)]
-    outputs = [proc.communicate(timeout=60)[0] for proc in procs]
-    assert sum(out.startswith("entered") for out in outputs) == 1, outputs
-    assert sum(out.startswith("refused") and "is in use by" in out for out in outputs) == 11, outputs
-
-
-# --- 4. a full disk is one line, and leftovers of a kill are put right ----------------------------------------------
-@pytest.mark.parametrize("error", ["safetensors", "torch"])
-def test_a_save_that_raises_any_error_is_one_line_and_leaves_no_tmp(finished_run, capsys, monkeypatch, error):
-    if error == "safetensors":
-        from safetensors import SafetensorError
-
-        def fail(self, path, *args, **kwargs):
-            os.makedirs(path, exist_ok=True)
-            raise SafetensorError("Error while serializing: IoError(No space left on device)")
-        from transformers import PreTrainedModel
-        monkeypatch.setattr(PreTrainedModel, "save_pretrained", fail)
-    else:
-        def fail(*args, **kwargs):
-            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 1024 vs 512")
-        monkeypatch.setattr(torch, "save", fail)
-    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
-    assert "could not write checkpoint" in err and "checkpoint-5" in err
-    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
-    assert not [name for name in os.listdir(finished_run) if name.endswith(".tmp")]
-
-
-def test_leftovers_of_a_kill_are_cleaned_at_the_next_start(finished_run):
-    half = os.path.join(finished_run, "checkpoint-6.tmp")  # a save killed half-way: its mark, no run.json yet
-    os.makedirs(half)
-    open(os.path.join(half, checkpoint.SAVE_MARK), "w").close()
-    train.main(["--resume", finished_run, "--steps", "5"])
-    assert not os.path.exists(half) and checkpoint.checkpoint_steps(finished_run) == [2, 4, 5]
-
-
-def test_copies_a_user_made_beside_the_checkpoints_are_left_alone(finished_run, capsys):
-    for name in ("checkpoint-2.old", "checkpoint-3.tmp", "checkpoint-4-best"):  # unmarked: not a save's leftovers
-        os.system(f"cp -r {finished_run}/checkpoint-4 {finished_run}/{name}")
-        os.remove(os.path.join(finished_run, name, checkpoint.SAVE_MARK))
-    os.system(f"rm -r {finished_run}/checkpoint-2")  # the .old's name would once have restored it
-    train.main(["--resume", finished_run, "--steps", "5"])
-    assert {"checkpoint-2.old", "checkpoint-3.tmp", "checkpoint-4-best"} <= set(os.listdir(finished_run))
-    assert checkpoint.checkpoint_steps(finished_run) == [4, 5] and "restored" not in capsys.readouterr().out
-    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-3.tmp"), "--steps", "6"])
-    assert "must be named checkpoint-<step>" in err
-
-
-def test_a_users_folder_in_the_way_of_a_save_stops_the_run_and_stays(finished_run, capsys):
-    os.makedirs(os.path.join(finished_run, "checkpoint-5.tmp", "mine"))
-    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
-    assert "checkpoint-5.tmp is in the way of this run's next save" in err
-    assert os.path.isdir(os.path.join(finished_run, "checkpoint-5.tmp", "mine"))
-
-
-# --- 5. a kill between the two renames of a save -------------------------------------------------------------------
-def test_a_dangling_latest_falls_back_to_the_newest_complete_checkpoint(finished_run, capsys):
-    # the window of a re-save of step 4: the old checkpoint-4 deleted, the new one still at .tmp, `latest` dangling
-    os.system(f"cp -r {finished_run}/checkpoint-4 {finished_run}/checkpoint-4.tmp")
-    os.system(f"rm -r {finished_run}/checkpoint-4")
-    train.main(["--resume", finished_run, "--steps", "5"])
-    out = capsys.readouterr().out
-    assert "the newest complete one" in out and "resumed from step 4" in out
-    assert checkpoint.checkpoint_steps(finished_run) == [2, 4, 5]
-    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-5")
-
-
-def test_a_run_copied_with_its_links_followed_resumes_as_the_original(finished_run, tmp_path, capsys):
-    import shutil
-    copy = str(tmp_path / "copy")
-    shutil.copytree(finished_run, copy, symlinks=False)  # cp -rL, scp -r: `latest` becomes a folder
-    assert os.path.isdir(os.path.join(copy, "latest")) and not os.path.islink(os.path.join(copy, "latest"))
-    train.main(["--resume", copy, "--steps", "5"])
-    assert "resuming from checkpoint-4, its twin" in capsys.readouterr().out
-    assert os.path.realpath(os.path.join(copy, "latest")) == os.path.join(os.path.realpath(copy), "checkpoint-5")
-    train.main(["--resume", finished_run, "--steps", "5"])
-    timing = ("rollout_s", "update_s", "tokens_per_s")
-    rows = [[{k: v for k, v in json.loads(line).items() if k not in timing} for line in open(f"{run}/metrics.jsonl")]
-            for run in (finished_run, copy)]
-    assert rows[0] == rows[1]
-    other = str(tmp_path / "other")
-    shutil.copytree(finished_run, other, symlinks=False)
-    torch.save({"not": "a twin"}, os.path.join(other, "latest", "trainer_state.pt"))
-    assert "copies none of its checkpoint-<step> folders" in fails(capsys, ["--resume", other, "--steps", "6"])
-
-
 # --- 6. files that parse but are wrong -------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage,message", [
     (lambda s: {k: v for k, v in s.items() if k != "optimizer"}, "no valid 'optimizer'"),
@@ -480,55 +284,6 @@ def test_data_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
         read_jsonl(str(long_line), ("question",))
 
 
-# --- 9. one line, the right code, at the right time -----------------------------------------------------------------
-@pytest.mark.parametrize("flags,message", [
-    (["--seed", "-1"], "--seed must lie in"),
-    (["--seed", str(10**20)], "--seed must lie in"),
-    (["--lopti-eta", "1.5"], "--lopti-eta must lie in [0, 1]"),
-    (["--warm-start-target", "5"], "--warm-start-target must lie in [0, 1]"),
-    (["--clip-high", "0"], "--clip-high must be > 0"),
-    (["--kl-coef", "nan"], "argument --kl-coef: expected a finite number"),
-    # numbers that ran into a traceback mid-run (nan weights) or built a model RoPE cannot rotate
-    (["--kl-coef", "1e300"], "--kl-coef must lie in [0, 100]"),
-    (["--lr", "1e30"], "--lr must lie in (0, 1]"),
-    (["--weight-decay", "1e300"], "--lr x --weight-decay must be <= 1"),
-    (["--temperature", "1e-300"], "--temperature must be >= 0.001"),
-    (["--tiny-hidden", "12"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
-    (["--tiny-hidden", "4"], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
-    (["--tiny-hidden", str(10**6)], "--tiny-hidden must be a multiple of 8 from 8 to 4096"),
-    (["--prompts-per-step", str(10**9)], "--prompts-per-step must lie in [1, 1048576]"),
-    (["--num-generations", str(10**9)], "--num-generations must be <= 65536"),
-    (["--max-new-tokens", str(10**9)], "--max-new-tokens must lie in [1, 1048576]"),
-    (["--eval-size", str(10**9)], "--eval-size must lie in [1, 1048576]"),
-    (["--lora-rank", str(10**9)], "--lora-rank must lie in [0, 65536]"),
-    (["--tiny-layers", str(10**6)], "--tiny-layers must lie in [1, 64]"),
-    (["--task", "gsm8k"], "--task gsm8k needs --data"),
-])
-def test_flags_are_checked_before_torch_loads(tmp_path, flags, message):
-    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    print('torch' in sys.modules, e.code)")
-    proc = subprocess.run([sys.executable, "-c", code, "--output-dir", str(tmp_path), *flags], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.stdout.split() == ["False", "2"] and proc.stderr.startswith("train.py: error:")
-    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-
-
-def test_a_conflicting_resume_flag_is_exit_1_before_torch_loads(finished_run):
-    path = os.path.join(finished_run, "checkpoint-4", "run.json")  # a built-in task: "digits" is this process's own
-    json.dump({**json.load(open(path)), "task": "countdown"}, open(path, "w"))
-    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    print('torch' in sys.modules, e.code)")
-    proc = subprocess.run([sys.executable, "-c", code, "--resume", finished_run, "--method", "grpo"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.stdout.split() == ["False", "1"] and "--method grpo conflicts" in proc.stderr
-
-
-def test_cuda_on_a_cpu_torch_is_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    err = fails(capsys, ["--output-dir", str(tmp_path / "run"), "--device", "cuda", "--steps", "0"], code=2)
-    assert "--device cuda: this torch sees no CUDA device" in err
-
-
 def test_a_corrupt_checkpoint_model_is_exit_1(finished_run, capsys):
     path = os.path.join(finished_run, "checkpoint-4", "model.safetensors")
     with open(path, "r+b") as f:
@@ -537,150 +292,11 @@ def test_a_corrupt_checkpoint_model_is_exit_1(finished_run, capsys):
     assert "checkpoint-4" in err
 
 
-def test_resuming_a_finished_run_says_there_is_nothing_to_do(finished_run, capsys):
-    train.main(["--resume", finished_run, "--steps", "3"])
-    assert "--steps 3 is reached: nothing to train" in capsys.readouterr().out
-
-
-def test_resuming_an_older_checkpoint_with_nothing_to_train_changes_nothing(finished_run, capsys):
-    # --resume RUN/checkpoint-2 --steps 2 used to say "nothing to train" and delete the metrics of steps 3-4, whose
-    # checkpoint still exists, and point `latest` back at checkpoint-2.
-    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
-    train.main(["--resume", os.path.join(finished_run, "checkpoint-2"), "--steps", "2"])
-    assert "nothing to train" in capsys.readouterr().out
-    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
-    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
-
-
-def test_a_refused_resume_leaves_latest_and_the_metrics_alone(finished_run, capsys):
-    path = os.path.join(finished_run, "checkpoint-2", checkpoint.TRAINER_STATE)
-    state = torch.load(path, weights_only=True)
-    torch.save({**state, "optimizer": {"state": {}, "param_groups": []}}, path)  # fits no model
-    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
-    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-2"), "--steps", "6"])
-    assert "optimizer state does not fit" in err
-    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
-    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
-
-
-def test_an_optimizer_state_of_the_wrong_shapes_is_one_line(finished_run, capsys):
-    # load_state_dict accepts it (same parameter count); the first optimizer step would then fail in a traceback
-    path = os.path.join(finished_run, "checkpoint-4", checkpoint.TRAINER_STATE)
-    state = torch.load(path, weights_only=True)
-    first = next(iter(state["optimizer"]["state"].values()))
-    first["exp_avg"] = first["exp_avg"].reshape(-1)[:3].clone()
-    torch.save(state, path)
-    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
-    assert "optimizer state does not fit this model" in err
-
-
-@pytest.mark.parametrize("key, value", [("maximize", True), ("weight_decay", 0.5), ("betas", [0.5, 0.5]),
-                                        ("eps", 1e-3), ("amsgrad", True)])
-def test_an_optimizer_setting_in_the_checkpoint_never_overrides_the_runs(finished_run, capsys, key, value):
-    # load_state_dict takes the file's param_groups: `maximize: true` trained by gradient ascent, with exit code 0
-    path = os.path.join(finished_run, "checkpoint-4", checkpoint.TRAINER_STATE)
-    state = torch.load(path, weights_only=True)
-    state["optimizer"]["param_groups"][0][key] = value
-    torch.save(state, path)
-    before = open(os.path.join(finished_run, "metrics.jsonl")).read()
-    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
-    assert f"its optimizer's {key} is {value!r}" in err and "run.json" in err
-    assert open(os.path.join(finished_run, "metrics.jsonl")).read() == before
-
-
-def test_a_resume_whose_loggers_fail_has_changed_nothing(finished_run, capsys, monkeypatch):
-    # Resuming checkpoint-2 of a 4-step run drops the rows of steps 3-4 and moves `latest`; a logger that fails to
-    # open (a W&B run id it refuses, a full disk under tensorboard/) used to do so after those changes.
-    from harness import report
-
-    def refuse(*args, **kwargs):
-        raise checkpoint.RunError("the logger refused")
-    monkeypatch.setattr(report, "open_reporters", refuse)
-    before = sorted(os.listdir(finished_run)), open(os.path.join(finished_run, "metrics.jsonl")).read()
-    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-2"), "--steps", "6"])
-    assert "the logger refused" in err
-    assert (sorted(os.listdir(finished_run)), open(os.path.join(finished_run, "metrics.jsonl")).read()) == before
-    assert os.path.realpath(os.path.join(finished_run, "latest")).endswith("checkpoint-4")
-
-
 def test_deeply_nested_json_in_run_json_is_one_line(finished_run, capsys):
     with open(os.path.join(finished_run, "checkpoint-4", "run.json"), "w") as f:
         f.write("[" * 100_000 + "]" * 100_000)
     err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
     assert "run.json is unreadable" in err
-
-
-# --- 10. writes stay inside the folder given -------------------------------------------------------------------------
-def test_a_latest_pointing_into_another_folder_is_refused(finished_run, tmp_path, capsys):
-    other = tmp_path / "other"
-    run(other, "--steps", "2")
-    latest = os.path.join(finished_run, "latest")
-    os.remove(latest)
-    os.symlink(os.path.join(other, "checkpoint-2"), latest)
-    err = fails(capsys, ["--resume", finished_run, "--steps", "5"])
-    assert "points outside its run folder" in err
-    assert checkpoint.checkpoint_steps(str(other)) == [2] and not os.path.exists(other / "checkpoint-5")
-
-
-def test_a_checkpoint_linked_in_from_another_run_is_refused(finished_run, tmp_path, capsys):
-    # --resume RUN/checkpoint-6 where that folder is a link into another run's folder: the run would continue there
-    other = tmp_path / "other"
-    run(other, "--steps", "6", "--save-every", "6")
-    os.symlink(os.path.join(other, "checkpoint-6"), os.path.join(finished_run, "checkpoint-6"))
-    before = sorted(os.listdir(other)), open(other / "metrics.jsonl").read()
-    err = fails(capsys, ["--resume", os.path.join(finished_run, "checkpoint-6"), "--steps", "8"])
-    assert "outside the folder it stands in" in err
-    assert (sorted(os.listdir(other)), open(other / "metrics.jsonl").read()) == before
-
-
-def test_every_flag_appears_in_help_with_its_default():
-    text = " ".join(config.build_parser().format_help().split())
-    for name in ("--output-dir", "--seed", "--clip-low", "--overwrite", "--resume"):
-        assert name in text
-    assert "(default: runs/default)" in text and "(default: 0.2; paper: 0.2)" in text
-
-
-@pytest.mark.parametrize("has_bf16,expected", [(True, "bf16"), (False, "fp32")], ids=["A100-like", "T4-like"])
-def test_dtype_auto_picks_bf16_only_where_the_card_has_it(monkeypatch, capsys, has_bf16, expected):
-    from harness import run
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a faked card on this CPU
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: has_bf16)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Tesla T4")
-    settled = run.hardware(config.Config())
-    assert (settled.device, settled.dtype) == ("cuda", expected)
-    assert ("Tesla T4 has no bf16: --dtype auto computes in fp32" in capsys.readouterr().out) == (not has_bf16)
-    assert run.hardware(config.Config(dtype="bf16")).dtype == "bf16"  # asked for: kept
-
-
-def test_a_setting_on_by_default_is_turned_off_by_its_no_flag():
-    assert config.parse_args([]).fast is True and config.parse_args(["--no-fast"]).fast is False
-    text = " ".join(config.build_parser().format_help().split())
-    assert "--no-fast" in text
-    # the defaults read right: the flag of a setting on by default turns it off; a store-true flag's is off
-    assert "(default: on; this flag turns it off)" in text and "(default: True)" not in text
-    assert re.search(r"--gradient-checkpointing [^-]*\(default: off", text) and "(default: False)" not in text
-
-
-def test_a_missing_model_or_unreachable_hub_id_answers_before_torch_loads(tmp_path):
-    code = ("import sys; from harness import config\ntry:\n    config.load(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    print('torch' in sys.modules, e.code)")
-    for model, message in [("./no/such/model", "model path does not exist"),
-                           ("no-such-org/no-such-model", "not in the Hugging Face cache")]:
-        proc = subprocess.run([sys.executable, "-c", code, "--output-dir", str(tmp_path), "--model", model], cwd=REPO,
-                              capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")})
-        assert proc.stdout.split() == ["False", "2"] and message in proc.stderr
-
-
-def test_overwrite_also_deletes_the_old_runs_picture(finished_run):
-    (open(os.path.join(finished_run, "metrics.png"), "wb")).write(b"\x89PNG old")
-    run(finished_run, "--steps", "1", "--overwrite")
-    assert not os.path.exists(os.path.join(finished_run, "metrics.png"))
-
-
-def test_the_settings_line_names_ar_and_lopti(tmp_path, capsys):
-    run(tmp_path / "run", "--steps", "1", "--alpha", "0.3", "--lopti-eta", "0.5")
-    assert "method softmax, AR alpha 0.3, Lopti eta 0.5 (low-first), lr" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage", ["/dev/zero", "fifo", "not json"])
@@ -745,19 +361,6 @@ def test_a_config_that_asks_for_too_much_is_refused_before_anything_is_built(fin
     assert message in err and time.time() - started < 30, err
 
 
-def test_a_stopped_run_is_told_to_resume_only_when_it_has_a_checkpoint(tmp_path):
-    """A write that fails before the first checkpoint (a logger's full disk at step 1) cannot be resumed: the line
-    says to run the command again; once a checkpoint exists it says --resume."""
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    assert checkpoint.then_resume(str(tmp_path)) == ", then run the command again (no checkpoint saved yet)"
-    with pytest.raises(checkpoint.RunError, match="no checkpoint saved yet"):
-        from harness.metrics import append_metrics
-        append_metrics(str(tmp_path / "no-such-folder" / "metrics.jsonl"), {"step": 2})
-    (tmp_path / "checkpoint-2").mkdir()
-    os.symlink("checkpoint-2", tmp_path / "latest")
-    assert checkpoint.then_resume(str(tmp_path)) == ", then continue with --resume"
-
-
 # --- a step whose loss or gradient is not finite never reaches the weights (issue 61) ------------------------------
 def strict_rows(path):
     def refuse(constant):
@@ -791,8 +394,8 @@ def test_a_weight_that_is_not_finite_is_never_saved(tmp_path, finished_run):
     model = torch.nn.Linear(2, 2)
     with torch.no_grad():
         model.weight[0, 0] = float("inf")
-    with pytest.raises(checkpoint.RunError, match=r"step 6: the policy's weight 'weight' holds nan or inf, so no "
-                                                  r"checkpoint-6 is written; --resume .* from checkpoint-4"):
+    with pytest.raises(files.RunError, match=r"step 6: the policy's weight 'weight' holds nan or inf, so no "
+                                             r"checkpoint-6 is written; --resume .* from checkpoint-4"):
         checkpoint.save_checkpoint(finished_run, 6, model, None, {}, {})
     assert checkpoint.checkpoint_steps(finished_run) == [2, 4]
     assert not os.path.lexists(f"{finished_run}/checkpoint-6.tmp")
@@ -838,46 +441,6 @@ def test_gpt2_style_size_names_are_checked_too(tmp_path, sizes, message):
     with pytest.raises(ValueError, match=message):
         check_config_sizes({"model_type": "gpt2", "n_inner": None, **sizes}, str(tmp_path), "gpt2-folder")
     check_config_sizes({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2}, str(tmp_path), "gpt2-folder")
-
-
-# --- the right message (issue 61) --------------------------------------------------------------------------------
-@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
-@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
-def test_device_mps_without_mps_is_one_line(tmp_path, capsys, dry_run):
-    # a traceback from the first .to("mps"), and --dry-run accepted it
-    err = fails(capsys, ["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL, "--device", "mps",
-                         *dry_run], code=2)
-    assert "--device mps: this torch sees no MPS device" in err
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_inspect_step_with_a_device_this_machine_lacks_exits_2_as_a_flag_error(finished_run, capsys):
-    from experiments import inspect_step
-    with pytest.raises(SystemExit) as exit_info:
-        inspect_step.main([finished_run, "--device", "cuda"])
-    assert exit_info.value.code == 2 and "--device cuda: this torch sees no CUDA device" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("free, said", [(0, "disk full (0 bytes free); free some disk space"),
-                                        (10**12, "[enforce fail at inline_container.cc:672]")])
-def test_a_full_disk_inside_torch_save_is_said_so(tmp_path, monkeypatch, free, said):
-    # it read "[enforce fail at inline_container.cc:672] . unexpected pos 960 vs 832"; with room left on the disk the
-    # writer's own words stay (not a full disk: maybe a bug)
-    import collections
-    import shutil
-
-    def full(*args, **kwargs):
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 960 vs 832")
-    model = torch.nn.Linear(2, 2)
-    monkeypatch.setattr(torch, "save", full)
-    usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1, 1, free))
-    monkeypatch.setattr(checkpoint, "save_policy", lambda model, folder: None)
-    tokenizer = type("Tokenizer", (), {"save_pretrained": lambda self, folder: None})()
-    with pytest.raises(checkpoint.RunError) as error:
-        checkpoint.save_checkpoint(str(tmp_path), 1, model, tokenizer, {}, {})
-    assert f"could not write checkpoint {tmp_path}/checkpoint-1: {said}" in str(error.value)
-    assert os.listdir(tmp_path) == []
 
 
 def test_a_tensor_problem_names_the_type_with_its_article():

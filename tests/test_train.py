@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tasks
-from harness import run as run_module
+from harness import run as run_module, settle
 from harness.prompts import training_prompts
 import train
 from harness.config import Config
@@ -451,13 +451,13 @@ def test_a_bug_from_the_command_line_prints_a_traceback(tmp_path):
 
 
 def test_settings_are_decided_once_before_the_run_and_frozen(tmp_path):
-    # run.settle decides what the flags left open (device, dtype, the tiny model's prompt style and CPU defaults,
+    # settle decides what the flags left open (device, dtype, the tiny model's prompt style and CPU defaults,
     # the reward rules, the initial policy's folder, the steps of --epochs) on a copy; nothing can change it after.
     import dataclasses
-    from harness import config as settings
-    given = settings.load(["--epochs", "2", "--train-size", "5", "--prompts-per-step", "2", "--output-dir",
-                           str(tmp_path / "run")])
-    config, tokenizer, task, prompts = run_module.settle(given)
+    from harness import flags as flags_module
+    given = flags_module.load(["--epochs", "2", "--train-size", "5", "--prompts-per-step", "2", "--output-dir",
+                               str(tmp_path / "run")])
+    config, tokenizer, task, prompts = settle.settle(given)
     assert (config.device, config.dtype, config.style, config.rules) == ("cpu", "fp32", "compact", "compact")
     assert (config.lr, config.max_new_tokens, config.threads, config.task_options) == (3e-4, 12, 1, {"num_count": 2})
     assert config.steps == 2 * (5 // 2) and len(prompts(1)) == 2 and task.name == "countdown"
@@ -516,7 +516,7 @@ def test_the_embedded_default_learns(tmp_path):
 
 def test_a_changed_task_option_gets_a_fresh_warm_start(tmp_path):
     # The warm-start cache is keyed by every setting it depends on: 3-number Countdown must not load a 2-number model.
-    from harness.config import parse_args
+    from harness.flags import parse_args
     from harness.tiny import warm_start_dir, warm_start_settings
     settings = lambda argv: warm_start_settings(parse_args(argv))  # noqa: E731
     two, three = settings(["--task", "countdown"]), settings(["--task", "countdown", "--task-option", "num_count=3"])

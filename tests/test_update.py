@@ -108,7 +108,7 @@ def test_a_batch_with_nothing_to_learn_takes_no_step_on_either_path():
 @pytest.mark.parametrize("flag", [["--step-in-backward", "--grad-clip", "0", "--micro-batch", "512"],
                                   ["--logprob-fp32"], ["--loss-agg", "token-mean-per-micro-batch"]])
 def test_no_fast_refuses_what_only_the_fast_update_does(flag, capsys):
-    from harness.config import parse_args
+    from harness.flags import parse_args
     with pytest.raises(SystemExit):
         parse_args(["--no-fast", *flag])
     assert "are fast/update.py's only; give them or --no-fast, not both" in capsys.readouterr().err

@@ -1,0 +1,356 @@
+"""fast/generate.py's decode loop (--fast-generate): one step with generate's sampling inside and the stop check every
+k tokens gives the same completions as rollout.py's plain generate call, greedy and sampled token for token under the
+same seed, fp32 and bf16, rows ending at EOS inside a stop-check block, its CUDA-graph branch run on this CPU with
+torch.cuda's graph API stood in; where the loop does not apply, generate's own compiled static-cache call. The roomy
+and static caches, the self-check and the rest of the fast path: tests/test_fast_generate.py."""
+import contextlib
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+import tasks
+from fast import generate as fast_generate, kv_cache
+from harness.tiny import build_char_tokenizer, build_tiny_model
+from tests.stubs import generate_rollouts, smollm2_or_skip
+
+
+# transformers before the layered cache API (the floor of requirements.txt): no roomy or static cache, the plain one
+layered = pytest.mark.skipif(not kv_cache.LAYERED_CACHE, reason="no layered cache API in this transformers")
+
+
+def tiny_setup():
+    """A 1-layer, 32-wide tiny Llama at init, three prompts of different lengths (left padding)."""
+    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    prompts = [tokenizer(text)["input_ids"] for text in ("12 5>7:", "3>9:", "45 6 7>1:")]
+    return tokenizer, model, prompts
+
+
+def both_paths(model, tokenizer, prompts, seed, **options):
+    """(plain, fast) Rollouts of the same prompts under the same seed."""
+    result = []
+    for fast in (False, True):
+        torch.manual_seed(seed)
+        result.append(generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=fast,
+                                        **options))
+    return result
+
+
+def assert_same(plain, fast):
+    assert torch.equal(plain.input_ids, fast.input_ids)
+    assert torch.equal(plain.attention_mask, fast.attention_mask)
+    assert torch.equal(plain.completion_mask, fast.completion_mask)
+    assert torch.equal(plain.truncated, fast.truncated) and plain.completions == fast.completions
+
+
+def plain_call(model, tokenizer, prompts, seed, **options):
+    """The Rollouts of rollout.py's plain generate call (--no-fast) under the seed: one generate call (dropping
+    finished rows is a fast path: other random draws, so a sampled comparison with it is greedy only)."""
+    torch.manual_seed(seed)
+    return generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast=False, **options)
+
+
+@pytest.fixture
+def eager(monkeypatch, one_thread):
+    """The static cache alone: no compile_config, so generate runs its forward eagerly (no compile on a CPU)."""
+    monkeypatch.setattr(fast_generate, "compile_config", lambda device, mode=None: None)
+
+
+@pytest.fixture
+def forced_check(monkeypatch, one_thread):
+    """The check as on a CUDA device: fast/generate.py's untested_device says True."""
+    monkeypatch.setattr(fast_generate, "untested_device", lambda model: True)
+
+
+def under_bf16(function, *args, **options):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return function(*args, **options)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_and_seeded_samples_token_for_token(loop_calls):
+    """--fast-generate's decode loop on SmolLM2-135M: token for token the plain call's completions."""
+    from harness.model import load_policy
+    smollm2_or_skip()
+    model, tokenizer = load_policy("smollm2")
+    task = tasks.get_task("countdown")
+    from rollout import render_prompts
+    prompts = render_prompts(tokenizer, task, task.examples("train", 2, seed=0), "chat")
+    for seed, options in ((0, dict(greedy=True)), (1, dict())):
+        plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
+        assert_same(plain, fast)
+    assert loop_calls
+
+
+@pytest.fixture
+def loop_calls(monkeypatch, one_thread):
+    """Counts the decode loop's calls (so that a test sees it ran, not generate's compiled call)."""
+    calls = []
+    loop = fast_generate.decode_loop
+    monkeypatch.setattr(fast_generate, "decode_loop", lambda *args, **kwargs: (calls.append(kwargs),
+                                                                                loop(*args, **kwargs))[1])
+    return calls
+
+
+def eos_often(model, tokenizer):
+    """The tiny model with a flat EOS logit (its tied row zeroed): sampled now and then."""
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] *= 0
+    return model
+
+
+@layered
+@pytest.mark.parametrize("options", [dict(greedy=True), dict(), dict(temperature=0.7), dict(top_p=0.8),
+                                     dict(share_prefill=False), dict(rollout_batch=4)])
+@pytest.mark.parametrize("every", [1, 3, 8])
+def test_decode_loop_samples_alike(loop_calls, monkeypatch, options, every):
+    """Token for token the plain generate call's completions under the same seed, for any stop-check interval, and
+    the random numbers after the call are the plain call's too (the next rollout draws the same)."""
+    tokenizer, model, prompts = tiny_setup()
+    eos_often(model, tokenizer)
+    monkeypatch.setattr(fast_generate, "STOP_CHECK_EVERY", every)
+    for seed in range(3):
+        plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
+        after_fast = torch.rand(4)
+        plain_call(model, tokenizer, prompts, seed, **options)
+        assert_same(plain, fast)
+        assert torch.equal(torch.rand(4), after_fast)
+    assert loop_calls and all(call["stop_check_every"] == every for call in loop_calls)
+
+
+@layered
+@pytest.mark.parametrize("bf16", [False, True])
+def test_decode_loop_stops_where_generate_stops(loop_calls, bf16):
+    """Every row ends at an EOS before max_new_tokens: generate stops at the last one; the loop, which looks every 8
+    steps, runs past it, cuts its columns and undoes its draws. Same ids, same width, same random numbers after (the
+    loop's redraw patched out, the numbers after differ: the check can fail)."""
+    tokenizer, model, prompts = tiny_setup()
+    eos_often(model, tokenizer)
+    run = under_bf16 if bf16 else (lambda function, *args, **options: function(*args, **options))
+    widths = []
+    for seed in range(12):
+        results = []
+        for fast in (False, True):
+            torch.manual_seed(seed)
+            rollouts = run(generate_rollouts, model, tokenizer, prompts[:1], 2, max_new_tokens=48,
+                           fast_generate=fast)
+            results.append((rollouts, torch.rand(4)))
+        (plain, plain_after), (fast, fast_after) = results
+        assert_same(plain, fast)
+        assert torch.equal(plain_after, fast_after)
+        widths.append(fast.completion_mask.shape[1])
+    assert any(width < 48 and width % fast_generate.STOP_CHECK_EVERY for width in widths), \
+        f"no call ended inside a block of the stop check: {widths}"
+
+
+@layered
+def test_decode_loop_without_its_redraw_leaves_other_random_numbers(loop_calls, monkeypatch):
+    """The check above can fail: with the extra steps' draws kept, the random numbers after the call differ."""
+    tokenizer, model, prompts = tiny_setup()
+    eos_often(model, tokenizer)
+    monkeypatch.setattr(fast_generate, "redraw", lambda *args: None)
+    differ = []
+    for seed in range(12):
+        after = []
+        for fast in (False, True):
+            torch.manual_seed(seed)
+            rollouts = generate_rollouts(model, tokenizer, prompts[:1], 2, max_new_tokens=48, fast_generate=fast)
+            after.append(torch.rand(4))
+        differ.append(rollouts.completion_mask.shape[1] < 48 and not torch.equal(*after))
+    assert any(differ)
+
+
+@layered
+def test_decode_loop_reads_the_device_once_every_k_steps(loop_calls, monkeypatch):
+    """The loop's host reads: one per STOP_CHECK_EVERY steps (counted as a dispatch mode sees them: the
+    _local_scalar_dense of int(tensor)), no multinomial (its host-side checks), no nonzero."""
+    from benchmarks.decode_ops import OpCounter
+    tokenizer, model, prompts = tiny_setup()
+    steps, counters = [], []
+    step, loop = fast_generate.decode_step, fast_generate.decode_loop
+
+    def counted_step(*args, **kwargs):
+        run, state = step(*args, **kwargs)
+        return (lambda: (steps.append(1), run())[1]), state
+
+    def counted_loop(*args, **kwargs):
+        with OpCounter() as counter:
+            counters.append(counter)
+            return loop(*args, **kwargs)
+    monkeypatch.setattr(fast_generate, "decode_step", counted_step)
+    monkeypatch.setattr(fast_generate, "decode_loop", counted_loop)
+    for every in (1, 4, 16):
+        monkeypatch.setattr(fast_generate, "STOP_CHECK_EVERY", every)
+        steps.clear(), counters.clear()
+        generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=16, fast_generate=True)
+        assert len(steps) == 16 and counters[0].syncs == 16 // every, (every, counters[0].syncs)
+        assert counters[0].names.isdisjoint({"aten.multinomial", "aten.nonzero", "aten.item"})
+
+
+@layered
+def test_decode_loop_token_sampler_draws_as_multinomial():
+    """One draw of torch.multinomial(p, 1) is argmax(p / E), E exponential noise from the same generator: the same
+    tokens and the same generator state after, for any p (here with a zero entry, as top-p leaves)."""
+    probs = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
+    probs[:, 7] = 0
+    for seed in range(5):
+        torch.manual_seed(seed)
+        expected = torch.multinomial(probs, num_samples=1).squeeze(1)
+        after = torch.rand(3)
+        torch.manual_seed(seed)
+        drawn = fast_generate.token_sampler(dict(do_sample=True))(probs.log())
+        assert torch.equal(drawn, expected) and torch.equal(torch.rand(3), after)
+
+
+def test_decode_loop_applies_only_where_it_matches_generate():
+    tokenizer, model, _ = tiny_setup()
+    sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
+    if not kv_cache.LAYERED_CACHE:
+        assert "layered cache" in fast_generate.decode_loop_refusal(model, sampling)
+        return
+    assert fast_generate.decode_loop_refusal(model, sampling) is None
+    assert "beyond" in fast_generate.decode_loop_refusal(model, dict(sampling, repetition_penalty=1.1))
+    assert "beyond" in fast_generate.decode_loop_refusal(model, dict(sampling, min_p=0.1))
+    model.config._attn_implementation = "flash_attention_2"
+    assert "attention" in fast_generate.decode_loop_refusal(model, sampling)
+
+
+@layered
+def test_decode_loop_refused_is_generates_compiled_call(eager, loop_calls, monkeypatch):
+    """decode_loop=False (or a refusal) is --fast-generate as before: generate on the static cache."""
+    from rollout import left_pad, plain_generate
+    tokenizer, model, prompts = tiny_setup()
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    options = dict(max_new_tokens=6, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
+                   generate_kwargs=fast_generate.GREEDY, compiled=True)
+    before = fast_generate.sample_completions(model, plain_generate, ids, mask, 2, decode_loop=False, **options)
+    assert not loop_calls
+    after = fast_generate.sample_completions(model, plain_generate, ids, mask, 2, **options)
+    assert len(loop_calls) == 1 and all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+class StandInCuda:
+    """torch.cuda's graph API as cuda_graph uses it, on a CPU: records the calls; a capture runs nothing (the step
+    is kept and run at each replay, as a graph replays its kernels)."""
+
+    def __init__(self):
+        self.events, self.capturing = [], False
+        cuda = self
+
+        class Stream:
+            def __init__(self, device):
+                cuda.events.append(("Stream", str(device)))
+
+            def wait_stream(self, other):
+                cuda.events.append(("wait_stream", type(other).__name__))
+
+        class CUDAGraph:
+            def replay(self):
+                cuda.events.append("replay")
+                self.step()
+        self.Stream, self.CUDAGraph = Stream, CUDAGraph
+
+    def current_stream(self, device):
+        return self.Stream(device)
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        self.events.append("on side stream")
+        yield
+        self.events.append("off side stream")
+
+    @contextlib.contextmanager
+    def graph(self, graph):
+        self.events.append("capture")
+        self.capturing, self.graph_object = True, graph
+        yield
+        self.capturing = False
+        self.events.append("captured")
+
+
+def test_cuda_graph_warms_up_on_a_side_stream_then_captures_and_replays():
+    cuda = StandInCuda()
+    runs = []
+
+    def step():
+        if cuda.capturing:  # what a capture records: the stand-in keeps the step for its replays
+            cuda.graph_object.step = lambda: runs.append("replayed")
+            return
+        runs.append("eager")
+    replay = fast_generate.cuda_graph(step, torch.device("cpu"), cuda=cuda)
+    assert runs == ["eager"]
+    assert cuda.events == [("Stream", "cpu"), ("Stream", "cpu"), ("wait_stream", "Stream"), "on side stream",
+                           "off side stream", ("Stream", "cpu"), ("wait_stream", "Stream"), "capture", "captured"]
+    replay()
+    replay()
+    assert runs == ["eager", "replayed", "replayed"] and cuda.events[-2:] == ["replay", "replay"]
+
+
+@layered
+def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_calls, monkeypatch):
+    """The CUDA branch of decode_loop on a CPU, torch.cuda's graph API stood in: the first step eager (the warm-up),
+    every next step a replay of the captured step; the same tokens as the plain call, sampled and at EOS."""
+    tokenizer, model, prompts = tiny_setup()
+    eos_often(model, tokenizer)
+    cuda = StandInCuda()
+    graph = fast_generate.cuda_graph
+
+    def capture(step, device):
+        def recording_step():
+            if cuda.capturing:
+                cuda.graph_object.step = step
+            else:
+                step()
+        return graph(recording_step, device, cuda=cuda)
+    monkeypatch.setattr(fast_generate, "graphs_on", lambda device: True)
+    monkeypatch.setattr(fast_generate, "cuda_graph", capture)
+    for seed in range(3):
+        cuda.events.clear()
+        plain, fast = both_paths(model, tokenizer, prompts, seed)
+        assert_same(plain, fast)
+        # max_new_tokens 8, one block of STOP_CHECK_EVERY = 8 steps: the first eager, 7 replays
+        assert cuda.events.count("captured") == 1 and cuda.events.count("replay") == 7
+
+
+@layered
+def test_self_check_covers_the_decode_loop(forced_check, loop_calls, monkeypatch, capsys):
+    """--fast-generate's first CUDA rollout (forced here) checks the decode loop itself: a match says so and keeps the
+    loop; a loop that raises (as a capture could on a GPU) is one FAILED line and the plain call's completions."""
+    tokenizer, model, prompts = tiny_setup()
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    assert "the decode loop on the static cache match plain generate" in capsys.readouterr().out
+    assert model._fast_self_check == {True: True} and len(loop_calls) == 2  # the check's call, then the rollout's
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    monkeypatch.setattr(fast_generate, "cuda_graph", broken)
+    monkeypatch.setattr(fast_generate, "graphs_on", lambda device: True)
+    model.__dict__.pop("_fast_self_check")
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    output = capsys.readouterr().out
+    assert output.count("\n") == 1 and "the decode loop on the static cache FAILED on this device" in output
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+
+
+@layered
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_decode_loop_with_grouped_query_attention_fp32_and_bf16(loop_calls, attention):
+    """Three layers, 4 query heads on 2 KV heads; SDPA takes the loop's boolean 4D mask, eager attention its additive
+    one: token for token the plain call, fp32 and under bf16 autocast."""
+    tokenizer, _, prompts = tiny_setup()
+    config = build_tiny_model(tokenizer, hidden_size=64, num_layers=3, num_heads=4).config
+    config.num_key_value_heads = 2
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config).eval()
+    model.config._attn_implementation = attention
+    for seed, options in ((0, dict(greedy=True)), (1, dict()), (2, dict(temperature=0.7))):
+        assert_same(*both_paths(model, tokenizer, prompts, seed, **options))
+        plain = under_bf16(plain_call, model, tokenizer, prompts, seed, **options)
+        torch.manual_seed(seed)
+        assert_same(plain, under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8,
+                                      fast_generate=True, **options))
+    assert len(loop_calls) == 6

@@ -87,7 +87,7 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
 
 ROLLOUT_SETTINGS = ("style", "num_generations", "max_new_tokens", "temperature", "top_p",
                     "mask_truncated", "rollout_batch", "fast", "drop_finished_every",
-                    "fast_generate", "method", "tau")
+                    "fast_generate", "method", "tau", "dtype")
 
 
 def rollout_stats(task, rollouts, rewards, advantages):

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import types
 
 GB = 1e9
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
@@ -501,9 +502,18 @@ GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datashe
     "L4": dict(bf16=121e12, fp16=121e12, fp32=30.3e12, bandwidth=0.3e12),
     "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
 }  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
-MEASURED_STEP_RATIO = 48.6  # the step over its floor, the only GPU measurement of the step so far:
-MEASURED_STEP_SOURCE = ("48.6x its floor measured on one H200 at 27cee0c, Qwen2.5-0.5B's shape, 16 prompts x 8 x 256 "
-                        "tokens, bf16 (lab/logs/gpu-h200-27cee0c/r1-roomy.txt)")
+MEASURED_STEP_SECONDS = 8.23  # the only GPU measurement of the step so far (48.6x the floor as counted then):
+MEASURED_STEP_SOURCE = ("8.23 s step measured on one H200 at 27cee0c, Qwen2.5-0.5B's shape, 16 prompts x 8 x 256 "
+                        "tokens, bf16 (lab/logs/gpu-h200-27cee0c/r1-roomy.txt), over today's floor of that step")
+
+
+def measured_step_ratio():
+    """The measured step over today's floor of the same step (the floor's count may change; the seconds do not)."""
+    config = types.SimpleNamespace(dtype="bf16", prompts_per_step=16, num_generations=8, max_new_tokens=256,
+                                   micro_batch=16)  # the measured run's settings
+    return MEASURED_STEP_SECONDS / step_floor(QWEN25["qwen2.5-0.5b"], config, 33, GPU_PEAKS["H200"])
+
+
 # The settings no GPU has finished a step with: the one GPU run (lab/logs/gpu-h200-27cee0c) ran the default step
 # (fp32 weights, bf16 autocast); its --gradient-checkpointing runs and the 24 GB plan's bf16-sr + 8-bit moments +
 # step in backward started and did not finish; --fast-generate crashed (fixed since, on a CPU)
@@ -515,7 +525,7 @@ def step_floor(shape, config, prompt_length, peaks):
     """The least seconds one step's FLOPs and bytes allow on a card of `peaks` (a GPU_PEAKS row), every prompt
     prompt_length tokens and every row max_new_tokens (benchmarks/floor.py's count for a uniform workload: the shared
     prefill; decode, each token max(FLOPs, bytes of the weights and the KV cache read); the update's forward +
-    backward, 3 x the forward's FLOPs per micro-batch; AdamW's 28 bytes a parameter)."""
+    backward, 3 x the forward's FLOPs per micro-batch, the head's twice under bf16; AdamW's 28 bytes a parameter)."""
     P, T, M, G = prompt_length, config.max_new_tokens, config.num_generations, config.prompts_per_step
     b = 2 if config.dtype == "bf16" else 4
     flops_peak, bandwidth = peaks[config.dtype], peaks["bandwidth"]
@@ -531,19 +541,23 @@ def step_floor(shape, config, prompt_length, peaks):
                  for t in range(T))
     micro = min(config.micro_batch, rows)
     chunks = [min(micro, rows - start) for start in range(0, rows, micro)]
+    head = 2 if config.dtype in ("bf16", "fp16") else 1  # the head on TF32: half the 16-bit rate (floor.HEAD_COST)
     forward = sum(-(-n // M) * (2 * body * (P - 1) + attention(causal(P - 1, 1)))
-                  + n * (2 * weights * T + attention(causal(T, P))) for n in chunks)
+                  + n * (2 * (body + head * shape.vocab * shape.hidden) * T + attention(causal(T, P)))
+                  for n in chunks)
     update = floor(3 * forward, 3 * len(chunks) * weights * b)
     return prefill + decode + update + 28 * shape.parameters() / bandwidth
 
 
 def step_time_text(shape, config, prompt_length):
-    """One line: the step's estimated seconds on each card of GPU_PEAKS (its floor x MEASURED_STEP_RATIO), and the
+    """One line: the step's estimated seconds on each card of GPU_PEAKS (its floor x measured_step_ratio()), and the
     settings of this run no GPU has run a step with."""
     floors = {card: step_floor(shape, config, prompt_length, peaks) for card, peaks in GPU_PEAKS.items()}
     seconds = lambda x: f"{x:.0f}" if x >= 100 else f"{x:.3g}"  # noqa: E731
-    cards = ", ".join(f"{card} ~{seconds(MEASURED_STEP_RATIO * floor)} s" for card, floor in floors.items())
-    return (f"  step time at this run's settings (estimated: each card's floor x the {MEASURED_STEP_SOURCE}; not "
+    ratio = measured_step_ratio()
+    cards = ", ".join(f"{card} ~{seconds(ratio * floor)} s" for card, floor in floors.items())
+    return (f"  step time at this run's settings (estimated: each card's floor x {ratio:.1f}, the "
+            f"{MEASURED_STEP_SOURCE}; not "
             f"measured at this shape; a fit's options add their time): {cards}")
 
 

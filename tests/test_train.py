@@ -502,7 +502,8 @@ def test_the_step_uses_only_the_lesson_files():
                 todo.append(node.id)
             elif isinstance(node, ast.Name) and node.id in origin:
                 modules.add(origin[node.id])
-    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo"}, modules
+    # fast.precision: --dtype's autocast context around the rollout (as the loop and the benchmarks run it)
+    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo", "fast.precision"}, modules
     assert seen == {"collect_rollouts", "update_policy", "no_clock"}
 
 

@@ -126,7 +126,7 @@ def test_the_step_reads_an_allow_list_of_settings_and_no_speed_flag_shapes_the_p
     tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
     assert settings_read("collect_rollouts", tree) == set(train.ROLLOUT_SETTINGS) == {
         "style", "num_generations", "max_new_tokens", "temperature", "top_p", "mask_truncated", "rollout_batch",
-        "fast", "drop_finished_every", "fast_generate", "method", "tau"}
+        "fast", "drop_finished_every", "fast_generate", "method", "tau", "dtype"}
     assert set(train.UPDATE_SETTINGS) == {"alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batches",
                                           "clip_low", "clip_high", "dual_clip", "kl_coef", "kl_clamp", "loss_agg",
                                           "grad_clip", "temperature", "micro_batch"}

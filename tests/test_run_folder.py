@@ -14,36 +14,12 @@ import torch
 
 from harness import checkpoint, files
 import train
+from tests.run_cli import fails, finished_run, run  # noqa: F401 (finished_run: a fixture)
 from tests.stubs import SMALL_TRAIN as SMALL
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("digits_task")
-
-
-def run(out, *extra):
-    return train.main(["--task", "digits", "--output-dir", str(out), *SMALL, *extra])
-
-
-def one_line_error(capsys, exit_info, code):
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if "error" in line.lower()]  # the progress bar may precede it
-    assert exit_info.value.code == code and "Traceback" not in err and len(errors) == 1, err
-    assert errors[0].startswith("train.py: error:")
-    return errors[0]
-
-
-def fails(capsys, argv, code=1):
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(argv)
-    return one_line_error(capsys, exit_info, code)
-
-
-@pytest.fixture
-def finished_run(tmp_path):
-    out = tmp_path / "run"
-    run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0")
-    return str(out)
 
 
 # --- 2. a second run never destroys the first ------------------------------------------------------------------------

@@ -11,37 +11,12 @@ from transformers import LlamaForCausalLM
 
 import tasks
 from fast import generate as fast_generate, kv_cache
-from harness.tiny import build_char_tokenizer, build_tiny_model
+from harness.tiny import build_tiny_model
 from tests.stubs import generate_rollouts, smollm2_or_skip
 
 
-# transformers before the layered cache API (the floor of requirements.txt): no roomy or static cache, the plain one
-layered = pytest.mark.skipif(not kv_cache.LAYERED_CACHE, reason="no layered cache API in this transformers")
-
-
-def tiny_setup():
-    """A 1-layer, 32-wide tiny Llama at init, three prompts of different lengths (left padding)."""
-    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    prompts = [tokenizer(text)["input_ids"] for text in ("12 5>7:", "3>9:", "45 6 7>1:")]
-    return tokenizer, model, prompts
-
-
-def both_paths(model, tokenizer, prompts, seed, **options):
-    """(plain, fast) Rollouts of the same prompts under the same seed."""
-    result = []
-    for fast in (False, True):
-        torch.manual_seed(seed)
-        result.append(generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=fast,
-                                        **options))
-    return result
-
-
-def assert_same(plain, fast):
-    assert torch.equal(plain.input_ids, fast.input_ids)
-    assert torch.equal(plain.attention_mask, fast.attention_mask)
-    assert torch.equal(plain.completion_mask, fast.completion_mask)
-    assert torch.equal(plain.truncated, fast.truncated) and plain.completions == fast.completions
+# the shared helpers of the fast-generate tests (layered: skipped before transformers' layered cache API)
+from tests.test_fast_generate import assert_same, both_paths, layered, tiny_setup  # noqa: E402
 
 
 def plain_call(model, tokenizer, prompts, seed, **options):

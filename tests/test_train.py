@@ -313,7 +313,8 @@ def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, signum):
 
 def test_a_second_sigterm_aborts_at_once(tmp_path):
     out = tmp_path / "run"
-    proc = start_a_long_run(out, "--max-new-tokens", "32", "--prompts-per-step", "8")  # steps of ~1/2 s
+    # steps of ~1/2 s (with tied rewards a step trains nothing: ~0.1 s at 8 prompts, over before the second signal)
+    proc = start_a_long_run(out, "--max-new-tokens", "32", "--prompts-per-step", "64")
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.1)  # two signals at once would arrive as one
     proc.send_signal(signal.SIGTERM)

@@ -16,23 +16,10 @@ from transformers import AutoModelForCausalLM
 import train
 from harness import checkpoint, manifest as manifest_module
 from harness import checkpoint as checkpoint_module, run as run_module, settle
+from tests.run_cli import fails, run
 from tests.stubs import SMALL_TRAIN as SMALL
 
 pytestmark = pytest.mark.usefixtures("digits_task")
-
-
-def run(out, *extra):
-    return train.main(["--task", "digits", "--output-dir", str(out), *SMALL, *extra])
-
-
-def fails(capsys, argv, code=1):
-    """train.main(argv) exits with `code` and one line on stderr, no traceback -> that line."""
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(argv)
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if "error" in line.lower()]
-    assert exit_info.value.code == code and "Traceback" not in err and len(errors) == 1, err
-    return errors[0]
 
 
 def weights(folder):

@@ -195,7 +195,7 @@ def main(argv=None):
     more = []
     for name, lines in sections(args.folder, "more.txt").items():
         more += [f"{name}:"] + ["  " + line for line in lines if line.startswith(
-            ("RESULT", "fast generate's compilation")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
+            ("RESULT", "fast generate's warm-up")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
     print("\nmore steps (random_model_step.py: one measured step after one warm-up)\n" + "\n".join(more or ["none"]))
     rows = memory_rows(args.folder)
     if rows:

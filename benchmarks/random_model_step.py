@@ -99,7 +99,7 @@ def main(argv=None):
     p.add_argument("--lopti", action="store_true", help="AR (alpha 0.3) + Lopti (eta 0.5) instead of one pass")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
     p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
-    p.add_argument("--fast-generate", action="store_true", help="static KV cache + compiled decode (fast/generate.py)")
+    p.add_argument("--fast-generate", action="store_true", help="static KV cache + the decode loop, a CUDA graph a step on CUDA (fast/generate.py)")
     p.add_argument("--concatenated-cache", action="store_true",
                    help="HF's DynamicCache as it is, concatenating every token (before fast/kv_cache.py's roomy_cache)")
     p.add_argument("--roomy-cache", action="store_true",
@@ -142,7 +142,7 @@ def main(argv=None):
             phases.append(floor.measured_phases(clocked))
             floors.append(floor.step_floors(floor.shape_of(model.config),
                                             floor.workload_of(rollouts, args.M, record, dtype), peaks))
-        compiling = " (warm-up: kernels, allocator" + (", fast generate's compilation)" if args.fast_generate
+        compiling = " (warm-up: kernels, allocator" + (", fast generate's graph capture)" if args.fast_generate
                                                          and fast_generate_ran(model) else ")") if step == 0 else ""
         print(f"step {step}: {time.perf_counter() - start:.2f} s{compiling}, rollout {clocked['rollout']:.2f} s, "
               f"reward {rewards.mean():.3f}, optimizer steps {stats['optimizer_steps']}", flush=True)
@@ -162,7 +162,7 @@ def main(argv=None):
     print(floor.format_report(floor.median_phases(phases), floor.median_floors(floors), peaks,
                               title=f"{args.shape} vs floor (median)"))
     if args.fast_generate and fast_generate_ran(model):  # paid once per run and shape
-        print(f"fast generate's compilation: {first_rollout - floor.median_phases(phases)['rollout']:.1f} s "
+        print(f"fast generate's warm-up: {first_rollout - floor.median_phases(phases)['rollout']:.1f} s "
               "(the warm-up step's rollout minus the median)")
 
 

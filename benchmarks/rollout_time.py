@@ -9,7 +9,7 @@ Five variants run alternately in one process on the same prompts and seeds, afte
 each prompt prefilled M times (share_prefill=False, as before), prefilled once (the default), prefilled once into
 HF's own concatenating DynamicCache (before fast/kv_cache.py's roomy_cache), prefilled once
 with finished rows dropped every --drop-every tokens, and prefilled once with --fast-generate (static KV cache,
-compiled decode step: fast/generate.py; its warm-up round minus its median is printed as its compilation time, and
+fast/generate.py's decode loop, one CUDA graph a step on CUDA; its warm-up round minus its median is printed, and
 a round whose completions differ from the shared prefill's in token count is reported). Prints medians, their ratio to the first, and the share of
 completion slots after EOS (what a single generate call decodes for nothing: it runs until the last row stops),
 and each variant's time against the floor of the rollout (benchmarks/floor.py: prefill + decode of the rows still
@@ -107,7 +107,7 @@ def main(argv=None):
     print(floor.decode_costs(floor.shape_of(model.config), "cpu", dtype, peaks, rows=len(mask)))
     if "shared + fast generate" in first_round:  # paid once per run and shape
         compile_seconds = first_round["shared + fast generate"] - statistics.median(seconds["shared + fast generate"])
-        print(f"fast generate's compilation (its warm-up round minus its median): {compile_seconds:.1f} s "
+        print(f"fast generate's warm-up (its warm-up round minus its median): {compile_seconds:.1f} s "
               f"(mode {fast_generate.compile_mode('cpu')})")
 
 if __name__ == "__main__":

@@ -402,7 +402,7 @@ def report(args, n_params, sides, trl_clock, memory, numbers):
                                                               "optimizer step"))))
         if t.fast_generate:  # paid once per run and shape, in the first (warm-up) step
             compile_seconds = side["floor_measured"][0]["rollout"] - measured["rollout"]
-            print(f"fast generate's compilation: {compile_seconds:.1f} s (the first step's rollout minus the median)")
+            print(f"fast generate's warm-up: {compile_seconds:.1f} s (the first step's rollout minus the median)")
     if len(update_floors) == 2 and update_floors[0][1]:  # Lopti's second pass against one pass's floor
         (_, one_floor), (lopti_measured, lopti_floor) = update_floors
         print(f"Lopti's update (pi_old forward, two passes, their steps): floor {lopti_floor / one_floor:.2f} x the "

@@ -29,6 +29,7 @@ from benchmarks import floor  # noqa: E402
 from benchmarks.floor import sync, timed  # noqa: E402
 from fast import generate as fast_generate, kv_cache  # noqa: E402
 from harness.config import Config  # noqa: E402
+from harness import policy  # noqa: E402
 
 SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "test" is for CPU smoke tests
     "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -115,11 +116,11 @@ def main(argv=None):
     model, tokenizer = build(args.shape, device=args.device)
     model.train()
     task = GradedTask()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     config = Config(style="compact", num_generations=args.M, max_new_tokens=args.max_new_tokens,
                     rollout_batch=args.rollout_batch, method="softmax", tau=0.1, dtype=dtype,
                     micro_batch=args.micro_batch, alpha=0.3 if args.lopti else 0.0,
                     lopti_eta=0.5 if args.lopti else 0.0, fast_generate=args.fast_generate)
+    optimizer = policy.adamw_class(config)(model.parameters(), lr=1e-6, weight_decay=0.01)  # train.py's: fused on CUDA
     device = torch.device(args.device)
     peaks = floor.peaks_for(device, dtype, gpu=args.gpu, tflops=args.peak_tflops, gbps=args.peak_gbps)  # before the run: the probe's tensors are gone by then
     seconds, tokens, phases, floors = [], [], [], []

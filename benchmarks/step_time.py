@@ -193,7 +193,7 @@ def trained_rows(advantages, completion_mask):
 def make_our_side(key, name, model, tokenizer, train_args, *, alpha, eta):
     """One of our sides: key ("one_pass" or "lopti") names it in step_numbers, name in the printed report."""
     model = copy.deepcopy(model).train()  # as train.py main() before its loop
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train_args.lr, weight_decay=train_args.weight_decay)
+    optimizer = policy.adamw_class(train_args)(model.parameters(), lr=train_args.lr, weight_decay=train_args.weight_decay)
     update_config = dataclasses.replace(train_args, alpha=alpha, lopti_eta=eta)
     return dict(key=key, name=name, model=model, tokenizer=tokenizer, optimizer=optimizer,
                 G=train_args.prompts_per_step, rollout_config=train_args, update_config=update_config,

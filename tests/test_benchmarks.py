@@ -239,13 +239,16 @@ def autocast_seen(model, seen):
 def test_benchmarks_run_the_step_under_the_precision_train_py_runs_it(tmp_path, digits_task, monkeypatch):
     """--dtype bf16 on a CPU: every decoder-layer forward of train.py's step (its rollout without gradients, its update
     with) runs under autocast, and so does each benchmark's (random_model_step.py, step_time.py, memory_check.py).
-    Before issue 67 the benchmarks called collect_rollouts bare: their rollouts ran in fp32."""
+    Before issue 67 the benchmarks called collect_rollouts bare: their rollouts ran in fp32. Each builds train.py's
+    optimizer (policy.adamw_class: fused AdamW on CUDA); before issue 73 two built torch.optim.AdamW (foreach)."""
     from benchmarks import memory_check, step_time
     from harness import policy
     from tests.stubs import SMALL_TRAIN
     import train
     seen = {name: set() for name in ("train.py", "random_model_step", "step_time", "memory_check")}
-    build_policy, build_shape = policy.build_policy, random_model_step.build
+    build_policy, build_shape, fused_adamw = policy.build_policy, random_model_step.build, policy.fused_adamw
+    built = []  # the optimizers built through train.py's adamw_class
+    monkeypatch.setattr(policy, "fused_adamw", lambda *a, **k: built.append(1) or fused_adamw(*a, **k))
     monkeypatch.setattr(train, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
                                                                               ref))(*build_policy(*a, **k)))
     train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL_TRAIN, "--steps", "1",
@@ -264,7 +267,9 @@ def test_benchmarks_run_the_step_under_the_precision_train_py_runs_it(tmp_path, 
                  "--micro-batch", "2", "--threads", "1"]))]:
         monkeypatch.setattr(random_model_step, "build", lambda *a, _name=name, **k: (lambda m, t: (
             autocast_seen(m, seen[_name]), t))(*build_shape(*a, **k)))
+        built.clear()
         run_it()
+        assert built, f"{name} built its own optimizer, not train.py's"
     assert seen["train.py"] == {(False, True), (True, True)}  # rollout and update, both under autocast
     for name in ("random_model_step", "step_time", "memory_check"):
         assert seen[name] == seen["train.py"], name

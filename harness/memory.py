@@ -493,7 +493,7 @@ def modes_text(modes, budget):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The step's time on a card: estimated (its floor x the one step / floor ratio a GPU has measured), never measured
+# The step's time on a card: estimated per phase from its floor and the one GPU log's host time, never measured
 # ---------------------------------------------------------------------------------------------------------------
 GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datasheets: FLOP/s by dtype, bytes/s
     "H200": dict(bf16=989e12, fp16=989e12, fp32=67e12, bandwidth=4.8e12),
@@ -502,18 +502,13 @@ GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datashe
     "L4": dict(bf16=121e12, fp16=121e12, fp32=30.3e12, bandwidth=0.3e12),
     "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
 }  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
-MEASURED_STEP_SECONDS = 8.23  # the only GPU measurement of the step so far (48.6x the floor as counted then):
-MEASURED_STEP_SOURCE = ("8.23 s step measured on one H200 at 27cee0c, Qwen2.5-0.5B's shape, 16 prompts x 8 x 256 "
-                        "tokens, bf16 (lab/logs/gpu-h200-27cee0c/r1-roomy.txt), over today's floor of that step")
-
-
-def measured_step_ratio():
-    """The measured step over today's floor of the same step (the floor's count may change; the seconds do not)."""
-    config = types.SimpleNamespace(dtype="bf16", prompts_per_step=16, num_generations=8, max_new_tokens=256,
-                                   micro_batch=16)  # the measured run's settings
-    return MEASURED_STEP_SECONDS / step_floor(QWEN25["qwen2.5-0.5b"], config, 33, GPU_PEAKS["H200"])
-
-
+EFFICIENCY = 0.4  # the share of a card's datasheet peaks the step's kernels reach (typed: a round eager figure)
+# Host seconds (Python, dispatch, launches) at 24 layers, x layers / 24 elsewhere, from the one GPU log of the step:
+# lab/logs/gpu-h200-27cee0c/r2-concat.txt (H200, HF's cache: CUDA's default; 16 prompts x 8 x 256, micro-batch 16),
+# where every phase ran 20-80x its floor: host-bound. Its update's head ran IEEE fp32 then (TF32 since): an upper bound
+HOST = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132)  # per generate call, its decode
+HOST_SOURCE = "lab/logs/gpu-h200-27cee0c/r2-concat.txt"  # token, per micro-batch's forward + backward, per step
+CPU_ADAMW, PCIE = 10e9, 25e9  # --optimizer-offload: bytes/s of a CPU's AdamW and of the card's link (typed)
 # The settings no GPU has finished a step with: the one GPU run (lab/logs/gpu-h200-27cee0c) ran the default step
 # (fp32 weights, bf16 autocast); its --gradient-checkpointing runs and the 24 GB plan's bf16-sr + 8-bit moments +
 # step in backward started and did not finish; --fast-generate crashed (fixed since, on a CPU)
@@ -521,44 +516,64 @@ NEVER_ON_GPU = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer
                 "step_in_backward", "lora_rank", "base_dtype", "fast_generate")
 
 
-def step_floor(shape, config, prompt_length, peaks):
-    """The least seconds one step's FLOPs and bytes allow on a card of `peaks` (a GPU_PEAKS row), every prompt
-    prompt_length tokens and every row max_new_tokens (benchmarks/floor.py's count for a uniform workload: the shared
-    prefill; decode, each token max(FLOPs, bytes of the weights and the KV cache read); the update's forward +
-    backward, 3 x the forward's FLOPs per micro-batch, the head's twice under bf16; AdamW's 28 bytes a parameter)."""
+def step_phases(shape, config, prompt_length, peaks):
+    """{phase: (device s, host s)} of one step on a card of `peaks` (a GPU_PEAKS row): it takes the larger of each.
+    Device: the phase's floor over EFFICIENCY (benchmarks/floor.py's count for a uniform workload: each generate
+    call's shared prefill; its decode, each token max(FLOPs, bytes of the weights and the KV cache read); the
+    update's forward + backward, 3 x the forward's FLOPs per micro-batch, the head's twice under bf16; AdamW's 28
+    bytes a trained weight). Host: HOST per generate call, decode token, micro-batch and optimizer step. The update's
+    work: x2 for Lopti's passes, x --ppo-epochs, x4/3 with --gradient-checkpointing, x2/3 with LoRA (no weight
+    gradients), +1/3 for --kl-coef's reference; --optimizer-offload adds AdamW on the CPU and the link both ways."""
     P, T, M, G = prompt_length, config.max_new_tokens, config.num_generations, config.prompts_per_step
     b = 2 if config.dtype == "bf16" else 4
-    flops_peak, bandwidth = peaks[config.dtype], peaks["bandwidth"]
+    flops_peak, bandwidth = peaks[config.dtype] * EFFICIENCY, peaks["bandwidth"] * EFFICIENCY
     body = shape.layers * sum(i * o for i, o in shape.linear_shapes().values())
     weights = body + shape.vocab * shape.hidden  # the LM head runs whether or not it is tied
     kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * b  # one position's keys and values
     attention = lambda keys: 4 * shape.layers * shape.heads * shape.head_dim * keys  # noqa: E731
     causal = lambda n, first: n * first + n * (n - 1) // 2  # noqa: E731  (query, key) pairs
     floor = lambda flops, moved: max(flops / flops_peak, moved / bandwidth)  # noqa: E731
-    prefill = floor(G * (2 * body * (P - 1) + attention(causal(P - 1, 1))), body * b + G * (P - 1) * kv_bytes)
-    rows = G * M
-    decode = sum(floor(2 * weights * rows + attention(rows * (P + t)), weights * b + rows * (P + t) * kv_bytes)
-                 for t in range(T))
-    micro = min(config.micro_batch, rows)
-    chunks = [min(micro, rows - start) for start in range(0, rows, micro)]
+    split = lambda rows, size: [min(size, rows - start) for start in range(0, rows, size)]  # noqa: E731
+    rows, scale = G * M, shape.layers / 24
+    calls, chunks = split(rows, config.rollout_batch or rows), split(rows, min(config.micro_batch, rows))
+    prefill = sum(floor(n // M * (2 * body * (P - 1) + attention(causal(P - 1, 1))),
+                        body * b + n // M * (P - 1) * kv_bytes) for n in calls)
+    decode = sum(floor(2 * weights * n + attention(n * (P + t)), weights * b + n * (P + t) * kv_bytes)
+                 for n in calls for t in range(T))
     head = 2 if config.dtype in ("bf16", "fp16") else 1  # the head on TF32: half the 16-bit rate (floor.HEAD_COST)
     forward = sum(-(-n // M) * (2 * body * (P - 1) + attention(causal(P - 1, 1)))
                   + n * (2 * (body + head * shape.vocab * shape.hidden) * T + attention(causal(T, P)))
                   for n in chunks)
-    update = floor(3 * forward, 3 * len(chunks) * weights * b)
-    return prefill + decode + update + 28 * shape.parameters() / bandwidth
+    passes = config.ppo_epochs * (2 if config.lopti_eta > 0 else 1)
+    work = passes * (4 / 3 if config.gradient_checkpointing else 1) * (2 / 3 if config.lora_rank else 1) \
+        + (1 / 3 if config.kl_coef > 0 else 0)
+    trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else shape.parameters()
+    steps = passes * config.mini_batches
+    offload = trained * (28 / CPU_ADAMW + 6 / PCIE) if config.optimizer_offload else 0  # fp32 grads out, bf16 back
+    return {"prefill": (prefill, HOST["prefill"] * len(calls) * scale),
+            "decode": (decode, HOST["decode"] * T * len(calls) * scale),
+            "update": (work * floor(3 * forward, 3 * len(chunks) * weights * b),
+                       HOST["update"] * work * len(chunks) * scale),
+            "optimizer": (0 if offload else steps * 28 * trained / bandwidth, offload or steps * HOST["optimizer"] * scale)}
+
+
+def step_seconds(shape, config, prompt_length, peaks):
+    """step_phases' step: each phase's larger time, summed."""
+    return sum(max(pair) for pair in step_phases(shape, config, prompt_length, peaks).values())
 
 
 def step_time_text(shape, config, prompt_length):
-    """One line: the step's estimated seconds on each card of GPU_PEAKS (its floor x measured_step_ratio()), and the
-    settings of this run no GPU has run a step with."""
-    floors = {card: step_floor(shape, config, prompt_length, peaks) for card, peaks in GPU_PEAKS.items()}
-    seconds = lambda x: f"{x:.0f}" if x >= 100 else f"{x:.3g}"  # noqa: E731
-    ratio = measured_step_ratio()
-    cards = ", ".join(f"{card} ~{seconds(ratio * floor)} s" for card, floor in floors.items())
-    return (f"  step time at this run's settings (estimated: each card's floor x {ratio:.1f}, the "
-            f"{MEASURED_STEP_SOURCE}; not "
-            f"measured at this shape; a fit's options add their time): {cards}")
+    """One line: the step's estimated seconds and steps an hour on each card of GPU_PEAKS (step_seconds), with its
+    sources; the phases whose device time is the larger named."""
+    def card(name, peaks):
+        phases, seconds = step_phases(shape, config, prompt_length, peaks), step_seconds(shape, config,
+                                                                                       prompt_length, peaks)
+        bound = ", ".join(phase for phase, (device, host) in phases.items() if device > host)
+        return f"{name} ~{seconds:.3g} s ({3600 / seconds:.0f} an hour{'; device-bound: ' + bound if bound else ''})"
+    return (f"  step time at this run's settings (estimated per phase, the larger of its device time, the floor at "
+            f"{EFFICIENCY:.0%} of the datasheet peaks, and its host time per generate call, decode token, micro-batch "
+            f"and optimizer step from one H200 ({HOST_SOURCE}) x layers / 24; every row to --max-new-tokens, no "
+            f"held-out eval; not measured at this shape): " + ", ".join(card(*item) for item in GPU_PEAKS.items()))
 
 
 def never_on_gpu(changes):

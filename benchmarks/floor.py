@@ -136,7 +136,10 @@ def shape_of(config):
 
 
 # --- Peaks: a probe, or the table ----------------------------------------------------------------------------------
-KNOWN_GPUS = GPU_PEAKS  # the vendors' datasheet peaks, one table (harness/memory.py's, its plan's step time too)
+KNOWN_GPUS = {  # the vendors' datasheet peaks: harness/memory.py's table (its plan's step time too), the H100's PCIe
+    # and NVL cards first (typed from NVIDIA's H100 datasheet, its sparse figures halved; not the lent SXM card)
+    "H100 PCIe": dict(bf16=756e12, fp16=756e12, fp32=51e12, bandwidth=2.0e12),
+    "H100 NVL": dict(bf16=835e12, fp16=835e12, fp32=60e12, bandwidth=3.9e12), **GPU_PEAKS}
 
 
 @dataclasses.dataclass(frozen=True)

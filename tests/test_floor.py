@@ -128,7 +128,8 @@ def test_forward_of_reads_lengths_and_shared_prompts():
 
 def test_known_gpu_names():
     assert floor.known_gpu("NVIDIA H200") == "H200"
-    assert floor.known_gpu("NVIDIA H100 80GB HBM3") == "H100"
+    assert floor.known_gpu("NVIDIA H100 80GB HBM3") == "H100"  # SXM; PCIe and NVL their own peaks (issue 73)
+    assert floor.known_gpu("NVIDIA H100 PCIe") == "H100 PCIe" and floor.known_gpu("NVIDIA H100 NVL") == "H100 NVL"
     assert floor.known_gpu("NVIDIA A100-SXM4-80GB") == "A100"
     assert floor.known_gpu("NVIDIA GeForce RTX 4090") == "RTX 4090"
     assert floor.known_gpu("NVIDIA L4") == "L4" and floor.known_gpu("NVIDIA L40S") is None

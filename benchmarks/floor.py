@@ -152,6 +152,15 @@ class Peaks:
         return max(flops / self.flops, bytes_moved / self.bandwidth)
 
 
+def memory_mib(device):
+    """(peak, current) MiB: the CUDA allocator on GPU, else this process's VmHWM / VmRSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, torch.cuda.memory_allocated(device) / 2**20
+    with open("/proc/self/status") as f:  # Linux only (elsewhere: resource.getrusage(...).ru_maxrss is the peak)
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith(("VmHWM", "VmRSS"))}
+    return fields["VmHWM"] / 1024, fields["VmRSS"] / 1024
+
+
 def known_gpu(name):
     """The KNOWN_GPUS key in a device name ("NVIDIA H200" -> "H200"), or None."""
     for key in KNOWN_GPUS:

@@ -1,30 +1,32 @@
 #!/usr/bin/env bash
 # One prepared GPU check in parts, each one device call within its deadline (one CUDA GPU, an H200 sized it; offline).
-# A session's 15 device minutes hold a start (1-2 min), part 1 (300 s) and part 2 (360 s): run them back to back;
-# part 3 (420 s) is the next session's. Timings one at a time (nothing else on the GPU meanwhile); a step whose
-# estimate does not fit the time left is skipped and named, never cut mid-way. PLAN below: every step, its part, its
-# estimate and what the estimate is sized from (tests/test_benchmarks.py: each part's sum under its deadline, with
-# margin). Output: at most 8 files under $OUT (runs/gpu_check):
+# A session's 15 device minutes hold a start (1-2 min), part 1 (300 s) and part 2 (--deadline: status's budget_left_s
+# less 60, at most 360 s), back to back; part 3 (560 s) and part 4 (430 s) a session each. Timings one at a time
+# (nothing else on the GPU); a step whose estimate does not fit the time left is skipped and named, never cut mid-way.
+# PLAN below: every step, its part, its estimate and what the estimate is sized from (tests/test_benchmarks.py: each
+# part's sum under its deadline, with margin). Output: at most 8 files under $OUT (runs/gpu_check):
 #   part 1, issue 63's targets: the step on a random model of Qwen2.5-0.5B's shape, 16 prompts x M 8 x 256 tokens,
 #     bf16 autocast, as train.py runs it: ours alone, then TRL's GRPOTrainer alone (from carried wheels), each in a
 #     fresh process (its first step on a cold CUDA, its peak memory) -> step.txt, step.json (each phase against its
 #     floor: step, decode, update; first step / steady; ours / TRL from the two steady steps; memory ours / TRL);
-#     then the same step with --fast-generate (static cache + CUDA graphs; its self-check's verdict says what ran)
-#     -> more.txt; check.txt: versions, the card, its probed peaks
-#   part 2: the step at Qwen2.5-1.5B's and Qwen2.5-3B's shapes, a torch profile of ours (profile.txt), the roomy
-#     cache (a CPU's default) against HF's (CUDA's) -> more.txt
-#   part 3: every fast path's self-check (tiny and 0.5B shapes), `python train.py` (the tiny default) on CUDA ->
-#     check.txt; the memory plan against the measured peak, per setting, while time is left -> memory.txt
+#     then the same step with --fast-generate at ours alone's micro-batch, 64 (static cache + CUDA graphs; its
+#     self-check's verdict says what ran) -> more.txt; check.txt: versions, the card, its probed peaks
+#   part 2: the step at Qwen2.5-1.5B's and Qwen2.5-3B's shapes, the roomy cache (a CPU's default) against HF's
+#     (CUDA's) -> more.txt
+#   part 3: a torch profile of ours at 64 new tokens (profile.txt), every fast path's self-check (tiny and 0.5B
+#     shapes), `python train.py` (the tiny default) on CUDA -> check.txt; the memory plan against the measured
+#     peak, the 0.5B settings -> memory.txt
+#   part 4: the same for the 1.5B and 3B settings -> memory.txt
 #   summary.txt: the closing table: each check's verdict, each phase against its floor, the targets' ratios
 # TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/ (torchao 0.18.0
 # for the 8-bit and NF4 memory settings, in its own path): `bash benchmarks/gpu_check.sh --fetch-wheels` on a machine
 # with PyPI, then carry .whl; without them that side is skipped and said so.
-# Usage: OUT=DIR [DEADLINE=SECONDS] [SKIP='NAME|NAME'] bash benchmarks/gpu_check.sh [--part 1|2|3]   (default part 1;
-#          DEADLINE: the part's; SKIP: steps named as PLAN names them)
+# Usage: OUT=DIR [SKIP='NAME|NAME'] bash benchmarks/gpu_check.sh [--part 1|2|3|4] [--deadline SECONDS]   (default
+#          part 1, the part's PART_DEADLINES; SKIP: steps named as PLAN names them)
 #        | --dry-run (every step of every part with tiny shapes on this CPU, < 3 min unloaded)
 #        | --fetch-wheels | --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,25p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,27p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 WHEELS=.whl
 if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: the device's README)
@@ -36,18 +38,22 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: 
   done
   ls "$WHEELS"; exit 0
 fi
-DRY=0 PART=1
-case "${1:-}" in
-  --dry-run) DRY=1 ;;
-  --part) PART=${2:-}; [[ "$PART" =~ ^[123]$ ]] || { echo "gpu_check.sh: --part takes 1, 2 or 3" >&2; exit 2; } ;;
-  "") ;;
-  *) echo "gpu_check.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
-esac
+DRY=0 PART=1 DEADLINE=""
+while (($#)); do
+  case "$1" in
+    --dry-run) DRY=1 ;;
+    --part) PART=${2:-}; shift; [[ "$PART" =~ ^[1-4]$ ]] || { echo "gpu_check.sh: --part takes 1 to 4" >&2; exit 2; } ;;
+    --deadline) DEADLINE=${2:-}; shift; [[ "$DEADLINE" =~ ^[0-9]+$ ]] || {
+      echo "gpu_check.sh: --deadline takes whole seconds (status's budget_left_s less 60)" >&2; exit 2; } ;;
+    *) echo "gpu_check.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+  esac
+  shift
+done
 # Every step: part|estimate s|name|what the estimate is sized from. The logs: lab/logs/gpu-h200-27cee0c (one H200,
 # transformers 5.17): a 0.5B-shaped step (16 x 8 x 256) 8.23 s after a 21.6 s first step, decode 22.6 ms a token at
 # 128 rows; 1.5B runs at 64 prompts and at memory_check's 16 x 8 x 256 did not finish in 60 s (their weights drawn on
 # the CPU: now on the GPU); 3B at the 24 GB plan's settings (1024-word prompts, 64 micro-batches) not in 230 s.
-PART_DEADLINES=(0 300 360 420)  # a session: start (1-2 min) + part 1 + part 2 <= 15 min
+PART_DEADLINES=(0 300 360 560 430)  # sessions: start (1-2 min) + part 1 + part 2 <= 15 min; + part 3; + part 4
 PLAN=(
   "1|15|peaks|python + torch on CUDA ~8 s, a few 8192^3 matmuls and 1 GiB copies"
   "1|50|step, ours alone|python + model ~10 s + the first step 21.6 s + one steady step 8.23 s (27cee0c)"
@@ -55,18 +61,20 @@ PLAN=(
   "1|120|step, --fast-generate|ours alone + its self-check + a CUDA-graph capture each rollout call, not measured yet"
   "2|90|step, 1.5b|3.1x the 0.5B's FLOPs, 28 layers: ~25 s first, ~15 s steady step, python ~10 s, x 1.6 (unmeasured)"
   "2|110|step, 3b|6.2x the 0.5B's FLOPs, 36 layers, weights drawn on the GPU: ~35 s first, ~25 s steady, x 1.5"
-  "2|55|profile|ours alone + the profiler's overhead on one step (~1.5x)"
   "2|50|step, roomy cache|ours alone at 27cee0c's roomy cache: 21.2 + 8.2 s, python ~10 s"
+  "3|60|profile|ours alone at 64 new tokens (~16 s first, ~2.5 s steady), ~0.2M events to fold (~20 s), python ~10 s"
   "3|120|self-check|two shapes x four paths, two of them compiled (~25 s each, unmeasured)"
   "3|75|tiny default|57 s at 27cee0c (a.txt: beside another lane's GPU work)"
-  "3|0|memory *|each setting 35 s (0.5B) or 60 s (1.5B, 3B), while time is left: the loop below"
+  "3|35|memory qwen2.5-0.5b *|python ~10 s + a first 0.5B step at micro-batch 8 (~21.6 s at 27cee0c)"
+  "4|60|memory qwen2.5-[13]*|a 1.5B or 3B first step (unmeasured: 27cee0c's drew weights on the CPU, over 60 s)"
+  "4|0|memory plans|the dry run's: every setting's plan in one process, no GPU"
 )
-estimate_of() {  # estimate_of NAME -> its PLAN estimate (a name PLAN does not hold is a bug here: exit)
+plan_of() {  # plan_of NAME -> "PART ESTIMATE" of its PLAN row (a name PLAN does not hold is a bug here: exit)
   local row part estimate pattern
   for row in "${PLAN[@]}"; do
     IFS='|' read -r part estimate pattern _ <<<"$row"
     # shellcheck disable=SC2053  # a PLAN name may be a glob
-    if [[ "$1" == $pattern ]]; then echo "$estimate"; return; fi
+    if [[ "$1" == $pattern ]]; then echo "$part $estimate"; return; fi
   done
   echo "gpu_check.sh: step '$1' is not in PLAN" >&2; exit 3
 }
@@ -75,6 +83,8 @@ in_part() {  # in_part N: whether this run runs part N (a dry run: every part)
 }
 OUT=${OUT:-runs/gpu_check}
 DEADLINE=${DEADLINE:-${PART_DEADLINES[$PART]}}
+((DEADLINE <= PART_DEADLINES[PART])) || { echo "gpu_check.sh: --deadline over part $PART's ${PART_DEADLINES[$PART]} s" >&2
+  exit 2; }
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore
 PY=""  # a python that holds torch: on the H200 python3 is a virtual environment's, and `python` may be another
@@ -88,8 +98,8 @@ SKIPPED=()
 step() {  # step FILE NAME COMMAND...: run if its PLAN estimate fits the time left, its output appended to FILE
   local file=$1 name=$2; shift 2
   local estimate left=$((DEADLINE - SECONDS)) skip
-  estimate=$(estimate_of "$name") || exit 3
-  [[ "$name" == memory\ * ]] && { estimate=35; [[ "$name" == *qwen2.5-0.5b* ]] || estimate=60; }
+  estimate=$(plan_of "$name") || exit 3
+  estimate=${estimate#* }
   IFS='|' read -ra skip <<<"${SKIP:-}"
   for pattern in "${skip[@]}"; do
     if [[ "$name" == "$pattern" ]]; then
@@ -126,7 +136,7 @@ if in_part 1 && ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side from 
     >/dev/null 2>&1 || { echo "TRL wheels did not install"; TRL_PATH=""; }
 fi
 AO_PATH=""
-if in_part 3 && ls "$WHEELS"/torchao-*.whl >/dev/null 2>&1; then
+if (in_part 3 || in_part 4) && ls "$WHEELS"/torchao-*.whl >/dev/null 2>&1; then
   AO_PATH=$(mktemp -d)/site-ao
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$AO_PATH" "$WHEELS"/torchao-*.whl \
     >/dev/null 2>&1 || AO_PATH=""
@@ -156,16 +166,14 @@ p = floor.probe(d, dtype); print(f'probe: {p.flops / 1e12:.1f} TFLOP/s {dtype}, 
   # the decode loop (fast/generate.py): one CUDA graph a step on CUDA, captured in the warm-up step; on a CPU (the dry
   # run) the same loop uncaptured. Its self-check's verdict says what ran
   step more.txt "step, --fast-generate" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" --device "$DEVICE" \
-    --steps 1 "${SMALL[@]}" --fast-generate
+    --steps 1 "${SMALL[@]}" --micro-batch 64 --fast-generate  # ours alone's micro-batch (train.py's default)
 fi
-# ---- part 2: the larger shapes, the profile, the cache comparison --------------------------------------------------
+# ---- part 2: the larger shapes, the cache comparison ---------------------------------------------------------------
 if in_part 2; then
   step more.txt "step, 1.5b" "$PY" benchmarks/random_model_step.py --shape "$MID" --device "$DEVICE" --steps 1 \
     "${SMALL[@]}" --micro-batch 8
   step more.txt "step, 3b" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
     "${SMALL[@]}" --micro-batch 8
-  step profile.txt "profile" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
-    --dtype "$DTYPE" "${STEPS[@]}" --profile torch
   step more.txt "step, roomy cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" --device "$DEVICE" \
     --steps 1 "${SMALL[@]}" --roomy-cache  # CUDA's default is HF's concatenating cache
 fi
@@ -184,11 +192,15 @@ MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-3b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
 )
 MEMORY_SHAPE_FLAGS="--prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8"
-# ---- part 3: every fast path's self-check, the tiny default, the memory plan against the measured peak -------------
-if in_part 3; then
+# ---- parts 3 and 4: the profile, every fast path's self-check, the tiny default, the memory plan against the peak --
+if in_part 3; then  # the profile at 64 new tokens: ~0.2M events for key_averages to fold, not 256 tokens' ~0.8M
+  step profile.txt "profile" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
+    --dtype "$DTYPE" "${STEPS[@]}" --profile torch --max-new-tokens 64
   step check.txt "self-check" "$PY" benchmarks/self_check.py --device "$DEVICE" --dtype "$DTYPE" "${CHECK[@]}"
   step check.txt "tiny default" "$PY" train.py --device "$DEVICE" --output-dir "$OUT/tiny-run" "${TINY[@]}"
   rm -rf "$OUT/tiny-run"  # its metrics are in check.txt; the 8-file budget
+fi
+if in_part 3 || in_part 4; then  # each setting in the part PLAN gives it
   if ((DRY)); then  # every setting's plan in one process (each a fresh process on the GPU, for its own peak)
     step memory.txt "memory plans" "$PY" -c "import shlex, sys; from benchmarks import memory_check
 for setting in sys.argv[1:]:
@@ -198,6 +210,8 @@ for setting in sys.argv[1:]:
   else
     for setting in "${MEMORY_SETTINGS[@]}"; do
       shape=${setting%%|*} flags=${setting#*|}
+      part=$(plan_of "memory $shape ${flags:-(as written)}") || exit 3
+      in_part "${part%% *}" || continue
       path=""; [[ "$flags" == *adamw8bit* || "$flags" == *nf4* ]] && path=$AO_PATH
       if [[ ("$flags" == *adamw8bit* || "$flags" == *nf4*) && -z "$path" ]] && ! "$PY" -c "import torchao" 2>/dev/null
       then

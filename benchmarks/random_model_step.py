@@ -65,11 +65,6 @@ def fast_generate_ran(model):
     return getattr(model, "_fast_self_check", {}).get(True, not fast_generate.untested_device(model))
 
 
-def fast_generate_label(model):
-    return " | fast generate" if fast_generate_ran(model) else \
-        " | fast generate REFUSED by its self-check (plain generate ran)"
-
-
 class GradedTask:
     """Prompts of 32 random words; reward = the share of completion words with an even index (graded, in [0, 1])."""
     name, pass_threshold = "graded", 0.5
@@ -148,15 +143,13 @@ def main(argv=None):
         print(f"step {step}: {time.perf_counter() - start:.2f} s{compiling}, rollout {clocked['rollout']:.2f} s, "
               f"reward {rewards.mean():.3f}, optimizer steps {stats['optimizer_steps']}", flush=True)
         first_rollout = clocked["rollout"] if step == 0 else first_rollout
-    if args.device.startswith("cuda"):
-        peak = f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB ({torch.cuda.get_device_name()})"
-    else:
-        with open("/proc/self/status") as f:
-            peak = "peak RSS " + next(f"{int(line.split()[1]) / 2**20:.2f} GiB" for line in f if line.startswith("VmHWM"))
+    peak = f"peak GPU memory {floor.memory_mib(device)[0] / 1024:.1f} GiB ({torch.cuda.get_device_name()})" \
+        if device.type == "cuda" else f"peak RSS {floor.memory_mib(device)[0] / 1024:.2f} GiB"
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    label = " | fast generate" + ("" if fast_generate_ran(model) else " REFUSED by its self-check (plain generate ran)")
     print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} prompts x M={args.M}"
           f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'}"
-          f"{fast_generate_label(model) if args.fast_generate else ''}"
+          f"{label if args.fast_generate else ''}"
           f"{' | concatenated cache' if args.concatenated_cache else ''}{' | roomy cache' if args.roomy_cache else ''} | "
           f"{statistics.median(seconds):.2f} s/step | {statistics.median(tokens) / statistics.median(seconds):.0f} "
           f"completion tokens/s | {peak}")

@@ -129,16 +129,6 @@ def parse_args(argv=None):
     return args
 
 
-# --- Clocks and memory ---------------------------------------------------------------------------------------------
-def memory_mib(device):
-    """(peak, current) MiB: the CUDA allocator on GPU, else this process's VmHWM / VmRSS."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, torch.cuda.memory_allocated(device) / 2**20
-    with open("/proc/self/status") as f:  # Linux only (elsewhere: resource.getrusage(...).ru_maxrss is the peak)
-        fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith(("VmHWM", "VmRSS"))}
-    return fields["VmHWM"] / 1024, fields["VmRSS"] / 1024
-
-
 # --- The workload: task, prompts, the policy (as train.py builds it) -----------------------------------------------
 def build_workload(args):
     """-> (task, examples, model, tokenizer); one example list, sliced per step by every side."""
@@ -484,7 +474,7 @@ def main(argv=None):
     if args.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(args.device)
-    before = memory_mib(args.device)[1]
+    before = floor.memory_mib(args.device)[1]
     if trl_clock is not None:
         trainer.train()
     else:
@@ -492,7 +482,7 @@ def main(argv=None):
             our_sides(step)
     if args.only in ("ours", "trl"):  # a fresh process: its peak, its first step (nothing warmed CUDA before it)
         seconds = sides[0]["seconds"] if sides else trl_clock.seconds
-        peak = memory_mib(args.device)[0]
+        peak = floor.memory_mib(args.device)[0]
         print("RESULT " + json.dumps({"memory": [peak, before], "seconds": seconds}))
         if not args.json:
             return

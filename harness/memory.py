@@ -503,11 +503,10 @@ GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datashe
     "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
 }  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
 EFFICIENCY = 0.4  # the share of a card's datasheet peaks the step's kernels reach (typed: a round eager figure)
-# Host seconds (Python, dispatch, launches) at 24 layers, x layers / 24 elsewhere, from the one GPU log of the step:
-# lab/logs/gpu-h200-27cee0c/r2-concat.txt (H200, HF's cache: CUDA's default; 16 prompts x 8 x 256, micro-batch 16),
-# where every phase ran 20-80x its floor: host-bound. Its update's head ran IEEE fp32 then (TF32 since): an upper bound
-HOST = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132)  # per generate call, its decode
-HOST_SOURCE = "lab/logs/gpu-h200-27cee0c/r2-concat.txt"  # token, per micro-batch's forward + backward, per step
+# Host seconds at 24 layers per generate call, decode token, micro-batch's forward + backward and optimizer step, from
+# the one GPU log of the step (H200, HF's cache; 16 prompts x 8 x 256, micro-batch 16; each phase 20-80x its floor)
+HOST, HOST_SOURCE = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132), \
+    "lab/logs/gpu-h200-27cee0c/r2-concat.txt"  # its update's head ran IEEE fp32 (TF32 since): an upper bound
 CPU_ADAMW, PCIE = 10e9, 25e9  # --optimizer-offload: bytes/s of a CPU's AdamW and of the card's link (typed)
 # The settings no GPU has finished a step with: the one GPU run (lab/logs/gpu-h200-27cee0c) ran the default step
 # (fp32 weights, bf16 autocast); its --gradient-checkpointing runs and the 24 GB plan's bf16-sr + 8-bit moments +
@@ -517,13 +516,9 @@ NEVER_ON_GPU = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer
 
 
 def step_phases(shape, config, prompt_length, peaks):
-    """{phase: (device s, host s)} of one step on a card of `peaks` (a GPU_PEAKS row): it takes the larger of each.
-    Device: the phase's floor over EFFICIENCY (benchmarks/floor.py's count for a uniform workload: each generate
-    call's shared prefill; its decode, each token max(FLOPs, bytes of the weights and the KV cache read); the
-    update's forward + backward, 3 x the forward's FLOPs per micro-batch, the head's twice under bf16; AdamW's 28
-    bytes a trained weight). Host: HOST per generate call, decode token, micro-batch and optimizer step. The update's
-    work: x2 for Lopti's passes, x --ppo-epochs, x4/3 with --gradient-checkpointing, x2/3 with LoRA (no weight
-    gradients), +1/3 for --kl-coef's reference; --optimizer-offload adds AdamW on the CPU and the link both ways."""
+    """{phase: (device s, host s)} of one step on a card of `peaks` (a GPU_PEAKS row), which takes the larger of each:
+    the floor (benchmarks/floor.py's count, uniform rows) at EFFICIENCY, and HOST x layers / 24. The update's work:
+    x2 Lopti, x --ppo-epochs, x4/3 --gradient-checkpointing, x2/3 LoRA, +1/3 --kl-coef (docs/performance.md)."""
     P, T, M, G = prompt_length, config.max_new_tokens, config.num_generations, config.prompts_per_step
     b = 2 if config.dtype == "bf16" else 4
     flops_peak, bandwidth = peaks[config.dtype] * EFFICIENCY, peaks["bandwidth"] * EFFICIENCY
@@ -554,21 +549,15 @@ def step_phases(shape, config, prompt_length, peaks):
             "decode": (decode, HOST["decode"] * T * len(calls) * scale),
             "update": (work * floor(3 * forward, 3 * len(chunks) * weights * b),
                        HOST["update"] * work * len(chunks) * scale),
-            "optimizer": (0 if offload else steps * 28 * trained / bandwidth, offload or steps * HOST["optimizer"] * scale)}
-
-
-def step_seconds(shape, config, prompt_length, peaks):
-    """step_phases' step: each phase's larger time, summed."""
-    return sum(max(pair) for pair in step_phases(shape, config, prompt_length, peaks).values())
+            "optimizer": (0 if offload else steps * 28 * trained / bandwidth,
+                          offload or steps * HOST["optimizer"] * scale)}
 
 
 def step_time_text(shape, config, prompt_length):
-    """One line: the step's estimated seconds and steps an hour on each card of GPU_PEAKS (step_seconds), with its
-    sources; the phases whose device time is the larger named."""
+    """One line: step_phases' step (each phase's larger time, summed) and steps an hour on each card of GPU_PEAKS."""
     def card(name, peaks):
-        phases, seconds = step_phases(shape, config, prompt_length, peaks), step_seconds(shape, config,
-                                                                                       prompt_length, peaks)
-        bound = ", ".join(phase for phase, (device, host) in phases.items() if device > host)
+        phases = step_phases(shape, config, prompt_length, peaks)
+        seconds, bound = sum(map(max, phases.values())), ", ".join(p for p, (d, h) in phases.items() if d > h)
         return f"{name} ~{seconds:.3g} s ({3600 / seconds:.0f} an hour{'; device-bound: ' + bound if bound else ''})"
     return (f"  step time at this run's settings (estimated per phase, the larger of its device time, the floor at "
             f"{EFFICIENCY:.0%} of the datasheet peaks, and its host time per generate call, decode token, micro-batch "

@@ -124,9 +124,10 @@ if ((DRY)); then  # the same steps on this CPU with tiny shapes: what a GPU run 
   STEPS=(--steps 1 --warmup 1 --prompts-per-step 2 -M 2 --max-new-tokens 4 --threads 1 "${GIVEN[@]}")  # per step
   TINY=(--steps 2 --eval-every 2 --eval-size 8 --prompts-per-step 4 --warm-start-steps 0)  # takes minutes here;
   CHECK=(--shape test --threads 1); SMALL=(--prompts 2 -M 2 --max-new-tokens 4 "${GIVEN[@]}")  # "peaks" runs it)
+  PROFILE=()  # the steps' 4 tokens
 else
   DEVICE=cuda; SHAPE=qwen2.5-0.5b; MID=qwen2.5-1.5b; BIG=qwen2.5-3b; DTYPE=bf16; STEPS=(--preset gpu --steps 1
-    --warmup 1); TINY=(); CHECK=(--shape "$SHAPE"); SMALL=(--prompts 16)
+    --warmup 1); TINY=(); CHECK=(--shape "$SHAPE"); SMALL=(--prompts 16); PROFILE=(--max-new-tokens 64)
 fi
 TRL_PATH=""
 if in_part 1 && ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side from carried wheels, on a path of its own
@@ -195,7 +196,7 @@ MEMORY_SHAPE_FLAGS="--prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --m
 # ---- parts 3 and 4: the profile, every fast path's self-check, the tiny default, the memory plan against the peak --
 if in_part 3; then  # the profile at 64 new tokens: ~0.2M events for key_averages to fold, not 256 tokens' ~0.8M
   step profile.txt "profile" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
-    --dtype "$DTYPE" "${STEPS[@]}" --profile torch --max-new-tokens 64
+    --dtype "$DTYPE" "${STEPS[@]}" --profile torch "${PROFILE[@]}"
   step check.txt "self-check" "$PY" benchmarks/self_check.py --device "$DEVICE" --dtype "$DTYPE" "${CHECK[@]}"
   step check.txt "tiny default" "$PY" train.py --device "$DEVICE" --output-dir "$OUT/tiny-run" "${TINY[@]}"
   rm -rf "$OUT/tiny-run"  # its metrics are in check.txt; the 8-file budget

@@ -305,6 +305,6 @@ def test_gpu_check_parts_fit_their_deadlines_with_margin():
     assert {"step, 1.5b", "step, 3b", "step, roomy cache"} == set(names[2]) and "profile" in names[3]
     fast = re.search(r'"step, --fast-generate" (.*?)# ', script, flags=re.S).group(1)
     assert int(shlex.split(fast)[shlex.split(fast).index("--micro-batch") + 1]) == flags.Config().micro_batch
-    assert "--profile torch --max-new-tokens 64" in script
+    assert "PROFILE=(--max-new-tokens 64)" in script and '--profile torch "${PROFILE[@]}"' in script
     used = set(re.findall(r'^\s*step \S+ "([^"$]+)"', script, flags=re.M)) - {"memory plans"}  # (memory *)
     assert used <= {name for _, _, name, _ in plan} and len(used) >= 9, used  # every step has its estimate

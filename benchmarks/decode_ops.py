@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from fast import generate as fast_generate, kv_cache  # noqa: E402
+from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache  # noqa: E402
 from rollout import plain_generate  # noqa: E402
 
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique",
@@ -120,17 +120,17 @@ def paths(model, prompts, rows):
             model.__dict__.pop("forward", None)
 
     def loop(tokens, counter, graph=False):
-        step = fast_generate.decode_step
+        step = fast_loop.decode_step
 
         def one_op_step(*args, **kwargs):
             run, state = step(*args, **kwargs)
             return one_op(run, counter), state
         if graph:
-            fast_generate.decode_step = one_op_step
+            fast_loop.decode_step = one_op_step
         try:
             fast(tokens, counter, compiled=True)
         finally:
-            fast_generate.decode_step = step
+            fast_loop.decode_step = step
 
     return {"plain generate": plain,
             "default (roomy cache)": lambda tokens, counter: fast(tokens, counter, compiled=False),
@@ -171,14 +171,14 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs=2, default=(8, 24), metavar=("SHORT", "LONG"))
     p.add_argument("--repeats", type=int, default=3, help="timed calls per length (median)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--stop-check-every", type=int, default=fast_generate.STOP_CHECK_EVERY)
+    p.add_argument("--stop-check-every", type=int, default=fast_loop.STOP_CHECK_EVERY)
     args = p.parse_args(argv)
     if args.rows % args.prompts:
         raise SystemExit(f"--rows {args.rows} is not a multiple of --prompts {args.prompts}")
     if not kv_cache.LAYERED_CACHE:
         raise SystemExit("the static cache needs transformers' layered cache API (4.57 or later)")
     torch.set_num_threads(args.threads)
-    fast_generate.STOP_CHECK_EVERY = args.stop_check_every
+    fast_loop.STOP_CHECK_EVERY = args.stop_check_every
     compile_config = fast_generate.compile_config
     fast_generate.compile_config = lambda device, mode=None: None  # "before": its forward eager
     model = skinny_model(args.layers)

@@ -69,6 +69,12 @@ def prefill_prompt_cache(model, input_ids, attention_mask, row_prompt):
     return cache
 
 
+def row_prompts(prompt_input_ids, num_generations):
+    """[N*M] long: the prompt of each row (the M completions of prompt i: rows i*M .. i*M+M-1)."""
+    return torch.arange(len(prompt_input_ids), device=prompt_input_ids.device) \
+        .repeat_interleave(num_generations)
+
+
 def shared_prompt_cache(model, input_ids, attention_mask, prompt_width):
     """The prompts' KV cache for the rows of input_ids, attention_mask [b, P+T] (P = prompt_width),
     or None.

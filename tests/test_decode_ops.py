@@ -9,13 +9,13 @@ from fast import kv_cache
 @pytest.mark.skipif(not kv_cache.LAYERED_CACHE, reason="no layered cache API in this transformers")
 def test_decode_ops_runs_at_a_tiny_shape_and_the_loop_syncs_once_every_k(one_thread, capsys):
     from benchmarks import decode_ops
-    from fast import generate as fast_generate
-    every = fast_generate.STOP_CHECK_EVERY
+    from fast import decode_loop as fast_loop
+    every = fast_loop.STOP_CHECK_EVERY
     try:
         results = decode_ops.main(["--layers", "1", "--rows", "4", "--tokens", "4", "12", "--repeats", "1",
                                    "--stop-check-every", "4"])
     finally:
-        fast_generate.STOP_CHECK_EVERY = every
+        fast_loop.STOP_CHECK_EVERY = every
     out = capsys.readouterr().out
     assert all(name in out for name in results) and "x fewer" in out
     ops, syncs, _ = results["decode loop, eager"]

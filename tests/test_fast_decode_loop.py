@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import tasks
-from fast import generate as fast_generate, kv_cache
+from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache
 from harness.tiny import build_tiny_model
 from tests.stubs import generate_rollouts, smollm2_or_skip
 
@@ -62,8 +62,8 @@ def test_smollm2_greedy_and_seeded_samples_token_for_token(loop_calls):
 def loop_calls(monkeypatch, one_thread):
     """Counts the decode loop's calls (so that a test sees it ran, not generate's compiled call)."""
     calls = []
-    loop = fast_generate.decode_loop
-    monkeypatch.setattr(fast_generate, "decode_loop", lambda *args, **kwargs: (calls.append(kwargs),
+    loop = fast_loop.decode_loop
+    monkeypatch.setattr(fast_loop, "decode_loop", lambda *args, **kwargs: (calls.append(kwargs),
                                                                                 loop(*args, **kwargs))[1])
     return calls
 
@@ -84,7 +84,7 @@ def test_decode_loop_samples_alike(loop_calls, monkeypatch, options, every):
     the random numbers after the call are the plain call's too (the next rollout draws the same)."""
     tokenizer, model, prompts = tiny_setup()
     eos_often(model, tokenizer)
-    monkeypatch.setattr(fast_generate, "STOP_CHECK_EVERY", every)
+    monkeypatch.setattr(fast_loop, "STOP_CHECK_EVERY", every)
     for seed in range(3):
         plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
         after_fast = torch.rand(4)
@@ -115,7 +115,7 @@ def test_decode_loop_stops_where_generate_stops(loop_calls, bf16):
         assert_same(plain, fast)
         assert torch.equal(plain_after, fast_after)
         widths.append(fast.completion_mask.shape[1])
-    assert any(width < 48 and width % fast_generate.STOP_CHECK_EVERY for width in widths), \
+    assert any(width < 48 and width % fast_loop.STOP_CHECK_EVERY for width in widths), \
         f"no call ended inside a block of the stop check: {widths}"
 
 
@@ -124,7 +124,7 @@ def test_decode_loop_without_its_redraw_leaves_other_random_numbers(loop_calls, 
     """The check above can fail: with the extra steps' draws kept, the random numbers after the call differ."""
     tokenizer, model, prompts = tiny_setup()
     eos_often(model, tokenizer)
-    monkeypatch.setattr(fast_generate, "redraw", lambda *args: None)
+    monkeypatch.setattr(fast_loop, "redraw", lambda *args: None)
     differ = []
     for seed in range(12):
         after = []
@@ -143,7 +143,7 @@ def test_decode_loop_reads_the_device_once_every_k_steps(loop_calls, monkeypatch
     from benchmarks.decode_ops import OpCounter
     tokenizer, model, prompts = tiny_setup()
     steps, counters = [], []
-    step, loop = fast_generate.decode_step, fast_generate.decode_loop
+    step, loop = fast_loop.decode_step, fast_loop.decode_loop
 
     def counted_step(*args, **kwargs):
         run, state = step(*args, **kwargs)
@@ -153,10 +153,10 @@ def test_decode_loop_reads_the_device_once_every_k_steps(loop_calls, monkeypatch
         with OpCounter() as counter:
             counters.append(counter)
             return loop(*args, **kwargs)
-    monkeypatch.setattr(fast_generate, "decode_step", counted_step)
-    monkeypatch.setattr(fast_generate, "decode_loop", counted_loop)
+    monkeypatch.setattr(fast_loop, "decode_step", counted_step)
+    monkeypatch.setattr(fast_loop, "decode_loop", counted_loop)
     for every in (1, 4, 16):
-        monkeypatch.setattr(fast_generate, "STOP_CHECK_EVERY", every)
+        monkeypatch.setattr(fast_loop, "STOP_CHECK_EVERY", every)
         steps.clear(), counters.clear()
         generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=16, fast_generate=True)
         assert len(steps) == 16 and counters[0].syncs == 16 // every, (every, counters[0].syncs)
@@ -174,7 +174,7 @@ def test_decode_loop_token_sampler_draws_as_multinomial():
         expected = torch.multinomial(probs, num_samples=1).squeeze(1)
         after = torch.rand(3)
         torch.manual_seed(seed)
-        drawn = fast_generate.token_sampler(dict(do_sample=True))(probs.log())
+        drawn = fast_loop.token_sampler(dict(do_sample=True))(probs.log())
         assert torch.equal(drawn, expected) and torch.equal(torch.rand(3), after)
 
 
@@ -182,13 +182,13 @@ def test_decode_loop_applies_only_where_it_matches_generate():
     tokenizer, model, _ = tiny_setup()
     sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
     if not kv_cache.LAYERED_CACHE:
-        assert "layered cache" in fast_generate.decode_loop_refusal(model, sampling)
+        assert "layered cache" in fast_loop.decode_loop_refusal(model, sampling)
         return
-    assert fast_generate.decode_loop_refusal(model, sampling) is None
-    assert "beyond" in fast_generate.decode_loop_refusal(model, dict(sampling, repetition_penalty=1.1))
-    assert "beyond" in fast_generate.decode_loop_refusal(model, dict(sampling, min_p=0.1))
+    assert fast_loop.decode_loop_refusal(model, sampling) is None
+    assert "beyond" in fast_loop.decode_loop_refusal(model, dict(sampling, repetition_penalty=1.1))
+    assert "beyond" in fast_loop.decode_loop_refusal(model, dict(sampling, min_p=0.1))
     model.config._attn_implementation = "flash_attention_2"
-    assert "attention" in fast_generate.decode_loop_refusal(model, sampling)
+    assert "attention" in fast_loop.decode_loop_refusal(model, sampling)
 
 
 @layered
@@ -253,7 +253,7 @@ def test_cuda_graph_warms_up_on_a_side_stream_then_captures_and_replays():
             cuda.graph_object.step = lambda: runs.append("replayed")
             return
         runs.append("eager")
-    replay = fast_generate.cuda_graph(step, torch.device("cpu"), cuda=cuda)
+    replay = fast_loop.cuda_graph(step, torch.device("cpu"), cuda=cuda)
     assert runs == ["eager"]
     assert cuda.events == [("Stream", "cpu"), ("Stream", "cpu"), ("wait_stream", "Stream"), "on side stream",
                            "off side stream", ("Stream", "cpu"), ("wait_stream", "Stream"), "capture", "captured"]
@@ -269,7 +269,7 @@ def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_
     tokenizer, model, prompts = tiny_setup()
     eos_often(model, tokenizer)
     cuda = StandInCuda()
-    graph = fast_generate.cuda_graph
+    graph = fast_loop.cuda_graph
 
     def capture(step, device):
         def recording_step():
@@ -278,8 +278,8 @@ def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_
             else:
                 step()
         return graph(recording_step, device, cuda=cuda)
-    monkeypatch.setattr(fast_generate, "graphs_on", lambda device: True)
-    monkeypatch.setattr(fast_generate, "cuda_graph", capture)
+    monkeypatch.setattr(fast_loop, "graphs_on", lambda device: True)
+    monkeypatch.setattr(fast_loop, "cuda_graph", capture)
     for seed in range(3):
         cuda.events.clear()
         plain, fast = both_paths(model, tokenizer, prompts, seed)
@@ -301,8 +301,8 @@ def test_self_check_covers_the_decode_loop(forced_check, loop_calls, monkeypatch
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-    monkeypatch.setattr(fast_generate, "cuda_graph", broken)
-    monkeypatch.setattr(fast_generate, "graphs_on", lambda device: True)
+    monkeypatch.setattr(fast_loop, "cuda_graph", broken)
+    monkeypatch.setattr(fast_loop, "graphs_on", lambda device: True)
     model.__dict__.pop("_fast_self_check")
     torch.manual_seed(0)
     checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)

@@ -19,7 +19,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import tasks
-from fast import generate as fast_generate, kv_cache
+from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache
 from harness.config import Config
 from harness.tiny import build_char_tokenizer, build_tiny_model
 from tests.stubs import generate_rollouts, smollm2_or_skip
@@ -205,7 +205,7 @@ def test_compile_mode_follows_the_device():
 
 def generates_compiled_call(monkeypatch):
     """--fast-generate as generate's compiled static-cache call (where the decode loop does not apply)."""
-    monkeypatch.setattr(fast_generate, "decode_loop_refusal", lambda model, kwargs: "the test's refusal")
+    monkeypatch.setattr(fast_loop, "decode_loop_refusal", lambda model, kwargs: "the test's refusal")
 
 
 @pytest.mark.slow

@@ -1,0 +1,225 @@
+"""--fast-generate's decode loop: the same completions as generate's sampling loop, one host call a
+token on CUDA. Where it does not apply (decode_loop_refusal), fast/generate.py runs generate's
+compiled static-cache call instead.
+
+  1. a static KV cache (fast/kv_cache.py's static_cache: fixed-size tensors, written in place)
+     holding the shared prefill: each prompt is still run through the model once and its keys
+     and values copied into its M rows;
+  2. one decode step (decode_step) that does what an iteration of generate's sampling loop does
+     (forward, generate's warpers, the draw, pad after EOS, the stop criteria) on tensors written
+     in place, with no host sync: on CUDA its first run is eager and it is then captured as one
+     CUDA graph (cuda_graph), one host call per token; elsewhere it runs eagerly;
+  3. the stop check ("has every row finished?", the one blocking read) every STOP_CHECK_EVERY
+     tokens; the steps past the last row's EOS are cut and their random draws undone.
+"""
+import inspect
+
+import torch
+
+from fast import kv_cache
+
+
+STOP_CHECK_EVERY = 8  # decode steps between two reads of "every row finished" (the one host sync)
+SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
+LOOP_ATTENTION = ("sdpa", "eager")  # take the loop's 4D mask as it is (flash attention wants 2D)
+
+
+def decode_loop_refusal(model, generate_kwargs):
+    """Why the decode loop does not apply to this call (a line), or None: it needs the layered
+    cache API (the static cache), a plain KV cache, an attention that takes a 4D mask, and only
+    the sampling settings rollout.py gives (SAMPLING_KEYS, no repetition penalty). Where it does
+    not apply, --fast-generate is generate's compiled static-cache call, as before."""
+    if not kv_cache.LAYERED_CACHE:
+        return "no layered cache API in this transformers"
+    if not model._supports_default_dynamic_cache():
+        return "the model keeps no plain KV cache"
+    if any(kind != "full_attention" for kind in
+           getattr(model.config.get_text_config(), "layer_types", None) or ()):
+        return "layers other than full attention (the static cache's plain layers only)"
+    if model.config._attn_implementation not in LOOP_ATTENTION:
+        return f"attention {model.config._attn_implementation!r} (the loop: {LOOP_ATTENTION})"
+    if set(generate_kwargs) - set(SAMPLING_KEYS) or \
+            generate_kwargs.get("repetition_penalty") not in (None, 1.0):
+        return f"sampling settings {sorted(generate_kwargs)} beyond {SAMPLING_KEYS}"
+    return None
+
+
+def token_sampler(generate_kwargs):
+    """scores [B, V] (the step's logits in float32) -> tokens [B], as generate picks them: its
+    warpers (temperature, top-k, top-p, in its order, under its conditions), then argmax, or one
+    draw of torch.multinomial(softmax(scores), 1) written as what that call runs for one sample:
+    exponential noise E [B, V] from the same generator, argmax(p / E) (the same random numbers
+    consumed, the same token: tests/test_fast_generate.py) without multinomial's host-side
+    checks of p, which would stop a CUDA graph."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    if not generate_kwargs.get("do_sample"):
+        return lambda scores: scores.argmax(dim=-1)
+    temperature, top_k, top_p = (generate_kwargs.get(key) for key in ("temperature", "top_k",
+                                                                       "top_p"))
+    warpers = [TemperatureLogitsWarper(temperature)] if temperature not in (None, 1.0) else []
+    warpers += [TopKLogitsWarper(top_k=top_k)] if top_k not in (None, 0) else []
+    warpers += [TopPLogitsWarper(top_p=top_p)] if top_p is not None and top_p < 1.0 else []
+
+    def sample(scores):
+        for warper in warpers:
+            scores = warper(None, scores)
+        probs = torch.softmax(scores, dim=-1)
+        return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1)
+    return sample
+
+
+def static_decode(model, prompt_input_ids, prompt_mask, num_generations, *, max_new_tokens, pad_id,
+                  eos_id, generate_kwargs, share_prefill, stop_check_every):
+    """--fast-generate: the prompts but their last token prefilled (shared: once per prompt) into
+    the static cache, then decode_loop -> (prompt ids, prompt mask [N*M, P], completion ids
+    [N*M, T'] with T' <= max_new_tokens as generate returns them)."""
+    rows, width = len(prompt_input_ids) * num_generations, prompt_input_ids.shape[1]
+    prefilled = None
+    if width > 1:
+        if share_prefill and num_generations > 1:
+            rows_of = kv_cache.row_prompts(prompt_input_ids, num_generations)
+            prefilled = kv_cache.prefill_prompt_cache(model, prompt_input_ids, prompt_mask, rows_of)
+        else:
+            prefilled = kv_cache.prefill_prompt_cache(
+                model, prompt_input_ids.repeat_interleave(num_generations, dim=0),
+                prompt_mask.repeat_interleave(num_generations, dim=0),
+                torch.arange(rows, device=prompt_input_ids.device))
+    cache = kv_cache.static_cache(model, prefilled, rows, width, max_new_tokens)
+    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
+    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    return prompt_input_ids, prompt_mask, decode_loop(
+        model, cache, prompt_input_ids, prompt_mask, max_new_tokens=max_new_tokens, pad_id=pad_id,
+        eos_id=eos_id, generate_kwargs=generate_kwargs, stop_check_every=stop_check_every)
+
+
+def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
+                generate_kwargs):
+    """(step, state): step() decodes one token of every row, as one iteration of generate's
+    sampling loop, with no host sync and no Python branch on device values (what a CUDA graph
+    can hold); state: the tensors it reads and writes in place.
+
+    The cache holds the prompts' first P-1 positions; the first step feeds the last prompt token
+    (at cache position P-1), each next step the token sampled before. Per step: the new position
+    joins the 4D attention mask (prompt padding masked, every generated column attended, as
+    generate's mask; eager attention takes it additive), the model runs one position per row,
+    token_sampler picks, a finished row gets pad_id, the token goes to completion[:, column], a
+    row that wrote an EOS is finished; state["steps"] counts the steps that began with a row
+    unfinished: generate's number of steps (it stops when none is left)."""
+    rows, width = prompt_input_ids.shape
+    device = prompt_input_ids.device
+    length = cache.layers[0].max_cache_len
+    key_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)
+    key_mask[:, :width] = prompt_mask.bool()
+    state = dict(token=prompt_input_ids[:, -1:].clone(),
+                 position=prompt_mask.long().sum(dim=1, keepdim=True) - 1,  # generate's positions
+                 cache_position=torch.full((1,), width - 1, device=device),
+                 column=torch.zeros(1, dtype=torch.long, device=device),
+                 unfinished=torch.ones(rows, dtype=torch.long, device=device),
+                 steps=torch.zeros((), dtype=torch.long, device=device),
+                 completion=torch.full((rows, max_new_tokens), pad_id, device=device),
+                 key_mask=key_mask)
+    eos = torch.as_tensor(eos_id, device=device).reshape(-1)
+    sample = token_sampler(generate_kwargs)
+    mask_dtype = model.get_input_embeddings().weight.dtype  # generate's eager mask: the embeddings'
+    additive = model.config._attn_implementation == "eager"
+    forward = {kv_cache.cache_name(model): cache, "use_cache": True}
+    if "cache_position" in inspect.signature(model.forward).parameters:  # before transformers 5.x
+        forward["cache_position"] = state["cache_position"]
+
+    @torch.no_grad()
+    def step():
+        key_mask.index_fill_(1, state["cache_position"], True)
+        mask = key_mask[:, None, None, :]
+        if additive:
+            mask = torch.zeros(mask.shape, dtype=mask_dtype, device=device).masked_fill(
+                ~mask, torch.finfo(mask_dtype).min)
+        logits = model(input_ids=state["token"], attention_mask=mask,
+                       position_ids=state["position"], **forward).logits
+        unfinished = state["unfinished"]
+        scores = logits[:, -1].to(dtype=torch.float32)  # as generate: float32 scores
+        state["scores_shape"] = scores.shape  # what a step draws (decode_loop's redraw)
+        tokens = sample(scores)
+        tokens = tokens * unfinished + pad_id * (1 - unfinished)
+        state["steps"].add_(unfinished.amax())
+        state["completion"].index_copy_(1, state["column"], tokens[:, None])
+        unfinished.mul_((~torch.isin(tokens, eos)).long())
+        state["token"].copy_(tokens[:, None])
+        for counter in ("position", "cache_position", "column"):
+            state[counter].add_(1)
+    return step, state
+
+
+def decode_loop(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
+                generate_kwargs, stop_check_every):
+    """completion ids [rows, T'] of generate's sampling loop, token for token under a seed, from
+    decode_step run max_new_tokens times at most: on CUDA its first run eager, then captured as
+    one CUDA graph and replayed (cuda_graph); elsewhere eager. prompt_input_ids, prompt_mask
+    [rows, P], left-padded; cache: the static cache holding their first P-1 positions.
+
+    The host reads the device once every stop_check_every steps (state["steps"]: has every row
+    finished?). generate stops at the step where the last row finished, so the loop may run up to
+    stop_check_every - 1 steps more: they write pad into finished rows, their columns are cut
+    (T' = generate's steps), and their random draws are undone (the generator goes back to the
+    state before the block and draws again for the block's counted steps), so that the random
+    numbers after the call are generate's too."""
+    step, state = decode_step(model, cache, prompt_input_ids, prompt_mask,
+                              max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
+                              generate_kwargs=generate_kwargs)
+    device = prompt_input_ids.device
+    sampled = bool(generate_kwargs.get("do_sample"))
+    run, steps = None, 0
+    for start in range(0, max_new_tokens, stop_check_every):
+        end = min(start + stop_check_every, max_new_tokens)
+        before = rng_state(device) if sampled else None
+        for _ in range(start, end):
+            if run is not None:
+                run()
+            elif graphs_on(device):  # the first step runs eagerly, then it is captured
+                run = cuda_graph(step, device)
+            else:
+                step()
+                run = step
+        steps = int(state["steps"])  # the stop check: the loop's one blocking host sync
+        if steps < end:  # every row finished at `steps`: the block's extra draws undone
+            if before is not None:
+                redraw(device, before, steps - start, state["scores_shape"])
+            break
+    return state["completion"][:, :steps]
+
+
+def graphs_on(device):
+    """Whether decode_loop captures its step: on CUDA devices."""
+    return device.type == "cuda"
+
+
+def rng_state(device):
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def redraw(device, state, draws, shape):
+    """The default generator of `device` set back to `state`, then `draws` steps' random numbers
+    drawn again (token_sampler's exponential noise of `shape`, float32)."""
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+    for _ in range(draws):
+        torch.empty(shape, dtype=torch.float32, device=device).exponential_(1)
+
+
+def cuda_graph(step, device, cuda=torch.cuda):
+    """step() run once eagerly (on a side stream, as torch.cuda.graphs asks of a warm-up: lazy
+    allocations, cuBLAS workspaces, autocast's weight casts) -> then captured as one CUDA graph:
+    the returned function replays it, one host call a token. Its random numbers come from the
+    default CUDA generator, which torch registers with every graph (philox seed and offset read at
+    each replay, the offset advanced by the graph's draws: other draws each replay, as eager
+    steps). `cuda`: torch.cuda, or a stand-in (tests/test_fast_generate.py runs this on a CPU)."""
+    stream = cuda.Stream(device)
+    stream.wait_stream(cuda.current_stream(device))
+    with cuda.stream(stream):
+        step()
+    cuda.current_stream(device).wait_stream(stream)
+    graph = cuda.CUDAGraph()
+    with cuda.graph(graph):
+        step()  # recorded, not run
+    return graph.replay

@@ -12,11 +12,18 @@ compiled static-cache call instead.
   3. the stop check ("has every row finished?", the one blocking read) every STOP_CHECK_EVERY
      tokens; the steps past the last row's EOS are cut and their random draws undone.
 """
+import contextlib
 import inspect
 
 import torch
 
 from fast import kv_cache
+
+try:  # transformers' shared attention registry (4.48 on) and its sdpa attention
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward as SDPA
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as ATTENTION
+except ImportError:  # older: the loop is refused there (no layered cache API)
+    SDPA = ATTENTION = None
 
 
 STOP_CHECK_EVERY = 8  # decode steps between two reads of "every row finished" (the one host sync)
@@ -96,28 +103,24 @@ def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, 
                 generate_kwargs):
     """(step, state): step() decodes one token of every row, as one iteration of generate's
     sampling loop, with no host sync and no Python branch on device values (what a CUDA graph
-    can hold); state: the tensors it reads and writes in place.
+    can hold); state: the tensors it reads and writes in place, set for these prompts (begin sets
+    them for another call's prompts of the same shape).
 
     The cache holds the prompts' first P-1 positions; the first step feeds the last prompt token
     (at cache position P-1), each next step the token sampled before. Per step: the new position
     joins the 4D attention mask (prompt padding masked, every generated column attended, as
-    generate's mask; eager attention takes it additive), the model runs one position per row,
-    token_sampler picks, a finished row gets pad_id, the token goes to completion[:, column], a
-    row that wrote an EOS is finished; state["steps"] counts the steps that began with a row
-    unfinished: generate's number of steps (it stops when none is left)."""
-    rows, width = prompt_input_ids.shape
-    device = prompt_input_ids.device
-    length = cache.layers[0].max_cache_len
-    key_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)
-    key_mask[:, :width] = prompt_mask.bool()
-    state = dict(token=prompt_input_ids[:, -1:].clone(),
-                 position=prompt_mask.long().sum(dim=1, keepdim=True) - 1,  # generate's positions
-                 cache_position=torch.full((1,), width - 1, device=device),
-                 column=torch.zeros(1, dtype=torch.long, device=device),
-                 unfinished=torch.ones(rows, dtype=torch.long, device=device),
-                 steps=torch.zeros((), dtype=torch.long, device=device),
-                 completion=torch.full((rows, max_new_tokens), pad_id, device=device),
-                 key_mask=key_mask)
+    generate's mask; eager attention takes it additive), the model runs one position per row
+    (sdpa attention with its grouped query heads packed: packed_sdpa), token_sampler picks, a
+    finished row gets pad_id, the token goes to completion[:, column], a row that wrote an EOS
+    is finished; state["steps"] counts the steps that began with a row unfinished: generate's
+    number of steps (it stops when none is left)."""
+    rows, device = len(prompt_input_ids), prompt_input_ids.device
+    state = {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in (
+        ("token", (rows, 1)), ("position", (rows, 1)), ("cache_position", 1), ("column", 1),
+        ("unfinished", rows), ("steps", ()), ("completion", (rows, max_new_tokens)))}
+    state["key_mask"] = torch.zeros(rows, cache.layers[0].max_cache_len, dtype=torch.bool,
+                                    device=device)
+    begin(state, prompt_input_ids, prompt_mask, pad_id)
     eos = torch.as_tensor(eos_id, device=device).reshape(-1)
     sample = token_sampler(generate_kwargs)
     mask_dtype = model.get_input_embeddings().weight.dtype  # generate's eager mask: the embeddings'
@@ -128,13 +131,14 @@ def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, 
 
     @torch.no_grad()
     def step():
-        key_mask.index_fill_(1, state["cache_position"], True)
-        mask = key_mask[:, None, None, :]
+        state["key_mask"].index_fill_(1, state["cache_position"], True)
+        mask = state["key_mask"][:, None, None, :]
         if additive:
             mask = torch.zeros(mask.shape, dtype=mask_dtype, device=device).masked_fill(
                 ~mask, torch.finfo(mask_dtype).min)
-        logits = model(input_ids=state["token"], attention_mask=mask,
-                       position_ids=state["position"], **forward).logits
+        with packed_heads():
+            logits = model(input_ids=state["token"], attention_mask=mask,
+                           position_ids=state["position"], **forward).logits
         unfinished = state["unfinished"]
         scores = logits[:, -1].to(dtype=torch.float32)  # as generate: float32 scores
         state["scores_shape"] = scores.shape  # what a step draws (decode_loop's redraw)
@@ -149,42 +153,90 @@ def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, 
     return step, state
 
 
+def begin(state, prompt_input_ids, prompt_mask, pad_id):
+    """decode_step's state set in place for a call on these prompts: the tensors a kept CUDA
+    graph reads."""
+    width = prompt_input_ids.shape[1]
+    state["token"].copy_(prompt_input_ids[:, -1:])
+    state["position"].copy_(prompt_mask.long().sum(dim=1, keepdim=True) - 1)  # generate's
+    for name, value in (("cache_position", width - 1), ("column", 0), ("steps", 0),
+                        ("unfinished", 1), ("completion", pad_id), ("key_mask", False)):
+        state[name].fill_(value)
+    state["key_mask"][:, :width] = prompt_mask.bool()
+
+
+def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' sdpa attention of a one-token query with its grouped query heads packed on
+    their key/value heads ([B, H, 1, D] as [B, KV, H/KV, D]), as transformers 5.25 does it;
+    5.17 and older copy the whole cache H/KV times per layer and step instead (repeat_kv: at
+    Qwen2.5-0.5B's attention, 128 rows, cache 320, 455.5 MB written per layer and step against
+    25.5: benchmarks/decode_ops.py --bytes)."""
+    if query.shape[2] != 1 or kwargs.get("softcap") or kwargs.get("position_bias") is not None:
+        return SDPA(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    rows, heads, _, dim = query.shape
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(rows, key.shape[1], heads // key.shape[1], dim), key, value,
+        attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+    return output.reshape(rows, heads, 1, -1).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def packed_heads():
+    """transformers' shared attention registry with "sdpa" read as packed_sdpa, for the step."""
+    saved = ATTENTION._local_mapping.get("sdpa", SDPA)
+    ATTENTION["sdpa"] = packed_sdpa
+    try:
+        yield
+    finally:
+        ATTENTION["sdpa"] = saved
+
+
 def decode_loop(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
                 generate_kwargs, stop_check_every):
     """completion ids [rows, T'] of generate's sampling loop, token for token under a seed, from
-    decode_step run max_new_tokens times at most: on CUDA its first run eager, then captured as
-    one CUDA graph and replayed (cuda_graph); elsewhere eager. prompt_input_ids, prompt_mask
-    [rows, P], left-padded; cache: the static cache holding their first P-1 positions.
+    decode_step run max_new_tokens times at most: on CUDA the shape's first step eager, then
+    captured (cuda_graph) and replayed, in this call and the next ones (the step, its state and
+    graphs are kept on the cache, one per shape: kv_cache.static_cache); elsewhere eager.
+    prompt_input_ids, prompt_mask [rows, P], left-padded; cache: the static cache holding their
+    first P-1 positions.
 
-    The host reads the device once every stop_check_every steps (state["steps"]: has every row
-    finished?). generate stops at the step where the last row finished, so the loop may run up to
+    The host reads the device once every stop_check_every steps (has every row finished, at which
+    step?). generate stops at the step where the last row finished, so the loop may run up to
     stop_check_every - 1 steps more: they write pad into finished rows, their columns are cut
     (T' = generate's steps), and their random draws are undone (the generator goes back to the
     state before the block and draws again for the block's counted steps), so that the random
     numbers after the call are generate's too."""
-    step, state = decode_step(model, cache, prompt_input_ids, prompt_mask,
-                              max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
-                              generate_kwargs=generate_kwargs)
-    device = prompt_input_ids.device
+    key = (max_new_tokens, pad_id, str(eos_id), tuple(sorted(generate_kwargs.items())),
+           model.config._attn_implementation)
+    kept = cache.__dict__.get("decode_loop")
+    if kept is None or kept["key"] != key:
+        step, state = decode_step(model, cache, prompt_input_ids, prompt_mask,
+                                  max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
+                                  generate_kwargs=generate_kwargs)
+        kept = cache.decode_loop = dict(key=key, step=step, state=state, graphs=None)
+    else:
+        begin(kept["state"], prompt_input_ids, prompt_mask, pad_id)
+    state, device, first = kept["state"], prompt_input_ids.device, True
     sampled = bool(generate_kwargs.get("do_sample"))
-    run, steps = None, 0
     for start in range(0, max_new_tokens, stop_check_every):
         end = min(start + stop_check_every, max_new_tokens)
         before = rng_state(device) if sampled else None
         for _ in range(start, end):
-            if run is not None:
-                run()
-            elif graphs_on(device):  # the first step runs eagerly, then it is captured
-                run = cuda_graph(step, device)
+            if kept["graphs"] is not None:  # a call's first replay casts the weights (cuda_graph)
+                kept["graphs"][0 if first else 1]()
+                first = False
+            elif graphs_on(device):  # the shape's first step runs eagerly, then it is captured
+                kept["graphs"] = cuda_graph(kept["step"], device)
             else:
-                step()
-                run = step
-        steps = int(state["steps"])  # the stop check: the loop's one blocking host sync
-        if steps < end:  # every row finished at `steps`: the block's extra draws undone
-            if before is not None:
+                kept["step"]()
+        # the stop check, the loop's one blocking read: -1 while a row is unfinished, else the
+        # steps generate ran (an extra block of pad steps only where a row ended inside this one)
+        steps = int(torch.where(state["unfinished"].any(), -1, state["steps"]))
+        if steps >= 0:
+            if before is not None and steps < end:  # the block's extra draws undone
                 redraw(device, before, steps - start, state["scores_shape"])
-            break
-    return state["completion"][:, :steps]
+            return state["completion"][:, :steps].clone()
+    return state["completion"].clone()
 
 
 def graphs_on(device):
@@ -209,17 +261,23 @@ def redraw(device, state, draws, shape):
 
 def cuda_graph(step, device, cuda=torch.cuda):
     """step() run once eagerly (on a side stream, as torch.cuda.graphs asks of a warm-up: lazy
-    allocations, cuBLAS workspaces, autocast's weight casts) -> then captured as one CUDA graph:
-    the returned function replays it, one host call a token. Its random numbers come from the
-    default CUDA generator, which torch registers with every graph (philox seed and offset read at
-    each replay, the offset advanced by the graph's draws: other draws each replay, as eager
-    steps). `cuda`: torch.cuda, or a stand-in (tests/test_fast_generate.py runs this on a CPU)."""
+    allocations, cuBLAS workspaces) -> two CUDA graphs of it, to replay one host call a token:
+    (a call's first step, every next step). Under autocast the first graph also casts the weights
+    (captured with autocast's cache emptied: the copies land in its memory pool and each call
+    casts the weights as they are now, after the update); the second, captured in the same pool,
+    reads those copies. The random numbers come from the default CUDA generator, which torch
+    registers with every graph (philox seed and offset read at each replay, the offset advanced
+    by the graph's draws: other draws each replay, as eager steps). `cuda`: torch.cuda, or a
+    stand-in (tests/test_fast_decode_loop.py runs this on a CPU)."""
     stream = cuda.Stream(device)
     stream.wait_stream(cuda.current_stream(device))
     with cuda.stream(stream):
         step()
     cuda.current_stream(device).wait_stream(stream)
-    graph = cuda.CUDAGraph()
-    with cuda.graph(graph):
+    torch.clear_autocast_cache()
+    first, then = cuda.CUDAGraph(), cuda.CUDAGraph()
+    with cuda.graph(first):
         step()  # recorded, not run
-    return graph.replay
+    with cuda.graph(then, pool=first.pool()):
+        step()
+    return first.replay, then.replay

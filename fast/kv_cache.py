@@ -30,8 +30,6 @@ except ImportError:  # an older transformers: HF's concatenating cache as it is
     DynamicLayer, StaticLayer, LAYERED_CACHE = object, object, False
 LAZY_INITIALIZATION_ARGS = len(inspect.signature(DynamicLayer.lazy_initialization).parameters) - 1 \
     if LAYERED_CACHE else 0
-STATIC_LAZY_INITIALIZATION_ARGS = \
-    len(inspect.signature(StaticLayer.lazy_initialization).parameters) - 1 if LAYERED_CACHE else 0
 
 
 def cache_name(model):
@@ -201,41 +199,22 @@ CACHE_BUCKET = 64  # cache lengths are multiples of this: a compiled shape serve
 
 
 class TypedStaticLayer(StaticLayer):
-    """A StaticLayer whose keys and values each keep the dtype of their first write, and take later
-    writes of a narrower dtype exactly (bf16 into fp32), as a DynamicCache's concatenation does.
+    """A StaticLayer whose keys and values are kept in `dtype`: the forward's compute dtype.
 
-    Under bf16 autocast over fp32 weights a layer's keys leave RoPE in fp32 (bf16 projections times
-    fp32 cos/sin) and its values leave v_proj in bf16. transformers' StaticLayer allocates both
-    in one dtype in some 5.x versions (the keys', in 5.17) and its index_copy_ takes no other: the
-    first CUDA run's "index_copy_(): self and source expected to have the same dtype". A
-    DynamicCache there holds the values in fp32 (its first, empty tensor has the keys' dtype;
-    concatenation promotes), so the shared prefill copies fp32 values and generate's own forward
-    then writes bf16 ones."""
+    Under bf16 autocast over fp32 weights a layer's keys leave RoPE in fp32 and its values leave
+    v_proj in bf16 (transformers' StaticLayer allocates both in the keys' dtype: fp32); attention
+    casts both to bf16 at each step (its matmuls and sdpa run in autocast's dtype). Kept in bf16,
+    the cache holds what attention reads: the same values (a cast of a cast, exact), half the
+    bytes, no cast of the whole cache a step (12.1 of the 25.5 MB a step writes per layer at
+    Qwen2.5-0.5B's attention, 128 rows, cache 320: benchmarks/decode_ops.py --bytes)."""
+
+    def __init__(self, max_cache_len, dtype):
+        super().__init__(max_cache_len)
+        self.kept_dtype = dtype
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:  # takes (key_states) in transformers 4.57, (key, value) in 5.x
-            self.lazy_initialization(*(key_states, value_states)[:STATIC_LAZY_INITIALIZATION_ARGS])
-            if self.values.dtype != value_states.dtype:
-                self.values = self.values.to(value_states.dtype)
-                # what the compiled step (a CUDA graph) reads
-                torch._dynamo.mark_static_address(self.values)
-        key_states, value_states = (exactly_as(new, kept) for new, kept in
-                                    ((key_states, self.keys), (value_states, self.values)))
-        return super().update(key_states, value_states, *args, **kwargs)
-
-
-def exactly_as(states, kept):
-    """states in kept's dtype where that holds them exactly (a wider float); else as they are."""
-    if states.dtype != kept.dtype and torch.promote_types(states.dtype, kept.dtype) == kept.dtype:
-        return states.to(kept.dtype)
-    return states
-
-
-def compute_dtypes(device):
-    """(the autocast dtype on this device, or None): what decides the dtypes a forward writes into
-    its cache, with the weights' dtype."""
-    device_type = torch.device(device).type
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        return super().update(key_states.to(self.kept_dtype), value_states.to(self.kept_dtype),
+                              *args, **kwargs)
 
 
 def static_cache(model, prefilled, rows, prompt_width, max_new_tokens):
@@ -244,19 +223,22 @@ def static_cache(model, prefilled, rows, prompt_width, max_new_tokens):
 
     prefilled: the DynamicCache of the shared prefill (batch `rows`, the prompt's first
     prompt_width - 1 positions), or None (generate then prefills into the empty static cache
-    itself). The cache of a shape is kept on the model and reset for the next call: the compiled
-    step (and a CUDA graph) is tied to its tensors. Its keys and values take the dtypes the forward
-    writes (TypedStaticLayer), which the weights' dtype and the autocast state decide: a cache is
-    kept per shape and per both, so a call under bf16 autocast never writes into one made without
-    it."""
+    itself). The cache of a shape is kept on the model and reset for the next call, the cache of
+    any other shape dropped (one shape in use: a rollout's): the compiled step and the decode
+    loop's CUDA graphs are tied to its tensors. Its keys and values are in the compute dtype
+    (TypedStaticLayer): autocast's where it is on, else the weights'."""
     length = -(-(prompt_width + max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
-    kept = model.__dict__.setdefault("_fast_generate_caches", {})
     parameter = next(model.parameters())
-    key = (rows, length, parameter.dtype, compute_dtypes(parameter.device))
+    device = parameter.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
+        else parameter.dtype
+    key = (rows, length, dtype)
+    kept = model.__dict__.get("_fast_generate_caches", {})
     if key not in kept:
-        kept[key] = StaticCache(config=model.config, max_cache_len=length)
-        kept[key].layers = [TypedStaticLayer(layer.max_cache_len) if type(layer) is StaticLayer
-                            else layer for layer in kept[key].layers]
+        kept = {key: StaticCache(config=model.config, max_cache_len=length)}
+        kept[key].layers = [TypedStaticLayer(layer.max_cache_len, dtype)
+                            if type(layer) is StaticLayer else layer for layer in kept[key].layers]
+    model._fast_generate_caches = kept = {key: kept[key]}
     cache = kept[key]
     cache.reset()  # zeros, length 0 (the layers of a new cache allocate on their first update)
     if prefilled is not None:

@@ -224,6 +224,9 @@ class StandInCuda:
             def replay(self):
                 cuda.events.append("replay")
                 self.step()
+
+            def pool(self):
+                return id(self)
         self.Stream, self.CUDAGraph = Stream, CUDAGraph
 
     def current_stream(self, device):
@@ -236,8 +239,8 @@ class StandInCuda:
         self.events.append("off side stream")
 
     @contextlib.contextmanager
-    def graph(self, graph):
-        self.events.append("capture")
+    def graph(self, graph, pool=None):
+        self.events.append(("capture", "shared pool" if pool else "own pool"))
         self.capturing, self.graph_object = True, graph
         yield
         self.capturing = False
@@ -245,29 +248,28 @@ class StandInCuda:
 
 
 def test_cuda_graph_warms_up_on_a_side_stream_then_captures_and_replays():
+    """One eager run on a side stream, then two captures in one pool: the graph of a call's first step (it casts the
+    weights under autocast) and the graph of every next step."""
     cuda = StandInCuda()
     runs = []
 
     def step():
         if cuda.capturing:  # what a capture records: the stand-in keeps the step for its replays
-            cuda.graph_object.step = lambda: runs.append("replayed")
+            name = "first" if cuda.events[-1] == ("capture", "own pool") else "next"
+            cuda.graph_object.step = lambda: runs.append(name)
             return
         runs.append("eager")
-    replay = fast_loop.cuda_graph(step, torch.device("cpu"), cuda=cuda)
+    first, then = fast_loop.cuda_graph(step, torch.device("cpu"), cuda=cuda)
     assert runs == ["eager"]
     assert cuda.events == [("Stream", "cpu"), ("Stream", "cpu"), ("wait_stream", "Stream"), "on side stream",
-                           "off side stream", ("Stream", "cpu"), ("wait_stream", "Stream"), "capture", "captured"]
-    replay()
-    replay()
-    assert runs == ["eager", "replayed", "replayed"] and cuda.events[-2:] == ["replay", "replay"]
+                           "off side stream", ("Stream", "cpu"), ("wait_stream", "Stream"), ("capture", "own pool"),
+                           "captured", ("capture", "shared pool"), "captured"]
+    first(), then(), then()
+    assert runs == ["eager", "first", "next", "next"] and cuda.events[-3:] == ["replay"] * 3
 
 
-@layered
-def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_calls, monkeypatch):
-    """The CUDA branch of decode_loop on a CPU, torch.cuda's graph API stood in: the first step eager (the warm-up),
-    every next step a replay of the captured step; the same tokens as the plain call, sampled and at EOS."""
-    tokenizer, model, prompts = tiny_setup()
-    eos_often(model, tokenizer)
+def graphs_stood_in(monkeypatch):
+    """decode_loop's CUDA branch on this CPU: torch.cuda's graph API stood in (a replay runs the captured step)."""
     cuda = StandInCuda()
     graph = fast_loop.cuda_graph
 
@@ -280,12 +282,28 @@ def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_
         return graph(recording_step, device, cuda=cuda)
     monkeypatch.setattr(fast_loop, "graphs_on", lambda device: True)
     monkeypatch.setattr(fast_loop, "cuda_graph", capture)
+    return cuda
+
+
+@layered
+def test_decode_loop_captures_once_per_shape_and_replays_across_calls(loop_calls, monkeypatch):
+    """The CUDA branch of decode_loop on a CPU: the shape's first step eager (the warm-up), then captured; every call
+    after replays the same graphs, its first step through the graph that casts the weights. The same tokens as the
+    plain call, sampled and at EOS; one static cache kept, of the shape in use."""
+    tokenizer, model, prompts = tiny_setup()
+    eos_often(model, tokenizer)
+    cuda = graphs_stood_in(monkeypatch)
     for seed in range(3):
         cuda.events.clear()
-        plain, fast = both_paths(model, tokenizer, prompts, seed)
-        assert_same(plain, fast)
-        # max_new_tokens 8, one block of STOP_CHECK_EVERY = 8 steps: the first eager, 7 replays
-        assert cuda.events.count("captured") == 1 and cuda.events.count("replay") == 7
+        assert_same(*both_paths(model, tokenizer, prompts, seed))
+        # max_new_tokens 8, one block of STOP_CHECK_EVERY = 8 steps: the first call's first step eager, then
+        # captured; each next call replays its 8 steps
+        captures = [event for event in cuda.events if event[0] == "capture"]
+        assert (len(captures), cuda.events.count("replay")) == ((2, 7) if seed == 0 else (0, 8))
+    cuda.events.clear()
+    assert_same(*both_paths(model, tokenizer, prompts[:2], 0))  # 8 rows: another shape, captured, kept alone
+    assert sum(event[0] == "capture" for event in cuda.events) == 2
+    assert [key[0] for key in model._fast_generate_caches] == [8]
 
 
 @layered

@@ -324,19 +324,23 @@ def test_every_fast_path_under_bf16_autocast_samples_alike(monkeypatch, one_thre
 
 
 @layered
-def test_static_cache_is_typed_by_what_the_forward_writes(eager):
-    """Under bf16 autocast over fp32 weights the keys leave RoPE in fp32 and the values leave v_proj in bf16: the
-    static cache holds each in its own dtype, and a cache made without autocast is not reused under it (before: the
-    second call's index_copy_ wrote bf16 values into the fp32 cache of the first, the error of the first CUDA run)."""
+def test_static_cache_is_kept_in_the_compute_dtype(eager):
+    """Under bf16 autocast over fp32 weights HF's cache holds the keys in fp32 (RoPE in fp32), which attention casts
+    to bf16 at every step: the static cache holds that cast, bf16 keys and values (token for token the plain call's
+    completions: test_every_fast_path_under_bf16_autocast_samples_alike); without autocast, fp32. One cache is kept:
+    a call under autocast replaces the one made without it, never writes into it."""
     tokenizer, model, prompts = tiny_setup()
     generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)  # fp32
-    under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)
-    fp32_cache, bf16_cache = model._fast_generate_caches.values()
-    ids = torch.tensor([prompts[0]])
-    dynamic = getattr(under_bf16(model, input_ids=ids, use_cache=True), kv_cache.cache_name(model)).layers[0]
+    (fp32_cache,) = model._fast_generate_caches.values()
     assert {fp32_cache.layers[0].keys.dtype, fp32_cache.layers[0].values.dtype} == {torch.float32}
-    assert (bf16_cache.layers[0].keys.dtype, bf16_cache.layers[0].values.dtype) == \
-        (dynamic.keys.dtype, dynamic.values.dtype)  # as HF's own cache holds them (5.25: fp32, bf16)
+    under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)
+    (bf16_cache,) = model._fast_generate_caches.values()
+    ids = torch.tensor([prompts[0]])
+    dynamic = getattr(under_bf16(model, input_ids=ids, use_cache=True), kv_cache.cache_name(model))
+    assert dynamic.layers[0].keys.dtype == torch.float32
+    static = under_bf16(kv_cache.static_cache, model, dynamic, 1, ids.shape[1] + 1, 4).layers[0]
+    assert (static.keys.dtype, static.values.dtype) == (torch.bfloat16, torch.bfloat16)
+    assert torch.equal(static.keys[:, :, :ids.shape[1]], dynamic.layers[0].keys.to(torch.bfloat16))
 
 
 @layered

@@ -127,6 +127,7 @@ def paths(model, prompts, rows):
             return one_op(run, counter), state
         if graph:
             fast_loop.decode_step = one_op_step
+        model.__dict__.pop("_fast_generate_caches", None)  # a new step (the kept one: another path's)
         try:
             fast(tokens, counter, compiled=True)
         finally:

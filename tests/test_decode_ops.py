@@ -20,5 +20,6 @@ def test_decode_ops_runs_at_a_tiny_shape_and_the_loop_syncs_once_every_k(one_thr
     assert all(name in out for name in results) and "x fewer" in out
     ops, syncs, _ = results["decode loop, eager"]
     assert syncs <= 1 / 4 and ops > 10  # (12 - 4) / 4 = 2 checks over 8 tokens
-    assert results["decode loop, one graph a step"][:2] == (1 + 1 / 4, 1 / 4)  # one replay + the check's read
+    ops, syncs, _ = results["decode loop, one graph a step"]
+    assert syncs == 1 / 4 and ops <= 1 + 4 / 4  # one replay + the check's ops (any, where, its read) every 4
     assert results["plain generate"][1] >= 1 and results["fast-generate before, eager"][1] >= 1

@@ -307,6 +307,49 @@ def test_decode_loop_captures_once_per_shape_and_replays_across_calls(loop_calls
 
 
 @layered
+def test_a_capture_that_fails_at_the_real_batch_is_one_line_and_the_plain_call(forced_check, monkeypatch, capsys):
+    """The self-check's 2 rows capture; the rollout's 12 rows fail to (as an out-of-memory inside a capture would):
+    one FAILED line, the plain call's completions, and the plain call from then on."""
+    tokenizer, model, prompts = tiny_setup()
+    graphs_stood_in(monkeypatch)
+    capture = fast_loop.cuda_graph
+
+    def fails_at_12_rows(step, device):
+        if len(model._fast_generate_caches) and next(iter(model._fast_generate_caches))[0] == 12:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB\nsecond line")
+        return capture(step, device)
+    monkeypatch.setattr(fast_loop, "cuda_graph", fails_at_12_rows)
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    output = capsys.readouterr().out.splitlines()
+    assert "match plain generate" in output[0] and len(output) == 2, output
+    assert output[1].startswith("fast path (12 rows): FAILED on this device (RuntimeError: CUDA out of memory.")
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+    monkeypatch.setattr(fast_loop, "decode_loop", lambda *args, **kwargs: pytest.fail("the loop ran after the fall"))
+    torch.manual_seed(1)
+    after = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    assert_same(plain_call(model, tokenizer, prompts, 1), after)
+    assert capsys.readouterr().out == ""
+
+
+@layered
+def test_decode_loop_ends_at_a_block_boundary_without_another_block(monkeypatch, one_thread):
+    """Every row writes its EOS at step 8, the last of the first stop-check block: the check there ends the loop
+    (before: one more block of 8 pad steps ran before a check noticed)."""
+    tokenizer, model, prompts = tiny_setup()
+    steps = []
+
+    def eos_at_step_8(generate_kwargs):
+        def sample(scores):
+            steps.append(1)
+            return torch.full(scores.shape[:1], tokenizer.eos_token_id if len(steps) == 8 else 5)
+        return sample
+    monkeypatch.setattr(fast_loop, "token_sampler", eos_at_step_8)
+    rollouts = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=24, fast_generate=True, greedy=True)
+    assert len(steps) == 8 and rollouts.completion_mask.shape[1] == 8
+
+
+@layered
 def test_self_check_covers_the_decode_loop(forced_check, loop_calls, monkeypatch, capsys):
     """--fast-generate's first CUDA rollout (forced here) checks the decode loop itself: a match says so and keeps the
     loop; a loop that raises (as a capture could on a GPU) is one FAILED line and the plain call's completions."""

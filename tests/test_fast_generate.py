@@ -298,6 +298,47 @@ def test_a_difference_is_one_line_and_the_plain_call_from_then_on(forced_check, 
     assert capsys.readouterr().out == ""  # checked once
 
 
+def near_ties(model, runner_up=3):
+    """The model's head puts one token's logit a hair (0.1 %) below the top one at every position: a near tie, as a
+    random model has many (top-2 gap down to 0.0045)."""
+    def tie(module, inputs, logits):
+        logits = logits.float()
+        top = logits.max(dim=-1).values
+        logits[..., runner_up] = top - 1e-3 * top.abs()
+        return logits
+    return model.lm_head.register_forward_hook(tie)
+
+
+def other_kernel_rounding(module, inputs, logits):
+    """Another kernel path's rounding at the compute precision: the top logit a unit of it down, the rest one up."""
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else logits.dtype
+    down = logits == logits.max(dim=-1, keepdim=True).values
+    return logits + logits.abs() * torch.finfo(dtype).eps * torch.where(down, -1.0, 1.0)
+
+
+def test_the_self_check_does_not_refuse_on_a_rounding_of_a_near_tie(forced_check, monkeypatch, capsys):
+    """Under bf16 autocast a near tie flips between two kernel paths that round differently (the control below): the
+    check runs with autocast off, where it tests positions, cache and masks, and says match."""
+    tokenizer, model, prompts = tiny_setup()
+    near_ties(model)
+    fast = fast_generate.fast_generate
+
+    def rounding_otherwise(*args, **kwargs):
+        hook = model.lm_head.register_forward_hook(other_kernel_rounding)
+        try:
+            return fast(*args, **kwargs)
+        finally:
+            hook.remove()
+    monkeypatch.setattr(fast_generate, "fast_generate", rounding_otherwise)
+    sample = check_sample(model, tokenizer, prompts)
+    flipped = under_bf16(lambda: [sample(fast=fast, compiled=False, max_new_tokens=4)[2] for fast in (False, True)])
+    assert not torch.equal(*flipped), "the control: no flip under bf16, the test would not test the check"
+    torch.manual_seed(0)
+    checked = under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8)
+    assert model._fast_self_check == {False: True} and "match plain generate" in capsys.readouterr().out
+    assert_same(under_bf16(plain_call, model, tokenizer, prompts, 0), checked)
+
+
 # --------------------------------------------------------------------------------------------------
 # Under the run's precision: bf16 autocast over fp32 weights, as every CUDA run with bf16 computes
 # --------------------------------------------------------------------------------------------------

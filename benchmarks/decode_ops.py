@@ -5,6 +5,12 @@ milliseconds per token of a "skinny" Qwen2 whose compute is ~0 (all host cost) o
     python benchmarks/decode_ops.py                      # 24 layers (Qwen2.5-0.5B's), 16 rows
     python benchmarks/decode_ops.py --layers 2 --rows 4 --tokens 4 8   # a smoke test
 
+Then, of the decode loop's step under the installed transformers: its graph nodes (non-view ops:
+what a CUDA graph of the step holds) per decode token, and the bytes its attention writes per
+layer and step at Qwen2.5-0.5B's attention (hidden 896, 14 query and 2 KV heads; --bytes-rows
+rows, cache 320, bf16 autocast): out-of-place ops their outputs, in-place ones what they write
+(index_copy_ its source; index_fill_ and scatters ~0).
+
 The model: Qwen2.5-0.5B's layer structure (24 layers, 14 query and 2 KV heads, SDPA attention,
 tied embeddings) at hidden 56 (4 per head), MLP 64, vocabulary 512: the ops a token dispatches
 depend on the structure, not the widths, so the op and sync counts are the 0.5B's (at any rows);
@@ -66,6 +72,53 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class WriteCounter(TorchDispatchMode):
+    """The non-view ops dispatched under it (nodes) and, while `on`, the bytes they write."""
+
+    def __init__(self):
+        super().__init__()
+        self.nodes = self.written = 0
+        self.on = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.nodes += 1
+            name = str(func.overloadpacket)
+            written = [args[3]] if name == "aten.index_copy_" else [] if "index" in name or \
+                "scatter" in name else [arg for arg, schema in zip(args, func._schema.arguments)
+                                        if schema.alias_info and schema.alias_info.is_write]
+            written = written or (out if isinstance(out, (tuple, list)) else [out])
+            self.written += self.on * sum(t.numel() * t.element_size() for t in written
+                                          if isinstance(t, torch.Tensor))
+        return out
+
+
+def step_counts(model, rows, cache_length, prompt=32):
+    """(nodes, bytes written in attention per layer) of one decode step of `rows` rows, the static
+    cache cache_length long, prompt positions filled; under bf16 autocast."""
+    ids = torch.randint(3, 500, (rows, prompt), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        prefilled = kv_cache.prefill_prompt_cache(model, ids, mask, torch.arange(rows))
+        cache = kv_cache.static_cache(model, prefilled, rows, prompt, cache_length - prompt)
+        step, _ = fast_loop.decode_step(model, cache, ids, mask, max_new_tokens=cache_length - prompt,
+                                        pad_id=0, eos_id=model.config.vocab_size,
+                                        generate_kwargs=SAMPLING)
+        step()  # the first step's lazy work out of the count
+        counter = WriteCounter()
+        counter.on = False
+        switch = [layer.self_attn.register_forward_pre_hook(lambda *a: setattr(counter, "on", True))
+                  for layer in model.model.layers]
+        switch += [layer.self_attn.register_forward_hook(lambda *a: setattr(counter, "on", False))
+                   for layer in model.model.layers]
+        with counter:
+            step()
+        for hook in switch:
+            hook.remove()
+    return counter.nodes, counter.written / len(model.model.layers)
+
+
 def one_op(function, counter):
     """function, counted as one host op by `counter` (what a graph launch costs the host)."""
     def call(*args, **kwargs):
@@ -78,10 +131,10 @@ def one_op(function, counter):
     return call
 
 
-def skinny_model(layers, seed=0):
+def skinny_model(layers, seed=0, hidden=56):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
-    config = Qwen2Config(hidden_size=56, num_hidden_layers=layers, num_attention_heads=14,
+    config = Qwen2Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=14,
                          num_key_value_heads=2, intermediate_size=64, vocab_size=512,
                          tie_word_embeddings=True, max_position_embeddings=4096, pad_token_id=0,
                          eos_token_id=1, bos_token_id=1)
@@ -173,6 +226,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="timed calls per length (median)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-check-every", type=int, default=fast_loop.STOP_CHECK_EVERY)
+    p.add_argument("--bytes-rows", type=int, default=128, help="rows of the attention's bytes")
     args = p.parse_args(argv)
     if args.rows % args.prompts:
         raise SystemExit(f"--rows {args.rows} is not a multiple of --prompts {args.prompts}")
@@ -204,6 +258,13 @@ def main(argv=None):
           f"(inferred: generate's ops + 1 graph launch), after {after:.2f} (measured outside the "
           f"step + 1 replay, inferred as a graph's cost): {before / after:.0f}x fewer; plain "
           f"generate {plain:.0f}: {plain / after:.0f}x")
+    import transformers
+    results["graph nodes"] = step_counts(model, args.rows, 320)[0]
+    results["attention bytes"] = step_counts(skinny_model(1, hidden=896), args.bytes_rows, 320)[1]
+    print(f"the decode loop's step under transformers {transformers.__version__}: "
+          f"{results['graph nodes']} graph nodes (non-view ops) per decode token at {args.layers} "
+          f"layers; its attention writes {results['attention bytes'] / 1e6:.1f} MB per layer and "
+          f"step at Qwen2.5-0.5B's ({args.bytes_rows} rows, cache 320, bf16 autocast)")
     return results
 
 

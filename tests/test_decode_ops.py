@@ -13,11 +13,12 @@ def test_decode_ops_runs_at_a_tiny_shape_and_the_loop_syncs_once_every_k(one_thr
     every = fast_loop.STOP_CHECK_EVERY
     try:
         results = decode_ops.main(["--layers", "1", "--rows", "4", "--tokens", "4", "12", "--repeats", "1",
-                                   "--stop-check-every", "4"])
+                                   "--stop-check-every", "4", "--bytes-rows", "4"])
     finally:
         fast_loop.STOP_CHECK_EVERY = every
     out = capsys.readouterr().out
-    assert all(name in out for name in results) and "x fewer" in out
+    assert all(name in out for name in list(results)[:6]) and "x fewer" in out and "graph nodes" in out
+    assert 20 < results["graph nodes"] < 200 and 0 < results["attention bytes"] < 1e6  # 1 layer, 4 rows
     ops, syncs, _ = results["decode loop, eager"]
     assert syncs <= 1 / 4 and ops > 10  # (12 - 4) / 4 = 2 checks over 8 tokens
     ops, syncs, _ = results["decode loop, one graph a step"]

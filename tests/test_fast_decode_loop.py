@@ -390,3 +390,13 @@ def test_decode_loop_with_grouped_query_attention_fp32_and_bf16(loop_calls, atte
         assert_same(plain, under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8,
                                       fast_generate=True, **options))
     assert len(loop_calls) == 6
+
+
+@layered
+def test_decode_step_writes_no_copy_of_the_cache():
+    """At Qwen2.5-0.5B's attention (14 query heads on 2 KV heads), 8 rows, cache 320, bf16 autocast: a step's attention
+    writes less per layer than one bf16 copy of the layer's keys (8 x 2 x 320 x 64 x 2 bytes), under any supported
+    transformers (before: 5.17's repeat_kv wrote the cache x7 in fp32 and again in bf16, 5.25 a bf16 cast of the keys)."""
+    from benchmarks.decode_ops import skinny_model, step_counts
+    _, written = step_counts(skinny_model(1, hidden=896), 8, 320)
+    assert written < 8 * 2 * 320 * 64 * 2, written

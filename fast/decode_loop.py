@@ -1,30 +1,15 @@
-"""--fast-generate's decode loop: the same completions as generate's sampling loop, one host call a
-token on CUDA. Where it does not apply (decode_loop_refusal), fast/generate.py runs generate's
-compiled static-cache call instead.
-
-  1. a static KV cache (fast/kv_cache.py's static_cache: fixed-size tensors, written in place)
-     holding the shared prefill: each prompt is still run through the model once and its keys
-     and values copied into its M rows;
-  2. one decode step (decode_step) that does what an iteration of generate's sampling loop does
-     (forward, generate's warpers, the draw, pad after EOS, the stop criteria) on tensors written
-     in place, with no host sync: on CUDA its first run is eager and it is then captured as one
-     CUDA graph (cuda_graph), one host call per token; elsewhere it runs eagerly;
-  3. the stop check ("has every row finished?", the one blocking read) every STOP_CHECK_EVERY
-     tokens; the steps past the last row's EOS are cut and their random draws undone.
-"""
+"""--fast-generate's decode loop: generate's sampling loop, token for token, on tensors written in
+place: a static KV cache holding the shared prefill (fast/kv_cache.py), one step doing an iteration
+of generate's loop with no host sync (decode_step; on CUDA captured once per shape: cuda_graph),
+the stop check every STOP_CHECK_EVERY tokens (the steps past the last EOS cut, their draws undone).
+Where it does not apply (decode_loop_refusal) fast/generate.py runs generate's compiled call."""
 import contextlib
 import inspect
 
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as ATTENTION
 
 from fast import kv_cache
-
-try:  # transformers' shared attention registry (4.48 on) and its sdpa attention
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward as SDPA
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as ATTENTION
-except ImportError:  # older: the loop is refused there (no layered cache API)
-    SDPA = ATTENTION = None
-
 
 STOP_CHECK_EVERY = 8  # decode steps between two reads of "every row finished" (the one host sync)
 SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
@@ -53,11 +38,9 @@ def decode_loop_refusal(model, generate_kwargs):
 
 def token_sampler(generate_kwargs):
     """scores [B, V] (the step's logits in float32) -> tokens [B], as generate picks them: its
-    warpers (temperature, top-k, top-p, in its order, under its conditions), then argmax, or one
-    draw of torch.multinomial(softmax(scores), 1) written as what that call runs for one sample:
-    exponential noise E [B, V] from the same generator, argmax(p / E) (the same random numbers
-    consumed, the same token: tests/test_fast_generate.py) without multinomial's host-side
-    checks of p, which would stop a CUDA graph."""
+    warpers (temperature, top-k, top-p, in its order), then argmax, or the draw
+    torch.multinomial(softmax(scores), 1) makes: exponential noise E [B, V] from the same
+    generator, argmax(p / E), without multinomial's host-side checks (they would stop a graph)."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
     if not generate_kwargs.get("do_sample"):
         return lambda scores: scores.argmax(dim=-1)
@@ -81,39 +64,34 @@ def static_decode(model, prompt_input_ids, prompt_mask, num_generations, *, max_
     the static cache, then decode_loop -> (prompt ids, prompt mask [N*M, P], completion ids
     [N*M, T'] with T' <= max_new_tokens as generate returns them)."""
     rows, width = len(prompt_input_ids) * num_generations, prompt_input_ids.shape[1]
+    repeated = [tensor.repeat_interleave(num_generations, dim=0)
+                for tensor in (prompt_input_ids, prompt_mask)]
     prefilled = None
-    if width > 1:
-        if share_prefill and num_generations > 1:
-            rows_of = kv_cache.row_prompts(prompt_input_ids, num_generations)
-            prefilled = kv_cache.prefill_prompt_cache(model, prompt_input_ids, prompt_mask, rows_of)
-        else:
-            prefilled = kv_cache.prefill_prompt_cache(
-                model, prompt_input_ids.repeat_interleave(num_generations, dim=0),
-                prompt_mask.repeat_interleave(num_generations, dim=0),
-                torch.arange(rows, device=prompt_input_ids.device))
+    if width > 1 and share_prefill and num_generations > 1:  # each prompt once, to its M rows
+        prefilled = kv_cache.prefill_prompt_cache(
+            model, prompt_input_ids, prompt_mask,
+            kv_cache.row_prompts(prompt_input_ids, num_generations))
+    elif width > 1:
+        prefilled = kv_cache.prefill_prompt_cache(
+            model, *repeated, torch.arange(rows, device=prompt_input_ids.device))
     cache = kv_cache.static_cache(model, prefilled, rows, width, max_new_tokens)
-    prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
-    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    return prompt_input_ids, prompt_mask, decode_loop(
-        model, cache, prompt_input_ids, prompt_mask, max_new_tokens=max_new_tokens, pad_id=pad_id,
-        eos_id=eos_id, generate_kwargs=generate_kwargs, stop_check_every=stop_check_every)
+    return *repeated, decode_loop(model, cache, *repeated, max_new_tokens=max_new_tokens,
+                                  pad_id=pad_id, eos_id=eos_id, generate_kwargs=generate_kwargs,
+                                  stop_check_every=stop_check_every)
 
 
 def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
                 generate_kwargs):
     """(step, state): step() decodes one token of every row, as one iteration of generate's
     sampling loop, with no host sync and no Python branch on device values (what a CUDA graph
-    can hold); state: the tensors it reads and writes in place, set for these prompts (begin sets
-    them for another call's prompts of the same shape).
+    can hold); state: the tensors it reads and writes in place, set for these prompts (begin).
 
-    The cache holds the prompts' first P-1 positions; the first step feeds the last prompt token
-    (at cache position P-1), each next step the token sampled before. Per step: the new position
-    joins the 4D attention mask (prompt padding masked, every generated column attended, as
-    generate's mask; eager attention takes it additive), the model runs one position per row
-    (sdpa attention with its grouped query heads packed: packed_sdpa), token_sampler picks, a
-    finished row gets pad_id, the token goes to completion[:, column], a row that wrote an EOS
-    is finished; state["steps"] counts the steps that began with a row unfinished: generate's
-    number of steps (it stops when none is left)."""
+    The cache holds the prompts' first P-1 positions; the first step feeds the last prompt token,
+    each next step the token sampled before. Per step: the new position joins the 4D attention
+    mask (generate's; eager attention takes it additive), the model runs one position per row
+    (sdpa with its query heads packed: packed_sdpa), token_sampler picks, a finished row gets
+    pad_id, the token goes to completion[:, column], a row that wrote an EOS is finished;
+    state["steps"] counts the steps begun with a row unfinished: generate's number of steps."""
     rows, device = len(prompt_input_ids), prompt_input_ids.device
     state = {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in (
         ("token", (rows, 1)), ("position", (rows, 1)), ("cache_position", 1), ("column", 1),
@@ -166,13 +144,10 @@ def begin(state, prompt_input_ids, prompt_mask, pad_id):
 
 
 def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' sdpa attention of a one-token query with its grouped query heads packed on
-    their key/value heads ([B, H, 1, D] as [B, KV, H/KV, D]), as transformers 5.25 does it;
-    5.17 and older copy the whole cache H/KV times per layer and step instead (repeat_kv: at
-    Qwen2.5-0.5B's attention, 128 rows, cache 320, 455.5 MB written per layer and step against
-    25.5: benchmarks/decode_ops.py --bytes)."""
-    if query.shape[2] != 1 or kwargs.get("softcap") or kwargs.get("position_bias") is not None:
-        return SDPA(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    """transformers' sdpa attention of the step's one-token query, its grouped query heads packed
+    on their key/value heads ([B, H, 1, D] as [B, KV, H/KV, D]) as transformers 5.25 does; 5.17
+    copies the whole cache H/KV times instead (repeat_kv: at Qwen2.5-0.5B's attention, 128 rows,
+    cache 320, 738 MB written per layer and step against 4.1: benchmarks/decode_ops.py)."""
     rows, heads, _, dim = query.shape
     output = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(rows, key.shape[1], heads // key.shape[1], dim), key, value,
@@ -182,30 +157,27 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
 
 @contextlib.contextmanager
 def packed_heads():
-    """transformers' shared attention registry with "sdpa" read as packed_sdpa, for the step."""
-    saved = ATTENTION._local_mapping.get("sdpa", SDPA)
+    """transformers' shared attention registry reads "sdpa" as packed_sdpa while the step runs."""
+    saved = dict(ATTENTION._local_mapping)
     ATTENTION["sdpa"] = packed_sdpa
     try:
         yield
     finally:
-        ATTENTION["sdpa"] = saved
+        ATTENTION._local_mapping = saved
 
 
 def decode_loop(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
                 generate_kwargs, stop_check_every):
     """completion ids [rows, T'] of generate's sampling loop, token for token under a seed, from
     decode_step run max_new_tokens times at most: on CUDA the shape's first step eager, then
-    captured (cuda_graph) and replayed, in this call and the next ones (the step, its state and
-    graphs are kept on the cache, one per shape: kv_cache.static_cache); elsewhere eager.
-    prompt_input_ids, prompt_mask [rows, P], left-padded; cache: the static cache holding their
-    first P-1 positions.
+    captured (cuda_graph) and replayed in this call and the next ones (step, state and graphs
+    kept on the cache: one per shape); elsewhere eager. prompt_input_ids, prompt_mask [rows, P],
+    left-padded; cache: the static cache holding their first P-1 positions.
 
-    The host reads the device once every stop_check_every steps (has every row finished, at which
-    step?). generate stops at the step where the last row finished, so the loop may run up to
-    stop_check_every - 1 steps more: they write pad into finished rows, their columns are cut
-    (T' = generate's steps), and their random draws are undone (the generator goes back to the
-    state before the block and draws again for the block's counted steps), so that the random
-    numbers after the call are generate's too."""
+    The host reads the device once every stop_check_every steps. generate stops at the step where
+    the last row finished, so the loop may run up to stop_check_every - 1 steps more: they write
+    pad into finished rows, their columns are cut (T' = generate's steps), and their random draws
+    undone (the generator set back to before the block, the counted steps' draws drawn again)."""
     key = (max_new_tokens, pad_id, str(eos_id), tuple(sorted(generate_kwargs.items())),
            model.config._attn_implementation)
     kept = cache.__dict__.get("decode_loop")
@@ -260,15 +232,13 @@ def redraw(device, state, draws, shape):
 
 
 def cuda_graph(step, device, cuda=torch.cuda):
-    """step() run once eagerly (on a side stream, as torch.cuda.graphs asks of a warm-up: lazy
-    allocations, cuBLAS workspaces) -> two CUDA graphs of it, to replay one host call a token:
-    (a call's first step, every next step). Under autocast the first graph also casts the weights
-    (captured with autocast's cache emptied: the copies land in its memory pool and each call
-    casts the weights as they are now, after the update); the second, captured in the same pool,
-    reads those copies. The random numbers come from the default CUDA generator, which torch
-    registers with every graph (philox seed and offset read at each replay, the offset advanced
-    by the graph's draws: other draws each replay, as eager steps). `cuda`: torch.cuda, or a
-    stand-in (tests/test_fast_decode_loop.py runs this on a CPU)."""
+    """step() run once eagerly (on a side stream, as torch.cuda.graphs asks of a warm-up) -> two
+    CUDA graphs of it, replayed one host call a token: (a call's first step, every next step).
+    Under autocast the first also casts the weights (captured with autocast's cache emptied, the
+    copies land in its pool: each call casts the weights as the update left them); the second,
+    captured in the same pool, reads those copies. Random numbers: the default CUDA generator,
+    registered with every graph (philox offset advanced at each replay: other draws each replay,
+    as eager steps). `cuda`: torch.cuda or a stand-in (tests/test_fast_decode_loop.py)."""
     stream = cuda.Stream(device)
     stream.wait_stream(cuda.current_stream(device))
     with cuda.stream(stream):

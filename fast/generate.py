@@ -6,35 +6,20 @@ On (`--no-fast` turns it off): on a CPU the roomy cache (fast/kv_cache.py), Dyna
 written in place instead of concatenated, in the same generate call (ROOMY_CACHE_DEVICES: where
 it was measured faster; on CUDA HF's own cache).
 
-Opt-in (`--fast-generate`): the plain generate runs in eager mode: every decode step runs the
-model's Python forward op by op, then generate's own ops (logits processors, the stop criteria,
-a concatenation) and a blocking read of "every row finished?". On a GPU that step is bound by
-Python and kernel launches (~900 dispatched ops per token at Qwen2.5-0.5B's shape:
-benchmarks/decode_ops.py), far from what the weights' bytes and the FLOPs allow
-(benchmarks/floor.py). The option runs the decode loop (fast/decode_loop.py: a static KV cache, one
-step with the sampling inside captured as a CUDA graph, the stop check every k tokens).
-
-The samples are the same: the step draws the same random numbers as generate's torch.multinomial
-(token_sampler) and picks the same token; only the forward's rounding can differ (a static cache
-is read to its full length, masked) (tests/test_fast_generate.py: greedy and seeded samples token
-for token, fp32 and bf16 autocast, rows ending at EOS). Where the loop does not apply
-(decode_loop_refusal: another attention, other sampling settings), or with decode_loop=False,
---fast-generate is generate's own call on the static cache with transformers' compile_config
-(torch.compile of the forward; on CUDA mode "reduce-overhead"). Costs: the cache length is rounded
-up to CACHE_BUCKET (kept per shape, reused), a static cache is read to its full length at every
-step (masked), it cannot drop finished rows (config refuses --fast-generate with
---drop-finished-every), and it stays allocated on the model between steps (peak memory grows by
-rows x cache length x the KV bytes of a position). Numbers: benchmarks/decode_ops.py,
-benchmarks/rollout_time.py, docs/performance.md. Without transformers' layered cache API
-(fast/kv_cache.py's LAYERED_CACHE) --fast-generate is the plain call's cache.
+Opt-in (`--fast-generate`): the decode loop (fast/decode_loop.py: a static KV cache, one step with
+the sampling inside, a CUDA graph on CUDA, the stop check every k tokens) instead of eager
+generate's ~900 dispatched ops and a blocking read a token (benchmarks/decode_ops.py). Where the
+loop does not apply (decode_loop_refusal), or with decode_loop=False, generate's own call on the
+static cache with transformers' compile_config (on CUDA mode "reduce-overhead"). A static cache
+is read to its full length (masked), cannot drop finished rows (config refuses
+--drop-finished-every with it) and stays allocated on the model between steps. Without
+transformers' layered cache API (kv_cache.LAYERED_CACHE) --fast-generate is the plain call.
 
 The self-check (self_check): these paths are tested token for token on this project's CPUs only.
-At the first rollout on a CUDA device, a few greedy tokens of two rows are generated both ways
-(with --fast-generate: through the decode loop and its CUDA graph); on any difference, or an
-exception raised by a fast path, the run says so in one line and generates with the plain call
-from then on.
+At the first rollout on a CUDA device, a few greedy tokens of two rows are generated both ways;
+on any difference, or an exception raised by a fast path, the run says so in one line and
+generates with the plain call from then on.
 """
-import inspect
 import warnings
 
 import torch
@@ -110,11 +95,9 @@ def self_check(model, sample, compiled, log=print):
     if not untested_device(model) or compiled in verdicts:
         return verdicts.get(compiled, True)
     device = next(model.parameters()).device.type
-    if compiled:
-        paths = getattr(sample, "compiled_path", "the static cache and compiled generate")
-    else:
-        paths = "the roomy cache" if device in ROOMY_CACHE_DEVICES else \
-            "the shared prefill into HF's cache"
+    paths = getattr(sample, "compiled_path", "the static cache and compiled generate") \
+        if compiled else "the roomy cache" if device in ROOMY_CACHE_DEVICES \
+        else "the shared prefill into HF's cache"
     with torch.autocast(device, enabled=False):
         plain = sample(fast=False, compiled=False, max_new_tokens=SELF_CHECK_TOKENS)
         rows = f"fast-path self-check ({len(plain[2])} rows x {SELF_CHECK_TOKENS} greedy tokens)"
@@ -139,9 +122,7 @@ def failed(error):
 
 
 # --------------------------------------------------------------------------------------------------
-# rollout.sample_completions' fast path: the shared prefill, the roomy or static cache, finished
-# rows
-# dropped every drop_finished_every tokens; the self-check first where the paths were never tested
+# rollout.sample_completions' fast path, the self-check first where the paths were never tested
 # --------------------------------------------------------------------------------------------------
 GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None, repetition_penalty=1.0)
 
@@ -156,14 +137,12 @@ def sample_completions(model, plain, prompt_input_ids, prompt_mask, num_generati
     prompt_input_ids, prompt_mask [N, P], left-padded.
 
     share_prefill: each prompt runs through the model once, its KV cache copied to its M rows.
-    drop_finished_every: generate that many tokens at a time, then take the rows that reached EOS
-    (and their KV cache) out of the batch (the same distribution, other random draws than one
-    call). compiled (--fast-generate): a static KV cache; with decode_loop, this file's decode
-    loop (one step, a CUDA graph on CUDA; the stop check every stop_check_every tokens, None:
-    STOP_CHECK_EVERY), else (or where the loop does not apply: decode_loop_refusal) generate's
-    compiled decode step. On a device the paths were never tested on, self_check runs first, and
-    a fast path that raises (a capture at the real batch) is one line and the plain call.
-    """
+    drop_finished_every: generate that many tokens at a time, the rows that reached EOS (and their
+    cache) then dropped (other random draws than one call). compiled (--fast-generate): with
+    decode_loop fast/decode_loop.py (the stop check every stop_check_every tokens, None: its
+    default), else generate's compiled call. On a device the paths were never tested on,
+    self_check runs first, and a fast path that raises (a capture at the real batch) is one line
+    and the plain call."""
     if compiled and drop_finished_every:
         raise ValueError("fast generate keeps every row in its static cache: "
                          "no drop_finished_every")
@@ -182,6 +161,7 @@ def sample_completions(model, plain, prompt_input_ids, prompt_mask, num_generati
         if not untested_device(model):
             raise
         model._fast_self_check[compiled] = False
+        model.__dict__.pop("_fast_generate_caches", None)  # its static cache (and graphs) freed
         print(f"fast path ({len(prompt_input_ids) * num_generations} rows): {failed(error)}")
         loop.redraw(prompt_input_ids.device, before, 0, None)  # the plain call draws as --no-fast
         return None
@@ -196,8 +176,7 @@ def check_sample(model, plain, prompt_input_ids, prompt_mask, share_prefill, *, 
                     generate_kwargs=GREEDY)
         if fast:
             return fast_generate(model, prompt_input_ids, prompt_mask, 2, drop_finished_every=None,
-                                 compiled=compiled, share_prefill=share_prefill, **call,
-                                 **{k: v for k, v in options.items() if k != "max_new_tokens"})
+                                 compiled=compiled, share_prefill=share_prefill, **call, **options)
         ids = prompt_input_ids.repeat_interleave(2, dim=0)
         mask = prompt_mask.repeat_interleave(2, dim=0)
         return ids, mask, plain(model, ids, mask, **call)
@@ -233,8 +212,9 @@ def segmented_generate(model, prompt_input_ids, prompt_mask, num_generations, *,
     device = prompt_input_ids.device
     cache = None  # generate makes its own
     if share_prefill and num_generations > 1 and prompt_input_ids.shape[1] > 1:
-        cache = kv_cache.prefill_prompt_cache(model, prompt_input_ids, prompt_mask,
-                                              kv_cache.row_prompts(prompt_input_ids, num_generations))
+        cache = kv_cache.prefill_prompt_cache(
+            model, prompt_input_ids, prompt_mask,
+            kv_cache.row_prompts(prompt_input_ids, num_generations))
     prompt_input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
     prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
     completion_ids = torch.full((len(prompt_input_ids), max_new_tokens), pad_id, device=device)

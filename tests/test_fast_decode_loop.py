@@ -309,13 +309,13 @@ def test_decode_loop_captures_once_per_shape_and_replays_across_calls(loop_calls
 @layered
 def test_a_capture_that_fails_at_the_real_batch_is_one_line_and_the_plain_call(forced_check, monkeypatch, capsys):
     """The self-check's 2 rows capture; the rollout's 12 rows fail to (as an out-of-memory inside a capture would):
-    one FAILED line, the plain call's completions, and the plain call from then on."""
+    one FAILED line, the static cache freed, the plain call's completions, and the plain call from then on."""
     tokenizer, model, prompts = tiny_setup()
     graphs_stood_in(monkeypatch)
     capture = fast_loop.cuda_graph
 
     def fails_at_12_rows(step, device):
-        if len(model._fast_generate_caches) and next(iter(model._fast_generate_caches))[0] == 12:
+        if 12 in [key[0] for key in model._fast_generate_caches]:
             raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB\nsecond line")
         return capture(step, device)
     monkeypatch.setattr(fast_loop, "cuda_graph", fails_at_12_rows)
@@ -325,6 +325,7 @@ def test_a_capture_that_fails_at_the_real_batch_is_one_line_and_the_plain_call(f
     assert "match plain generate" in output[0] and len(output) == 2, output
     assert output[1].startswith("fast path (12 rows): FAILED on this device (RuntimeError: CUDA out of memory.")
     assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+    assert "_fast_generate_caches" not in model.__dict__  # its static cache freed
     monkeypatch.setattr(fast_loop, "decode_loop", lambda *args, **kwargs: pytest.fail("the loop ran after the fall"))
     torch.manual_seed(1)
     after = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
@@ -396,7 +397,7 @@ def test_decode_loop_with_grouped_query_attention_fp32_and_bf16(loop_calls, atte
 def test_decode_step_writes_no_copy_of_the_cache():
     """At Qwen2.5-0.5B's attention (14 query heads on 2 KV heads), 8 rows, cache 320, bf16 autocast: a step's attention
     writes less per layer than one bf16 copy of the layer's keys (8 x 2 x 320 x 64 x 2 bytes), under any supported
-    transformers (before: 5.17's repeat_kv wrote the cache x7 in fp32 and again in bf16, 5.25 a bf16 cast of the keys)."""
+    transformers (before: 5.17's repeat_kv wrote the cache x7 in fp32, then in bf16; 5.25 a bf16 cast of the keys)."""
     from benchmarks.decode_ops import skinny_model, step_counts
     _, written = step_counts(skinny_model(1, hidden=896), 8, 320)
     assert written < 8 * 2 * 320 * 64 * 2, written

@@ -1,35 +1,22 @@
-"""Device-free proxies of the decode step's host cost, before and after fast/generate.py's decode
-loop: dispatched aten ops per decode token, blocking host syncs per decode token, and the
-milliseconds per token of a "skinny" Qwen2 whose compute is ~0 (all host cost) on this CPU.
+"""Device-free proxies of the decode step's cost: host ops and blocking syncs per decode token of
+plain generate, the default fast path and fast/decode_loop.py's loop, with the milliseconds per
+token of a "skinny" Qwen2 whose compute is ~0 (all host cost) on this CPU; then, of the loop's step
+under the installed transformers, its graph nodes (non-view ops: what a CUDA graph of it holds)
+per token and the bytes its attention writes per layer and step at Qwen2.5-0.5B's attention
+(hidden 896, 14 query and 2 KV heads, --bytes-rows rows, cache 320, bf16 autocast; out-of-place
+ops their outputs, in-place ones what they write: index_copy_ its source, index_fill_ ~0).
 
     python benchmarks/decode_ops.py                      # 24 layers (Qwen2.5-0.5B's), 16 rows
     python benchmarks/decode_ops.py --layers 2 --rows 4 --tokens 4 8   # a smoke test
 
 The model: Qwen2.5-0.5B's layer structure (24 layers, 14 query and 2 KV heads, SDPA attention,
-tied embeddings) at hidden 56 (4 per head), MLP 64, vocabulary 512: the ops a token dispatches
-depend on the structure, not the widths, so the op and sync counts are the 0.5B's (at any rows);
-the milliseconds are the host's cost per token (the compute is ~0). Sampling as train.py's
-rollouts (temperature 1, top-p 1, top-k off); no row finishes (EOS outside the vocabulary), so
-every call runs its tokens. Per decode token: (count at the longer --tokens minus the count at
-the shorter) over their difference, so the prefill and the call's setup cancel.
-
-Paths:
-  plain generate            rollout.plain_generate: HF generate on its DynamicCache (--no-fast)
-  default (roomy cache)     fast/generate.py on a CPU: shared prefill, roomy cache, one generate
-  fast-generate before      generate on the static cache (decode_loop=False), its forward eager
-                            here; "compiled, inferred": the ops generate dispatches outside the
-                            forward + 1 (the compiled forward counted as one graph launch, as
-                            mode "reduce-overhead" replays it on CUDA): inferred, not measured
-  decode loop, eager        fast/generate.py's decode loop as it runs on a CPU (measured)
-  decode loop, one graph    the same loop with its step counted as one host op (what a CUDA graph
-                            replay is: measured here are the ops outside the step, + 1 replay)
-
-A "sync" is an op whose kernel blocks the host on the device's result: aten._local_scalar_dense
-(.item(), int(), bool() of a tensor, `if tensor`), aten.nonzero, aten.masked_select,
-aten.unique*, and aten.multinomial (its host-side checks of the probabilities; counted once).
+tied embeddings) at hidden 56, MLP 64, vocabulary 512: the ops a token dispatches depend on the
+structure, not the widths. Sampling as train.py's rollouts; no row finishes (EOS outside the
+vocabulary). Per decode token: (count at the longer --tokens minus at the shorter) over their
+difference. "decode loop, one graph a step" counts the step as one host op (a CUDA graph replay:
+inferred, not measured). A "sync" is an op that blocks the host on the device: SYNC_OPS.
 """
 import argparse
-import functools
 import os
 import statistics
 import sys
@@ -39,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from fast import generate as fast_generate, kv_cache  # noqa: E402
+from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache  # noqa: E402
 from rollout import plain_generate  # noqa: E402
 
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique",
@@ -50,38 +37,66 @@ SAMPLING = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched under it (ops), the blocking host syncs among them (syncs),
-    and their names; while `paused` (a region counted as one op by the caller) nothing."""
+    their names, the non-view ones (nodes) and, while `writes`, the bytes they write; while
+    `paused` (a region counted as one op by the caller) nothing."""
 
     def __init__(self):
         super().__init__()
-        self.ops = self.syncs = 0
-        self.names, self.paused = set(), False
+        self.ops = self.syncs = self.nodes = self.written = 0
+        self.names, self.paused, self.writes = set(), False, False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket)
         if not self.paused:
-            name = str(func.overloadpacket)
-            self.ops += 1
-            self.syncs += name in SYNC_OPS
+            self.ops, self.syncs = self.ops + 1, self.syncs + (name in SYNC_OPS)
             self.names.add(name)
-        return func(*args, **(kwargs or {}))
+            self.nodes += not func.is_view
+        if self.writes and not func.is_view:
+            written = [args[3]] if name == "aten.index_copy_" else [] if "index" in name else \
+                [arg for arg, schema in zip(args, func._schema.arguments)
+                 if schema.alias_info and schema.alias_info.is_write]
+            self.written += sum(t.numel() * t.element_size() for t in written or (
+                out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor))
+        return out
+
+
+def step_counts(model, rows, cache_length, prompt=32):
+    """(nodes, bytes written in attention per layer) of one decode step of `rows` rows, the static
+    cache cache_length long, prompt positions filled; under bf16 autocast."""
+    ids = torch.randint(3, 500, (rows, prompt), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        prefilled = kv_cache.prefill_prompt_cache(model, ids, mask, torch.arange(rows))
+        cache = kv_cache.static_cache(model, prefilled, rows, prompt, cache_length - prompt)
+        step, _ = fast_loop.decode_step(model, cache, ids, mask, max_new_tokens=cache_length - prompt,
+                                        pad_id=0, eos_id=-1, generate_kwargs=SAMPLING)
+        step()  # the first step's lazy work out of the count
+        counter = OpCounter()
+        switch = [hook(lambda *a, on=on: setattr(counter, "writes", on)) for layer in model.model.layers
+                  for hook, on in ((layer.self_attn.register_forward_pre_hook, True),
+                                   (layer.self_attn.register_forward_hook, False))]
+        with counter:
+            step()
+        for hook in switch:
+            hook.remove()
+    return counter.nodes, counter.written / len(model.model.layers)
 
 
 def one_op(function, counter):
     """function, counted as one host op by `counter` (what a graph launch costs the host)."""
     def call(*args, **kwargs):
-        counter.ops += not counter.paused
-        counter.paused, was = True, counter.paused
-        try:
-            return function(*args, **kwargs)
-        finally:
-            counter.paused = was
+        counter.ops, counter.paused, was = counter.ops + (not counter.paused), True, counter.paused
+        result = function(*args, **kwargs)
+        counter.paused = was
+        return result
     return call
 
 
-def skinny_model(layers, seed=0):
+def skinny_model(layers, seed=0, hidden=56):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
-    config = Qwen2Config(hidden_size=56, num_hidden_layers=layers, num_attention_heads=14,
+    config = Qwen2Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=14,
                          num_key_value_heads=2, intermediate_size=64, vocab_size=512,
                          tie_word_embeddings=True, max_position_embeddings=4096, pad_token_id=0,
                          eos_token_id=1, bos_token_id=1)
@@ -106,37 +121,22 @@ def paths(model, prompts, rows):
                                     share_prefill=True, drop_finished_every=None, **options,
                                     **choice)
 
-    def static_before(tokens, counter, compiled_forward=False):
-        forward = model.forward
-        if compiled_forward:  # the forward of a decode step is one op; the prefill's is counted
-            @functools.wraps(forward)  # generate reads its signature
-            def counted(*args, **kwargs):
-                decoding = kwargs["input_ids"].shape[1] == 1
-                return (one_op(forward, counter) if decoding else forward)(*args, **kwargs)
-            model.forward = counted
-        try:
-            fast(tokens, counter, compiled=True, decode_loop=False)
-        finally:
-            model.__dict__.pop("forward", None)
-
     def loop(tokens, counter, graph=False):
-        step = fast_generate.decode_step
+        step = fast_loop.decode_step
 
         def one_op_step(*args, **kwargs):
             run, state = step(*args, **kwargs)
             return one_op(run, counter), state
         if graph:
-            fast_generate.decode_step = one_op_step
+            fast_loop.decode_step = one_op_step
+        model.__dict__.pop("_fast_generate_caches", None)  # a new step (the kept one: another path's)
         try:
             fast(tokens, counter, compiled=True)
         finally:
-            fast_generate.decode_step = step
+            fast_loop.decode_step = step
 
     return {"plain generate": plain,
             "default (roomy cache)": lambda tokens, counter: fast(tokens, counter, compiled=False),
-            "fast-generate before, eager": static_before,
-            "fast-generate before, compiled (inferred)":
-                lambda tokens, counter: static_before(tokens, counter, compiled_forward=True),
             "decode loop, eager": loop,
             "decode loop, one graph a step": lambda tokens, counter: loop(tokens, counter, True)}
 
@@ -171,16 +171,15 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs=2, default=(8, 24), metavar=("SHORT", "LONG"))
     p.add_argument("--repeats", type=int, default=3, help="timed calls per length (median)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--stop-check-every", type=int, default=fast_generate.STOP_CHECK_EVERY)
+    p.add_argument("--stop-check-every", type=int, default=fast_loop.STOP_CHECK_EVERY)
+    p.add_argument("--bytes-rows", type=int, default=128, help="rows of the attention's bytes")
     args = p.parse_args(argv)
     if args.rows % args.prompts:
         raise SystemExit(f"--rows {args.rows} is not a multiple of --prompts {args.prompts}")
     if not kv_cache.LAYERED_CACHE:
         raise SystemExit("the static cache needs transformers' layered cache API (4.57 or later)")
     torch.set_num_threads(args.threads)
-    fast_generate.STOP_CHECK_EVERY = args.stop_check_every
-    compile_config = fast_generate.compile_config
-    fast_generate.compile_config = lambda device, mode=None: None  # "before": its forward eager
+    fast_loop.STOP_CHECK_EVERY = args.stop_check_every
     model = skinny_model(args.layers)
     short, long = args.tokens
     print(f"skinny Qwen2: {args.layers} layers, hidden 56, vocab 512, {args.rows} rows, sampled, "
@@ -191,18 +190,20 @@ def main(argv=None):
     with torch.no_grad():
         for name, run in paths(model, args.prompts, args.rows).items():
             ops, syncs = per_token(run, short, long)
-            timed = "compiled" not in name and "graph" not in name  # a proxy's time means nothing
+            timed = "graph" not in name  # a proxy's time means nothing
             ms = ms_per_token(run, short, long, args.repeats) if timed else float("nan")
             results[name] = (ops, syncs, ms)
             print(f"{name:44s} {ops:10.1f} {syncs:12.3f} {ms:9.2f}", flush=True)
-    fast_generate.compile_config = compile_config
-    before = results["fast-generate before, compiled (inferred)"][0]
-    after = results["decode loop, one graph a step"][0]
-    plain = results["plain generate"][0]
-    print(f"host ops per decode token (syncs among them), compiled path: before {before:.1f} "
-          f"(inferred: generate's ops + 1 graph launch), after {after:.2f} (measured outside the "
-          f"step + 1 replay, inferred as a graph's cost): {before / after:.0f}x fewer; plain "
-          f"generate {plain:.0f}: {plain / after:.0f}x")
+    after, plain = results["decode loop, one graph a step"][0], results["plain generate"][0]
+    print(f"host ops per decode token: plain generate {plain:.0f}, the loop {after:.2f} (outside "
+          f"the step + 1 replay, inferred as a graph's cost): {plain / after:.0f}x fewer")
+    import transformers
+    results["graph nodes"] = step_counts(model, args.rows, 320)[0]
+    results["attention bytes"] = step_counts(skinny_model(1, hidden=896), args.bytes_rows, 320)[1]
+    print(f"the decode loop's step under transformers {transformers.__version__}: "
+          f"{results['graph nodes']} graph nodes (non-view ops) per decode token at {args.layers} "
+          f"layers; its attention writes {results['attention bytes'] / 1e6:.1f} MB per layer and "
+          f"step at Qwen2.5-0.5B's ({args.bytes_rows} rows, cache 320, bf16 autocast)")
     return results
 
 

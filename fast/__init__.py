@@ -6,8 +6,9 @@ equal (`--no-fast` runs the lesson as written). A reader of the algorithm can sk
 
   kv_cache.py   the KV cache in one place: the shared prompt prefill, the roomy cache (written in
                 place, on by default), --fast-generate's static cache
-  generate.py   generate's fast paths (roomy cache; --fast-generate: static cache + compiled decode)
-                and the self-check that holds them to plain generate at the first CUDA rollout
+  generate.py   generate's fast paths (roomy cache; --fast-generate's compiled fallback) and the
+                self-check that holds them to plain generate at the first CUDA rollout
+  decode_loop.py  --fast-generate's loop: a static-cache step with the sampling in, a CUDA graph
   logprobs.py   token_logprobs' fast path: shared-prompt forward, float32 head on tensor cores
   update.py     train.update_policy's fast path: rows without a gradient never scored, no pi_old
                 forward when nothing reads it, --step-in-backward, the stats read once

@@ -3,19 +3,14 @@
   prefill_prompt_cache  each distinct prompt runs through the model once; its keys and values are
                         indexed out to its M rows (generate's shared prefill and the training
                         forward's shared prompts, fast/logprobs.py)
-  roomy_cache           HF's DynamicCache grows by a concatenation per layer and step: each decode
-                        step copies the whole cache (at 16 rows x 172 positions of SmolLM2-135M,
-                        127 MB read and written per token, a quarter of the weights' bytes). The
-                        roomy cache is the same DynamicCache whose full-attention layers keep their
-                        keys and values at the front of buffers with room for the completion: a
-                        step writes its one position in place and attention reads the same values
-                        from a view (tests/test_fast_generate.py: completions token for token equal)
-  static_cache          --fast-generate's fixed-size cache (fast/generate.py's decode loop)
+  roomy_cache           HF's DynamicCache copies the whole cache a step (a concatenation; at 16
+                        rows x 172 positions of SmolLM2-135M 127 MB a token); the roomy one keeps
+                        keys and values at the front of buffers with room: one position written
+  static_cache          --fast-generate's fixed-size cache (fast/decode_loop.py)
 
-The roomy and static caches build on transformers' layered cache API (cache_utils.DynamicLayer,
-tested with 4.57.6 and 5.24). Where it is missing or older (4.50-4.56, tested with 4.50.3 and
-4.56.2) LAYERED_CACHE is False: generate gets HF's cache as it is and --fast-generate its plain
-call (fast/generate.py), the same completions, slower.
+The roomy and static caches build on transformers' layered cache API (tested with 4.57.6, 5.17,
+5.24, 5.25). Where it is missing or older (4.50-4.56) LAYERED_CACHE is False: generate gets HF's
+cache as it is and --fast-generate the plain call: the same completions, slower.
 """
 import inspect
 
@@ -30,8 +25,6 @@ except ImportError:  # an older transformers: HF's concatenating cache as it is
     DynamicLayer, StaticLayer, LAYERED_CACHE = object, object, False
 LAZY_INITIALIZATION_ARGS = len(inspect.signature(DynamicLayer.lazy_initialization).parameters) - 1 \
     if LAYERED_CACHE else 0
-STATIC_LAZY_INITIALIZATION_ARGS = \
-    len(inspect.signature(StaticLayer.lazy_initialization).parameters) - 1 if LAYERED_CACHE else 0
 
 
 def cache_name(model):
@@ -48,14 +41,10 @@ def prefill_prompt_cache(model, input_ids, attention_mask, row_prompt):
     to the rows.
 
     input_ids, attention_mask [N, P]: N distinct prompts, left-padded; row_prompt [B] (long): the
-    prompt of each row (generate: the M completions of prompt i are rows i*M .. i*M+M-1). The prompt
-    runs through the model N times instead of B times; the caller then feeds each row from the last
-    prompt token on. Positions are the ones generate itself uses: (number of real tokens before) for
-    real tokens, 0 for padding. Under autograd the cache carries gradients back to the one prompt
-    forward (fast/logprobs.py's shared prompts).
-    Returns a Cache of batch B, or None when sharing does not apply (a cache that is not a plain KV
-    cache).
-    """
+    prompt of each row. The caller then feeds each row from the last prompt token on. Positions
+    are generate's (real tokens before; 0 for padding). Under autograd the cache carries gradients
+    back to the one prompt forward (fast/logprobs.py). Returns a Cache of batch B, or None when
+    sharing does not apply (a cache that is not a plain KV cache)."""
     if not model._supports_default_dynamic_cache():  # Mamba-style models keep a recurrent state
         return None
     position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
@@ -67,6 +56,12 @@ def prefill_prompt_cache(model, input_ids, attention_mask, row_prompt):
         return None
     cache.batch_select_indices(row_prompt)  # plain indexing: a prompt's keys and values, per row
     return cache
+
+
+def row_prompts(prompt_input_ids, num_generations):
+    """[N*M] long: the prompt of each row (the M completions of prompt i: rows i*M .. i*M+M-1)."""
+    return torch.arange(len(prompt_input_ids), device=prompt_input_ids.device) \
+        .repeat_interleave(num_generations)
 
 
 def shared_prompt_cache(model, input_ids, attention_mask, prompt_width):
@@ -86,7 +81,6 @@ def shared_prompt_cache(model, input_ids, attention_mask, prompt_width):
                                 row_prompt)
 
 
-
 # --------------------------------------------------------------------------------------------------
 # The roomy cache: a DynamicCache written in place (always on, unless --no-fast)
 # --------------------------------------------------------------------------------------------------
@@ -95,13 +89,11 @@ class RoomyLayer(DynamicLayer):
     [B, H, capacity, D].
 
     update() writes the new positions into the buffers and returns views of the first L + new
-    positions: no copy of the L positions already there (DynamicLayer concatenates, copying them
-    every step). What replaces the rows (batch_select_indices when generate's finished rows are
-    dropped, batch_repeat_interleave, reorder_cache) drops the buffers, so that their memory goes as
-    DynamicCache's old rows would; the next update moves the kept rows into new buffers. crop()
-    keeps a front view, so positions past it are written over, as they would be appended. The
-    buffers hold `capacity` positions from the first update on: what a DynamicCache reaches once a
-    row runs to max_new_tokens, and what harness/memory.py's plan counts."""
+    (DynamicLayer concatenates, copying the L every step). What replaces the rows
+    (batch_select_indices, batch_repeat_interleave, reorder_cache) drops the buffers, as
+    DynamicCache's old rows would go; the next update moves the kept rows into new ones. crop()
+    keeps a front view. The buffers hold `capacity` positions from the first update on (what
+    harness/memory.py's plan counts)."""
 
     def __init__(self, capacity):
         super().__init__()
@@ -154,8 +146,7 @@ class RoomyLayer(DynamicLayer):
         self.key_buffer = self.value_buffer = None
 
     def reset(self):
-        """Empty, the buffers dropped (as DynamicLayer.reset in transformers >= 5.11; older ones
-        zero the keys)."""
+        """Empty, the buffers dropped (as DynamicLayer.reset in transformers >= 5.11)."""
         self.is_initialized = False  # before super(): nothing left to zero
         self.keys = self.values = self.key_buffer = self.value_buffer = None
         super().reset()
@@ -163,10 +154,9 @@ class RoomyLayer(DynamicLayer):
 
 def roomy_cache(model, prefilled, capacity):
     """The cache for a generate call: `prefilled` (a DynamicCache, e.g. the shared prefill) or, if
-    None, an empty DynamicCache of the model's layers, with each plain full-attention layer a
-    RoomyLayer of `capacity` positions (the prompt and max_new_tokens). Other layer kinds (sliding
-    windows, linear attention) are kept as they are; a model without a plain KV cache (Mamba-style)
-    gets None: generate makes its own. Without the layered cache API: `prefilled` as it is."""
+    None, an empty DynamicCache, each plain full-attention layer a RoomyLayer of `capacity`
+    positions (the prompt and max_new_tokens); other layer kinds as they are; None without a plain
+    KV cache (generate makes its own). Without the layered cache API: `prefilled`."""
     if not LAYERED_CACHE or (prefilled is None
                              and not model._supports_default_dynamic_cache()):
         return prefilled
@@ -195,41 +185,22 @@ CACHE_BUCKET = 64  # cache lengths are multiples of this: a compiled shape serve
 
 
 class TypedStaticLayer(StaticLayer):
-    """A StaticLayer whose keys and values each keep the dtype of their first write, and take later
-    writes of a narrower dtype exactly (bf16 into fp32), as a DynamicCache's concatenation does.
+    """A StaticLayer whose keys and values are kept in `dtype`: the forward's compute dtype.
 
-    Under bf16 autocast over fp32 weights a layer's keys leave RoPE in fp32 (bf16 projections times
-    fp32 cos/sin) and its values leave v_proj in bf16. transformers' StaticLayer allocates both
-    in one dtype in some 5.x versions (the keys', in 5.17) and its index_copy_ takes no other: the
-    first CUDA run's "index_copy_(): self and source expected to have the same dtype". A
-    DynamicCache there holds the values in fp32 (its first, empty tensor has the keys' dtype;
-    concatenation promotes), so the shared prefill copies fp32 values and generate's own forward
-    then writes bf16 ones."""
+    Under bf16 autocast over fp32 weights a layer's keys leave RoPE in fp32 and its values leave
+    v_proj in bf16 (transformers' StaticLayer allocates both in the keys' dtype: fp32); attention
+    casts both to bf16 at each step (its matmuls and sdpa run in autocast's dtype). Kept in bf16,
+    the cache holds what attention reads: the same values (a cast of a cast, exact), half the
+    bytes, no cast of the whole cache a step (12.1 of the 25.5 MB a step writes per layer at
+    Qwen2.5-0.5B's attention, 128 rows, cache 320: benchmarks/decode_ops.py --bytes)."""
+
+    def __init__(self, max_cache_len, dtype):
+        super().__init__(max_cache_len)
+        self.kept_dtype = dtype
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:  # takes (key_states) in transformers 4.57, (key, value) in 5.x
-            self.lazy_initialization(*(key_states, value_states)[:STATIC_LAZY_INITIALIZATION_ARGS])
-            if self.values.dtype != value_states.dtype:
-                self.values = self.values.to(value_states.dtype)
-                # what the compiled step (a CUDA graph) reads
-                torch._dynamo.mark_static_address(self.values)
-        key_states, value_states = (exactly_as(new, kept) for new, kept in
-                                    ((key_states, self.keys), (value_states, self.values)))
-        return super().update(key_states, value_states, *args, **kwargs)
-
-
-def exactly_as(states, kept):
-    """states in kept's dtype where that holds them exactly (a wider float); else as they are."""
-    if states.dtype != kept.dtype and torch.promote_types(states.dtype, kept.dtype) == kept.dtype:
-        return states.to(kept.dtype)
-    return states
-
-
-def compute_dtypes(device):
-    """(the autocast dtype on this device, or None): what decides the dtypes a forward writes into
-    its cache, with the weights' dtype."""
-    device_type = torch.device(device).type
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        return super().update(key_states.to(self.kept_dtype), value_states.to(self.kept_dtype),
+                              *args, **kwargs)
 
 
 def static_cache(model, prefilled, rows, prompt_width, max_new_tokens):
@@ -237,20 +208,21 @@ def static_cache(model, prefilled, rows, prompt_width, max_new_tokens):
     `prefilled`'s positions.
 
     prefilled: the DynamicCache of the shared prefill (batch `rows`, the prompt's first
-    prompt_width - 1 positions), or None (generate then prefills into the empty static cache
-    itself). The cache of a shape is kept on the model and reset for the next call: the compiled
-    step (and a CUDA graph) is tied to its tensors. Its keys and values take the dtypes the forward
-    writes (TypedStaticLayer), which the weights' dtype and the autocast state decide: a cache is
-    kept per shape and per both, so a call under bf16 autocast never writes into one made without
-    it."""
+    prompt_width - 1 positions), or None (generate then prefills it). The cache is kept on the
+    model for the next call of its shape (the compiled step and the loop's CUDA graphs are tied to
+    its tensors); a call of another shape drops it. Keys and values in the compute dtype."""
     length = -(-(prompt_width + max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
-    kept = model.__dict__.setdefault("_fast_generate_caches", {})
     parameter = next(model.parameters())
-    key = (rows, length, parameter.dtype, compute_dtypes(parameter.device))
+    device = parameter.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
+        else parameter.dtype
+    key = (rows, length, dtype)
+    kept = model.__dict__.get("_fast_generate_caches", {})
     if key not in kept:
-        kept[key] = StaticCache(config=model.config, max_cache_len=length)
-        kept[key].layers = [TypedStaticLayer(layer.max_cache_len) if type(layer) is StaticLayer
-                            else layer for layer in kept[key].layers]
+        kept = {key: StaticCache(config=model.config, max_cache_len=length)}
+        kept[key].layers = [TypedStaticLayer(layer.max_cache_len, dtype)
+                            if type(layer) is StaticLayer else layer for layer in kept[key].layers]
+    model._fast_generate_caches = kept = {key: kept[key]}
     cache = kept[key]
     cache.reset()  # zeros, length 0 (the layers of a new cache allocate on their first update)
     if prefilled is not None:

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import tasks
-from fast import generate as fast_generate, kv_cache
+from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache
 from harness.tiny import build_tiny_model
 from tests.stubs import generate_rollouts, smollm2_or_skip
 
@@ -62,8 +62,8 @@ def test_smollm2_greedy_and_seeded_samples_token_for_token(loop_calls):
 def loop_calls(monkeypatch, one_thread):
     """Counts the decode loop's calls (so that a test sees it ran, not generate's compiled call)."""
     calls = []
-    loop = fast_generate.decode_loop
-    monkeypatch.setattr(fast_generate, "decode_loop", lambda *args, **kwargs: (calls.append(kwargs),
+    loop = fast_loop.decode_loop
+    monkeypatch.setattr(fast_loop, "decode_loop", lambda *args, **kwargs: (calls.append(kwargs),
                                                                                 loop(*args, **kwargs))[1])
     return calls
 
@@ -84,7 +84,7 @@ def test_decode_loop_samples_alike(loop_calls, monkeypatch, options, every):
     the random numbers after the call are the plain call's too (the next rollout draws the same)."""
     tokenizer, model, prompts = tiny_setup()
     eos_often(model, tokenizer)
-    monkeypatch.setattr(fast_generate, "STOP_CHECK_EVERY", every)
+    monkeypatch.setattr(fast_loop, "STOP_CHECK_EVERY", every)
     for seed in range(3):
         plain, fast = both_paths(model, tokenizer, prompts, seed, **options)
         after_fast = torch.rand(4)
@@ -115,7 +115,7 @@ def test_decode_loop_stops_where_generate_stops(loop_calls, bf16):
         assert_same(plain, fast)
         assert torch.equal(plain_after, fast_after)
         widths.append(fast.completion_mask.shape[1])
-    assert any(width < 48 and width % fast_generate.STOP_CHECK_EVERY for width in widths), \
+    assert any(width < 48 and width % fast_loop.STOP_CHECK_EVERY for width in widths), \
         f"no call ended inside a block of the stop check: {widths}"
 
 
@@ -124,7 +124,7 @@ def test_decode_loop_without_its_redraw_leaves_other_random_numbers(loop_calls, 
     """The check above can fail: with the extra steps' draws kept, the random numbers after the call differ."""
     tokenizer, model, prompts = tiny_setup()
     eos_often(model, tokenizer)
-    monkeypatch.setattr(fast_generate, "redraw", lambda *args: None)
+    monkeypatch.setattr(fast_loop, "redraw", lambda *args: None)
     differ = []
     for seed in range(12):
         after = []
@@ -143,7 +143,7 @@ def test_decode_loop_reads_the_device_once_every_k_steps(loop_calls, monkeypatch
     from benchmarks.decode_ops import OpCounter
     tokenizer, model, prompts = tiny_setup()
     steps, counters = [], []
-    step, loop = fast_generate.decode_step, fast_generate.decode_loop
+    step, loop = fast_loop.decode_step, fast_loop.decode_loop
 
     def counted_step(*args, **kwargs):
         run, state = step(*args, **kwargs)
@@ -153,10 +153,10 @@ def test_decode_loop_reads_the_device_once_every_k_steps(loop_calls, monkeypatch
         with OpCounter() as counter:
             counters.append(counter)
             return loop(*args, **kwargs)
-    monkeypatch.setattr(fast_generate, "decode_step", counted_step)
-    monkeypatch.setattr(fast_generate, "decode_loop", counted_loop)
+    monkeypatch.setattr(fast_loop, "decode_step", counted_step)
+    monkeypatch.setattr(fast_loop, "decode_loop", counted_loop)
     for every in (1, 4, 16):
-        monkeypatch.setattr(fast_generate, "STOP_CHECK_EVERY", every)
+        monkeypatch.setattr(fast_loop, "STOP_CHECK_EVERY", every)
         steps.clear(), counters.clear()
         generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=16, fast_generate=True)
         assert len(steps) == 16 and counters[0].syncs == 16 // every, (every, counters[0].syncs)
@@ -174,7 +174,7 @@ def test_decode_loop_token_sampler_draws_as_multinomial():
         expected = torch.multinomial(probs, num_samples=1).squeeze(1)
         after = torch.rand(3)
         torch.manual_seed(seed)
-        drawn = fast_generate.token_sampler(dict(do_sample=True))(probs.log())
+        drawn = fast_loop.token_sampler(dict(do_sample=True))(probs.log())
         assert torch.equal(drawn, expected) and torch.equal(torch.rand(3), after)
 
 
@@ -182,13 +182,13 @@ def test_decode_loop_applies_only_where_it_matches_generate():
     tokenizer, model, _ = tiny_setup()
     sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
     if not kv_cache.LAYERED_CACHE:
-        assert "layered cache" in fast_generate.decode_loop_refusal(model, sampling)
+        assert "layered cache" in fast_loop.decode_loop_refusal(model, sampling)
         return
-    assert fast_generate.decode_loop_refusal(model, sampling) is None
-    assert "beyond" in fast_generate.decode_loop_refusal(model, dict(sampling, repetition_penalty=1.1))
-    assert "beyond" in fast_generate.decode_loop_refusal(model, dict(sampling, min_p=0.1))
+    assert fast_loop.decode_loop_refusal(model, sampling) is None
+    assert "beyond" in fast_loop.decode_loop_refusal(model, dict(sampling, repetition_penalty=1.1))
+    assert "beyond" in fast_loop.decode_loop_refusal(model, dict(sampling, min_p=0.1))
     model.config._attn_implementation = "flash_attention_2"
-    assert "attention" in fast_generate.decode_loop_refusal(model, sampling)
+    assert "attention" in fast_loop.decode_loop_refusal(model, sampling)
 
 
 @layered
@@ -224,6 +224,9 @@ class StandInCuda:
             def replay(self):
                 cuda.events.append("replay")
                 self.step()
+
+            def pool(self):
+                return id(self)
         self.Stream, self.CUDAGraph = Stream, CUDAGraph
 
     def current_stream(self, device):
@@ -236,8 +239,8 @@ class StandInCuda:
         self.events.append("off side stream")
 
     @contextlib.contextmanager
-    def graph(self, graph):
-        self.events.append("capture")
+    def graph(self, graph, pool=None):
+        self.events.append(("capture", "shared pool" if pool else "own pool"))
         self.capturing, self.graph_object = True, graph
         yield
         self.capturing = False
@@ -245,31 +248,30 @@ class StandInCuda:
 
 
 def test_cuda_graph_warms_up_on_a_side_stream_then_captures_and_replays():
+    """One eager run on a side stream, then two captures in one pool: the graph of a call's first step (it casts the
+    weights under autocast) and the graph of every next step."""
     cuda = StandInCuda()
     runs = []
 
     def step():
         if cuda.capturing:  # what a capture records: the stand-in keeps the step for its replays
-            cuda.graph_object.step = lambda: runs.append("replayed")
+            name = "first" if cuda.events[-1] == ("capture", "own pool") else "next"
+            cuda.graph_object.step = lambda: runs.append(name)
             return
         runs.append("eager")
-    replay = fast_generate.cuda_graph(step, torch.device("cpu"), cuda=cuda)
+    first, then = fast_loop.cuda_graph(step, torch.device("cpu"), cuda=cuda)
     assert runs == ["eager"]
     assert cuda.events == [("Stream", "cpu"), ("Stream", "cpu"), ("wait_stream", "Stream"), "on side stream",
-                           "off side stream", ("Stream", "cpu"), ("wait_stream", "Stream"), "capture", "captured"]
-    replay()
-    replay()
-    assert runs == ["eager", "replayed", "replayed"] and cuda.events[-2:] == ["replay", "replay"]
+                           "off side stream", ("Stream", "cpu"), ("wait_stream", "Stream"), ("capture", "own pool"),
+                           "captured", ("capture", "shared pool"), "captured"]
+    first(), then(), then()
+    assert runs == ["eager", "first", "next", "next"] and cuda.events[-3:] == ["replay"] * 3
 
 
-@layered
-def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_calls, monkeypatch):
-    """The CUDA branch of decode_loop on a CPU, torch.cuda's graph API stood in: the first step eager (the warm-up),
-    every next step a replay of the captured step; the same tokens as the plain call, sampled and at EOS."""
-    tokenizer, model, prompts = tiny_setup()
-    eos_often(model, tokenizer)
+def graphs_stood_in(monkeypatch):
+    """decode_loop's CUDA branch on this CPU: torch.cuda's graph API stood in (a replay runs the captured step)."""
     cuda = StandInCuda()
-    graph = fast_generate.cuda_graph
+    graph = fast_loop.cuda_graph
 
     def capture(step, device):
         def recording_step():
@@ -278,14 +280,74 @@ def test_decode_loop_with_a_graph_runs_its_first_step_eagerly_then_replays(loop_
             else:
                 step()
         return graph(recording_step, device, cuda=cuda)
-    monkeypatch.setattr(fast_generate, "graphs_on", lambda device: True)
-    monkeypatch.setattr(fast_generate, "cuda_graph", capture)
+    monkeypatch.setattr(fast_loop, "graphs_on", lambda device: True)
+    monkeypatch.setattr(fast_loop, "cuda_graph", capture)
+    return cuda
+
+
+@layered
+def test_decode_loop_captures_once_per_shape_and_replays_across_calls(loop_calls, monkeypatch):
+    """The CUDA branch of decode_loop on a CPU: the shape's first step eager (the warm-up), then captured; every call
+    after replays the same graphs, its first step through the graph that casts the weights. The same tokens as the
+    plain call, sampled and at EOS; one static cache kept, of the shape in use."""
+    tokenizer, model, prompts = tiny_setup()
+    eos_often(model, tokenizer)
+    cuda = graphs_stood_in(monkeypatch)
     for seed in range(3):
         cuda.events.clear()
-        plain, fast = both_paths(model, tokenizer, prompts, seed)
-        assert_same(plain, fast)
-        # max_new_tokens 8, one block of STOP_CHECK_EVERY = 8 steps: the first eager, 7 replays
-        assert cuda.events.count("captured") == 1 and cuda.events.count("replay") == 7
+        assert_same(*both_paths(model, tokenizer, prompts, seed))
+        # max_new_tokens 8, one block of STOP_CHECK_EVERY = 8 steps: the first call's first step eager, then
+        # captured; each next call replays its 8 steps
+        captures = [event for event in cuda.events if event[0] == "capture"]
+        assert (len(captures), cuda.events.count("replay")) == ((2, 7) if seed == 0 else (0, 8))
+    cuda.events.clear()
+    assert_same(*both_paths(model, tokenizer, prompts[:2], 0))  # 8 rows: another shape, captured, kept alone
+    assert sum(event[0] == "capture" for event in cuda.events) == 2
+    assert [key[0] for key in model._fast_generate_caches] == [8]
+
+
+@layered
+def test_a_capture_that_fails_at_the_real_batch_is_one_line_and_the_plain_call(forced_check, monkeypatch, capsys):
+    """The self-check's 2 rows capture; the rollout's 12 rows fail to (as an out-of-memory inside a capture would):
+    one FAILED line, the static cache freed, the plain call's completions, and the plain call from then on."""
+    tokenizer, model, prompts = tiny_setup()
+    graphs_stood_in(monkeypatch)
+    capture = fast_loop.cuda_graph
+
+    def fails_at_12_rows(step, device):
+        if 12 in [key[0] for key in model._fast_generate_caches]:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB\nsecond line")
+        return capture(step, device)
+    monkeypatch.setattr(fast_loop, "cuda_graph", fails_at_12_rows)
+    torch.manual_seed(0)
+    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    output = capsys.readouterr().out.splitlines()
+    assert "match plain generate" in output[0] and len(output) == 2, output
+    assert output[1].startswith("fast path (12 rows): FAILED on this device (RuntimeError: CUDA out of memory.")
+    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
+    assert "_fast_generate_caches" not in model.__dict__  # its static cache freed
+    monkeypatch.setattr(fast_loop, "decode_loop", lambda *args, **kwargs: pytest.fail("the loop ran after the fall"))
+    torch.manual_seed(1)
+    after = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
+    assert_same(plain_call(model, tokenizer, prompts, 1), after)
+    assert capsys.readouterr().out == ""
+
+
+@layered
+def test_decode_loop_ends_at_a_block_boundary_without_another_block(monkeypatch, one_thread):
+    """Every row writes its EOS at step 8, the last of the first stop-check block: the check there ends the loop
+    (before: one more block of 8 pad steps ran before a check noticed)."""
+    tokenizer, model, prompts = tiny_setup()
+    steps = []
+
+    def eos_at_step_8(generate_kwargs):
+        def sample(scores):
+            steps.append(1)
+            return torch.full(scores.shape[:1], tokenizer.eos_token_id if len(steps) == 8 else 5)
+        return sample
+    monkeypatch.setattr(fast_loop, "token_sampler", eos_at_step_8)
+    rollouts = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=24, fast_generate=True, greedy=True)
+    assert len(steps) == 8 and rollouts.completion_mask.shape[1] == 8
 
 
 @layered
@@ -301,8 +363,8 @@ def test_self_check_covers_the_decode_loop(forced_check, loop_calls, monkeypatch
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-    monkeypatch.setattr(fast_generate, "cuda_graph", broken)
-    monkeypatch.setattr(fast_generate, "graphs_on", lambda device: True)
+    monkeypatch.setattr(fast_loop, "cuda_graph", broken)
+    monkeypatch.setattr(fast_loop, "graphs_on", lambda device: True)
     model.__dict__.pop("_fast_self_check")
     torch.manual_seed(0)
     checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
@@ -329,3 +391,13 @@ def test_decode_loop_with_grouped_query_attention_fp32_and_bf16(loop_calls, atte
         assert_same(plain, under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8,
                                       fast_generate=True, **options))
     assert len(loop_calls) == 6
+
+
+@layered
+def test_decode_step_writes_no_copy_of_the_cache():
+    """At Qwen2.5-0.5B's attention (14 query heads on 2 KV heads), 8 rows, cache 320, bf16 autocast: a step's attention
+    writes less per layer than one bf16 copy of the layer's keys (8 x 2 x 320 x 64 x 2 bytes), under any supported
+    transformers (before: 5.17's repeat_kv wrote the cache x7 in fp32, then in bf16; 5.25 a bf16 cast of the keys)."""
+    from benchmarks.decode_ops import skinny_model, step_counts
+    _, written = step_counts(skinny_model(1, hidden=896), 8, 320)
+    assert written < 8 * 2 * 320 * 64 * 2, written

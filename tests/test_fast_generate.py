@@ -19,7 +19,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import tasks
-from fast import generate as fast_generate, kv_cache
+from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache
 from harness.config import Config
 from harness.tiny import build_char_tokenizer, build_tiny_model
 from tests.stubs import generate_rollouts, smollm2_or_skip
@@ -205,7 +205,7 @@ def test_compile_mode_follows_the_device():
 
 def generates_compiled_call(monkeypatch):
     """--fast-generate as generate's compiled static-cache call (where the decode loop does not apply)."""
-    monkeypatch.setattr(fast_generate, "decode_loop_refusal", lambda model, kwargs: "the test's refusal")
+    monkeypatch.setattr(fast_loop, "decode_loop_refusal", lambda model, kwargs: "the test's refusal")
 
 
 @pytest.mark.slow
@@ -298,6 +298,47 @@ def test_a_difference_is_one_line_and_the_plain_call_from_then_on(forced_check, 
     assert capsys.readouterr().out == ""  # checked once
 
 
+def near_ties(model, runner_up=3):
+    """The model's head puts one token's logit a hair (0.1 %) below the top one at every position: a near tie, as a
+    random model has many (top-2 gap down to 0.0045)."""
+    def tie(module, inputs, logits):
+        logits = logits.float()
+        top = logits.max(dim=-1).values
+        logits[..., runner_up] = top - 1e-3 * top.abs()
+        return logits
+    return model.lm_head.register_forward_hook(tie)
+
+
+def other_kernel_rounding(module, inputs, logits):
+    """Another kernel path's rounding at the compute precision: the top logit a unit of it down, the rest one up."""
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else logits.dtype
+    down = logits == logits.max(dim=-1, keepdim=True).values
+    return logits + logits.abs() * torch.finfo(dtype).eps * torch.where(down, -1.0, 1.0)
+
+
+def test_the_self_check_does_not_refuse_on_a_rounding_of_a_near_tie(forced_check, monkeypatch, capsys):
+    """Under bf16 autocast a near tie flips between two kernel paths that round differently (the control below): the
+    check runs with autocast off, where it tests positions, cache and masks, and says match."""
+    tokenizer, model, prompts = tiny_setup()
+    near_ties(model)
+    fast = fast_generate.fast_generate
+
+    def rounding_otherwise(*args, **kwargs):
+        hook = model.lm_head.register_forward_hook(other_kernel_rounding)
+        try:
+            return fast(*args, **kwargs)
+        finally:
+            hook.remove()
+    monkeypatch.setattr(fast_generate, "fast_generate", rounding_otherwise)
+    sample = check_sample(model, tokenizer, prompts)
+    flipped = under_bf16(lambda: [sample(fast=fast, compiled=False, max_new_tokens=4)[2] for fast in (False, True)])
+    assert not torch.equal(*flipped), "the control: no flip under bf16, the test would not test the check"
+    torch.manual_seed(0)
+    checked = under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8)
+    assert model._fast_self_check == {False: True} and "match plain generate" in capsys.readouterr().out
+    assert_same(under_bf16(plain_call, model, tokenizer, prompts, 0), checked)
+
+
 # --------------------------------------------------------------------------------------------------
 # Under the run's precision: bf16 autocast over fp32 weights, as every CUDA run with bf16 computes
 # --------------------------------------------------------------------------------------------------
@@ -324,19 +365,23 @@ def test_every_fast_path_under_bf16_autocast_samples_alike(monkeypatch, one_thre
 
 
 @layered
-def test_static_cache_is_typed_by_what_the_forward_writes(eager):
-    """Under bf16 autocast over fp32 weights the keys leave RoPE in fp32 and the values leave v_proj in bf16: the
-    static cache holds each in its own dtype, and a cache made without autocast is not reused under it (before: the
-    second call's index_copy_ wrote bf16 values into the fp32 cache of the first, the error of the first CUDA run)."""
+def test_static_cache_is_kept_in_the_compute_dtype(eager):
+    """Under bf16 autocast over fp32 weights HF's cache holds the keys in fp32 (RoPE in fp32), which attention casts
+    to bf16 at every step: the static cache holds that cast, bf16 keys and values (token for token the plain call's
+    completions: test_every_fast_path_under_bf16_autocast_samples_alike); without autocast, fp32. One cache is kept:
+    a call under autocast replaces the one made without it, never writes into it."""
     tokenizer, model, prompts = tiny_setup()
     generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)  # fp32
-    under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)
-    fp32_cache, bf16_cache = model._fast_generate_caches.values()
-    ids = torch.tensor([prompts[0]])
-    dynamic = getattr(under_bf16(model, input_ids=ids, use_cache=True), kv_cache.cache_name(model)).layers[0]
+    (fp32_cache,) = model._fast_generate_caches.values()
     assert {fp32_cache.layers[0].keys.dtype, fp32_cache.layers[0].values.dtype} == {torch.float32}
-    assert (bf16_cache.layers[0].keys.dtype, bf16_cache.layers[0].values.dtype) == \
-        (dynamic.keys.dtype, dynamic.values.dtype)  # as HF's own cache holds them (5.25: fp32, bf16)
+    under_bf16(generate_rollouts, model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True, greedy=True)
+    (bf16_cache,) = model._fast_generate_caches.values()
+    ids = torch.tensor([prompts[0]])
+    dynamic = getattr(under_bf16(model, input_ids=ids, use_cache=True), kv_cache.cache_name(model))
+    assert dynamic.layers[0].keys.dtype == torch.float32
+    static = under_bf16(kv_cache.static_cache, model, dynamic, 1, ids.shape[1] + 1, 4).layers[0]
+    assert (static.keys.dtype, static.values.dtype) == (torch.bfloat16, torch.bfloat16)
+    assert torch.equal(static.keys[:, :, :ids.shape[1]], dynamic.layers[0].keys.to(torch.bfloat16))
 
 
 @layered

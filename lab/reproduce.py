@@ -1,49 +1,26 @@
-"""One command per claim: rerun any shipped cell of docs/results.md or lab/referees.md from scratch at HEAD and
-compare.
+"""One command per claim: rerun a shipped cell of docs/results.md or lab/referees.md from scratch and compare.
 
-    python -m lab.reproduce --list            # every cell behind a table or figure: its file, cost, command
-    python -m lab.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
-                                                      # then "reproduced: NAME" (exit 0) or "differs: NAME" (exit 1)
-    python -m lab.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
+    python -m lab.reproduce --list            # every cell: kind, cost, results file, command, where it was shipped
+                                              # and whether HEAD reruns it (else the commit it reruns at)
+    python -m lab.reproduce default           # per metric "NAME METRIC shipped X now Y", then "reproduced: NAME"
+                                              # (exit 0) or "differs: NAME" (exit 1)
+    python -m lab.reproduce smoke-avx2 --ship # rerun at HEAD and write the result as the shipped one (a maintainer)
 
-A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under lab/results/
-(one row per metric: cell, metric, value, and the commit, date, load, machine and command that made it); the docs'
-tables are typed from those files and the figure scripts read them. A rerun uses a new temporary folder: no earlier
-run folder and no cached warm start is reused. Kinds of cell:
-  train     `python train.py FLAGS` in a fresh process (ENV set, if the cell has one): held-out greedy pass@1 of the
-            starting policy (before) and of the final one (after)
-  compare   one run of an lab.compare preset (`--configs C --seeds S`): greedy pass@1 before/after, the
-            sampled pass@k of the final policy and (countdown3) Table 3 on it: each pass-rate bin's prompts and share
-            of the token budget under both estimators
-  identity  a formula evaluated by the lesson's own functions (no training): exact
-  fig1      Fig. 1's exact prompt weights (experiments.fig1_prompt_weight) at p = 0, 0.5, 1: exact
-  eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
-            |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
-  smollm2   `python -m experiments.smollm2_cpu --seeds S [flags]` (SmolLM2-135M-Instruct, text similarity, 60
-            steps): the held-out greedy reward and pass@1 at every eval step
-  default-fig3-sgd  `python train.py`, then Lopti's Fig. 3 on its final checkpoint with one SGD step (lr 0.5) in
-            place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
-  referee-lopti-pretrained  `python -m lab.referee_lopti --checkpoint smollm2` on
-            experiments.smollm2_cpu's data (the pretrained model, before RL; its own pi_ref): items 5-7's on-policy
-            numbers, as below
-  timing    `python benchmarks/step_time.py ARGS --json` (our step against TRL's GRPOTrainer and against its floor,
-            docs/performance.md): ratios only, since seconds do not carry across machines or loads: ours/TRL and Lopti /
-            one pass (s per step), each side's step and phases over its floor; each within TIMING_TOLERANCE
-  referee-lopti  a compare run (as above), then `python -m lab.referee_lopti` on its final checkpoint, once
-            per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
-            off-policy state, per mini-batch and p_old quartile (referee_lopti_offpolicy.offpolicy_metrics), and the
-            on-policy mean |w| per quartile and ||G_Q4|| / ||G_Q1|| (referee_lopti.onpolicy_metrics)
-What the equality rests on: the same code (the commit), torch build, thread count and CPU. torch's CPU kernels
-and MKL choose their code path by the CPU (its vendor and vector ISA), and the paths sum in other orders, so another
-CPU gives other numbers from the same seed; holding torch and MKL to AVX2 (the -avx2 cells) does not make an Intel
-and an AMD CPU agree either (docs/results.md, "Determinism"). So a cell is shipped per CPU: every row records the
-machine it ran on (CPU model, ISA, cores), a rerun compares with the rows of its own CPU model and ISA, and where
-none was shipped it says so and compares with another CPU's rows (expect them to differ). Tolerance: 0 for every
-metric of a deterministic cell; a timing cell's ratio agrees within its relative tolerance (TIMING_TOLERANCE), and
-the row records the load at the rerun's start and end (a timing depends on what else ran).
+A cell is one run or one computation with its seed (CELLS: its kind, arguments, results file, minutes, environment;
+rerun says what each kind runs and measures). Its shipped numbers are rows of a small CSV under lab/results/
+(lab/ledger.py), each naming the commit, date, load, machine and command that made it. A rerun uses a new temporary
+folder and reuses nothing. It runs where the row was made: at HEAD, unless a change of the step's numerics
+(lab/numerics.csv, held to tests/numerics_records.py's bit-for-bit records) lies between the row's commit and HEAD;
+then in a git worktree of the row's commit (--at-head: HEAD anyway, expecting other numbers). The numbers rest on the
+torch build, the thread count and the CPU too: torch's kernels and MKL pick their code by the CPU's vendor and vector
+ISA and sum in their own orders (docs/results.md, "Determinism"). So a rerun compares with the rows of its own code
+path (CPU model and ISA), pins this CPU onto a narrower path whose rows exist where it can, and otherwise compares
+with another CPU's rows, naming what differs. Tolerance: 0 for every metric but a timing cell's ratios
+(TIMING_TOLERANCE), whose rows record the load at the rerun's start and end.
 """
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -53,6 +30,7 @@ import sys
 import tempfile
 import time
 
+from experiments.runs import git
 from lab.ledger import (FIELDS, ISA_ORDER, can_run, code_path, cpu_kind, ledger_rows, load_average,  # noqa: F401
                         pin_for, pins, provenance, taking_turns, this_machine, write_results)
 
@@ -62,6 +40,7 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
+STEPLESS = ("identity", "fig1", "eq4", "timing")  # kinds whose numbers no change of the step's numerics moves
 LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its lab/referees.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
@@ -180,6 +159,35 @@ def shipped(name, machine=None, extra=None):
     return {row["metric"]: row for row in (mine or other)}
 
 
+@functools.lru_cache(maxsize=None)
+def numerics_since(commit):
+    """The changes of the step's numerics (lab/numerics.csv: commit, date, change; a row without a commit names the
+    one that added it) that HEAD has and `commit`, a row's, has not: [] where HEAD reproduces the row; None where git
+    cannot tell. A cell of a STEPLESS kind has none."""
+    with open(os.path.join(REPO, "lab", "numerics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    for line, row in enumerate(rows, 2):
+        row["commit"] = row["commit"] or git("blame", "--porcelain", "-L", f"{line},+1", "lab/numerics.csv")[:7]
+    head, commit = git("rev-parse", "HEAD"), git("rev-parse", "--verify", "-q", commit.split("-")[0] + "^{commit}")
+    return None if not (head and commit) else [row for row in rows if git("merge-base", row["commit"], head) == git(
+        "rev-parse", row["commit"]) != git("merge-base", row["commit"], commit)]
+
+
+def head_reproduces(name, commit):
+    """--list's word on whether HEAD reruns a row of the cell made at `commit` (numerics_since)."""
+    since = [] if CELLS[name][0] in STEPLESS else numerics_since(commit)
+    return "" if since == [] else ", HEAD: unknown (git cannot tell)" if since is None else (
+        f", reruns at {commit} (numerics changed at {', '.join(row['commit'] for row in since)})")
+
+
+def what_differs(path, other):
+    """Which part of two code paths ("CPU model, ISA") differs: the vendor, the CPU model, the instruction set."""
+    (model, isa), (model2, isa2) = path.rsplit(", ", 1), other.rsplit(", ", 1)
+    parts = (["vendor" if model.split()[0] != model2.split()[0] else "CPU model"] if model != model2 else []) + (
+        ["instruction set"] if isa != isa2 else [])
+    return "another " + " and ".join(parts)
+
+
 def choose_pin(name):
     """{} when this machine's own code path has rows of the cell (or a pin is set already); else the pin
     (ATEN_CPU_CAPABILITY, MKL_CBWR) that puts this CPU on a path whose rows exist, where it can run one (the same CPU
@@ -239,10 +247,15 @@ PROGRESS_EVERY = 30  # seconds between two progress lines
 
 
 def run_quietly(argv, environment):
-    """A fresh process of the project's; its progress bars are swallowed (a line on stderr every PROGRESS_EVERY
-    seconds says how long the cell has run), and a failure shows the end of its stderr and stops here."""
+    """A fresh process of the project's code at PROGRESS["code"] (default this checkout; a module lab.X that code
+    lacks is its experiments.X, where the lab lived until ebc7f6b); its progress bars are swallowed (a line on stderr
+    every PROGRESS_EVERY seconds says how long the cell has run), and a failure shows the end of its stderr."""
+    code = PROGRESS.get("code", REPO)
+    if argv[1] == "-m" and argv[2].startswith("lab.") and not os.path.isfile(os.path.join(code, *argv[2].split(".")) +
+                                                                              ".py"):
+        argv = [*argv[:2], "experiments." + argv[2][4:], *argv[3:]]
     with tempfile.TemporaryFile("w+") as errors:
-        proc = subprocess.Popen(argv, cwd=REPO, env=environment, stdout=subprocess.DEVNULL, stderr=errors, text=True)
+        proc = subprocess.Popen(argv, cwd=code, env=environment, stdout=subprocess.DEVNULL, stderr=errors, text=True)
         while True:
             try:
                 proc.wait(timeout=PROGRESS_EVERY)
@@ -538,6 +551,8 @@ def main(argv=None):
                         "folder of one preset (trained here with its cells' environment) as its cells")
     parser.add_argument("--preset", help="with --ship-from: the preset to ship, where the folder holds several")
     parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
+    parser.add_argument("--at-head", action="store_true", help="rerun at HEAD even where the step's numerics "
+                        "changed since the row's commit (lab/numerics.csv; by default it reruns at that commit)")
     args = parser.parse_args(argv)
     if args.ship_from:
         for name in ship_from(args.ship_from, args.load, args.preset):
@@ -548,7 +563,7 @@ def main(argv=None):
             made = {row_path(row): row for row in shipped_rows(name)}
             state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (
                 " (this CPU's)" if path == run_path(name) else " (this CPU, pinned)" if can_run(this_machine(), path)
-                else "") for path, row in made.items()) or "not shipped"
+                else "") + head_reproduces(name, row["commit"]) for path, row in made.items()) or "not shipped"
             print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} {command_text(name)}  [{state}]")
         return 0
     if args.cell not in CELLS:
@@ -565,15 +580,30 @@ def main(argv=None):
               "shipped")
     elif made and row_path(made) != path:
         print(f"note: {args.cell} was never shipped on this CPU's code path ({path}) nor on one it can take; "
-              f"comparing with {made['machine']}'s rows ({row_path(made)}): another instruction set (AVX2, AVX-512) "
+              f"comparing with {made['machine']}'s rows ({row_path(made)}): {what_differs(path, row_path(made))} "
               "sums in another order (docs/results.md, 'Determinism'); expect them to differ")
+    since = numerics_since(made["commit"]) if made and not args.ship and CELLS[args.cell][0] not in STEPLESS else []
+    if since:
+        print(f"note: the step's numerics changed since {made['commit']}, which made these rows (lab/numerics.csv: "
+              + "; ".join(f"{row['commit']}, {row['change'].split(':')[0]}" for row in since)
+              + (f"); rerunning at HEAD as asked: expect them to differ" if args.at_head else
+                 f"); rerunning at {made['commit']} (a git worktree; --at-head reruns HEAD)"))
     print(f"reproduce: {args.cell}: rerunning from scratch (~{CELLS[args.cell][3]} min on a quiet 2-core CPU)",
           file=sys.stderr, flush=True)
     PROGRESS.update(name=args.cell, start=time.time(), minutes=CELLS[args.cell][3])
     load_at_start = load_average()  # what else ran when it started: a timing depends on it
     code = provenance()["commit"]  # the code that runs: a commit made while it runs is not what made the numbers
     with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
-        now = rerun(args.cell, folder, extra)
+        try:
+            if since and not args.at_head:  # a git worktree of the row's commit, removed after
+                PROGRESS["code"] = os.path.join(folder, "code")
+                git("worktree", "add", "--detach", PROGRESS["code"], made["commit"].split("-")[0])
+                if not os.path.isfile(os.path.join(PROGRESS["code"], "train.py")):
+                    raise SystemExit(f"reproduce: error: git worktree add of {made['commit']} failed")
+            now = rerun(args.cell, folder, extra)
+        finally:
+            if "code" in PROGRESS:
+                git("worktree", "remove", "--force", PROGRESS.pop("code"))
     differences = []
     for metric in sorted(set(before) | set(now)):
         old = before.get(metric, {}).get("value", "none")

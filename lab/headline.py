@@ -175,9 +175,8 @@ def main(argv=None):
         parser.error(f"--target must be > 0, got {args.target}")
     by_seed = shipped_seeds(args.machine)
     if not by_seed["grpo"]:
-        parser.error("no countdown3 seed is shipped for both methods from "
-                     + (f"a machine matching {args.machine!r}" if args.machine else "this CPU")
-                     + " (python -m lab.reproduce --list)")
+        raise reproduce.none_shipped("lab.headline", "countdown3 seed of both methods", [
+            f"countdown3-{method}-seed{seed}" for method in METHODS for seed in range(20)], args.machine)
     report(by_seed, args.target)
     if plot(by_seed, args.figure):
         print(f"wrote {args.figure}")

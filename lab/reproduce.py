@@ -180,6 +180,15 @@ def head_reproduces(name, commit):
         f", reruns at {commit} (numerics changed at {', '.join(row['commit'] for row in since)})")
 
 
+def none_shipped(tool, what, names, machine=None, option="--machine"):
+    """The one line a reader of the shipped rows of cells `names` stops with where `machine` (default: this CPU's
+    code path) shipped none: which CPUs did."""
+    paths = sorted({row_path(row) for name in names for row in shipped_rows(name)})
+    return SystemExit(f"{tool}: error: no {what} was shipped from " + (f"a CPU named {machine!r}" if machine else
+                      f"this CPU ({code_path(this_machine(), os.environ)})") + (
+                      f"; from {' and '.join(paths)} ({option} NAME reads one)" if paths else "; from no CPU"))
+
+
 def what_differs(path, other):
     """Which part of two code paths ("CPU model, ISA") differs: the vendor, the CPU model, the instruction set."""
     (model, isa), (model2, isa2) = path.rsplit(", ", 1), other.rsplit(", ", 1)

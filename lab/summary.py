@@ -11,7 +11,7 @@ import argparse
 
 from experiments import write_figure
 from lab.ledger import cpu_kind, this_machine
-from lab.reproduce import CELLS, shipped_values
+from lab.reproduce import CELLS, none_shipped, shipped_values
 
 
 def summary(preset, machine=None, metrics=None, figure=None):
@@ -19,13 +19,12 @@ def summary(preset, machine=None, metrics=None, figure=None):
     mean +- SE over seeds, then each config minus the preset's first config, paired by seed with its 95%
     t-interval over seeds and "none resolved" where it holds 0. -> {config: {seed: {metric: value}}}."""
     from lab.seed_stats import mean_se, mean_se_interval, paired_text
-    runs = {}
-    for name, (kind, args, *_) in CELLS.items():
-        if kind == "compare" and args[0] == preset and (values := shipped_values(name, machine)):
-            runs.setdefault(args[1], {})[int(args[2])] = values
+    runs, names = {}, [name for name, (kind, args, *_) in CELLS.items() if kind == "compare" and args[0] == preset]
+    for name in names:
+        if values := shipped_values(name, machine):
+            runs.setdefault(CELLS[name][1][1], {})[int(CELLS[name][1][2])] = values
     if not runs:
-        raise SystemExit(f"reproduce: error: no cell of {preset} was shipped from "
-                         + (f"a CPU named {machine!r}" if machine else "this CPU"))
+        raise none_shipped("lab.summary", f"cell of {preset}", names, machine)
     keys = metrics or [key for key in ("before_pass@1", "after_pass@1") + tuple(
         f"sampled_pass@{k}" for k in (1, 2, 4, 8, 16)) if any(key in v for c in runs.values() for v in c.values())]
     print(f"{preset}: mean ± SE over seeds (n per config in brackets); shipped rows of "

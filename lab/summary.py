@@ -56,6 +56,7 @@ def fig3_summary(by_seed, figure=None):
     over seeds of the share of A > 0 tokens whose probability rose, and minus GRPO's on the same seed (mean ± SE);
     with `figure`, a bar chart of the means (SD bars). -> {method: [[per-seed shares] for Q1..Q4]}."""
     from experiments import mean_sd_se
+    from lab.seed_stats import mean_se_interval
     methods = list(dict.fromkeys(key.split("_")[1] for values in by_seed.values() for key in values
                                  if key.startswith("fig3_") and key.endswith("_pos_rose_share")))
     if "grpo" not in methods:
@@ -64,7 +65,8 @@ def fig3_summary(by_seed, figure=None):
     key = "fig3_{}_Q{}_pos_rose_share".format
     shares = {m: [[v[key(m, q)] for v in by_seed.values() if key(m, q) in v] for q in range(1, 5)] for m in methods}
     print(f"\nFig. 3 on each seed's final GRPO policy, n = {len(by_seed)} seeds: share of A > 0 tokens whose "
-          "probability rose after one update, mean ± SD over seeds; minus GRPO on the same seed, mean ± SE")
+          "probability rose after one update, mean ± SD over seeds; minus GRPO on the same seed, mean ± SE "
+          "[95% t-interval over seeds]")
     print("| update | Q1 | Q2 | Q3 | Q4 |\n|---|---|---|---|---|")
     for m in methods:
         cells = []
@@ -77,8 +79,9 @@ def fig3_summary(by_seed, figure=None):
         for q in range(1, 5):
             diff = [v[key(m, q)] - v[key("grpo", q)] for v in by_seed.values()
                     if key(m, q) in v and key("grpo", q) in v]
-            mean, _, se = mean_sd_se(diff)
-            texts.append(f"Q{q} {mean:+.3f}" + ("" if se is None else f" ± {se:.3f}"))
+            mean, se, interval = mean_se_interval(diff)
+            texts.append(f"Q{q} {mean:+.3f}" + ("" if se is None else f" ± {se:.3f} [{interval[0]:+.3f}, "
+                                                                      f"{interval[1]:+.3f}]"))
         print(f"{m} − grpo: " + ", ".join(texts))
     if figure:
         from experiments import pyplot

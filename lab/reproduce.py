@@ -46,10 +46,10 @@ TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"so
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
 TABLE3_STEPS = {("countdown3-tuning", "grpo-M8"), ("countdown3-tuning", "softmax-M8-tau0.1")}  # referee_table3's
 LOPTI_CLIP = ["--clip-low", "0.2", "--clip-high", "0.24", "--dual-clip", "10"]  # the Lopti recipes' clip
-TIMING_TOLERANCE = {  # a timing cell's metric <a>_over_<b> agrees when within this fraction of the shipped value, by b:
-    "trl": 0.2, "one_pass": 0.2,  # two sides timed alternately, step by step, in one process: a load slows both
-    "floor": 0.4,  # the floor's peaks come from one probe before the steps: it reads the load of its own moment
-}
+TASK = {"countdown3": ["--task-option", "num_count=3"]}  # referee_lopti's flags for a preset's held-out prompts
+# a timing cell's metric <a>_over_<b> agrees within this fraction of the shipped value, by b: trl and one_pass, two
+# sides timed alternately in one process (a load slows both); floor, whose peaks one probe before the steps measured
+TIMING_TOLERANCE = {"trl": 0.2, "one_pass": 0.2, "floor": 0.4}
 
 # name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
 # runs the machine's own code path: it reproduces on a CPU of the same vector ISA as the row's machine.
@@ -131,9 +131,8 @@ def shipped_rows(name):
 
 
 def shipped_values(name, machine=None):
-    """{metric: value} of a cell's rows shipped from one CPU: the rows whose machine contains `machine`, or by default
-    those of the code path a rerun here takes (run_path); {} if none (no fallback: each path has its own
-    trajectories)."""
+    """{metric: value} of a cell's rows whose machine contains `machine`, by default those of the code path a rerun
+    here takes (run_path); {} if none (no fallback: each path has its own trajectories)."""
     return {row["metric"]: float(row["value"]) for row in shipped_rows(name)
             if (machine in row["machine"] if machine else row_path(row) == run_path(name))}
 
@@ -164,8 +163,7 @@ def numerics_since(commit):
     """The changes of the step's numerics (lab/numerics.csv: commit, date, change; a row without a commit names the
     one that added it) that HEAD has and `commit`, a row's, has not: [] where HEAD reproduces the row; None where git
     cannot tell. A cell of a STEPLESS kind has none."""
-    with open(os.path.join(REPO, "lab", "numerics.csv"), newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_rows(os.path.join(REPO, "lab", "numerics.csv"))
     for line, row in enumerate(rows, 2):
         row["commit"] = row["commit"] or git("blame", "--porcelain", "-L", f"{line},+1", "lab/numerics.csv")[:7]
     head, commit = git("rev-parse", "HEAD"), git("rev-parse", "--verify", "-q", commit.split("-")[0] + "^{commit}")
@@ -198,9 +196,8 @@ def what_differs(path, other):
 
 
 def choose_pin(name):
-    """{} when this machine's own code path has rows of the cell (or a pin is set already); else the pin
-    (ATEN_CPU_CAPABILITY, MKL_CBWR) that puts this CPU on a path whose rows exist, where it can run one (the same CPU
-    model at an ISA it includes, can_run), and {} where it cannot (another vendor or model)."""
+    """The pin (ATEN_CPU_CAPABILITY, MKL_CBWR) that puts this CPU on a path whose rows exist where it can (can_run);
+    {} where its own path has rows, a pin is set already, or it can take none."""
     rows = shipped_rows(name)
     if not rows or pins(os.environ) or pins(CELLS[name][4]) or any(row_path(row) == run_path(name) for row in rows):
         return {}
@@ -242,8 +239,7 @@ def command_text(name, extra=None):
     if kind == "referee-lopti":
         preset, config, seed, batches, variants = args
         checkpoint = f"RUNS/{preset}/{config}-seed{seed}/latest"
-        measure = " ".join([f"{prefix}python -m lab.referee_lopti --checkpoint {checkpoint}",
-                            *referee_task(preset), *batches])
+        measure = " ".join([f"{prefix}python -m lab.referee_lopti --checkpoint {checkpoint}", *TASK[preset], *batches])
         return "; ".join([prefix + f"python -m lab.compare --preset {preset} --configs {config} --seeds "
                           f"{seed} --output-dir RUNS", measure + " (metrics " + "; ".join(
                               f"{name}_*" + (f": the same with {' '.join(flags)}" if flags else "")
@@ -296,8 +292,7 @@ def rerun(name, folder, extra=None):
                 for p, value in zip((0.0, 0.5, 1.0), values)}
     if kind == "eq4":
         run_quietly([sys.executable, "-m", "experiments.eq4_monte_carlo", "--output-dir", folder], environment)
-        with open(os.path.join(folder, "eq4_monte_carlo.csv"), newline="") as f:
-            return eq4_metrics(list(csv.DictReader(f)))
+        return eq4_metrics(read_rows(os.path.join(folder, "eq4_monte_carlo.csv")))
     if kind == "train":
         run_quietly([sys.executable, "train.py", *args, "--output-dir", folder], environment)
         from harness.metrics import read_metrics
@@ -326,9 +321,8 @@ def rerun(name, folder, extra=None):
                 for row in read_rows(os.path.join(folder, "smollm2_cpu.csv")) for key in ("reward", "pass@1")}
     if kind == "imagenet-toy":
         run_quietly([sys.executable, "-m", "experiments.imagenet_toy", *args, "--output-dir", folder], environment)
-        with open(os.path.join(folder, "final.csv"), newline="") as f:
-            return {f"{row['method']}{'_M' + row['M'] if row['M'] else ''}_{key}": round(float(row[key]), 6)
-                    for row in csv.DictReader(f) for key in ("top1", "pass@1", "pass@128")}
+        return {f"{row['method']}{'_M' + row['M'] if row['M'] else ''}_{key}": round(float(row[key]), 6)
+                for row in read_rows(os.path.join(folder, "final.csv")) for key in ("top1", "pass@1", "pass@128")}
     preset, config, seed = args
     run_quietly([sys.executable, "-m", "lab.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
@@ -387,27 +381,21 @@ def eq4_metrics(rows):
 
 
 def compare_metrics(folder, preset, config=None, seed=None):
-    """The metrics of one run of an lab.compare output folder (the first run, or config/seed's): greedy
-    pass@1 before/after and sampled pass@k (<preset>_runs.csv), and where the preset measured it, Table 3 on the
-    final policy (<preset>_table3.csv) or at several steps (lab.referee_table3's <preset>_table3_steps.csv,
-    metrics table3_step<N>_*): per pass-rate bin the prompts in it and its share of the token budget under
-    GRPO's and SoftmaxGRPO's advantages."""
+    """One run of an lab.compare folder (the first, or config/seed's): pass@k (<preset>_runs.csv), and where measured
+    Table 3 (per bin its prompts and budget shares under both advantages) on the final policy or at steps
+    (table3_step<N>_*), Fig. 3 (a grpo run) and the clip's activity (countdown3-eq2)."""
     def mine(path):
-        with open(path, newline="") as f:
-            rows = [row for row in csv.DictReader(f)
-                    if config is None or (row["config"], row["seed"]) == (config, str(seed))]
-        return [row for row in rows if (row["config"], row["seed"]) == (rows[0]["config"], rows[0]["seed"])] if rows \
-            else []
+        rows = [row for row in read_rows(path) if config is None or (row["config"], row["seed"]) == (config, str(seed))]
+        return [row for row in rows if (row["config"], row["seed"]) == (rows[0]["config"], rows[0]["seed"])]
     run = mine(os.path.join(folder, f"{preset}_runs.csv"))[0]
     metrics = {key: float(value) for key, value in run.items() if "pass@" in key and value != ""}
     if preset == "countdown3-eq2":  # the clip's and the KL's activity over training (lab.referee_clipping)
         metrics.update(clip_activity(run["output_dir"]))
     fig3 = os.path.join(folder, f"{preset}_fig3", "fig3_prob_rise.csv")
     if run["config"] == "grpo" and os.path.isfile(fig3):  # Lopti's Fig. 3 on this seed's final GRPO policy
-        with open(fig3, newline="") as f:
-            metrics.update({f"fig3_{row['method']}_Q{row['group']}_{key}": round(float(row[key]), 6)
-                            for row in csv.DictReader(f) if row["seed"] == run["seed"]
-                            for key in ("pos_rose_share", "neg_fell_share") if row[key] not in ("", "nan")})
+        metrics.update({f"fig3_{row['method']}_Q{row['group']}_{key}": round(float(row[key]), 6)
+                        for row in read_rows(fig3) if row["seed"] == run["seed"]
+                        for key in ("pos_rose_share", "neg_fell_share") if row[key] not in ("", "nan")})
     for suffix in ("table3", "table3_steps"):
         path = os.path.join(folder, f"{preset}_{suffix}.csv")
         for row in mine(path) if os.path.isfile(path) else []:
@@ -419,9 +407,8 @@ def compare_metrics(folder, preset, config=None, seed=None):
 
 
 def clip_activity(run_dir):
-    """One run's clip and KL activity from its metrics.jsonl (lab.runs.activity): the clipped
-    token fractions' mean over steps, the largest ratio of any step, the k3 KL at steps 50 and the last, and whether
-    every ratio was exactly 1 (1.0) or not (0.0)."""
+    """One run's metrics.jsonl (lab.runs.activity): the clipped token fractions' means over steps, the largest
+    ratio, the k3 KL at steps 50 and the last, and whether every ratio was exactly 1 (1.0 or 0.0)."""
     from lab.runs import activity, ratio_is_one
     series = activity(os.path.join(run_dir, "metrics.jsonl"))
     kl = dict(series["kl"])
@@ -435,16 +422,10 @@ def clip_activity(run_dir):
     return metrics
 
 
-def referee_task(preset):
-    """The task flags referee_lopti needs to score a preset's checkpoint (its held-out prompts)."""
-    return ["--task-option", "num_count=3"] if preset.startswith("countdown3") else []
-
-
 def read_referee_rows(path):
     """A referee_lopti CSV's rows, every value a float but adamw_moments'."""
-    with open(path, newline="") as f:
-        return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
-                for row in csv.DictReader(f)]
+    return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
+            for row in read_rows(path)]
 
 
 def onpolicy_cell_metrics(out):
@@ -466,7 +447,7 @@ def rerun_referee_lopti(args, folder, environment):
     for name, flags in variants.items():
         out = os.path.join(folder, f"referee-{name}")
         run_quietly([sys.executable, "-m", "lab.referee_lopti", "--checkpoint", checkpoint,
-                     *referee_task(preset), *batches, *flags, "--output-dir", out], environment)
+                     *TASK[preset], *batches, *flags, "--output-dir", out], environment)
         first = len(metrics) == 0
         if first:  # the on-policy part and the off-policy state do not depend on the clip: their numbers once
             metrics.update(onpolicy_cell_metrics(out))
@@ -476,9 +457,8 @@ def rerun_referee_lopti(args, folder, environment):
 
 
 def rerun_default_figures(folder, environment, lopti_flags=(), table3=True):
-    """`python train.py`, then Table 3 (-M 16 --exact) and Lopti's Fig. 1(d) / Fig. 3 on its final checkpoint ->
-    table3_prompts_<bin>, table3_<method>_<budget>_<bin> (shares), fig1d_Q<q>_share, fig3_<method>_Q<q>_pos_rose.
-    lopti_flags: extra lopti_token_stats flags (the SGD variant); table3=False skips Table 3."""
+    """`python train.py`, then Table 3 (-M 16 --exact; table3=False: not) and Lopti's Fig. 1(d) / Fig. 3 (extra
+    lopti_token_stats flags: lopti_flags) on its final checkpoint -> {metric: value}."""
     run = os.path.join(folder, "default")
     run_quietly([sys.executable, "train.py", "--output-dir", run], environment)
     checkpoint = os.path.join(run, "latest")
@@ -517,11 +497,9 @@ def ship(name, values, made=None, extra=None):
 
 
 def ship_from(folder, load, preset=None):
-    """Ship every finished run of one preset in an lab.compare output folder (a preset whose runs are cells:
-    countdown3, countdown3-tuning, countdown3-eq2, countdown3-lopti; run on this machine with its cells'
-    environment) as its cell <preset>-<config>-seed<N>: the commit from each run's code.json (a run without one is
-    refused), the date its metrics were last written, this machine, `load` as given. preset: needed when the
-    folder holds the runs of several. -> the cells shipped."""
+    """Ship each finished run of one preset (`preset`: where the folder holds several) of an lab.compare folder, run
+    here with its cells' environment, as its cell <preset>-<config>-seed<N>: the commit from its code.json (none:
+    refused), the date its metrics were last written, this machine, `load` as given. -> the cells shipped."""
     from experiments.runs import CODE_FILE, recorded_code
     presets = sorted(name[:-len("_runs.csv")] for name in os.listdir(folder) if name.endswith("_runs.csv"))
     if preset is None and len(presets) != 1:
@@ -530,9 +508,7 @@ def ship_from(folder, load, preset=None):
     preset = preset or presets[0]
     if preset not in presets:
         raise SystemExit(f"reproduce: error: {folder} has no {preset}_runs.csv")
-    with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
-        runs = list(csv.DictReader(f))
-    names = []
+    runs, names = read_rows(os.path.join(folder, f"{preset}_runs.csv")), []
     for run in runs:
         name = f"{preset}-{run['config']}-seed{run['seed']}"
         if name not in CELLS:

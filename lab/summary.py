@@ -1,11 +1,7 @@
-"""A compare preset's shipped cells, read back from the results ledger: per config each metric's mean ± SE over
-seeds, each config minus the first paired by seed, and Lopti's Fig. 3 over the seeds of countdown3-lopti.
+"""A compare preset's shipped cells read back (lab.reproduce reruns and ships them): per config each metric's mean ±
+SE over seeds, each config minus the first paired by seed, and Lopti's Fig. 3 over the seeds of countdown3-lopti.
 
-    python -m lab.summary countdown3-lopti                     # the rows of this CPU
-    python -m lab.summary countdown3 --machine "Intel"         # another CPU's rows
-    python -m lab.summary countdown3-lopti --figure fig3.png   # and Fig. 3 drawn over the seeds
-
-Reruns and shipping are lab.reproduce's; this only reads what it shipped.
+    python -m lab.summary countdown3-lopti --machine "AMD EPYC, avx512" --figure fig3.png   # default: this CPU's rows
 """
 import argparse
 

@@ -13,8 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --- every number in docs/ and the README has its row or its label (issue 64; docs/tests.md, "Numbers in the docs") --
 LABELS = ("typed", "estimated", "inferred", "from the shipped rows")  # a sentence saying one answers for its numbers
-SENTENCE_END = re.compile(r"(?<=[.!?])(?<!Eq\.)(?<!Fig\.)(?<!e\.g\.)(?<!i\.e\.)(?<!vs\.)\s+(?=[A-Z*(\[`])")  # where
-# a block's sentences part (not after an abbreviation: "Eq. (2)" is one sentence's)
+# where a block's sentences part (not after an abbreviation: "Eq. (2)" is one sentence's)
+SENTENCE_END = re.compile(r"(?<=[.!?])(?<!Eq\.)(?<!Fig\.)(?<!e\.g\.)(?<!i\.e\.)(?<!vs\.)\s+(?=[A-Z*(\[`])")
 NUMBER = re.compile(r"(?<![\w.^/#-])(\d+\.\d+)(?![\w.]*\w)")  # a decimal, not part of a name, version or path
 # what a decimal right after these words is: a reference, a version or a default, not a measured claim
 NOT_A_CLAIM = re.compile(r"(arxiv|prop\.|proposition|eq\.|§|section|theorem|lemma|fig\.|figure|table|transformers|"
@@ -98,8 +98,8 @@ def unrowed(text, table, anchors=None):
     spans, code blocks and link targets, not a reference, version or default: NOT_A_CLAIM) must equal, at its printed
     precision, a row value that its own block (blocks: a paragraph, a list item, a table row) cites, or, where the
     block cites none, that its section cites (cited); or stand in a sentence that says one of LABELS (a label
-    answers for its sentence, not its block; a table row is one sentence, a labelled table's header its table's). anchors: the
-    values docs/results.md's sections cite, by anchor (results_sections)."""
+    answers for its sentence, not its block; a table row is one sentence, a labelled table's header its table's).
+    anchors: the values docs/results.md's sections cite, by anchor (results_sections)."""
     found, anchors = [], anchors if anchors is not None else {}
     text = re.sub(r"```.*?```", lambda match: "\n" * match.group().count("\n"), text, flags=re.S)
     for start, lines in sections(text):

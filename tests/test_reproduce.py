@@ -118,6 +118,16 @@ def test_the_headline_reads_its_shipped_seeds_and_computes_the_power(tmp_path, m
     assert "Table 3 (each trained policy): not shipped" in out
     with pytest.raises(SystemExit):
         headline.main(["--machine", "No such CPU"])
+    # no machine named: this CPU's rows where it has them, else one line naming the CPUs that shipped some
+    for variable in ("ATEN_CPU_CAPABILITY", "MKL_CBWR"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(reproduce, "this_machine", lambda: machine)
+    assert list(headline.main(["--figure", str(tmp_path / "h.png")])["grpo"]) == [0, 1, 2]
+    monkeypatch.setattr(reproduce, "this_machine", lambda: "Other CPU, avx512, 2 cores")
+    with pytest.raises(SystemExit) as stop:
+        headline.main([])
+    assert str(stop.value) == ("lab.headline: error: no countdown3 seed of both methods was shipped from this CPU "
+                               "(Other CPU, avx512); from Test CPU, avx2 (--machine NAME reads one)")
 
 
 def test_a_compare_folder_ships_only_runs_that_name_their_code(tmp_path, monkeypatch):

@@ -1,24 +1,15 @@
-"""The headline comparison, read from its shipped results: SoftmaxGRPO (tau 0.1) vs GRPO on 3-number Countdown at
-the fixed recipe (lab.compare's countdown3 preset: M 8, 64 prompts a step, 150 steps; no cell selected from a
-sweep), paired by seed, with the power calculation and Table 3's measured part.
+"""The headline comparison from its shipped rows: SoftmaxGRPO (tau 0.1) vs GRPO on 3-number Countdown at the fixed
+recipe (lab.compare's countdown3 preset, no cell picked from a sweep), paired by seed.
 
-    python -m lab.headline                  # the rows shipped from this CPU (lab/results/countdown3_runs.csv)
-    python -m lab.headline --machine Intel  # another CPU's rows (each CPU trains its own trajectories)
+    python -m lab.headline                                # the rows shipped from this CPU
+    python -m lab.headline --machine "AMD EPYC, avx512"   # another CPU's (each CPU trains its own trajectories)
 
-Every number comes from lab/results/countdown3_runs.csv (cells countdown3-<grpo|softmax>-seed<N>, one row per metric;
-`python -m lab.reproduce countdown3-grpo-seed3` reruns one). It prints:
-  1. per metric (held-out greedy pass@1; sampled pass@1..8 from 8 samples per prompt): each method's mean +- SE over
-     seeds, the paired difference (same seed: same warm start, prompts and held-out set) with its 95% t-interval
-     over seeds, the SD of the differences, and the power calculation: how many paired seeds make the 95%
-     half-width <= --target at that SD (seed_stats.seeds_for_half_width);
-  2. Table 3's measured part (DESIGN.md section 7): how the two trained policies' difficulty distributions differ
-     (prompts of 256 in each pass-rate bin, from 16 samples each) and each method's budget share on its own policy
-     under its own advantages, paired by seed. The two estimators' shares on the SAME samples differ by an identity
-     (c(k), DESIGN.md section 7) and are not compared here.
-A difference is "resolved" when its 95% interval excludes 0; otherwise "none resolved". The five metrics are tested
-at once, so the table also gives each paired t-test's p and whether it survives Holm's correction over the five
-(family-wise 5%): a difference resolved alone but not after it is suggestive, not established.
-It draws docs/countdown3_powered.png (matplotlib optional)."""
+From lab/results/countdown3_runs.csv (cells countdown3-<grpo|softmax>-seed<N>) it prints, per metric (greedy pass@1;
+sampled pass@1..8 of 8 samples), each method's mean +- SE over seeds, the paired difference with its 95% t-interval
+("resolved" where it excludes 0), its paired t-test's p and whether Holm's correction over the five metrics keeps it,
+and the power calculation (seeds for a 95% half-width <= --target at the measured SD); then Table 3's measured part
+(DESIGN.md section 7: each trained policy's prompts per pass-rate bin and each method's own budget share), and draws
+docs/countdown3_powered.png (matplotlib optional)."""
 import argparse
 import collections
 import math
@@ -35,19 +26,16 @@ from experiments.table3_allocation import BIN_NAMES
 METRICS = ("after_pass@1", "sampled_pass@1", "sampled_pass@2", "sampled_pass@4", "sampled_pass@8")
 METHODS = ("grpo", "softmax")
 FIGURE = os.path.join(reproduce.REPO, "docs", "countdown3_powered.png")
+CELLS = [name for name in reproduce.CELLS if name.split("-")[:2] in (["countdown3", "grpo"], ["countdown3", "softmax"])]
 
 
 def shipped_seeds(machine=None):
     """{method: {seed: {metric: value}}} of the countdown3 cells shipped from `machine`'s CPU (a substring of the
     row's machine; default this machine's CPU kind), only seeds shipped for both methods."""
     values = collections.defaultdict(dict)
-    for method in METHODS:
-        for seed in range(100):
-            name = f"countdown3-{method}-seed{seed}"
-            if name not in reproduce.CELLS:
-                break
-            if (shipped := reproduce.shipped_values(name, machine)):
-                values[method][seed] = shipped
+    for name in CELLS:
+        if shipped := reproduce.shipped_values(name, machine):
+            values[name.split("-")[1]][int(name.rpartition("seed")[2])] = shipped
     both = sorted(set(values["grpo"]) & set(values["softmax"]))
     return {method: {seed: values[method][seed] for seed in both} for method in METHODS}
 
@@ -175,9 +163,7 @@ def main(argv=None):
         parser.error(f"--target must be > 0, got {args.target}")
     by_seed = shipped_seeds(args.machine)
     if not by_seed["grpo"]:
-        parser.error("no countdown3 seed is shipped for both methods from "
-                     + (f"a machine matching {args.machine!r}" if args.machine else "this CPU")
-                     + " (python -m lab.reproduce --list)")
+        raise reproduce.none_shipped("lab.headline", "countdown3 seed of both methods", CELLS, args.machine)
     report(by_seed, args.target)
     if plot(by_seed, args.figure):
         print(f"wrote {args.figure}")

@@ -114,6 +114,9 @@ def shipped_report(seeds, machine=None):
     runs = {config: {seed: values for seed in seeds
                      if (values := reproduce.shipped_values(f"{PRESET}-{config}-seed{seed}", machine))}
             for config in compare.PRESETS[PRESET]["configs"]}
+    if not any(runs.values()):
+        raise reproduce.none_shipped("lab.referee_clipping", "clipping run", [
+            name for name in reproduce.CELLS if name.startswith(PRESET + "-")], machine, "--shipped")
     print(f"{PRESET}, shipped: per config, mean over seeds [max over seeds] of each run's activity summary")
     print("| config | seeds | clip low (mean over steps) | clip high | max ratio | KL step 50 | KL step 150 | "
           "every ratio exactly 1 |")
@@ -191,9 +194,6 @@ def main(argv=None):
     args, extra = parser.parse_known_args(argv)
     if args.shipped is not None:
         runs = shipped_report([int(s) for s in args.seeds.split(",") if s.strip()], args.shipped or None)
-        if not any(runs.values()):
-            parser.error("no clipping run was shipped from " + (f"a CPU named {args.shipped!r}" if args.shipped
-                                                                 else "this CPU"))
         if plot_shipped(FIGURE, runs, f"{PRESET}: clip and KL activity per run (dots: seeds; bars: mean)"):
             print(f"drew {FIGURE}")
         return runs

@@ -180,9 +180,9 @@ def main(argv=None):
     if args.shipped is not None:
         runs = shipped_runs(seeds, args.shipped or None)
         if not runs:
-            parser.error("no run of the grid was shipped from " + (f"a CPU named {args.shipped!r}" if args.shipped
-                                                                  else "this CPU") + " (python -m lab."
-                         "reproduce --list names where each was)")
+            from lab import reproduce
+            raise reproduce.none_shipped("lab.referee_tuning", "run of the grid", [
+                name for name in reproduce.CELLS if name.startswith(PRESET + "-")], args.shipped, "--shipped")
     else:
         csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
         if not args.summary_only:

@@ -1,49 +1,26 @@
-"""One command per claim: rerun any shipped cell of docs/results.md or lab/referees.md from scratch at HEAD and
-compare.
+"""One command per claim: rerun a shipped cell of docs/results.md or lab/referees.md from scratch and compare.
 
-    python -m lab.reproduce --list            # every cell behind a table or figure: its file, cost, command
-    python -m lab.reproduce default           # rerun one cell; per metric "NAME METRIC shipped X now Y",
-                                                      # then "reproduced: NAME" (exit 0) or "differs: NAME" (exit 1)
-    python -m lab.reproduce smoke --ship      # rerun and write the result as the shipped one (a maintainer)
+    python -m lab.reproduce --list            # every cell: kind, cost, results file, command, where it was shipped
+                                              # and whether HEAD reruns it (else the commit it reruns at)
+    python -m lab.reproduce default           # per metric "NAME METRIC shipped X now Y", then "reproduced: NAME"
+                                              # (exit 0) or "differs: NAME" (exit 1)
+    python -m lab.reproduce smoke-avx2 --ship # rerun at HEAD and write the result as the shipped one (a maintainer)
 
-A cell is one run or one computation with its seed. Its shipped numbers live in a small CSV under lab/results/
-(one row per metric: cell, metric, value, and the commit, date, load, machine and command that made it); the docs'
-tables are typed from those files and the figure scripts read them. A rerun uses a new temporary folder: no earlier
-run folder and no cached warm start is reused. Kinds of cell:
-  train     `python train.py FLAGS` in a fresh process (ENV set, if the cell has one): held-out greedy pass@1 of the
-            starting policy (before) and of the final one (after)
-  compare   one run of an lab.compare preset (`--configs C --seeds S`): greedy pass@1 before/after, the
-            sampled pass@k of the final policy and (countdown3) Table 3 on it: each pass-rate bin's prompts and share
-            of the token budget under both estimators
-  identity  a formula evaluated by the lesson's own functions (no training): exact
-  fig1      Fig. 1's exact prompt weights (experiments.fig1_prompt_weight) at p = 0, 0.5, 1: exact
-  eq4       `python -m experiments.eq4_monte_carlo` (the referees' Eq. (4) check, seeded): per (M, tau) the largest
-            |z|, how many of the 95% intervals hold the exact weight, and the Monte-Carlo mean at p = 0.1, 0.5, 0.9
-  smollm2   `python -m experiments.smollm2_cpu --seeds S [flags]` (SmolLM2-135M-Instruct, text similarity, 60
-            steps): the held-out greedy reward and pass@1 at every eval step
-  default-fig3-sgd  `python train.py`, then Lopti's Fig. 3 on its final checkpoint with one SGD step (lr 0.5) in
-            place of train.py's AdamW: per method and p_old quartile the share of A > 0 tokens whose probability rose
-  referee-lopti-pretrained  `python -m lab.referee_lopti --checkpoint smollm2` on
-            experiments.smollm2_cpu's data (the pretrained model, before RL; its own pi_ref): items 5-7's on-policy
-            numbers, as below
-  timing    `python benchmarks/step_time.py ARGS --json` (our step against TRL's GRPOTrainer and against its floor,
-            docs/performance.md): ratios only, since seconds do not carry across machines or loads: ours/TRL and Lopti /
-            one pass (s per step), each side's step and phases over its floor; each within TIMING_TOLERANCE
-  referee-lopti  a compare run (as above), then `python -m lab.referee_lopti` on its final checkpoint, once
-            per clip setting (FLAGS: the run's own clip; --clip-high 0.24 --dual-clip 10: the Lopti recipes'): item 5's
-            off-policy state, per mini-batch and p_old quartile (referee_lopti_offpolicy.offpolicy_metrics), and the
-            on-policy mean |w| per quartile and ||G_Q4|| / ||G_Q1|| (referee_lopti.onpolicy_metrics)
-What the equality rests on: the same code (the commit), torch build, thread count and CPU. torch's CPU kernels
-and MKL choose their code path by the CPU (its vendor and vector ISA), and the paths sum in other orders, so another
-CPU gives other numbers from the same seed; holding torch and MKL to AVX2 (the -avx2 cells) does not make an Intel
-and an AMD CPU agree either (docs/results.md, "Determinism"). So a cell is shipped per CPU: every row records the
-machine it ran on (CPU model, ISA, cores), a rerun compares with the rows of its own CPU model and ISA, and where
-none was shipped it says so and compares with another CPU's rows (expect them to differ). Tolerance: 0 for every
-metric of a deterministic cell; a timing cell's ratio agrees within its relative tolerance (TIMING_TOLERANCE), and
-the row records the load at the rerun's start and end (a timing depends on what else ran).
+A cell is one run or one computation with its seed (CELLS: its kind, arguments, results file, minutes, environment;
+rerun says what each kind runs and measures). Its shipped numbers are rows of a small CSV under lab/results/
+(lab/ledger.py), each naming the commit, date, load, machine and command that made it. A rerun uses a new temporary
+folder and reuses nothing. It runs where the row was made: at HEAD, unless a change of the step's numerics
+(lab/numerics.csv, held to tests/numerics_records.py's bit-for-bit records) lies between the row's commit and HEAD;
+then in a git worktree of the row's commit (--at-head: HEAD anyway, expecting other numbers). The numbers rest on the
+torch build, the thread count and the CPU too: torch's kernels and MKL pick their code by the CPU's vendor and vector
+ISA and sum in their own orders (docs/results.md, "Determinism"). So a rerun compares with the rows of its own code
+path (CPU model and ISA), pins this CPU onto a narrower path whose rows exist where it can, and otherwise compares
+with another CPU's rows, naming what differs. Tolerance: 0 for every metric but a timing cell's ratios
+(TIMING_TOLERANCE), whose rows record the load at the rerun's start and end.
 """
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -53,6 +30,7 @@ import sys
 import tempfile
 import time
 
+from experiments.runs import git
 from lab.ledger import (FIELDS, ISA_ORDER, can_run, code_path, cpu_kind, ledger_rows, load_average,  # noqa: F401
                         pin_for, pins, provenance, taking_turns, this_machine, write_results)
 
@@ -62,15 +40,16 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
          "--eval-every", "2", "--threads", "1"]  # a cheap deterministic run (~1 CPU-minute) for the slow test
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
+STEPLESS = ("identity", "fig1", "eq4", "timing")  # kinds whose numbers no change of the step's numerics moves
 LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its lab/referees.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
 TABLE3_STEPS = {("countdown3-tuning", "grpo-M8"), ("countdown3-tuning", "softmax-M8-tau0.1")}  # referee_table3's
 LOPTI_CLIP = ["--clip-low", "0.2", "--clip-high", "0.24", "--dual-clip", "10"]  # the Lopti recipes' clip
-TIMING_TOLERANCE = {  # a timing cell's metric <a>_over_<b> agrees when within this fraction of the shipped value, by b:
-    "trl": 0.2, "one_pass": 0.2,  # two sides timed alternately, step by step, in one process: a load slows both
-    "floor": 0.4,  # the floor's peaks come from one probe before the steps: it reads the load of its own moment
-}
+TASK = {"countdown3": ["--task-option", "num_count=3"]}  # referee_lopti's flags for a preset's held-out prompts
+# a timing cell's metric <a>_over_<b> agrees within this fraction of the shipped value, by b: trl and one_pass, two
+# sides timed alternately in one process (a load slows both); floor, whose peaks one probe before the steps measured
+TIMING_TOLERANCE = {"trl": 0.2, "one_pass": 0.2, "floor": 0.4}
 
 # name -> (kind, arguments, results file, minutes on this 2-core CPU when quiet, environment). A cell without AVX2
 # runs the machine's own code path: it reproduces on a CPU of the same vector ISA as the row's machine.
@@ -152,9 +131,8 @@ def shipped_rows(name):
 
 
 def shipped_values(name, machine=None):
-    """{metric: value} of a cell's rows shipped from one CPU: the rows whose machine contains `machine`, or by default
-    those of the code path a rerun here takes (run_path); {} if none (no fallback: each path has its own
-    trajectories)."""
+    """{metric: value} of a cell's rows whose machine contains `machine`, by default those of the code path a rerun
+    here takes (run_path); {} if none (no fallback: each path has its own trajectories)."""
     return {row["metric"]: float(row["value"]) for row in shipped_rows(name)
             if (machine in row["machine"] if machine else row_path(row) == run_path(name))}
 
@@ -180,10 +158,46 @@ def shipped(name, machine=None, extra=None):
     return {row["metric"]: row for row in (mine or other)}
 
 
+@functools.lru_cache(maxsize=None)
+def numerics_since(commit):
+    """The changes of the step's numerics (lab/numerics.csv: commit, date, change; a row without a commit names the
+    one that added it) that HEAD has and `commit`, a row's, has not: [] where HEAD reproduces the row; None where git
+    cannot tell. A cell of a STEPLESS kind has none."""
+    rows = read_rows(os.path.join(REPO, "lab", "numerics.csv"))
+    for line, row in enumerate(rows, 2):
+        row["commit"] = row["commit"] or git("blame", "--porcelain", "-L", f"{line},+1", "lab/numerics.csv")[:7]
+    head, commit = git("rev-parse", "HEAD"), git("rev-parse", "--verify", "-q", commit.split("-")[0] + "^{commit}")
+    return None if not (head and commit) else [row for row in rows if git("merge-base", row["commit"], head) == git(
+        "rev-parse", row["commit"]) != git("merge-base", row["commit"], commit)]
+
+
+def head_reproduces(name, commit):
+    """--list's word on whether HEAD reruns a row of the cell made at `commit` (numerics_since)."""
+    since = [] if CELLS[name][0] in STEPLESS else numerics_since(commit)
+    return "" if since == [] else ", HEAD: unknown (git cannot tell)" if since is None else (
+        f", reruns at {commit} (numerics changed at {', '.join(row['commit'] for row in since)})")
+
+
+def none_shipped(tool, what, names, machine=None, option="--machine"):
+    """The one line a reader of the shipped rows of cells `names` stops with where `machine` (default: this CPU's
+    code path) shipped none: which CPUs did."""
+    paths = sorted({row_path(row) for name in names for row in shipped_rows(name)})
+    return SystemExit(f"{tool}: error: no {what} was shipped from " + (f"a CPU named {machine!r}" if machine else
+                      f"this CPU ({code_path(this_machine(), os.environ)})") + (
+                      f"; from {' and '.join(paths)} ({option} NAME reads one)" if paths else "; from no CPU"))
+
+
+def what_differs(path, other):
+    """Which part of two code paths ("CPU model, ISA") differs: the vendor, the CPU model, the instruction set."""
+    (model, isa), (model2, isa2) = path.rsplit(", ", 1), other.rsplit(", ", 1)
+    parts = (["vendor" if model.split()[0] != model2.split()[0] else "CPU model"] if model != model2 else []) + (
+        ["instruction set"] if isa != isa2 else [])
+    return "another " + " and ".join(parts)
+
+
 def choose_pin(name):
-    """{} when this machine's own code path has rows of the cell (or a pin is set already); else the pin
-    (ATEN_CPU_CAPABILITY, MKL_CBWR) that puts this CPU on a path whose rows exist, where it can run one (the same CPU
-    model at an ISA it includes, can_run), and {} where it cannot (another vendor or model)."""
+    """The pin (ATEN_CPU_CAPABILITY, MKL_CBWR) that puts this CPU on a path whose rows exist where it can (can_run);
+    {} where its own path has rows, a pin is set already, or it can take none."""
     rows = shipped_rows(name)
     if not rows or pins(os.environ) or pins(CELLS[name][4]) or any(row_path(row) == run_path(name) for row in rows):
         return {}
@@ -225,8 +239,7 @@ def command_text(name, extra=None):
     if kind == "referee-lopti":
         preset, config, seed, batches, variants = args
         checkpoint = f"RUNS/{preset}/{config}-seed{seed}/latest"
-        measure = " ".join([f"{prefix}python -m lab.referee_lopti --checkpoint {checkpoint}",
-                            *referee_task(preset), *batches])
+        measure = " ".join([f"{prefix}python -m lab.referee_lopti --checkpoint {checkpoint}", *TASK[preset], *batches])
         return "; ".join([prefix + f"python -m lab.compare --preset {preset} --configs {config} --seeds "
                           f"{seed} --output-dir RUNS", measure + " (metrics " + "; ".join(
                               f"{name}_*" + (f": the same with {' '.join(flags)}" if flags else "")
@@ -239,10 +252,15 @@ PROGRESS_EVERY = 30  # seconds between two progress lines
 
 
 def run_quietly(argv, environment):
-    """A fresh process of the project's; its progress bars are swallowed (a line on stderr every PROGRESS_EVERY
-    seconds says how long the cell has run), and a failure shows the end of its stderr and stops here."""
+    """A fresh process of the project's code at PROGRESS["code"] (default this checkout; a module lab.X that code
+    lacks is its experiments.X, where the lab lived until ebc7f6b); its progress bars are swallowed (a line on stderr
+    every PROGRESS_EVERY seconds says how long the cell has run), and a failure shows the end of its stderr."""
+    code = PROGRESS.get("code", REPO)
+    if argv[1] == "-m" and argv[2].startswith("lab.") and not os.path.isfile(os.path.join(code, *argv[2].split(".")) +
+                                                                              ".py"):
+        argv = [*argv[:2], "experiments." + argv[2][4:], *argv[3:]]
     with tempfile.TemporaryFile("w+") as errors:
-        proc = subprocess.Popen(argv, cwd=REPO, env=environment, stdout=subprocess.DEVNULL, stderr=errors, text=True)
+        proc = subprocess.Popen(argv, cwd=code, env=environment, stdout=subprocess.DEVNULL, stderr=errors, text=True)
         while True:
             try:
                 proc.wait(timeout=PROGRESS_EVERY)
@@ -274,8 +292,7 @@ def rerun(name, folder, extra=None):
                 for p, value in zip((0.0, 0.5, 1.0), values)}
     if kind == "eq4":
         run_quietly([sys.executable, "-m", "experiments.eq4_monte_carlo", "--output-dir", folder], environment)
-        with open(os.path.join(folder, "eq4_monte_carlo.csv"), newline="") as f:
-            return eq4_metrics(list(csv.DictReader(f)))
+        return eq4_metrics(read_rows(os.path.join(folder, "eq4_monte_carlo.csv")))
     if kind == "train":
         run_quietly([sys.executable, "train.py", *args, "--output-dir", folder], environment)
         from harness.metrics import read_metrics
@@ -304,9 +321,8 @@ def rerun(name, folder, extra=None):
                 for row in read_rows(os.path.join(folder, "smollm2_cpu.csv")) for key in ("reward", "pass@1")}
     if kind == "imagenet-toy":
         run_quietly([sys.executable, "-m", "experiments.imagenet_toy", *args, "--output-dir", folder], environment)
-        with open(os.path.join(folder, "final.csv"), newline="") as f:
-            return {f"{row['method']}{'_M' + row['M'] if row['M'] else ''}_{key}": round(float(row[key]), 6)
-                    for row in csv.DictReader(f) for key in ("top1", "pass@1", "pass@128")}
+        return {f"{row['method']}{'_M' + row['M'] if row['M'] else ''}_{key}": round(float(row[key]), 6)
+                for row in read_rows(os.path.join(folder, "final.csv")) for key in ("top1", "pass@1", "pass@128")}
     preset, config, seed = args
     run_quietly([sys.executable, "-m", "lab.compare", "--preset", preset, "--configs", config, "--seeds", seed,
                  "--output-dir", folder], environment)  # countdown3's diagnostics: Table 3 on the final policy
@@ -365,27 +381,21 @@ def eq4_metrics(rows):
 
 
 def compare_metrics(folder, preset, config=None, seed=None):
-    """The metrics of one run of an lab.compare output folder (the first run, or config/seed's): greedy
-    pass@1 before/after and sampled pass@k (<preset>_runs.csv), and where the preset measured it, Table 3 on the
-    final policy (<preset>_table3.csv) or at several steps (lab.referee_table3's <preset>_table3_steps.csv,
-    metrics table3_step<N>_*): per pass-rate bin the prompts in it and its share of the token budget under
-    GRPO's and SoftmaxGRPO's advantages."""
+    """One run of an lab.compare folder (the first, or config/seed's): pass@k (<preset>_runs.csv), and where measured
+    Table 3 (per bin its prompts and budget shares under both advantages) on the final policy or at steps
+    (table3_step<N>_*), Fig. 3 (a grpo run) and the clip's activity (countdown3-eq2)."""
     def mine(path):
-        with open(path, newline="") as f:
-            rows = [row for row in csv.DictReader(f)
-                    if config is None or (row["config"], row["seed"]) == (config, str(seed))]
-        return [row for row in rows if (row["config"], row["seed"]) == (rows[0]["config"], rows[0]["seed"])] if rows \
-            else []
+        rows = [row for row in read_rows(path) if config is None or (row["config"], row["seed"]) == (config, str(seed))]
+        return [row for row in rows if (row["config"], row["seed"]) == (rows[0]["config"], rows[0]["seed"])]
     run = mine(os.path.join(folder, f"{preset}_runs.csv"))[0]
     metrics = {key: float(value) for key, value in run.items() if "pass@" in key and value != ""}
     if preset == "countdown3-eq2":  # the clip's and the KL's activity over training (lab.referee_clipping)
         metrics.update(clip_activity(run["output_dir"]))
     fig3 = os.path.join(folder, f"{preset}_fig3", "fig3_prob_rise.csv")
     if run["config"] == "grpo" and os.path.isfile(fig3):  # Lopti's Fig. 3 on this seed's final GRPO policy
-        with open(fig3, newline="") as f:
-            metrics.update({f"fig3_{row['method']}_Q{row['group']}_{key}": round(float(row[key]), 6)
-                            for row in csv.DictReader(f) if row["seed"] == run["seed"]
-                            for key in ("pos_rose_share", "neg_fell_share") if row[key] not in ("", "nan")})
+        metrics.update({f"fig3_{row['method']}_Q{row['group']}_{key}": round(float(row[key]), 6)
+                        for row in read_rows(fig3) if row["seed"] == run["seed"]
+                        for key in ("pos_rose_share", "neg_fell_share") if row[key] not in ("", "nan")})
     for suffix in ("table3", "table3_steps"):
         path = os.path.join(folder, f"{preset}_{suffix}.csv")
         for row in mine(path) if os.path.isfile(path) else []:
@@ -397,9 +407,8 @@ def compare_metrics(folder, preset, config=None, seed=None):
 
 
 def clip_activity(run_dir):
-    """One run's clip and KL activity from its metrics.jsonl (lab.runs.activity): the clipped
-    token fractions' mean over steps, the largest ratio of any step, the k3 KL at steps 50 and the last, and whether
-    every ratio was exactly 1 (1.0) or not (0.0)."""
+    """One run's metrics.jsonl (lab.runs.activity): the clipped token fractions' means over steps, the largest
+    ratio, the k3 KL at steps 50 and the last, and whether every ratio was exactly 1 (1.0 or 0.0)."""
     from lab.runs import activity, ratio_is_one
     series = activity(os.path.join(run_dir, "metrics.jsonl"))
     kl = dict(series["kl"])
@@ -413,16 +422,10 @@ def clip_activity(run_dir):
     return metrics
 
 
-def referee_task(preset):
-    """The task flags referee_lopti needs to score a preset's checkpoint (its held-out prompts)."""
-    return ["--task-option", "num_count=3"] if preset.startswith("countdown3") else []
-
-
 def read_referee_rows(path):
     """A referee_lopti CSV's rows, every value a float but adamw_moments'."""
-    with open(path, newline="") as f:
-        return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
-                for row in csv.DictReader(f)]
+    return [{key: value if key == "adamw_moments" else float(value) for key, value in row.items()}
+            for row in read_rows(path)]
 
 
 def onpolicy_cell_metrics(out):
@@ -444,7 +447,7 @@ def rerun_referee_lopti(args, folder, environment):
     for name, flags in variants.items():
         out = os.path.join(folder, f"referee-{name}")
         run_quietly([sys.executable, "-m", "lab.referee_lopti", "--checkpoint", checkpoint,
-                     *referee_task(preset), *batches, *flags, "--output-dir", out], environment)
+                     *TASK[preset], *batches, *flags, "--output-dir", out], environment)
         first = len(metrics) == 0
         if first:  # the on-policy part and the off-policy state do not depend on the clip: their numbers once
             metrics.update(onpolicy_cell_metrics(out))
@@ -454,9 +457,8 @@ def rerun_referee_lopti(args, folder, environment):
 
 
 def rerun_default_figures(folder, environment, lopti_flags=(), table3=True):
-    """`python train.py`, then Table 3 (-M 16 --exact) and Lopti's Fig. 1(d) / Fig. 3 on its final checkpoint ->
-    table3_prompts_<bin>, table3_<method>_<budget>_<bin> (shares), fig1d_Q<q>_share, fig3_<method>_Q<q>_pos_rose.
-    lopti_flags: extra lopti_token_stats flags (the SGD variant); table3=False skips Table 3."""
+    """`python train.py`, then Table 3 (-M 16 --exact; table3=False: not) and Lopti's Fig. 1(d) / Fig. 3 (extra
+    lopti_token_stats flags: lopti_flags) on its final checkpoint -> {metric: value}."""
     run = os.path.join(folder, "default")
     run_quietly([sys.executable, "train.py", "--output-dir", run], environment)
     checkpoint = os.path.join(run, "latest")
@@ -495,11 +497,9 @@ def ship(name, values, made=None, extra=None):
 
 
 def ship_from(folder, load, preset=None):
-    """Ship every finished run of one preset in an lab.compare output folder (a preset whose runs are cells:
-    countdown3, countdown3-tuning, countdown3-eq2, countdown3-lopti; run on this machine with its cells'
-    environment) as its cell <preset>-<config>-seed<N>: the commit from each run's code.json (a run without one is
-    refused), the date its metrics were last written, this machine, `load` as given. preset: needed when the
-    folder holds the runs of several. -> the cells shipped."""
+    """Ship each finished run of one preset (`preset`: where the folder holds several) of an lab.compare folder, run
+    here with its cells' environment, as its cell <preset>-<config>-seed<N>: the commit from its code.json (none:
+    refused), the date its metrics were last written, this machine, `load` as given. -> the cells shipped."""
     from experiments.runs import CODE_FILE, recorded_code
     presets = sorted(name[:-len("_runs.csv")] for name in os.listdir(folder) if name.endswith("_runs.csv"))
     if preset is None and len(presets) != 1:
@@ -508,9 +508,7 @@ def ship_from(folder, load, preset=None):
     preset = preset or presets[0]
     if preset not in presets:
         raise SystemExit(f"reproduce: error: {folder} has no {preset}_runs.csv")
-    with open(os.path.join(folder, f"{preset}_runs.csv"), newline="") as f:
-        runs = list(csv.DictReader(f))
-    names = []
+    runs, names = read_rows(os.path.join(folder, f"{preset}_runs.csv")), []
     for run in runs:
         name = f"{preset}-{run['config']}-seed{run['seed']}"
         if name not in CELLS:
@@ -538,6 +536,8 @@ def main(argv=None):
                         "folder of one preset (trained here with its cells' environment) as its cells")
     parser.add_argument("--preset", help="with --ship-from: the preset to ship, where the folder holds several")
     parser.add_argument("--load", default="not recorded", help="with --ship-from: the load the runs ran under")
+    parser.add_argument("--at-head", action="store_true", help="rerun at HEAD even where the step's numerics "
+                        "changed since the row's commit (lab/numerics.csv; by default it reruns at that commit)")
     args = parser.parse_args(argv)
     if args.ship_from:
         for name in ship_from(args.ship_from, args.load, args.preset):
@@ -548,7 +548,7 @@ def main(argv=None):
             made = {row_path(row): row for row in shipped_rows(name)}
             state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (
                 " (this CPU's)" if path == run_path(name) else " (this CPU, pinned)" if can_run(this_machine(), path)
-                else "") for path, row in made.items()) or "not shipped"
+                else "") + head_reproduces(name, row["commit"]) for path, row in made.items()) or "not shipped"
             print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} {command_text(name)}  [{state}]")
         return 0
     if args.cell not in CELLS:
@@ -565,15 +565,30 @@ def main(argv=None):
               "shipped")
     elif made and row_path(made) != path:
         print(f"note: {args.cell} was never shipped on this CPU's code path ({path}) nor on one it can take; "
-              f"comparing with {made['machine']}'s rows ({row_path(made)}): another instruction set (AVX2, AVX-512) "
+              f"comparing with {made['machine']}'s rows ({row_path(made)}): {what_differs(path, row_path(made))} "
               "sums in another order (docs/results.md, 'Determinism'); expect them to differ")
+    since = numerics_since(made["commit"]) if made and not args.ship and CELLS[args.cell][0] not in STEPLESS else []
+    if since:
+        print(f"note: the step's numerics changed since {made['commit']}, which made these rows (lab/numerics.csv: "
+              + "; ".join(f"{row['commit']}, {row['change'].split(':')[0]}" for row in since)
+              + (f"); rerunning at HEAD as asked: expect them to differ" if args.at_head else
+                 f"); rerunning at {made['commit']} (a git worktree; --at-head reruns HEAD)"))
     print(f"reproduce: {args.cell}: rerunning from scratch (~{CELLS[args.cell][3]} min on a quiet 2-core CPU)",
           file=sys.stderr, flush=True)
     PROGRESS.update(name=args.cell, start=time.time(), minutes=CELLS[args.cell][3])
     load_at_start = load_average()  # what else ran when it started: a timing depends on it
     code = provenance()["commit"]  # the code that runs: a commit made while it runs is not what made the numbers
     with tempfile.TemporaryDirectory(prefix=f"reproduce-{args.cell}-") as folder:
-        now = rerun(args.cell, folder, extra)
+        try:
+            if since and not args.at_head:  # a git worktree of the row's commit, removed after
+                PROGRESS["code"] = os.path.join(folder, "code")
+                git("worktree", "add", "--detach", PROGRESS["code"], made["commit"].split("-")[0])
+                if not os.path.isfile(os.path.join(PROGRESS["code"], "train.py")):
+                    raise SystemExit(f"reproduce: error: git worktree add of {made['commit']} failed")
+            now = rerun(args.cell, folder, extra)
+        finally:
+            if "code" in PROGRESS:
+                git("worktree", "remove", "--force", PROGRESS.pop("code"))
     differences = []
     for metric in sorted(set(before) | set(now)):
         old = before.get(metric, {}).get("value", "none")

@@ -1,17 +1,13 @@
-"""A compare preset's shipped cells, read back from the results ledger: per config each metric's mean ± SE over
-seeds, each config minus the first paired by seed, and Lopti's Fig. 3 over the seeds of countdown3-lopti.
+"""A compare preset's shipped cells read back (lab.reproduce reruns and ships them): per config each metric's mean ±
+SE over seeds, each config minus the first paired by seed, and Lopti's Fig. 3 over the seeds of countdown3-lopti.
 
-    python -m lab.summary countdown3-lopti                     # the rows of this CPU
-    python -m lab.summary countdown3 --machine "Intel"         # another CPU's rows
-    python -m lab.summary countdown3-lopti --figure fig3.png   # and Fig. 3 drawn over the seeds
-
-Reruns and shipping are lab.reproduce's; this only reads what it shipped.
+    python -m lab.summary countdown3-lopti --machine "AMD EPYC, avx512" --figure fig3.png   # default: this CPU's rows
 """
 import argparse
 
 from experiments import write_figure
 from lab.ledger import cpu_kind, this_machine
-from lab.reproduce import CELLS, shipped_values
+from lab.reproduce import CELLS, none_shipped, shipped_values
 
 
 def summary(preset, machine=None, metrics=None, figure=None):
@@ -19,13 +15,12 @@ def summary(preset, machine=None, metrics=None, figure=None):
     mean +- SE over seeds, then each config minus the preset's first config, paired by seed with its 95%
     t-interval over seeds and "none resolved" where it holds 0. -> {config: {seed: {metric: value}}}."""
     from lab.seed_stats import mean_se, mean_se_interval, paired_text
-    runs = {}
-    for name, (kind, args, *_) in CELLS.items():
-        if kind == "compare" and args[0] == preset and (values := shipped_values(name, machine)):
-            runs.setdefault(args[1], {})[int(args[2])] = values
+    runs, names = {}, [name for name, (kind, args, *_) in CELLS.items() if kind == "compare" and args[0] == preset]
+    for name in names:
+        if values := shipped_values(name, machine):
+            runs.setdefault(CELLS[name][1][1], {})[int(CELLS[name][1][2])] = values
     if not runs:
-        raise SystemExit(f"reproduce: error: no cell of {preset} was shipped from "
-                         + (f"a CPU named {machine!r}" if machine else "this CPU"))
+        raise none_shipped("lab.summary", f"cell of {preset}", names, machine)
     keys = metrics or [key for key in ("before_pass@1", "after_pass@1") + tuple(
         f"sampled_pass@{k}" for k in (1, 2, 4, 8, 16)) if any(key in v for c in runs.values() for v in c.values())]
     print(f"{preset}: mean ± SE over seeds (n per config in brackets); shipped rows of "
@@ -57,6 +52,7 @@ def fig3_summary(by_seed, figure=None):
     over seeds of the share of A > 0 tokens whose probability rose, and minus GRPO's on the same seed (mean ± SE);
     with `figure`, a bar chart of the means (SD bars). -> {method: [[per-seed shares] for Q1..Q4]}."""
     from experiments import mean_sd_se
+    from lab.seed_stats import mean_se_interval
     methods = list(dict.fromkeys(key.split("_")[1] for values in by_seed.values() for key in values
                                  if key.startswith("fig3_") and key.endswith("_pos_rose_share")))
     if "grpo" not in methods:
@@ -65,7 +61,8 @@ def fig3_summary(by_seed, figure=None):
     key = "fig3_{}_Q{}_pos_rose_share".format
     shares = {m: [[v[key(m, q)] for v in by_seed.values() if key(m, q) in v] for q in range(1, 5)] for m in methods}
     print(f"\nFig. 3 on each seed's final GRPO policy, n = {len(by_seed)} seeds: share of A > 0 tokens whose "
-          "probability rose after one update, mean ± SD over seeds; minus GRPO on the same seed, mean ± SE")
+          "probability rose after one update, mean ± SD over seeds; minus GRPO on the same seed, mean ± SE "
+          "[95% t-interval over seeds]")
     print("| update | Q1 | Q2 | Q3 | Q4 |\n|---|---|---|---|---|")
     for m in methods:
         cells = []
@@ -78,8 +75,9 @@ def fig3_summary(by_seed, figure=None):
         for q in range(1, 5):
             diff = [v[key(m, q)] - v[key("grpo", q)] for v in by_seed.values()
                     if key(m, q) in v and key("grpo", q) in v]
-            mean, _, se = mean_sd_se(diff)
-            texts.append(f"Q{q} {mean:+.3f}" + ("" if se is None else f" ± {se:.3f}"))
+            mean, se, interval = mean_se_interval(diff)
+            texts.append(f"Q{q} {mean:+.3f}" + ("" if se is None else f" ± {se:.3f} [{interval[0]:+.3f}, "
+                                                                      f"{interval[1]:+.3f}]"))
         print(f"{m} − grpo: " + ", ".join(texts))
     if figure:
         from experiments import pyplot

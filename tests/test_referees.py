@@ -92,9 +92,9 @@ def test_tuning_grid_from_its_shipped_rows_uses_only_the_named_cpus(tmp_path, mo
     assert [(c["config"], c["after_pass@1"]) for c in cells] == [("grpo-M8", [0.10, 0.20]),
                                                                  ("softmax-M8-tau0.1", [0.30, 0.10])]
     assert "4 of 45 runs done" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        referee_tuning.main(["--shipped", "CPU C"])
-    assert "no run of the grid was shipped from a CPU named 'CPU C'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"^lab.referee_tuning: error: no run of the grid was shipped from a CPU "
+                       r"named 'CPU C'; from CPU A, avx512 and CPU B, avx2 \(--shipped NAME reads one\)$"):
+        referee_tuning.main(["--shipped", "CPU C"])  # one line: where the rows are
 
 
 def test_tuning_sweep_end_to_end_then_summary_only(tmp_path, capsys, one_thread):

@@ -118,6 +118,16 @@ def test_the_headline_reads_its_shipped_seeds_and_computes_the_power(tmp_path, m
     assert "Table 3 (each trained policy): not shipped" in out
     with pytest.raises(SystemExit):
         headline.main(["--machine", "No such CPU"])
+    # no machine named: this CPU's rows where it has them, else one line naming the CPUs that shipped some
+    for variable in ("ATEN_CPU_CAPABILITY", "MKL_CBWR"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(reproduce, "this_machine", lambda: machine)
+    assert list(headline.main(["--figure", str(tmp_path / "h.png")])["grpo"]) == [0, 1, 2]
+    monkeypatch.setattr(reproduce, "this_machine", lambda: "Other CPU, avx512, 2 cores")
+    with pytest.raises(SystemExit) as stop:
+        headline.main([])
+    assert str(stop.value) == ("lab.headline: error: no countdown3 seed of both methods was shipped from this CPU "
+                               "(Other CPU, avx512); from Test CPU, avx2 (--machine NAME reads one)")
 
 
 def test_a_compare_folder_ships_only_runs_that_name_their_code(tmp_path, monkeypatch):
@@ -376,3 +386,88 @@ def test_a_rerun_pins_this_cpu_onto_a_path_whose_rows_exist_where_it_can(tmp_pat
     out = capsys.readouterr().out
     assert ("has no rows of this CPU's own code path" in out) == bool(pin)
     assert ("nor on one it can take" in out) == (not pin and shipped_from.rsplit(",", 1)[0] != here.rsplit(",", 1)[0])
+
+
+# --- where a row reruns: at HEAD, or at its commit where the step's numerics changed since (lab/numerics.csv) ------
+def git_or_skip(*commits):
+    from experiments.runs import git
+    if not all(git("rev-parse", "--verify", "-q", f"{commit}^{{commit}}") for commit in commits):
+        pytest.skip(f"this checkout has no git history of {', '.join(commits)}")
+    return git
+
+
+def ship_default_at(commit, machine="AMD EPYC, avx2, 2 cores"):
+    reproduce.ship("default", {"before_pass@1": 0.15, "after_pass@1": 0.59},
+                   {"commit": commit, "date": "d", "load": "0", "machine": machine})
+
+
+def test_the_numerics_table_names_commits_of_heads_history_each_with_what_changed():
+    git = git_or_skip("200e2ee")
+    rows = reproduce.numerics_since(git("rev-list", "--max-parents=0", "HEAD").split()[0])  # since the first commit
+    assert "200e2ee" in [row["commit"] for row in rows]  # the update that accumulates exactly
+    for row in rows:
+        full = git("rev-parse", "--verify", "-q", row["commit"] + "^{commit}")
+        assert full and git("merge-base", full, "HEAD") == full and row["change"], row
+
+
+@pytest.mark.parametrize("commit, since", [("f80a5bd", ["200e2ee"]), ("200e2ee", []), ("e6a293c", ["200e2ee"]),
+                                           ("9824049", ["200e2ee"])])
+def test_list_says_whether_head_reproduces_a_row_from_the_numerics_changes_since_its_commit(
+        tmp_path, monkeypatch, capsys, commit, since):
+    git_or_skip(commit, "200e2ee")
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(reproduce, "this_machine", lambda: "AMD EPYC, avx2, 2 cores")
+    ship_default_at(commit)
+    assert [row["commit"] for row in reproduce.numerics_since(commit)] == since
+    assert reproduce.head_reproduces("table3-identity", commit) == ""  # a formula: no step, no numerics
+    assert reproduce.numerics_since("0000000") is None  # git cannot tell
+    reproduce.main(["--list"])
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("default "))
+    assert (f"reruns at {commit} (numerics changed at 200e2ee)" in line) == bool(since), line
+
+
+@pytest.mark.parametrize("flags", [[], ["--at-head"]])
+def test_a_row_made_before_a_numerics_change_reruns_in_a_worktree_at_its_commit(tmp_path, monkeypatch, capsys,
+                                                                              flags):
+    # the rerun's processes run in a git worktree of the row's commit (removed after); --at-head keeps HEAD
+    git = git_or_skip("f80a5bd", "200e2ee")
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(reproduce, "this_machine", lambda: "AMD EPYC, avx2, 2 cores")
+    for variable in ("ATEN_CPU_CAPABILITY", "MKL_CBWR"):
+        monkeypatch.delenv(variable, raising=False)
+    ship_default_at("f80a5bd")
+    seen = {}
+
+    def rerun(name, folder, extra=None):
+        code = reproduce.PROGRESS.get("code", reproduce.REPO)
+        seen.update(code=code, commit=subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=code,
+                                                     capture_output=True, text=True).stdout.strip())
+        return {"before_pass@1": 0.15, "after_pass@1": 0.59}
+    monkeypatch.setattr(reproduce, "rerun", rerun)
+    assert reproduce.main(["default", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "the step's numerics changed since f80a5bd" in out and "200e2ee, the update that accumulates exactly" in out
+    if flags:
+        assert seen["code"] == reproduce.REPO and "rerunning at HEAD as asked" in out
+    else:
+        assert seen["commit"] == "f80a5bd" and seen["code"] != reproduce.REPO
+        assert not os.path.exists(seen["code"]) and seen["code"] not in git("worktree", "list")  # removed after
+    assert "code" not in reproduce.PROGRESS
+
+
+@pytest.mark.parametrize("here, there, words", [
+    ("AMD EPYC, avx2", "AMD EPYC, avx512", "another instruction set"),
+    ("Intel(R) Xeon(R) Processor, avx512", "AMD EPYC, avx512", "another vendor"),
+    ("Intel(R) Xeon(R) Processor, avx2", "AMD EPYC, avx512", "another vendor and instruction set"),
+    ("AMD EPYC 9654, avx512", "AMD EPYC, avx512", "another CPU model")])
+def test_the_note_names_what_differs_between_two_code_paths(here, there, words):
+    assert reproduce.what_differs(here, there) == words
+
+
+def test_a_lab_module_the_old_code_lacks_runs_as_its_experiments_module(tmp_path, monkeypatch):
+    # before ebc7f6b the lab lived in experiments/: a rerun at such a commit names the module as it was then
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "__init__.py").write_text("")
+    (tmp_path / "experiments" / "compare.py").write_text("import sys; sys.exit(0 if sys.argv[1:] == ['x'] else 3)")
+    monkeypatch.setitem(reproduce.PROGRESS, "code", str(tmp_path))
+    reproduce.run_quietly([sys.executable, "-m", "lab.compare", "x"], dict(os.environ))  # exits 0 there

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 
 from harness.files import RunError, refuse_link
 from harness.manifest import save_policy_atomically, verify_manifest
-from harness.watch import DEFAULT_PATIENCE, warm_start_advice
+from harness.config import DEFAULT_PATIENCE
+from harness.watch import warm_start_advice
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 

@@ -31,7 +31,7 @@ import collections
 import math
 import statistics
 
-DEFAULT_PATIENCE = 30    # --warm-start-patience's default (harness/config.py reads it): evals without a gain
+from harness.config import DEFAULT_PATIENCE
 
 TARGET_GRID = 0.05       # a suggested --warm-start-target: the first multiple of this at least TARGET_GRID above
 MAX_TARGET = 0.9         # the constant answer's pass@1; above MAX_TARGET no target can tell the answers apart

@@ -225,6 +225,8 @@ def held_out_needs(first, last, d, prompts, split_rows):
 
 
 LR_FACTOR = 3  # a note's --lr: the run's divided (a fall, a collapse) or multiplied (flat) by this
+KL_COST = (" (its cost: a reference model's forward, and every row trained, a tied group's too, where without it a "
+           "row of advantage 0 is skipped: the more groups tie, as in a collapse, the slower the update)")
 
 
 def flags_to_try(settings, kind):
@@ -236,7 +238,7 @@ def flags_to_try(settings, kind):
     if kind in ("fell", "collapsed"):
         advice.append(f"--lr {lr / LR_FACTOR:.2g} (this run: {lr:g})")
         if 10 * kl <= 1:
-            advice.append(f"--kl-coef {max(0.01, 10 * kl):g}" + (f" (this run: {kl:g})" if kl else ""))
+            advice.append(f"--kl-coef {max(0.01, 10 * kl):g}" + (f" (this run: {kl:g})" if kl else KL_COST))
     target = target_above(settings.warm_start_target)
     if kind == "flat" and settings.model == "tiny" and settings.warm_start_steps and target <= MAX_TARGET:
         advice.append(f"--warm-start-target {target:g} (this run: {settings.warm_start_target:g})")

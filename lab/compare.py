@@ -94,45 +94,35 @@ EQ2_CONFIGS = {"eq2": ["--kl-coef", "0", "--ppo-epochs", "1", "--mini-batches", 
                "recipe": ["--kl-coef", "1e-3"], "recipe-2mb": ["--kl-coef", "1e-3", "--mini-batches", "2"]}
 
 
+COUNTDOWN3 = ["--task-option", "num_count=3", "--warm-start-target", "0.05", "--steps", "150"]  # hard prompts
+GRPO_SOFTMAX = {"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}
+AR_LOPTI = {"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],  # the papers' alpha and eta
+            "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}
 PRESETS = {
-    "countdown": dict(task="countdown", shared=[],
-                      configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
+    "countdown": dict(task="countdown", shared=[], configs=GRPO_SOFTMAX),
     # many hard prompts: 3-number Countdown, warm start stopped at ~5% held-out pass@1 (docs/results.md)
-    "countdown3": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                 "--steps", "150"],
-                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]},
-                       table3=True),
-    # AR / Lopti on the same hard prompts (GRPO advantages, the papers' alpha and eta; everything else as countdown3)
-    "countdown3-lopti": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                       "--steps", "150", "--method", "grpo"],
-                             configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
-                                      "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
+    "countdown3": dict(task="countdown", shared=COUNTDOWN3, configs=GRPO_SOFTMAX, table3=True),
+    # AR / Lopti on the same hard prompts (GRPO advantages; everything else as countdown3)
+    "countdown3-lopti": dict(task="countdown", shared=[*COUNTDOWN3, "--method", "grpo"], configs=AR_LOPTI, fig3=True),
     # issue 30's fair tuning grid (lab.referee_tuning): the same grid and budget for both methods
-    "countdown3-tuning": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                        "--steps", "150"],
-                              configs=tuning_configs(), pass_samples=16),
+    "countdown3-tuning": dict(task="countdown", shared=COUNTDOWN3, configs=tuning_configs(), pass_samples=16),
     # issue 30's Eq. (2) question (lab.referee_clipping): the unclipped objective vs the clipped recipes
-    "countdown3-eq2": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                     "--steps", "150"],
-                           configs={f"{method}-{name}": [*method_flags, *flags]
-                                    for method, method_flags in (("grpo", ["--method", "grpo"]),
-                                                                 ("softmax", ["--method", "softmax", "--tau", "0.1"]))
-                                    for name, flags in EQ2_CONFIGS.items()}, pass_samples=16),
+    "countdown3-eq2": dict(task="countdown", shared=COUNTDOWN3, pass_samples=16,
+                           configs={f"{method}-{name}": [*method_flags, *flags] for method, method_flags in
+                                    GRPO_SOFTMAX.items() for name, flags in EQ2_CONFIGS.items()}),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
-               configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
-                        "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
+               configs=AR_LOPTI, fig3=True),
 }
 FIG3_PROMPTS = 256  # held-out prompts x M = 8 samples per seed for Fig. 3 (a trained policy leaves few groups mixed)
-CPU_DEFAULTS = []  # train.py's own defaults are CPU-sized for the tiny model
 
 
 def run_argv(preset, config, seed, output_dir, extra):
     """The train.py argument list of one run (later flags override earlier ones)."""
     spec = PRESETS[preset]
     run_dir = os.path.join(output_dir, preset, f"{config}-seed{seed}")
-    return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, "--overwrite", *CPU_DEFAULTS,
-            *spec["shared"], "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config],
+    return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, "--overwrite", *spec["shared"],
+            "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config],
             *extra]  # --overwrite: a comparison run again replaces its own runs
 
 

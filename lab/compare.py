@@ -15,25 +15,15 @@ prompt at the training temperature, scored with the unbiased pass@k estimator (C
 .. M (--pass-k; 'off' skips it). A second table gives mean +- standard error over seeds and the paired difference
 to the first config with its 95% t-interval (n - 1 df), for greedy pass@1 and each sampled pass@k.
 
-Presets (method flags; everything else is train.py's default unless listed):
-  countdown3 (default) task countdown with --task-option num_count=3 --warm-start-target 0.05 --steps 150;
-             grpo: --method grpo; softmax: --method softmax --tau 0.1. Many hard prompts (the warm start stops at
-             ~5% held-out pass@1), where SoftmaxGRPO's prompt weight differs most from GRPO's; then Table 3's
-             per-difficulty view on every final policy (experiments.table3_allocation -M 16; time and numbers:
-             docs/results.md)
-  countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
-             ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values; then Lopti's Fig. 3 on each seed's final
-             GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-diagnostics skips it)
-  countdown3-tuning  issue 30's fair tuning grid on the countdown3 prompts (lab.referee_tuning): grpo-M<M>
-             for M 4, 8, 16 and softmax-M<M>-tau<tau> for tau 0.05, 0.1, 0.3, 1.0, each with 512 // M prompts per
-             step (512 samples per step in every cell); pass@k from 16 samples per held-out prompt in every cell
-  countdown3-eq2  issue 30's Eq. (2) runs on the countdown3 prompts (lab.referee_clipping): for grpo and
-             softmax (tau 0.1): eq2 (--kl-coef 0 --ppo-epochs 1 --mini-batches 1 --clip-low 0.999 --clip-high
-             1000), recipe (--kl-coef 1e-3), recipe-2mb (--kl-coef 1e-3 --mini-batches 2)
-  countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
-  kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
-             paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
-             (the paper's values for each variant alone and combined, DESIGN.md section 1); then Fig. 3
+Presets (PRESETS below: a task, the flags its configs share, each config's flags; the rest is train.py's default):
+countdown3 (the default: 3-number Countdown, where the warm start stops at ~5% held-out pass@1 and SoftmaxGRPO's
+prompt weight differs most from GRPO's; then Table 3's per-difficulty view on every final policy,
+experiments.table3_allocation -M 16; time and numbers: docs/results.md), countdown3-lopti (GRPO, AR, Lopti and
+AR+Lopti at the papers' alpha and eta on those prompts; then Lopti's Fig. 3 on each seed's final GRPO policy,
+averaged over the seeds, experiments.lopti_token_stats; --no-diagnostics skips it), countdown3-tuning and
+countdown3-eq2 (issue 30's fair tuning grid and Eq. (2) runs: lab.referee_tuning, lab.referee_clipping), countdown
+(the countdown3 configs on train.py's 2-number task, where nearly every prompt is easy) and kk (Knights-and-Knaves,
+the Lopti paper's shared flags, AR/Lopti alone and combined as in DESIGN.md section 1; then Fig. 3).
 A run already finished in its folder with the same flags is reused (--rerun trains it again), so a comparison
 grows by seeds: `--seeds 0,1,2,3,4,5,6` after `--seeds 0,1,2,3,4` trains only seeds 5 and 6; the tables cover the
 seeds given. Runs go one after the other in one process; OMP_NUM_THREADS=1 suits the tiny model.
@@ -98,15 +88,11 @@ COUNTDOWN3 = ["--task-option", "num_count=3", "--warm-start-target", "0.05", "--
 GRPO_SOFTMAX = {"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}
 AR_LOPTI = {"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],  # the papers' alpha and eta
             "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}
-PRESETS = {
+PRESETS = {  # the module's docstring says what each is for
     "countdown": dict(task="countdown", shared=[], configs=GRPO_SOFTMAX),
-    # many hard prompts: 3-number Countdown, warm start stopped at ~5% held-out pass@1 (docs/results.md)
     "countdown3": dict(task="countdown", shared=COUNTDOWN3, configs=GRPO_SOFTMAX, table3=True),
-    # AR / Lopti on the same hard prompts (GRPO advantages; everything else as countdown3)
     "countdown3-lopti": dict(task="countdown", shared=[*COUNTDOWN3, "--method", "grpo"], configs=AR_LOPTI, fig3=True),
-    # issue 30's fair tuning grid (lab.referee_tuning): the same grid and budget for both methods
     "countdown3-tuning": dict(task="countdown", shared=COUNTDOWN3, configs=tuning_configs(), pass_samples=16),
-    # issue 30's Eq. (2) question (lab.referee_clipping): the unclipped objective vs the clipped recipes
     "countdown3-eq2": dict(task="countdown", shared=COUNTDOWN3, pass_samples=16,
                            configs={f"{method}-{name}": [*method_flags, *flags] for method, method_flags in
                                     GRPO_SOFTMAX.items() for name, flags in EQ2_CONFIGS.items()}),

@@ -14,18 +14,10 @@ the train rows' reward; each note says what it saw, the likely causes and the fl
                     window's spread over its rows / sqrt(REWARD_WINDOW)); said once there are 2 REWARD_WINDOW rows
   collapsed         one greedy answer for most held-out prompts after RL started
 
-Why "flat" reads the train reward too: by default each step trains on freshly drawn prompts, so a train reward that
-rises beyond its noise is the sampled policy solving prompts it had not seen: RL is moving the policy, which is what
-the flat note's causes (tied groups, too small a step, too weak a start) deny. The greedy held-out pass@1 alone can
-stay within its noise meanwhile (docs/tasks.md, "When a run says it learns nothing", has a countdown3 run where held-out pass@1
-alone called it flat and the train reward did not; tests/test_watch.py replays it).
-
-What the notes cannot see: a task whose right answer is the same string for most prompts looks collapsed; a held-out
-gain smaller than the eval's noise, with a train reward that does not rise, looks flat (the end table's verdict,
-harness/advice.py, says how many held-out prompts would resolve it, within the task's split); a train reward that rises only because sampling concentrates on the answers greedy decoding already
-gave counts as learning, and so does one that rises by memorising a fixed training set (--epochs): neither run is
-called flat; a reward that rewards the wrong thing looks like learning; a run shorter than FLAT_EVALS evals or than
-2 REWARD_WINDOW train rows is never called flat.
+Why "flat" reads the train reward too (fresh prompts each step: a train reward that rises beyond its noise is RL
+moving the policy; a countdown3 run that tests/test_watch.py replays), and what the notes cannot see (a task
+whose answer is mostly one string, a gain below the eval's noise, a reward that pays for the wrong thing):
+docs/tasks.md, "When a run says it learns nothing".
 """
 import collections
 import math

@@ -18,12 +18,9 @@ The verdict, decided here and nowhere else, from two pieces of evidence, each ag
             is ("the policy learns the train reward; held-out pass@1 moved within its noise"); else neither moved
             beyond its noise. A pass@1 or se that is not a number is no verdict, and says so.
 
-What the noise needs, from the same numbers:
-  held-out  the prompts that would resolve the last eval's change d: n = 4 (v_0 + v) / d^2, where v = se^2 x prompts
-            is an eval's per-prompt variance, set against the task's held-out split (a larger --eval-size than the
-            split is never advised; --eval-size is a new run's setting, a resume keeps it)
-  train     the train rows that would resolve the slope b at the rows' noise s: the least n with
-            n (n^2 - 1) > 48 s^2 / b^2 (2 se_b < |b| for one row a step), as the --steps a resume runs to
+What the noise needs, from the same numbers: the held-out prompts that would resolve the last change
+(prompts_needed, within the task's split: a resume keeps --eval-size), and the train rows that would resolve the
+slope (rows_needed, as the --steps a resume runs to).
 """
 import math
 import shlex

@@ -38,8 +38,7 @@ from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.model import policy_digest
 from harness.policy import restore_trainer_state
 from harness.rewards import RewardTimeout, TimedRewards
-from harness.stops import Stopped
-from harness.stops import IDLE_EXIT, STOP_SIGNALS, idle_note
+from harness.stops import IDLE_EXIT, STOP_SIGNALS, Stopped, idle_note
 from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, top_answer
 
 TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that differ between identical runs
@@ -332,9 +331,7 @@ def start(config):
             raise
         except (RunError, InputError, KeyboardInterrupt):
             raise
-        except RewardTimeout as error:
-            raise InputError(str(error)) from None
-        except tasks.TaskError as error:  # a task file's reward returned no number: one line, like before the loop
+        except (RewardTimeout, tasks.TaskError) as error:  # a reward that hung or returned no number: one line
             raise InputError(str(error)) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)

@@ -54,7 +54,7 @@ import time
 import train
 from harness.flags import parse_args
 from harness.metrics import read_metrics
-from experiments import pyplot, write_csv, write_figure
+from experiments import pyplot, save_figure, write_csv
 from experiments.runs import finished_run, record_code, seed_list, train_flags
 from lab.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
@@ -316,13 +316,9 @@ def plot(path, summary, title):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (samples per prompt)")
     ax.set_ylabel("held-out pass@k (mean +- SE over seeds)")
-    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    write_figure(fig, path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
 def main(argv=None):

@@ -30,10 +30,8 @@ seeds given. Runs go one after the other in one process; OMP_NUM_THREADS=1 suits
 The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/
 (train.py's --warm-start-cache) and linked into every run of that seed, so each seed trains it once; it is
 deterministic in the seed, so reusing it changes nothing but the time.
-K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
-per person ("101"), with no room to reason. Supervised warm start of the 2M-parameter model stays near chance
-(numbers: docs/results.md), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about
-AR/Lopti; `--task-option people=3` keeps it short.
+The kk preset with the tiny model is a smoke test of the pipeline, not evidence about AR/Lopti: its warm start
+stays near chance (docs/results.md); `--task-option people=3` keeps it short.
 
 GPU-size settings (one H100/H200; hours, not minutes), e.g.
   --preset countdown --seeds 0,1,2 --model Qwen/Qwen2.5-1.5B-Instruct --steps 200 --prompts-per-step 64
@@ -45,7 +43,6 @@ differences with 95% intervals) and <output-dir>/<preset>.png (pass@k vs k per c
 matplotlib, else skipped with a note).
 """
 import argparse
-import csv
 import json
 import os
 import statistics

@@ -118,12 +118,6 @@ def warm_start_advice(warm, constant_pass):
         f"answer's {floor:.3f}; " + NO_FLAG
 
 
-GENERIC_FLAGS = {"fell": "; try a lower --lr, --kl-coef 0.01, a larger --num-generations",
-                 "flat": "; try a higher --warm-start-target (tiny model), a larger --num-generations, --temperature 1.0 "
-                         "or above, a higher --lr",
-                 "collapsed": "; try a lower --lr, --kl-coef 0.01, a higher --temperature"}  # without a run's settings
-
-
 def shown(text, limit=40):
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
@@ -135,7 +129,7 @@ class Watch:
     def __init__(self, tiny, warm_start=None, advise=None):
         self.tiny = tiny                  # the tiny model: its warm start is what a degenerate start blames
         self.warm_start = warm_start      # what its warm start saw, for warm_start_advice (None: unknown)
-        self.advise = advise or GENERIC_FLAGS.get  # kind -> the flags a note advises (advice.flags_to_try)
+        self.advise = advise or (lambda kind: "")  # kind -> "; try ..." (a run's: advice.flags_to_try)
         self.first = None                 # the step-0 eval's result
         self.evals = 0                    # evals after the start
         self.best = None                  # the best pass@1 after the start

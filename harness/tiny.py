@@ -67,15 +67,10 @@ def build_tiny_model(tokenizer, *, hidden_size=192, num_layers=4, num_heads=4, m
     return model
 
 
-def is_tiny_tokenizer(tokenizer):
-    """True for the character vocabulary: decided from the tokenizer itself, so a saved tiny checkpoint
-    (runs/default/latest) is recognised too."""
-    return set(tokenizer.get_vocab()) <= set(SPECIAL_TOKENS) | set(COMPACT_ALPHABET)
-
-
 def prompt_style(tokenizer):
-    """"compact" (one-line task prompts) for the tiny character vocabulary, "chat" for every other tokenizer."""
-    return "compact" if is_tiny_tokenizer(tokenizer) else "chat"
+    """"compact" (one-line task prompts) for the tiny character vocabulary, "chat" for every other tokenizer: told
+    from the tokenizer itself, so a saved tiny checkpoint (runs/default/latest) is recognised too."""
+    return "compact" if set(tokenizer.get_vocab()) <= set(SPECIAL_TOKENS) | set(COMPACT_ALPHABET) else "chat"
 
 
 def apply_cpu_defaults(config):

@@ -11,7 +11,6 @@ is dataclasses.replace). This file imports no torch, so `--help` and a bad flag 
 """
 import ast
 import dataclasses
-import functools
 import math
 import os
 import re
@@ -386,14 +385,9 @@ ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_che
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
-@functools.lru_cache(maxsize=1)
-def type_hints():
-    return typing.get_type_hints(Config)
-
-
 def field_kind(f):
     """A Config field's type and whether it may be None: `int | None` -> (int, True)."""
-    hint = type_hints()[f.name]
+    hint = f.type  # the annotation itself: this file has no `from __future__ import annotations`
     kinds = typing.get_args(hint) or (hint,)
     return next(k for k in kinds if k is not type(None)), type(None) in kinds
 

@@ -218,17 +218,12 @@ def sampled_pass_at_k(run_dir, ks=None, *, seed=0, samples=None):
     return {f"sampled_pass@{k}": statistics.mean(pass_at_k(M, c, k) for c in passes) for k in ks}, M
 
 
-def sampled_keys(runs):
-    """The sampled pass@k columns the runs have, by k: ["sampled_pass@1", "sampled_pass@2", ...]."""
-    keys = {key for r in runs for key in r if key.startswith("sampled_pass@")}
-    return sorted(keys, key=lambda key: int(key.split("@")[1]))
-
-
 def summarize(runs, configs):
     """Per config: before/after/delta lists and the paired difference to the first config, by seed ("vs_first":
     greedy pass@1); with sampled pass@k, "metrics" maps greedy "after_pass@1" and each "sampled_pass@k" to its
     per-seed values and "paired" to its paired differences to the first config (same seed)."""
-    metrics = ["after_pass@1"] + sampled_keys(runs)
+    metrics = ["after_pass@1"] + sorted({key for r in runs for key in r if key.startswith("sampled_pass@")},
+                                        key=lambda key: int(key.split("@")[1]))  # by k
     baseline = {key: {r["seed"]: r[key] for r in runs if r["config"] == configs[0] and key in r} for key in metrics}
     summary = []
     for config in configs:

@@ -134,14 +134,12 @@ class Watch:
         self.evals = 0                    # evals after the start
         self.best = None                  # the best pass@1 after the start
         self.rose = False                 # an eval after the start above it by more than the two evals' noise
-        self.rewards = []                 # the train rows' reward_mean, in step order
         self.found = {}                   # kind -> the short form of its note, for the verdict
         self.evals_seen = []              # (step, result) of each eval after the start (harness/advice.py's verdict)
-        self.reward_rows = []             # (step, reward_mean) of each train row
+        self.reward_rows = []             # (step, reward_mean) of each train row, in step order
 
     def train_row(self, row):
-        self.rewards.append(row.get("reward_mean"))
-        self.reward_rows.append((row.get("step", len(self.rewards)), row.get("reward_mean")))
+        self.reward_rows.append((row.get("step", len(self.reward_rows) + 1), row.get("reward_mean")))
 
     def start(self, result, samples, constant_pass=None):
         """The step-0 eval -> its note, or None. constant_pass: the pass@1 of answering the most common greedy
@@ -207,7 +205,7 @@ class Watch:
         """(mean train reward of the first REWARD_WINDOW rows, of the last ones, twice the standard error of their
         difference: 2 sqrt(sd_first^2 + sd_last^2) / sqrt(REWARD_WINDOW), each sd over its window's rows), or None with
         fewer than 2 REWARD_WINDOW rows."""
-        rewards = [r for r in self.rewards if r is not None]
+        rewards = [r for _, r in self.reward_rows if r is not None]
         if len(rewards) < 2 * REWARD_WINDOW:
             return None
         first, last = rewards[:REWARD_WINDOW], rewards[-REWARD_WINDOW:]

@@ -18,12 +18,9 @@ The verdict, decided here and nowhere else, from two pieces of evidence, each ag
             is ("the policy learns the train reward; held-out pass@1 moved within its noise"); else neither moved
             beyond its noise. A pass@1 or se that is not a number is no verdict, and says so.
 
-What the noise needs, from the same numbers:
-  held-out  the prompts that would resolve the last eval's change d: n = 4 (v_0 + v) / d^2, where v = se^2 x prompts
-            is an eval's per-prompt variance, set against the task's held-out split (a larger --eval-size than the
-            split is never advised; --eval-size is a new run's setting, a resume keeps it)
-  train     the train rows that would resolve the slope b at the rows' noise s: the least n with
-            n (n^2 - 1) > 48 s^2 / b^2 (2 se_b < |b| for one row a step), as the --steps a resume runs to
+What the noise needs, from the same numbers: the held-out prompts that would resolve the last change
+(prompts_needed, within the task's split: a resume keeps --eval-size), and the train rows that would resolve the
+slope (rows_needed, as the --steps a resume runs to).
 """
 import math
 import shlex
@@ -225,6 +222,8 @@ def held_out_needs(first, last, d, prompts, split_rows):
 
 
 LR_FACTOR = 3  # a note's --lr: the run's divided (a fall, a collapse) or multiplied (flat) by this
+KL_COST = (" (its cost: a reference model's forward, and every row trained, a tied group's too, where without it a "
+           "row of advantage 0 is skipped: the more groups tie, as in a collapse, the slower the update)")
 
 
 def flags_to_try(settings, kind):
@@ -236,7 +235,7 @@ def flags_to_try(settings, kind):
     if kind in ("fell", "collapsed"):
         advice.append(f"--lr {lr / LR_FACTOR:.2g} (this run: {lr:g})")
         if 10 * kl <= 1:
-            advice.append(f"--kl-coef {max(0.01, 10 * kl):g}" + (f" (this run: {kl:g})" if kl else ""))
+            advice.append(f"--kl-coef {max(0.01, 10 * kl):g}" + (f" (this run: {kl:g})" if kl else KL_COST))
     target = target_above(settings.warm_start_target)
     if kind == "flat" and settings.model == "tiny" and settings.warm_start_steps and target <= MAX_TARGET:
         advice.append(f"--warm-start-target {target:g} (this run: {settings.warm_start_target:g})")

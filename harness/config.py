@@ -11,7 +11,6 @@ is dataclasses.replace). This file imports no torch, so `--help` and a bad flag 
 """
 import ast
 import dataclasses
-import functools
 import math
 import os
 import re
@@ -19,8 +18,7 @@ import typing
 from dataclasses import dataclass, field
 
 import tasks
-from harness.memory import parse_size
-from harness.watch import DEFAULT_PATIENCE
+
 
 def lesson_names(file_name, name):
     """The strings that the lesson file `file_name` lists at its top level as `name = (...)` or the keys of
@@ -52,6 +50,18 @@ MAX_THREADS = 1024
 MAX_LORA_SCALE = 1000  # LoRA's alpha / rank: recipes use 0.5-2; at 1e300 the first step's update overflows to inf
 MAX_INT = 2**63 - 1  # a count beyond a signed 64-bit integer: torch raises "Overflow when unpacking long long"
 WANDB_RUN_ID = r"[A-Za-z0-9_-]{1,64}"  # what W&B takes as a run id (it refuses :;,#?/' and ''); ours: 8 hex digits
+DEFAULT_PATIENCE = 30  # --warm-start-patience's default (harness/watch.py's advice reads it): evals without a gain
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+         "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # --memory-budget's (harness/memory.py)
+
+
+def parse_size(text):
+    """"24GB" -> 24e9 bytes, "24GiB" or "24G" -> 24 * 2**30, "512MB" -> 512e6; None when it is not a size (a
+    bare number too: "24" has no unit, and reading it as bytes would plan a 24-byte card)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if not match or match.group(2) not in UNITS or float(match.group(1)) <= 0:
+        return None
+    return float(match.group(1)) * UNITS[match.group(2)]
 
 
 def setting(default, help, *, paper=None, choices=None, flag=True, saved=True, resumable=False, alias=None,
@@ -375,14 +385,9 @@ ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_che
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 
-@functools.lru_cache(maxsize=1)
-def type_hints():
-    return typing.get_type_hints(Config)
-
-
 def field_kind(f):
     """A Config field's type and whether it may be None: `int | None` -> (int, True)."""
-    hint = type_hints()[f.name]
+    hint = f.type  # the annotation itself: this file has no `from __future__ import annotations`
     kinds = typing.get_args(hint) or (hint,)
     return next(k for k in kinds if k is not type(None)), type(None) in kinds
 

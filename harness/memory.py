@@ -21,23 +21,14 @@ import os
 import re
 import types
 
+from harness.config import parse_size
+
 GB = 1e9
-UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-         "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 PROMPT_GUESS = {"compact": 16, "chat": 256}  # tokens, when --max-prompt-length does not say
 # "Fits" keeps headroom: the plan's peak plus PLAN_ERROR of it (its CPU check errs by up to +-18%,
 # docs/performance.md) plus, on CUDA, CUDA_CONTEXT (the context and cuBLAS workspaces, outside torch's allocator).
 PLAN_ERROR = 0.20
 CUDA_CONTEXT = 1e9
-
-
-def parse_size(text):
-    """"24GB" -> 24e9 bytes, "24GiB" or "24G" -> 24 * 2**30, "512MB" -> 512e6; None when it is not a size (a
-    bare number too: "24" has no unit, and reading it as bytes would plan a 24-byte card)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
-    if not match or match.group(2) not in UNITS or float(match.group(1)) <= 0:
-        return None
-    return float(match.group(1)) * UNITS[match.group(2)]
 
 
 # ---------------------------------------------------------------------------------------------------------------

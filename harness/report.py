@@ -27,15 +27,10 @@ from harness.flags import check_wandb_login, require_library, wandb_failed
 SAMPLES_LOGGED = 8  # greedy completions in each eval's table
 
 
-def requested(config):
-    """The reporters --report-to names, in order ("" = none)."""
-    return [name for name in (config.report_to or "").split(",") if name]
-
-
 def open_reporters(config, first_step):
     """-> a Reporters writing from first_step (the first step this process logs: 0 fresh, k + 1 resumed)."""
     writers = []
-    for name in requested(config):
+    for name in filter(None, (config.report_to or "").split(",")):  # the loggers --report-to names, in order
         if name == "tensorboard":
             require_library("tensorboard", "--report-to tensorboard")
             from torch.utils.tensorboard import SummaryWriter

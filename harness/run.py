@@ -1,20 +1,17 @@
 """A training run's lifecycle, beside train.py's loop: the folder owned, metrics, evals, checkpoints, Ctrl-C.
 
-    config, tokenizer, task, prompts = settle(config)       # every setting decided once, then frozen
     with start(config) as state:                            # the folder locked; fresh (never over a run) or resumed
-        model, ref_model = build_policy(config, tokenizer, task)
         state.begin(model, tokenizer, optimizer, evaluate)  # fresh: eval at step 0; resumed: state restored
         for step in range(state.step + 1, config.steps + 1):
-            ...                                             # the RL step (train.py)
-            state.log(row, tokens=...)                      # one row of metrics.jsonl
+            ...                                             # the RL step (train.py), then state.log(row, tokens=...)
             if state.end_of_step(step):                     # eval and checkpoint when due; True after Ctrl-C
                 break
 
-The rooms beside it: settle (harness/settle.py), build_policy (policy.py), what stops a run (stops.py), the lines
-it prints (console.py). Every file is written atomically (files.py, checkpoint.py), so a kill, a full disk or a
-read-only folder never loses what was there. Problems a user can act on are one line: a RunError (the run's files:
-exit 1) or an InputError (a flag, the model, the task or its data: exit 2), all raised before the first step except
-the disk's. A reader of the RL algorithm can skip this file.
+The rooms beside it: settle (harness/settle.py: every setting, decided before), build_policy (policy.py), what stops
+a run (stops.py), the lines it prints (console.py). Every file is written atomically (files.py, checkpoint.py), so a
+kill, a full disk or a read-only folder never loses what was there. Problems a user can act on are one line: a
+RunError (the run's files: exit 1) or an InputError (a flag, the model, the task or its data: exit 2), all raised
+before the first step except the disk's. A reader of the RL algorithm can skip this file.
 """
 import contextlib
 import dataclasses
@@ -332,9 +329,7 @@ def start(config):
             raise
         except (RunError, InputError, KeyboardInterrupt):
             raise
-        except RewardTimeout as error:
-            raise InputError(str(error)) from None
-        except tasks.TaskError as error:  # a task file's reward returned no number: one line, like before the loop
+        except (RewardTimeout, tasks.TaskError) as error:  # a reward that hung or returned no number: one line
             raise InputError(str(error)) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)

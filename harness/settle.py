@@ -19,6 +19,7 @@ import torch
 
 import tasks
 from harness import memory, tiny
+from harness.advice import eval_size_note
 from harness.checkpoint import existing_copy
 from harness.config import InputError
 from harness.console import say
@@ -72,10 +73,11 @@ def settle(config):
         config = task_file(config)
         timed = functools.partial(timed_task, seconds=config.reward_timeout,  # a task file's first rewards too
                                   recipe=worker_recipe(config))  # harness/rewards.py: its worker process
-        if config.dry_run:  # no data file is read (but a task file's): the steps --epochs sets from --train-size
+        if config.dry_run:  # --data is read where it exists here (a plan for another machine may name its path)
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
-                config.train_size else config.steps
-            built = tasks.is_task_file(config.task) or (config.data is None and config.task not in tasks.NEEDS_DATA)
+                config.train_size else config.steps  # the steps --epochs sets from --train-size
+            built = tasks.is_task_file(config.task) or \
+                (os.path.exists(config.data) if config.data else config.task not in tasks.NEEDS_DATA)
             task = tasks.get_task(config.task, data=config.data, wrap=timed, **config.task_options) if built else None
             prompts = None
         else:
@@ -86,6 +88,11 @@ def settle(config):
         changes["wandb_run_id"] = uuid.uuid4().hex[:8]
     if task is not None:
         changes["rules"] = getattr(task, "rules", None) if config.style == "chat" else "compact"
+    if config.dry_run and task is not None and (config.data or config.task not in tasks.TASKS):  # its split: rows
+        held_out = len(task.examples("test", config.eval_size, seed=config.seed))  # what the run's evals draw
+        if held_out < config.eval_size:
+            print(eval_size_note(config, held_out), file=sys.stderr)  # beside the plan: stdout holds the JSON
+            changes["eval_size"] = held_out
     if not config.resume and not config.dry_run:
         changes["initial_policy"] = tiny.initial_policy_dir(config) if config.model == "tiny" else \
             os.path.abspath(config.model) if os.path.exists(config.model) else config.model

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 
 from harness.files import RunError, refuse_link
 from harness.manifest import save_policy_atomically, verify_manifest
-from harness.watch import DEFAULT_PATIENCE, warm_start_advice
+from harness.config import DEFAULT_PATIENCE
+from harness.watch import warm_start_advice
 from rollout import evaluate
 from tasks import COMPACT_ALPHABET
 
@@ -66,15 +67,10 @@ def build_tiny_model(tokenizer, *, hidden_size=192, num_layers=4, num_heads=4, m
     return model
 
 
-def is_tiny_tokenizer(tokenizer):
-    """True for the character vocabulary: decided from the tokenizer itself, so a saved tiny checkpoint
-    (runs/default/latest) is recognised too."""
-    return set(tokenizer.get_vocab()) <= set(SPECIAL_TOKENS) | set(COMPACT_ALPHABET)
-
-
 def prompt_style(tokenizer):
-    """"compact" (one-line task prompts) for the tiny character vocabulary, "chat" for every other tokenizer."""
-    return "compact" if is_tiny_tokenizer(tokenizer) else "chat"
+    """"compact" (one-line task prompts) for the tiny character vocabulary, "chat" for every other tokenizer: told
+    from the tokenizer itself, so a saved tiny checkpoint (runs/default/latest) is recognised too."""
+    return "compact" if set(tokenizer.get_vocab()) <= set(SPECIAL_TOKENS) | set(COMPACT_ALPHABET) else "chat"
 
 
 def apply_cpu_defaults(config):
@@ -130,9 +126,10 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
                target_pass=0.1, eval_every=WARM_START_EVAL_EVERY, patience=DEFAULT_PATIENCE, max_new_tokens=12,
                seed=0, log=print):
     """Supervised warm start; returns (model, info). Stops at the first eval with pass@1 >= target_pass, or when
-    `patience` evals in a row did not raise the best pass@1 (the target is out of reach: say so, go on from there),
-    or after max_steps. info["stopped"] says which ("target", "patience", "steps"), info["best"] the best pass@1:
-    the degenerate-start note's advice reads them (harness/watch.py, warm_start_advice).
+    `patience` evals in a row did not raise the best pass@1 (the target is out of reach: say so), or after
+    max_steps; the model then holds the weights of its best eval, not the last (info["pass@1"] is theirs).
+    info["stopped"] says which ("target", "patience", "steps"), info["best"] the best pass@1: the degenerate-start
+    note's advice reads them (harness/watch.py, warm_start_advice).
 
     Trains on (compact prompt, task.solution) pairs with cross-entropy on the solution tokens and EOS only.
     Every `eval_every` steps: greedy pass@1 on `eval_examples` (held out). The result is saved to `cache_dir`
@@ -152,6 +149,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
     log(f"warm start: supervised steps until held-out pass@1 >= {target_pass} (at most {max_steps}; cached in "
         f"{cache_dir}; its held-out draw is its own, the run's evals use another)")
     step, metrics, best, stale, stopped = 0, {"pass@1": 0.0, "reward": 0.0}, 0.0, 0, "steps"
+    kept = None  # (step, eval, weights) of the best eval so far: what RL starts from when the target is not met
     while step < max_steps:
         input_ids, attention_mask, labels = sft_batch(tokenizer, task, rng.sample(pool, batch_size))
         loss = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
@@ -168,12 +166,17 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
                 stopped = "target"
                 break
             best, stale = (metrics["pass@1"], 0) if metrics["pass@1"] > best else (best, stale + 1)
+            if stale == 0:
+                kept = step, metrics, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             if stale >= patience:
                 stopped = "patience"
                 log(f"warm start: held-out pass@1 stopped improving at {best:.3f}, below the target {target_pass} "
-                    f"(no gain in {patience * eval_every} steps: --warm-start-patience {patience}); RL starts from "
-                    "here")
+                    f"(no gain in {patience * eval_every} steps: --warm-start-patience {patience})")
                 break
+    if stopped != "target" and kept and kept[0] != step:  # hand RL the best weights, not the last
+        model.load_state_dict(kept[2])
+        metrics = kept[1]
+        log(f"warm start: RL starts from step {kept[0]}'s weights, its best held-out pass@1 {best:.3f}")
     info = {"steps": step, "pass@1": metrics["pass@1"], "reward": metrics["reward"], "loss": loss.item(),
             "stopped": stopped, "best": max(best, metrics["pass@1"])}
     save_policy_atomically(model, tokenizer, cache_dir, info, cache=True)

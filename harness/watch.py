@@ -14,24 +14,16 @@ the train rows' reward; each note says what it saw, the likely causes and the fl
                     window's spread over its rows / sqrt(REWARD_WINDOW)); said once there are 2 REWARD_WINDOW rows
   collapsed         one greedy answer for most held-out prompts after RL started
 
-Why "flat" reads the train reward too: by default each step trains on freshly drawn prompts, so a train reward that
-rises beyond its noise is the sampled policy solving prompts it had not seen: RL is moving the policy, which is what
-the flat note's causes (tied groups, too small a step, too weak a start) deny. The greedy held-out pass@1 alone can
-stay within its noise meanwhile (docs/tasks.md, "When a run says it learns nothing", has a countdown3 run where held-out pass@1
-alone called it flat and the train reward did not; tests/test_watch.py replays it).
-
-What the notes cannot see: a task whose right answer is the same string for most prompts looks collapsed; a held-out
-gain smaller than the eval's noise, with a train reward that does not rise, looks flat (the end table's verdict,
-harness/advice.py, says how many held-out prompts would resolve it, within the task's split); a train reward that rises only because sampling concentrates on the answers greedy decoding already
-gave counts as learning, and so does one that rises by memorising a fixed training set (--epochs): neither run is
-called flat; a reward that rewards the wrong thing looks like learning; a run shorter than FLAT_EVALS evals or than
-2 REWARD_WINDOW train rows is never called flat.
+Why "flat" reads the train reward too (fresh prompts each step: a train reward that rises beyond its noise is RL
+moving the policy; a countdown3 run that tests/test_watch.py replays), and what the notes cannot see (a task
+whose answer is mostly one string, a gain below the eval's noise, a reward that pays for the wrong thing):
+docs/tasks.md, "When a run says it learns nothing".
 """
 import collections
 import math
 import statistics
 
-DEFAULT_PATIENCE = 30    # --warm-start-patience's default (harness/config.py reads it): evals without a gain
+from harness.config import DEFAULT_PATIENCE
 
 TARGET_GRID = 0.05       # a suggested --warm-start-target: the first multiple of this at least TARGET_GRID above
 MAX_TARGET = 0.9         # the constant answer's pass@1; above MAX_TARGET no target can tell the answers apart
@@ -126,12 +118,6 @@ def warm_start_advice(warm, constant_pass):
         f"answer's {floor:.3f}; " + NO_FLAG
 
 
-GENERIC_FLAGS = {"fell": "; try a lower --lr, --kl-coef 0.01, a larger --num-generations",
-                 "flat": "; try a higher --warm-start-target (tiny model), a larger --num-generations, --temperature 1.0 "
-                         "or above, a higher --lr",
-                 "collapsed": "; try a lower --lr, --kl-coef 0.01, a higher --temperature"}  # without a run's settings
-
-
 def shown(text, limit=40):
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
@@ -143,19 +129,17 @@ class Watch:
     def __init__(self, tiny, warm_start=None, advise=None):
         self.tiny = tiny                  # the tiny model: its warm start is what a degenerate start blames
         self.warm_start = warm_start      # what its warm start saw, for warm_start_advice (None: unknown)
-        self.advise = advise or GENERIC_FLAGS.get  # kind -> the flags a note advises (advice.flags_to_try)
+        self.advise = advise or (lambda kind: "")  # kind -> "; try ..." (a run's: advice.flags_to_try)
         self.first = None                 # the step-0 eval's result
         self.evals = 0                    # evals after the start
         self.best = None                  # the best pass@1 after the start
         self.rose = False                 # an eval after the start above it by more than the two evals' noise
-        self.rewards = []                 # the train rows' reward_mean, in step order
         self.found = {}                   # kind -> the short form of its note, for the verdict
         self.evals_seen = []              # (step, result) of each eval after the start (harness/advice.py's verdict)
-        self.reward_rows = []             # (step, reward_mean) of each train row
+        self.reward_rows = []             # (step, reward_mean) of each train row, in step order
 
     def train_row(self, row):
-        self.rewards.append(row.get("reward_mean"))
-        self.reward_rows.append((row.get("step", len(self.rewards)), row.get("reward_mean")))
+        self.reward_rows.append((row.get("step", len(self.reward_rows) + 1), row.get("reward_mean")))
 
     def start(self, result, samples, constant_pass=None):
         """The step-0 eval -> its note, or None. constant_pass: the pass@1 of answering the most common greedy
@@ -221,7 +205,7 @@ class Watch:
         """(mean train reward of the first REWARD_WINDOW rows, of the last ones, twice the standard error of their
         difference: 2 sqrt(sd_first^2 + sd_last^2) / sqrt(REWARD_WINDOW), each sd over its window's rows), or None with
         fewer than 2 REWARD_WINDOW rows."""
-        rewards = [r for r in self.rewards if r is not None]
+        rewards = [r for _, r in self.reward_rows if r is not None]
         if len(rewards) < 2 * REWARD_WINDOW:
             return None
         first, last = rewards[:REWARD_WINDOW], rewards[-REWARD_WINDOW:]

@@ -15,35 +15,23 @@ prompt at the training temperature, scored with the unbiased pass@k estimator (C
 .. M (--pass-k; 'off' skips it). A second table gives mean +- standard error over seeds and the paired difference
 to the first config with its 95% t-interval (n - 1 df), for greedy pass@1 and each sampled pass@k.
 
-Presets (method flags; everything else is train.py's default unless listed):
-  countdown3 (default) task countdown with --task-option num_count=3 --warm-start-target 0.05 --steps 150;
-             grpo: --method grpo; softmax: --method softmax --tau 0.1. Many hard prompts (the warm start stops at
-             ~5% held-out pass@1), where SoftmaxGRPO's prompt weight differs most from GRPO's; then Table 3's
-             per-difficulty view on every final policy (experiments.table3_allocation -M 16; time and numbers:
-             docs/results.md)
-  countdown3-lopti  the same hard prompts with GRPO advantages: grpo, ar (--alpha 0.2), lopti (--lopti-eta 0.4),
-             ar+lopti (--alpha 0.3 --lopti-eta 0.5), the papers' values; then Lopti's Fig. 3 on each seed's final
-             GRPO policy, averaged over the seeds (experiments.lopti_token_stats; --no-diagnostics skips it)
-  countdown3-tuning  issue 30's fair tuning grid on the countdown3 prompts (lab.referee_tuning): grpo-M<M>
-             for M 4, 8, 16 and softmax-M<M>-tau<tau> for tau 0.05, 0.1, 0.3, 1.0, each with 512 // M prompts per
-             step (512 samples per step in every cell); pass@k from 16 samples per held-out prompt in every cell
-  countdown3-eq2  issue 30's Eq. (2) runs on the countdown3 prompts (lab.referee_clipping): for grpo and
-             softmax (tau 0.1): eq2 (--kl-coef 0 --ppo-epochs 1 --mini-batches 1 --clip-low 0.999 --clip-high
-             1000), recipe (--kl-coef 1e-3), recipe-2mb (--kl-coef 1e-3 --mini-batches 2)
-  countdown  the countdown3 configs on train.py's default task (2 numbers, where nearly every prompt is easy)
-  kk         task knights_knaves, shared --method grpo --temperature 0.7 --clip-high 0.24 --dual-clip 10 (Lopti
-             paper); grpo: -; ar: --alpha 0.2; lopti: --lopti-eta 0.4; ar+lopti: --alpha 0.3 --lopti-eta 0.5
-             (the paper's values for each variant alone and combined, DESIGN.md section 1); then Fig. 3
+Presets (PRESETS below: a task, the flags its configs share, each config's flags; the rest is train.py's default):
+countdown3 (the default: 3-number Countdown, where the warm start stops at ~5% held-out pass@1 and SoftmaxGRPO's
+prompt weight differs most from GRPO's; then Table 3's per-difficulty view on every final policy,
+experiments.table3_allocation -M 16; time and numbers: docs/results.md), countdown3-lopti (GRPO, AR, Lopti and
+AR+Lopti at the papers' alpha and eta on those prompts; then Lopti's Fig. 3 on each seed's final GRPO policy,
+averaged over the seeds, experiments.lopti_token_stats; --no-diagnostics skips it), countdown3-tuning and
+countdown3-eq2 (issue 30's fair tuning grid and Eq. (2) runs: lab.referee_tuning, lab.referee_clipping), countdown
+(the countdown3 configs on train.py's 2-number task, where nearly every prompt is easy) and kk (Knights-and-Knaves,
+the Lopti paper's shared flags, AR/Lopti alone and combined as in DESIGN.md section 1; then Fig. 3).
 A run already finished in its folder with the same flags is reused (--rerun trains it again), so a comparison
 grows by seeds: `--seeds 0,1,2,3,4,5,6` after `--seeds 0,1,2,3,4` trains only seeds 5 and 6; the tables cover the
 seeds given. Runs go one after the other in one process; OMP_NUM_THREADS=1 suits the tiny model.
 The tiny model's warm start is cached per (task, seed, warm-start settings) under <output-dir>/warm_start/
 (train.py's --warm-start-cache) and linked into every run of that seed, so each seed trains it once; it is
 deterministic in the seed, so reusing it changes nothing but the time.
-K&K with the tiny model: the compact prompt codes each statement ("a:b1*c0,b:-a1,..."), the answer is one digit
-per person ("101"), with no room to reason. Supervised warm start of the 2M-parameter model stays near chance
-(numbers: docs/results.md), so the kk preset on a CPU is a smoke test of the pipeline, not evidence about
-AR/Lopti; `--task-option people=3` keeps it short.
+The kk preset with the tiny model is a smoke test of the pipeline, not evidence about AR/Lopti: its warm start
+stays near chance (docs/results.md); `--task-option people=3` keeps it short.
 
 GPU-size settings (one H100/H200; hours, not minutes), e.g.
   --preset countdown --seeds 0,1,2 --model Qwen/Qwen2.5-1.5B-Instruct --steps 200 --prompts-per-step 64
@@ -55,7 +43,6 @@ differences with 95% intervals) and <output-dir>/<preset>.png (pass@k vs k per c
 matplotlib, else skipped with a note).
 """
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -64,7 +51,7 @@ import time
 import train
 from harness.flags import parse_args
 from harness.metrics import read_metrics
-from experiments import pyplot, write_csv, write_figure
+from experiments import pyplot, save_figure, write_csv
 from experiments.runs import finished_run, record_code, seed_list, train_flags
 from lab.seed_stats import mean_se, mean_se_interval, mean_std, paired_text, pass_at_k, pass_ks
 
@@ -94,45 +81,31 @@ EQ2_CONFIGS = {"eq2": ["--kl-coef", "0", "--ppo-epochs", "1", "--mini-batches", 
                "recipe": ["--kl-coef", "1e-3"], "recipe-2mb": ["--kl-coef", "1e-3", "--mini-batches", "2"]}
 
 
-PRESETS = {
-    "countdown": dict(task="countdown", shared=[],
-                      configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}),
-    # many hard prompts: 3-number Countdown, warm start stopped at ~5% held-out pass@1 (docs/results.md)
-    "countdown3": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                 "--steps", "150"],
-                       configs={"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]},
-                       table3=True),
-    # AR / Lopti on the same hard prompts (GRPO advantages, the papers' alpha and eta; everything else as countdown3)
-    "countdown3-lopti": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                       "--steps", "150", "--method", "grpo"],
-                             configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
-                                      "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
-    # issue 30's fair tuning grid (lab.referee_tuning): the same grid and budget for both methods
-    "countdown3-tuning": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                        "--steps", "150"],
-                              configs=tuning_configs(), pass_samples=16),
-    # issue 30's Eq. (2) question (lab.referee_clipping): the unclipped objective vs the clipped recipes
-    "countdown3-eq2": dict(task="countdown", shared=["--task-option", "num_count=3", "--warm-start-target", "0.05",
-                                                     "--steps", "150"],
-                           configs={f"{method}-{name}": [*method_flags, *flags]
-                                    for method, method_flags in (("grpo", ["--method", "grpo"]),
-                                                                 ("softmax", ["--method", "softmax", "--tau", "0.1"]))
-                                    for name, flags in EQ2_CONFIGS.items()}, pass_samples=16),
+COUNTDOWN3 = ["--task-option", "num_count=3", "--warm-start-target", "0.05", "--steps", "150"]  # hard prompts
+GRPO_SOFTMAX = {"grpo": ["--method", "grpo"], "softmax": ["--method", "softmax", "--tau", "0.1"]}
+AR_LOPTI = {"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],  # the papers' alpha and eta
+            "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}
+PRESETS = {  # the module's docstring says what each is for
+    "countdown": dict(task="countdown", shared=[], configs=GRPO_SOFTMAX),
+    "countdown3": dict(task="countdown", shared=COUNTDOWN3, configs=GRPO_SOFTMAX, table3=True),
+    "countdown3-lopti": dict(task="countdown", shared=[*COUNTDOWN3, "--method", "grpo"], configs=AR_LOPTI, fig3=True),
+    "countdown3-tuning": dict(task="countdown", shared=COUNTDOWN3, configs=tuning_configs(), pass_samples=16),
+    "countdown3-eq2": dict(task="countdown", shared=COUNTDOWN3, pass_samples=16,
+                           configs={f"{method}-{name}": [*method_flags, *flags] for method, method_flags in
+                                    GRPO_SOFTMAX.items() for name, flags in EQ2_CONFIGS.items()}),
     "kk": dict(task="knights_knaves",
                shared=["--method", "grpo", "--temperature", "0.7", "--clip-high", "0.24", "--dual-clip", "10"],
-               configs={"grpo": [], "ar": ["--alpha", "0.2"], "lopti": ["--lopti-eta", "0.4"],
-                        "ar+lopti": ["--alpha", "0.3", "--lopti-eta", "0.5"]}, fig3=True),
+               configs=AR_LOPTI, fig3=True),
 }
 FIG3_PROMPTS = 256  # held-out prompts x M = 8 samples per seed for Fig. 3 (a trained policy leaves few groups mixed)
-CPU_DEFAULTS = []  # train.py's own defaults are CPU-sized for the tiny model
 
 
 def run_argv(preset, config, seed, output_dir, extra):
     """The train.py argument list of one run (later flags override earlier ones)."""
     spec = PRESETS[preset]
     run_dir = os.path.join(output_dir, preset, f"{config}-seed{seed}")
-    return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, "--overwrite", *CPU_DEFAULTS,
-            *spec["shared"], "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config],
+    return ["--task", spec["task"], "--seed", str(seed), "--output-dir", run_dir, "--overwrite", *spec["shared"],
+            "--warm-start-cache", os.path.join(output_dir, "warm_start"), *spec["configs"][config],
             *extra]  # --overwrite: a comparison run again replaces its own runs
 
 
@@ -245,17 +218,12 @@ def sampled_pass_at_k(run_dir, ks=None, *, seed=0, samples=None):
     return {f"sampled_pass@{k}": statistics.mean(pass_at_k(M, c, k) for c in passes) for k in ks}, M
 
 
-def sampled_keys(runs):
-    """The sampled pass@k columns the runs have, by k: ["sampled_pass@1", "sampled_pass@2", ...]."""
-    keys = {key for r in runs for key in r if key.startswith("sampled_pass@")}
-    return sorted(keys, key=lambda key: int(key.split("@")[1]))
-
-
 def summarize(runs, configs):
     """Per config: before/after/delta lists and the paired difference to the first config, by seed ("vs_first":
     greedy pass@1); with sampled pass@k, "metrics" maps greedy "after_pass@1" and each "sampled_pass@k" to its
     per-seed values and "paired" to its paired differences to the first config (same seed)."""
-    metrics = ["after_pass@1"] + sampled_keys(runs)
+    metrics = ["after_pass@1"] + sorted({key for r in runs for key in r if key.startswith("sampled_pass@")},
+                                        key=lambda key: int(key.split("@")[1]))  # by k
     baseline = {key: {r["seed"]: r[key] for r in runs if r["config"] == configs[0] and key in r} for key in metrics}
     summary = []
     for config in configs:
@@ -340,13 +308,9 @@ def plot(path, summary, title):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (samples per prompt)")
     ax.set_ylabel("held-out pass@k (mean +- SE over seeds)")
-    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    write_figure(fig, path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
 def main(argv=None):

@@ -1,6 +1,7 @@
 """harness/watch.py: a run that gets worse, stays flat or collapses says so, in words; one that learns says nothing.
 Hand-made evals, with the noise margin 2 sqrt(se_0^2 + se_now^2) computed by hand; the countdown3 series are measured
 (below)."""
+import functools
 import math
 import random
 import re
@@ -8,8 +9,9 @@ import types
 
 import torch
 
-from harness.config import Config
-from harness.watch import (DEFAULT_PATIENCE, FLAT_EVALS, REWARD_WINDOW, Watch, noise, top_answer,
+from harness.advice import flags_to_try
+from harness.config import DEFAULT_PATIENCE, Config
+from harness.watch import ( FLAT_EVALS, REWARD_WINDOW, Watch, noise, top_answer,
                            warm_start_advice)
 
 
@@ -87,7 +89,7 @@ def test_the_train_reward_trend_by_hand():
 
 def test_flat_over_the_evals_is_said():
     """The issue's case: held-out pass@1 within the noise for FLAT_EVALS evals, groups that all tie (train reward 0)."""
-    watch = Watch(tiny=True)
+    watch = Watch(tiny=True, advise=functools.partial(flags_to_try, Config()))  # the tiny default's flags
     watch.start(result(0.105, 0.022), varied())
     notes = []
     for step in range(1, FLAT_EVALS + 1):
@@ -225,6 +227,25 @@ def test_following_the_degenerate_start_note_never_repeats_a_suggestion(tmp_path
     assert "--model smollm2" in notes[-1] and "denser reward" in notes[-1] and "imitate" in notes[-1]
     assert "--warm-start-target to 0.5" in notes[0]  # stopped at its target 0.1 at step 10: 0.5 > 0.41
     assert "gave up at step 310" in notes[1] and "--warm-start-patience 30" in notes[1]
+
+
+def test_the_warm_start_hands_rl_its_best_weights_not_its_last(tmp_path, monkeypatch):
+    # The new user's run: "stopped improving at 0.095 ... RL starts from here", then RL's first eval read 0.048,
+    # the last weights'. Scripted evals, the weight each eval saw recorded: patience 2 stops two evals after the
+    # best (step 20's 0.095), and the model returned and cached is step 20's, its pass@1 what RL starts from.
+    from harness import tiny
+    scores, seen, saved = iter([0.02, 0.095, 0.05, 0.048]), [], []
+
+    def evaluate(model, *args, **kwargs):
+        seen.append(model.weight.item())
+        return {"pass@1": next(scores), "reward": 0.0}
+    monkeypatch.setattr(tiny, "evaluate", evaluate)
+    monkeypatch.setattr(tiny, "save_policy_atomically", lambda model, *a, **k: saved.append(model.weight.item()))
+    model, info = tiny.warm_start(OneWeight(), tiny.build_char_tokenizer(), Vowels(), cache_dir=str(tmp_path / "w"),
+                                  eval_examples=[], batch_size=2, target_pass=0.5, patience=2, log=lambda line: None)
+    assert info["steps"] == 40 and info["stopped"] == "patience" and len(set(seen)) == 4  # the weights moved
+    assert model.weight.item() == saved[0] == seen[1]  # step 20's weights, returned and cached
+    assert info["pass@1"] == info["best"] == 0.095
 
 
 def test_each_way_the_warm_start_stops_gets_its_own_advice():

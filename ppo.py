@@ -92,7 +92,7 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     passes its rows of the mini-batch's weights. kl_mask [B, T]: the tokens that carry the KL
     (default all valid; a Lopti pass passes its own). stats: clip_frac_low, clip_frac_high,
     ratio_mean, ratio_max over the valid tokens; pg_loss; dual_clip_frac with dual_clip; kl with a
-    reference (merge_stats joins the stats of a mini-batch's chunks).
+    reference (harness/metrics.py's merge_stats joins a mini-batch's chunks' stats).
     """
     advantages = _check_loss_inputs(logprobs, old_logprobs, advantages, completion_mask, loss_agg,
                                     dual_clip)
@@ -131,69 +131,11 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     return loss, stats
 
 
-def merge_stats(chunks):
-    """[(stats, completion_mask, kl_mask)] of one optimizer step's forward chunks (policy_loss's
-    stats, loss added; kl_mask: the tokens its KL covers) -> the step's stats, as one forward of
-    all their rows would give them: token means weighted by the chunk's valid tokens (kl: its KL
-    tokens), pg_loss and loss summed (the chunks' weights are the mini-batch's), ratio_max the
-    max. 0-dim tensors (no sync)."""
-    tokens = [mask.sum() for _, mask, _ in chunks]
-    kl_tokens = [kl.sum() for _, _, kl in chunks]
-    merged = {}
-    for key in chunks[0][0]:
-        values = torch.stack([stats[key] for stats, _, _ in chunks])
-        if key == "ratio_max":
-            merged[key] = values.max()
-        elif key in ("pg_loss", "loss"):
-            merged[key] = values.sum()
-        else:
-            counts = torch.stack(kl_tokens if key == "kl" else tokens).to(values.dtype)
-            merged[key] = (values * counts).sum() / counts.sum().clamp_min(1)
-    return merged
-
-
 def rows_with_gradient(pass_advantages, pass_mask, *, kl):
     """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of
     its tokens). The others need no forward: their loss is 0 and constant, though they still count
     in the mini-batch's token_weights."""
     return (pass_advantages != 0).any(1) | (kl & pass_mask.any(1))
-
-
-class UpdateStats:
-    """One update's stats, whatever its path: add() each forward chunk's policy_loss stats, step()
-    after each optimizer step, result() once (the only read from the device)."""
-    def __init__(self):
-        self.chunks, self.steps = [], []
-
-    def add(self, stats, loss, completion_mask, kl_mask):
-        self.chunks.append(({**stats, "loss": loss.detach()}, completion_mask, kl_mask))
-
-    def step(self, grad_norm):
-        self.steps.append({**merge_stats(self.chunks), "grad_norm": grad_norm})
-        self.chunks = []
-
-    def result(self, entropy, entropy_mask, passes, learns, completion_mask):
-        """-> python floats: summarize_steps; entropy: the token mean of `entropy` over entropy_mask
-        (pi_old's, on the tokens that can learn); with Lopti, lopti_low_share: the share of the
-        tokens that can learn (rows `learns` [B] bool) in its low pass."""
-        result = summarize_steps(self.steps)
-        tokens = entropy_mask.sum().clamp_min(1)
-        result["entropy"] = ((entropy * entropy_mask).sum() / tokens).item()
-        for name, _, pass_mask in passes:
-            if name == "low":
-                result["lopti_low_share"] = (pass_mask[learns].sum()
-                                             / completion_mask[learns].sum().clamp_min(1)).item()
-        return result
-
-
-def summarize_steps(steps):
-    """[each optimizer step's merged stats] -> python floats: each stat's mean over the steps,
-    ratio_max their max; optimizer_steps."""
-    summary = {"optimizer_steps": len(steps)}
-    for key in (steps[0] if steps else {}):
-        values = torch.stack([step[key] for step in steps])
-        summary[key] = (values.max() if key == "ratio_max" else values.mean()).item()
-    return summary
 
 
 # The checks a copier's bad input meets (one place, not ahead of each formula)

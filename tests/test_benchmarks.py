@@ -246,7 +246,7 @@ def test_benchmarks_run_the_step_under_the_precision_train_py_runs_it(tmp_path, 
     import train
     seen = {name: set() for name in ("train.py", "random_model_step", "step_time", "memory_check")}
     build_policy, build_shape = policy.build_policy, random_model_step.build
-    monkeypatch.setattr(train, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
+    monkeypatch.setattr(train.policy, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
                                                                               ref))(*build_policy(*a, **k)))
     train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL_TRAIN, "--steps", "1",
                 "--device", "cpu", "--dtype", "bf16"])

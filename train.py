@@ -15,11 +15,10 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step, collect_rollouts and update_policy, uses only the lesson files beside this one. The
-update's speed and memory rules (micro-batches, rows without a gradient skipped, no pi_old forward
-when nothing reads it) are fast/update.py, which the loop's update_batch takes behind one
-`if config.fast:` (--no-fast: update_policy as written here; tests/test_update.py holds them equal).
-The loop (section 3) runs on harness/. What a production trainer adds (a serving engine, packing,
+The step, collect_rollouts and update_policy, uses the lesson files beside this one (and
+harness/metrics.py's UpdateStats for its statistics); the plain `python train.py` runs this very
+update_policy, its log-probs fast/'s (--no-fast: rollout's plain forward). The loop (section 3)
+runs on harness/. What a production trainer adds (a serving engine, packing,
 several processes): docs/scale-out.md.
 """
 from harness.before_torch import command_line  # python train.py: --help answers before torch loads

@@ -4,7 +4,7 @@ Per token, with ratio = exp(logp - old_logp):
 
     l = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))    clip-higher (DAPO)
     l = min(l, -A * dual_clip)  where A < 0                                 optional dual clip
-    loss = aggregate(l + kl_coef * k3)        k3 = exp(ref - logp) - (ref - logp) - 1
+    loss = sum(weights * (l + kl_coef * k3))  k3 = exp(ref - logp) - (ref - logp) - 1
 
 Why the loss sits near 0 while training moves: right after sampling ratio = 1, so l = -A, whose
 mean over a group is ~0; its gradient, -(1/N) sum_t A_t grad logp_t, is the policy gradient itself.
@@ -44,17 +44,14 @@ def token_weights(completion_mask, loss_agg="token-mean", norm_constant=None, mi
     if loss_agg == "seq-mean-token-sum":
         return mask / B
     if loss_agg == "seq-mean-token-sum-norm":
-        return mask / B / _positive(T if norm_constant is None else norm_constant, "norm_constant")
+        norm = T if norm_constant is None else norm_constant
+        if not norm > 0:
+            raise ValueError(f"norm_constant must be > 0, got {norm!r}")
+        return mask / B / norm
     if loss_agg == "token-mean-per-micro-batch":
         parts = mask.split(micro_batch or B)
         return torch.cat([part / part.sum().clamp_min(1.0) / len(parts) for part in parts])
     raise ValueError(f"unknown loss_agg {loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
-
-
-def aggregate(token_values, completion_mask, loss_agg="token-mean", norm_constant=None):
-    """Per-token values [B, T] (zero outside completion_mask) -> a scalar: sum(token_weights *
-    values), the mean loss_agg names (token_weights lists them)."""
-    return (token_values * token_weights(completion_mask, loss_agg, norm_constant)).sum()
 
 
 def clipped_token_loss(logprobs, old_logprobs, advantages, *, clip_low=0.2, clip_high=0.28,
@@ -83,9 +80,7 @@ def clip_masks(ratio, advantages, completion_mask, *, clip_low=0.2, clip_high=0.
 def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low=0.2,
                 clip_high=0.28, dual_clip=None, ref_logprobs=None, kl_coef=0.0, kl_clamp=20.0,
                 kl_mask=None, loss_agg="token-mean", norm_constant=None, weights=None):
-    """loss = sum(weights * (clipped_token_loss + kl_coef * k3)) -> (loss, stats: detached 0-dim
-    tensors).
-
+    """loss = sum(weights * (clipped_token_loss + kl_coef * k3)) -> (loss, stats: 0-dim tensors).
     logprobs [B, T] (carries the gradient), old_logprobs [B, T] (detached), advantages [B] or
     [B, T]; completion_mask [B, T]. weights [B, T]: each token's weight (token_weights), default
     token_weights(completion_mask, loss_agg, norm_constant) over these rows; a chunk of a mini-batch
@@ -96,8 +91,7 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     """
     advantages = _check_loss_inputs(logprobs, old_logprobs, advantages, completion_mask, loss_agg,
                                     dual_clip)
-    mask = completion_mask.bool()
-    advantages = advantages.to(logprobs.dtype)
+    mask, advantages = completion_mask.bool(), advantages.to(logprobs.dtype)
 
     token_loss = clipped_token_loss(logprobs, old_logprobs, advantages, clip_low=clip_low,
                                     clip_high=clip_high, dual_clip=dual_clip)
@@ -105,8 +99,7 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
         weights = token_weights(mask, loss_agg, norm_constant)
     token_loss = torch.where(mask, token_loss, 0.0)  # where, not *: padding's NaN cannot leak
     pg_loss = (weights * token_loss).sum()
-    loss = pg_loss
-    stats = {}
+    loss, stats = pg_loss, {}
     if ref_logprobs is not None:
         kl_mask = mask if kl_mask is None else kl_mask.bool()
         k3 = torch.where(kl_mask, kl_k3(logprobs, ref_logprobs, kl_clamp), 0.0)
@@ -155,9 +148,3 @@ def _check_loss_inputs(logprobs, old_logprobs, advantages, completion_mask, loss
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}")
     return advantages
-
-
-def _positive(value, name):
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return value

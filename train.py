@@ -15,11 +15,9 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step, collect_rollouts and update_policy, uses the lesson files beside this one (and
-harness/metrics.py's UpdateStats for its statistics); the plain `python train.py` runs this very
-update_policy, its log-probs fast/'s (--no-fast: rollout's plain forward). The loop (section 3)
-runs on harness/. What a production trainer adds (a serving engine, packing,
-several processes): docs/scale-out.md.
+The step, collect_rollouts and update_policy, uses the lesson files (and harness/metrics.py's
+UpdateStats); `python train.py` runs this update_policy, with fast/'s log-probs (--no-fast: the
+plain ones). The loop runs on harness/. A production trainer's extras: docs/scale-out.md.
 """
 from harness.before_torch import command_line  # python train.py: --help answers before torch loads
 import contextlib
@@ -29,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from fast.precision import precision
-from harness import console, files, flags, policy, prompts, run, settle, stops
+from harness import console, files, flags, metrics, policy, prompts, run, settle, stops
 from harness.config import Config, InputError
 from harness.metrics import UpdateStats  # update_policy's statistics (torch alone: paste it too)
 from lopti import lopti_passes, reweight_advantages
@@ -42,14 +40,11 @@ def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks pas
     return contextlib.nullcontext()
 
 
-# --------------------------------------------------------------------------------------------------
-# 1. Rollouts, rewards, group advantages
-# --------------------------------------------------------------------------------------------------
+# === 1. Rollouts, rewards, group advantages =======================================================
 def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock):
-    """M sampled completions per example, their task rewards and group advantages (DESIGN.md
-    sections 2, 5) -> (rollouts: rollout.Rollouts of B = len(examples) * M rows, rewards [B] float,
-    advantages [B] float). Reads the settings ROLLOUT_SETTINGS names. Generates under --dtype's
-    precision (bf16: autocast), whoever calls it."""
+    """M sampled completions per example, their rewards and group advantages (DESIGN.md 2, 5) ->
+    (rollout.Rollouts of B = len(examples) * M rows, rewards [B], advantages [B]). Reads the
+    ROLLOUT_SETTINGS; generates under --dtype's precision (bf16: autocast), whoever calls it."""
     with clock("rollout"), precision(next(model.parameters()).device, config.dtype):
         rollouts = generate_rollouts(
             model, tokenizer, render_prompts(tokenizer, task, examples, config.style),
@@ -82,55 +77,32 @@ ROLLOUT_SETTINGS = ("style", "num_generations", "max_new_tokens", "temperature",
                     "fast_generate", "method", "tau", "dtype")
 
 
-def rollout_stats(task, rollouts, rewards, advantages):
-    """The batch's metrics before the update: rewards, pass rate, zero-variance groups, lengths
-    (python floats)."""
-    group_rewards = rewards.view(-1, rollouts.num_generations)  # [G, M]
-    return {"reward_mean": rewards.mean().item(),
-            "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
-            "zero_var_share": (group_rewards.max(1).values
-                               == group_rewards.min(1).values).float().mean().item(),
-            "adv_abs_mean": advantages.abs().mean().item(),
-            "response_length": rollouts.completion_mask.sum().item() / len(rewards),
-            "truncated_share": rollouts.truncated.float().mean().item()}
-
-
-# --------------------------------------------------------------------------------------------------
-# 2. The update: pi_old, AR, Lopti's passes, clipped-surrogate optimizer steps
-# --------------------------------------------------------------------------------------------------
+# === 2. The update: pi_old, AR, Lopti's passes, clipped-surrogate optimizer steps =================
 def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, advantages, *,
                   ref_model=None, alpha=0.0, lopti_eta=0.0, lopti_order="low-first", ppo_epochs=1,
                   mini_batches=1, clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=0.0,
                   kl_clamp=20.0, loss_agg="token-mean", norm_constant=None, grad_clip=1.0,
                   temperature=1.0, micro_batch=None, old_logprobs=None, logprobs_fn=token_logprobs):
-    """Algorithm 1's update on one batch -> stats (python floats: UpdateStats). input_ids,
-    attention_mask [B, P+T]; completion_mask [B, T]; advantages [B]; on the model's device.
-    micro_batch: rows per forward and backward (None: a mini-batch); the chunks' gradients add up to
-    the mini-batch's exactly, for every loss_agg (ppo.token_weights). old_logprobs [B, T]: a pi_old
-    of the caller's. logprobs_fn: token_logprobs, or one that returns the same sooner (fast/'s)."""
+    """Algorithm 1's update on one batch -> stats (floats). input_ids, attention_mask [B, P+T];
+    completion_mask [B, T]; advantages [B]; old_logprobs [B, T] or None (measured). micro_batch:
+    rows per forward (exact: ppo.token_weights). logprobs_fn: token_logprobs or fast/'s."""
     mask, kl, stats = completion_mask.float(), ref_model is not None, UpdateStats()
     learns = mask.any(1) & ((advantages != 0) | kl)  # [B]: the rows that can learn
-    batch_rows, rows = torch.arange(len(mask), device=mask.device), learns.nonzero().squeeze(1)
+    batch_rows = torch.arange(len(mask), device=mask.device)
 
-    def logprobs_of(policy, rows, with_entropy=False):  # ([rows, T] log pi, entropy or None)
+    def logprobs_of(policy, rows, entropy=False):  # ([rows, T] log pi, entropy or None)
         scored = logprobs_fn(policy, input_ids[rows], attention_mask[rows], mask[rows],
-                             temperature=temperature, micro_batch=micro_batch,
-                             with_entropy=with_entropy)
-        return scored if with_entropy else (scored, None)
+                             temperature=temperature, micro_batch=micro_batch, with_entropy=entropy)
+        return scored if entropy else (scored, None)
 
     # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. The on-policy rule: the
     # first optimizer step runs at pi_old's weights, so its forwards' log-probs, detached, ARE
     # pi_old (ratio exactly 1). When nothing else reads pi_old (AR and Lopti read p_old before any
     # loss; a second step runs at new weights), no pi_old forward runs: that step's measure it.
-    on_policy = alpha == 0 and lopti_eta <= 0 and ppo_epochs * mini_batches == 1
     with torch.no_grad():
         ref_logprobs = logprobs_of(ref_model, batch_rows)[0] if kl else None
-        if old_logprobs is None and not on_policy:
-            old_logprobs = torch.zeros_like(mask)  # the rows that cannot learn: p_old 1, never read
-            if len(rows):  # the rows that can learn
-                old_logprobs[rows], entropy = logprobs_of(model, rows, with_entropy=True)
-                stats.add_entropy(entropy, mask[rows])
-    entropy_in_first_step = not stats.entropy  # pi_old's entropy (a metric): its weights' forwards
+        if old_logprobs is None and (alpha > 0 or lopti_eta > 0 or ppo_epochs * mini_batches > 1):
+            old_logprobs = fixed_pi_old(logprobs_of, model, learns, mask, stats)
     old_probs = None if old_logprobs is None else old_logprobs.exp()
     token_adv = reweight_advantages(advantages, old_probs, mask, alpha)  # 2. AR, once per batch
     passes = lopti_passes(token_adv, old_probs, mask, lopti_eta, lopti_order)  # 3. Lopti's passes
@@ -142,10 +114,8 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                     continue
                 weights = token_weights(mask[mini_batch], loss_agg, norm_constant, micro_batch)
                 optimizer.zero_grad()
-                learners = mini_batch[trained[mini_batch]]
-                for rows in forward_chunks(learners, mini_batch, loss_agg, micro_batch):
-                    logprobs, entropy = logprobs_of(model, rows,
-                                                    entropy_in_first_step and not stats.steps)
+                for rows in forward_chunks(mini_batch, trained, loss_agg, micro_batch):
+                    logprobs, entropy = logprobs_of(model, rows, stats.wants_entropy())
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                     loss, loss_stats = policy_loss(
                         logprobs, old, pass_adv[rows], mask[rows], clip_low=clip_low,
@@ -154,26 +124,34 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                         ref_logprobs=ref_logprobs[rows] if kl else None,
                         weights=weights[rows - mini_batch[0]])
                     loss.backward()  # gradients add up: the chunks' losses sum to the mini-batch's
-                    stats.add(loss_stats, loss, mask[rows], pass_mask[rows])
-                    if entropy is not None:
-                        stats.add_entropy(entropy, mask[rows])
+                    stats.add(loss_stats, loss, mask[rows], pass_mask[rows], entropy)
                 stats.step(clipped_grad_norm(model, optimizer, grad_clip))
                 optimizer.step()
     return stats.result(passes, learns, mask)
 
 
-def forward_chunks(rows, mini_batch, loss_agg, micro_batch):
-    """The trained rows of a mini-batch, micro_batch at a time (token-mean-per-micro-batch: within
-    the mini-batch's own micro-batches, each chunk inside one of their token means)."""
+def fixed_pi_old(logprobs_of, model, learns, mask, stats):
+    """log pi_old [B, T]: one no-grad forward of the rows that can learn (`learns` [B] bool; the
+    others keep 0, p_old 1: nothing reads them), its entropy a metric in stats."""
+    old_logprobs, rows = torch.zeros_like(mask), learns.nonzero().squeeze(1)
+    if len(rows):
+        old_logprobs[rows], entropy = logprobs_of(model, rows, entropy=True)
+        stats.add_pi_old_entropy(entropy, mask[rows])
+    return old_logprobs
+
+
+def forward_chunks(mini_batch, trained, loss_agg, micro_batch):
+    """The mini-batch's rows with a gradient (`trained` [B] bool), micro_batch at a time (token-
+    mean-per-micro-batch: inside the mini-batch's micro-batches, whose token means it takes)."""
     if loss_agg != "token-mean-per-micro-batch":
-        return rows.split(micro_batch or len(mini_batch))
+        return mini_batch[trained[mini_batch]].split(micro_batch or len(mini_batch))
     micros = mini_batch.split(micro_batch or len(mini_batch))
-    return [chunk for chunk in (micro[torch.isin(micro, rows)] for micro in micros) if len(chunk)]
+    return [micro[trained[micro]] for micro in micros if trained[micro].any()]
 
 
 def clipped_grad_norm(model, optimizer, grad_clip):
-    """The gradients' global norm, clipped to grad_clip. An optimizer that steps each weight inside
-    backward (--step-in-backward) holds no gradient to clip: the norm it measured."""
+    """The gradient's global norm, clipped to grad_clip (--step-in-backward: the norm the optimizer
+    measured as it stepped each weight in backward, with nothing left to clip)."""
     if getattr(optimizer, "step_in_backward", False):
         return optimizer.grad_norm()
     return torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -187,8 +165,7 @@ UPDATE_SETTINGS = ("alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batc
 def update_batch(model, optimizer, input_ids, attention_mask, completion_mask, advantages, config,
                  *, ref_model=None, old_logprobs=None, clock=no_clock):
     """The loop's update: update_policy with the run's UPDATE_SETTINGS, its log-probs fast/'s
-    (rollout.token_logprobs(fast=True): shared prompts, a chunked head; --no-fast: the plain
-    forward), each forward under --dtype's precision and timed by clock."""
+    (--no-fast: the plain forward) under --dtype's precision, timed by clock."""
     device = next(model.parameters()).device
 
     def logprobs_fn(*args, **kwargs):
@@ -202,12 +179,9 @@ def update_batch(model, optimizer, input_ids, attention_mask, completion_mask, a
                          **{name: getattr(config, name) for name in UPDATE_SETTINGS})
 
 
-# --------------------------------------------------------------------------------------------------
-# 3. The loop
-# --------------------------------------------------------------------------------------------------
+# === 3. The loop ==================================================================================
 def train(config):
-    """Run config.steps RL steps (fresh, or continuing a run flags.load resumed) -> {"before",
-    "after", "metrics_path"}."""
+    """Run config.steps RL steps, fresh or resumed -> {"before", "after", "metrics_path"}."""
     config, tokenizer, task, draw_prompts = settle.settle(config)  # every setting decided, frozen
     if config.dry_run:
         return settle.print_settings(config)
@@ -227,8 +201,7 @@ def train(config):
                                 max_new_tokens=config.max_new_tokens, samples=samples,
                                 fast=config.fast, batch_size=config.rollout_batch or 256)
 
-        # a fresh run: the eval at step 0
-        state.begin(model, tokenizer, optimizer, evaluate_now, task, eval_examples)
+        state.begin(model, tokenizer, optimizer, evaluate_now, task, eval_examples)  # step 0's eval
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
                         total=config.steps, desc="RL", bar_format=console.BAR_FORMAT)
         for step in progress:
@@ -244,7 +217,7 @@ def train(config):
                                  clock=state.clock)
             state.page_after_update(page, stats)  # the HTML page (docs/runs.md, "See one step")
             # --- 3. metrics, held-out eval, checkpoint (harness/run.py) ---------------------------
-            batch = rollout_stats(task, rollouts, rewards, advantages)
+            batch = metrics.rollout_stats(task, rollouts, rewards, advantages)
             row = state.log({"step": step, **batch, **stats, "lr": optimizer.param_groups[0]["lr"]},
                             tokens=rollouts.completion_mask.sum().item())
             progress.set_postfix_str(console.progress_line(row))  # reward, pass rate, length
@@ -252,14 +225,7 @@ def train(config):
                 break
         before, after = state.initial_eval, state.final_eval()
 
-    # --- before / after: held-out greedy eval of the initial and the final weights ----------------
-    print(f"\n{f'held-out, greedy, {len(eval_examples)} prompts':<32}{'pass@1':>8}{'+/- se':>8}"
-          f"{'reward':>8}")  # se: the standard error over the held-out prompts
-    before_label = "before RL" + (" (after warm start)" if config.model == "tiny" else "")
-    for label, result in [(before_label, before), (f"after RL (step {state.step})", after)]:
-        print(f"{label:<32}{result['pass@1']:>8.3f}{result.get('pass@1_se', 0.0):>8.3f}"
-              f"{result['reward']:>8.3f}")
-    print(f"{state.trained_line()}\nmetrics: {state.metrics_path}")
+    console.before_after(state, config, len(eval_examples), before, after)  # the table
     if state.exit_code:  # a signal (once the checkpoint is safe: 130, 143, 129) or --idle-stop (3)
         sys.exit(state.exit_code)
     return {"before": before, "after": after, "metrics_path": state.metrics_path}

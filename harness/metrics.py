@@ -5,7 +5,7 @@ than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half
 rewritten only through a temporary file renamed into place (the resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
 warning; a bad line elsewhere is a RunError naming the file and the line. Each line is strict JSON (metrics_line): a
 statistic that is nan or inf (the loss of a step whose optimizer step was skipped) is written as null.
-Below, one update's statistics (UpdateStats), as train.update_policy gathers them.
+Below, a step's statistics: its update's (UpdateStats, as train.update_policy gathers them), its batch's.
 """
 import json
 import math
@@ -143,16 +143,23 @@ def merge_stats(chunks):
 
 
 class UpdateStats:
-    """One update's stats: add() each forward chunk's policy_loss stats, add_entropy() pi_old's entropy where a
-    forward measures it, step() after each optimizer step, result() once (the only read from the device)."""
+    """One update's stats: add() each forward chunk's policy_loss stats, step() after each optimizer step, result()
+    once (the only read from the device). pi_old's entropy (a metric): a pi_old forward's, else the first step's
+    forwards' (at pi_old's weights: wants_entropy)."""
     def __init__(self):
-        self.chunks, self.steps, self.entropy = [], [], []
+        self.chunks, self.steps, self.entropy, self.pi_old_forward = [], [], [], False
 
-    def add(self, stats, loss, completion_mask, kl_mask):
+    def add(self, stats, loss, completion_mask, kl_mask, entropy=None):
         self.chunks.append(({**stats, "loss": loss.detach()}, completion_mask, kl_mask))
+        if entropy is not None:
+            self.entropy.append((entropy, completion_mask))
 
-    def add_entropy(self, entropy, completion_mask):
+    def add_pi_old_entropy(self, entropy, completion_mask):
         self.entropy.append((entropy, completion_mask))
+        self.pi_old_forward = True
+
+    def wants_entropy(self):
+        return not self.steps and not self.pi_old_forward
 
     def step(self, grad_norm):
         self.steps.append({**merge_stats(self.chunks), "grad_norm": grad_norm})
@@ -179,3 +186,14 @@ def summarize_steps(steps):
         values = torch.stack([step[key] for step in steps])
         summary[key] = (values.max() if key == "ratio_max" else values.mean()).item()
     return summary
+
+
+def rollout_stats(task, rollouts, rewards, advantages):
+    """A step's batch before its update: rewards, pass rate, zero-variance groups, lengths (python floats)."""
+    group_rewards = rewards.view(-1, rollouts.num_generations)  # [G, M]
+    return {"reward_mean": rewards.mean().item(),
+            "pass_rate": (rewards >= task.pass_threshold).float().mean().item(),
+            "zero_var_share": (group_rewards.max(1).values == group_rewards.min(1).values).float().mean().item(),
+            "adv_abs_mean": advantages.abs().mean().item(),
+            "response_length": rollouts.completion_mask.sum().item() / len(rewards),
+            "truncated_share": rollouts.truncated.float().mean().item()}

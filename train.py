@@ -90,8 +90,8 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     learns = mask.any(1) & ((advantages != 0) | kl)  # [B]: the rows that can learn
     batch_rows = torch.arange(len(mask), device=mask.device)
 
-    def logprobs_of(policy, rows, entropy=False):  # ([rows, T] log pi, entropy or None)
-        scored = logprobs_fn(policy, input_ids[rows], attention_mask[rows], mask[rows],
+    def logprobs_of(net, rows, entropy=False):  # ([rows, T] log pi of net, entropy or None)
+        scored = logprobs_fn(net, input_ids[rows], attention_mask[rows], mask[rows],
                              temperature=temperature, micro_batch=micro_batch, with_entropy=entropy)
         return scored if entropy else (scored, None)
 

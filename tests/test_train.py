@@ -507,7 +507,8 @@ def test_the_step_uses_only_the_lesson_files():
     # fast.precision: --dtype's autocast context around the rollout (as the loop and the benchmarks run it)
     assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo", "fast.precision",
                        "harness.metrics"}, modules
-    assert seen == {"collect_rollouts", "update_policy", "no_clock", "forward_chunks", "clipped_grad_norm"}
+    assert seen == {"collect_rollouts", "update_policy", "no_clock", "fixed_pi_old", "forward_chunks",
+                    "clipped_grad_norm"}
 
 
 def test_the_embedded_default_learns(tmp_path):

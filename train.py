@@ -98,7 +98,7 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
     # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. The on-policy rule: the
     # first optimizer step runs at pi_old's weights, so its forwards' log-probs, detached, ARE
     # pi_old (ratio exactly 1). When nothing else reads pi_old (AR and Lopti read p_old before any
-    # loss; a second step runs at new weights), no pi_old forward runs: that step's measure it.
+    # loss; a second step runs at new weights), no pi_old forward runs: the step's own give it.
     with torch.no_grad():
         ref_logprobs = logprobs_of(ref_model, batch_rows)[0] if kl else None
         if old_logprobs is None and (alpha > 0 or lopti_eta > 0 or ppo_epochs * mini_batches > 1):

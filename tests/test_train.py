@@ -107,14 +107,13 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     # The speed rule: with no AR, no Lopti and one optimizer step nothing reads p_old before the loss, so the
     # training forward's detached log-probs are pi_old and no no-grad pass runs. A second epoch or mini-batch, AR and
     # Lopti read p_old first: one no-grad pi_old pass. kl_coef > 0 adds the reference model's pass.
-    from fast import update
     calls = []
-    original = update.token_logprobs
+    original = train.token_logprobs
 
     def counting(model, *args, **kwargs):
         calls.append((id(model), torch.is_grad_enabled()))
         return original(model, *args, **kwargs)
-    monkeypatch.setattr(update, "token_logprobs", counting)
+    monkeypatch.setattr(train, "token_logprobs", counting)
     run(tmp_path, "--steps", "1", *flags)
     assert sum(not grad for _, grad in calls) == expected_no_grad
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)

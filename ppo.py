@@ -4,7 +4,7 @@ Per token, with ratio = exp(logp - old_logp):
 
     l = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))    clip-higher (DAPO)
     l = min(l, -A * dual_clip)  where A < 0                                 optional dual clip
-    loss = aggregate(l + kl_coef * k3)        k3 = exp(ref - logp) - (ref - logp) - 1
+    loss = sum(weights * (l + kl_coef * k3))  k3 = exp(ref - logp) - (ref - logp) - 1
 
 Why the loss sits near 0 while training moves: right after sampling ratio = 1, so l = -A, whose
 mean over a group is ~0; its gradient, -(1/N) sum_t A_t grad logp_t, is the policy gradient itself.
@@ -44,17 +44,14 @@ def token_weights(completion_mask, loss_agg="token-mean", norm_constant=None, mi
     if loss_agg == "seq-mean-token-sum":
         return mask / B
     if loss_agg == "seq-mean-token-sum-norm":
-        return mask / B / _positive(T if norm_constant is None else norm_constant, "norm_constant")
+        norm = T if norm_constant is None else norm_constant
+        if not norm > 0:
+            raise ValueError(f"norm_constant must be > 0, got {norm!r}")
+        return mask / B / norm
     if loss_agg == "token-mean-per-micro-batch":
         parts = mask.split(micro_batch or B)
         return torch.cat([part / part.sum().clamp_min(1.0) / len(parts) for part in parts])
     raise ValueError(f"unknown loss_agg {loss_agg!r}; choose from {', '.join(LOSS_AGGS)}")
-
-
-def aggregate(token_values, completion_mask, loss_agg="token-mean", norm_constant=None):
-    """Per-token values [B, T] (zero outside completion_mask) -> a scalar: sum(token_weights *
-    values), the mean loss_agg names (token_weights lists them)."""
-    return (token_values * token_weights(completion_mask, loss_agg, norm_constant)).sum()
 
 
 def clipped_token_loss(logprobs, old_logprobs, advantages, *, clip_low=0.2, clip_high=0.28,
@@ -83,21 +80,18 @@ def clip_masks(ratio, advantages, completion_mask, *, clip_low=0.2, clip_high=0.
 def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low=0.2,
                 clip_high=0.28, dual_clip=None, ref_logprobs=None, kl_coef=0.0, kl_clamp=20.0,
                 kl_mask=None, loss_agg="token-mean", norm_constant=None, weights=None):
-    """loss = sum(weights * (clipped_token_loss + kl_coef * k3)) -> (loss, stats: detached 0-dim
-    tensors).
-
+    """loss = sum(weights * (clipped_token_loss + kl_coef * k3)) -> (loss, stats: 0-dim tensors).
     logprobs [B, T] (carries the gradient), old_logprobs [B, T] (detached), advantages [B] or
     [B, T]; completion_mask [B, T]. weights [B, T]: each token's weight (token_weights), default
     token_weights(completion_mask, loss_agg, norm_constant) over these rows; a chunk of a mini-batch
     passes its rows of the mini-batch's weights. kl_mask [B, T]: the tokens that carry the KL
     (default all valid; a Lopti pass passes its own). stats: clip_frac_low, clip_frac_high,
     ratio_mean, ratio_max over the valid tokens; pg_loss; dual_clip_frac with dual_clip; kl with a
-    reference (merge_stats joins the stats of a mini-batch's chunks).
+    reference (harness/metrics.py's merge_stats joins a mini-batch's chunks' stats).
     """
     advantages = _check_loss_inputs(logprobs, old_logprobs, advantages, completion_mask, loss_agg,
                                     dual_clip)
-    mask = completion_mask.bool()
-    advantages = advantages.to(logprobs.dtype)
+    mask, advantages = completion_mask.bool(), advantages.to(logprobs.dtype)
 
     token_loss = clipped_token_loss(logprobs, old_logprobs, advantages, clip_low=clip_low,
                                     clip_high=clip_high, dual_clip=dual_clip)
@@ -105,8 +99,7 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
         weights = token_weights(mask, loss_agg, norm_constant)
     token_loss = torch.where(mask, token_loss, 0.0)  # where, not *: padding's NaN cannot leak
     pg_loss = (weights * token_loss).sum()
-    loss = pg_loss
-    stats = {}
+    loss, stats = pg_loss, {}
     if ref_logprobs is not None:
         kl_mask = mask if kl_mask is None else kl_mask.bool()
         k3 = torch.where(kl_mask, kl_k3(logprobs, ref_logprobs, kl_clamp), 0.0)
@@ -131,69 +124,11 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     return loss, stats
 
 
-def merge_stats(chunks):
-    """[(stats, completion_mask, kl_mask)] of one optimizer step's forward chunks (policy_loss's
-    stats, loss added; kl_mask: the tokens its KL covers) -> the step's stats, as one forward of
-    all their rows would give them: token means weighted by the chunk's valid tokens (kl: its KL
-    tokens), pg_loss and loss summed (the chunks' weights are the mini-batch's), ratio_max the
-    max. 0-dim tensors (no sync)."""
-    tokens = [mask.sum() for _, mask, _ in chunks]
-    kl_tokens = [kl.sum() for _, _, kl in chunks]
-    merged = {}
-    for key in chunks[0][0]:
-        values = torch.stack([stats[key] for stats, _, _ in chunks])
-        if key == "ratio_max":
-            merged[key] = values.max()
-        elif key in ("pg_loss", "loss"):
-            merged[key] = values.sum()
-        else:
-            counts = torch.stack(kl_tokens if key == "kl" else tokens).to(values.dtype)
-            merged[key] = (values * counts).sum() / counts.sum().clamp_min(1)
-    return merged
-
-
 def rows_with_gradient(pass_advantages, pass_mask, *, kl):
     """[B] bool: rows whose loss has a gradient in this pass (a non-zero advantage, or KL on any of
     its tokens). The others need no forward: their loss is 0 and constant, though they still count
     in the mini-batch's token_weights."""
     return (pass_advantages != 0).any(1) | (kl & pass_mask.any(1))
-
-
-class UpdateStats:
-    """One update's stats, whatever its path: add() each forward chunk's policy_loss stats, step()
-    after each optimizer step, result() once (the only read from the device)."""
-    def __init__(self):
-        self.chunks, self.steps = [], []
-
-    def add(self, stats, loss, completion_mask, kl_mask):
-        self.chunks.append(({**stats, "loss": loss.detach()}, completion_mask, kl_mask))
-
-    def step(self, grad_norm):
-        self.steps.append({**merge_stats(self.chunks), "grad_norm": grad_norm})
-        self.chunks = []
-
-    def result(self, entropy, entropy_mask, passes, learns, completion_mask):
-        """-> python floats: summarize_steps; entropy: the token mean of `entropy` over entropy_mask
-        (pi_old's, on the tokens that can learn); with Lopti, lopti_low_share: the share of the
-        tokens that can learn (rows `learns` [B] bool) in its low pass."""
-        result = summarize_steps(self.steps)
-        tokens = entropy_mask.sum().clamp_min(1)
-        result["entropy"] = ((entropy * entropy_mask).sum() / tokens).item()
-        for name, _, pass_mask in passes:
-            if name == "low":
-                result["lopti_low_share"] = (pass_mask[learns].sum()
-                                             / completion_mask[learns].sum().clamp_min(1)).item()
-        return result
-
-
-def summarize_steps(steps):
-    """[each optimizer step's merged stats] -> python floats: each stat's mean over the steps,
-    ratio_max their max; optimizer_steps."""
-    summary = {"optimizer_steps": len(steps)}
-    for key in (steps[0] if steps else {}):
-        values = torch.stack([step[key] for step in steps])
-        summary[key] = (values.max() if key == "ratio_max" else values.mean()).item()
-    return summary
 
 
 # The checks a copier's bad input meets (one place, not ahead of each formula)
@@ -213,9 +148,3 @@ def _check_loss_inputs(logprobs, old_logprobs, advantages, completion_mask, loss
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}")
     return advantages
-
-
-def _positive(value, name):
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return value

@@ -260,13 +260,13 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
 # --------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens,
-             batch_size=256, samples=None, fast=True):
+             batch_size=256, samples=None, fast=False):
     """Greedy decoding on held-out examples -> {"pass@1", "reward", "length",
     "pass@1_se", "reward_se"} (python floats; _se: standard errors over the examples).
 
     pass@1: share of examples whose greedy completion has reward >= task.pass_threshold.
     samples: a list that receives (completion, reward) of every example, to show a few
-    (harness/run.py prints some at each eval). fast: generate_rollouts' FAST_GENERATE path.
+    (harness/run.py prints some at each eval). fast: generate_rollouts' FAST_GENERATE path (fast/).
     """
     rewards, lengths, completions = [], [], []
     for start in range(0, len(examples), batch_size):

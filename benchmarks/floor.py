@@ -447,15 +447,16 @@ def format_report(measured, floors, peaks, title="floor"):
 def recorded(clock, optimizer):
     """Record one step's forwards (and time its pieces) while train.py's functions run unchanged.
 
-    Yields a dict: "forwards" (a Forward per token_logprobs call of fast/update.py's update_policy, the one a
-    benchmark step runs), "optimizer steps", "prefills" ("rollout" or "update": who called each
+    Yields a dict: "forwards" (a Forward per token_logprobs call of train.update_batch, the update a benchmark
+    step runs), "optimizer steps", "prefills" ("rollout" or "update": who called each
     kv_cache.prefill_prompt_cache).
     clock(name) times "prefill" (the rollout's shared prefill only: the shared-prompt forward inside an update
     log-prob forward is that forward's, so the update's clock), "no-grad forwards" and "optimizer step"."""
-    from fast import kv_cache, update
+    import train
+    from fast import kv_cache
 
     record = defaultdict(list)
-    token_logprobs, prefill, step = update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
+    token_logprobs, prefill, step = train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
     in_update = []  # non-empty while an update's log-prob forward runs
 
     def recording_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs):
@@ -479,11 +480,11 @@ def recorded(clock, optimizer):
             return step(*args, **kwargs)
 
     own_step = "step" in vars(optimizer)
-    update.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
+    train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
     try:
         yield record
     finally:
-        update.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
+        train.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
         if own_step:
             optimizer.step = step
         else:

@@ -1,8 +1,9 @@
 """The speed: the same numbers as the lesson's plain calls, in less time and memory.
 
-rollout.py shows the plain HF `generate` call and the plain log-prob forward, train.py the plain
-update; each takes this folder's path in one visible `if fast:` branch, and the tests hold the two
-equal (`--no-fast` runs the lesson as written). A reader of the algorithm can skip this folder.
+rollout.py shows the plain HF `generate` call and the plain log-prob forward; each takes this
+folder's path in one visible `if fast:` branch (train.update_policy is one update: its log-probs
+fast/'s), the tests hold the two equal, `--no-fast` runs the lesson as written. A reader of the
+algorithm can skip this folder.
 
   kv_cache.py   the KV cache in one place: the shared prompt prefill, the roomy cache (written in
                 place, on by default), --fast-generate's static cache
@@ -10,9 +11,7 @@ equal (`--no-fast` runs the lesson as written). A reader of the algorithm can sk
                 self-check that holds them to plain generate at the first CUDA rollout
   decode_loop.py  --fast-generate's loop: a static-cache step with the sampling in, a CUDA graph
   logprobs.py   token_logprobs' fast path: shared-prompt forward, float32 head on tensor cores
-  update.py     train.update_policy's fast path: rows without a gradient never scored, no pi_old
-                forward when nothing reads it, --step-in-backward, the stats read once
-  precision.py  --dtype's compute context (bf16 autocast), for the loop, the fast update and the
+  precision.py  --dtype's compute context (bf16 autocast), for the loop, the update's forwards and the
                 step page
 
 Nothing here imports rollout.py or train.py. Numbers: docs/performance.md.

@@ -24,8 +24,9 @@
     before_torch.py  `python train.py`'s flags, read before torch loads (--help and a bad flag answer at once)
 
 The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions collect_rollouts and update_policy)
-import nothing from here (tests/test_train.py checks the step functions); train.py's loop and `main` do. config.py,
-flags.py and what they import load no torch, so `--help` and a bad flag answer before torch loads.
+import nothing from here but metrics.py's UpdateStats, the update's statistics (tests/test_train.py checks the step
+functions); train.py's loop and `main` do. config.py, flags.py and what they import load no torch, so `--help` and a
+bad flag answer before torch loads.
 """
 import logging
 

@@ -313,11 +313,6 @@ class Config:
                  "--fast-generate, not both"),
                 (self.fast or not self.drop_finished_every, "--no-fast turns every fast path off (the plain rollout "
                  "is one generate call): give it or --drop-finished-every, not both"),
-                (self.fast or not (self.step_in_backward or self.logprob_fp32
-                                   or self.loss_agg == "token-mean-per-micro-batch"),
-                 "--no-fast runs train.update_policy as written, one forward and step per mini-batch: "
-                 "--step-in-backward, --logprob-fp32 and --loss-agg token-mean-per-micro-batch are fast/update.py's "
-                 "only; give them or --no-fast, not both"),
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
                 (1 <= self.max_new_tokens <= MAX_NEW_TOKENS, f"--max-new-tokens must lie in [1, {MAX_NEW_TOKENS}]"),

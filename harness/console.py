@@ -38,3 +38,13 @@ def sample_line(task, examples, prompts, k, completion, reward, width=48):
         except ValueError:  # an example without a solution (countdown's solver found none)
             pass
     return f"    reward {reward:.3f}  {prompt}{cut(completion)}{expected}"
+
+
+def before_after(state, config, eval_size, before, after):
+    """train.py's end table: held-out greedy pass@1 (+/- its standard error over the prompts) and reward of the
+    initial and the final weights, then what was trained and where the metrics are."""
+    print(f"\n{f'held-out, greedy, {eval_size} prompts':<32}{'pass@1':>8}{'+/- se':>8}{'reward':>8}")
+    before_label = "before RL" + (" (after warm start)" if config.model == "tiny" else "")
+    for label, result in [(before_label, before), (f"after RL (step {state.step})", after)]:
+        print(f"{label:<32}{result['pass@1']:>8.3f}{result.get('pass@1_se', 0.0):>8.3f}{result['reward']:>8.3f}")
+    print(f"{state.trained_line()}\nmetrics: {state.metrics_path}")

@@ -8,7 +8,7 @@ parameter gradients and their directions, and logits- vs parameter-gradient norm
 
 Per seed: the first --num-prompts held-out prompts x M rollouts at --temperature (experiments.table3_allocation's
 sample_groups), GRPO advantages (--method), p_old the sampled tokens' probabilities under the checkpoint. The
-tokens are those train.py trains without KL (fast/update.py's rows_with_gradient): every completion token of the rows with
+tokens are those train.py trains without KL (ppo.rows_with_gradient): every completion token of the rows with
 A != 0, for both beta (with KL train.py also trains the A = 0 rows on the KL alone; they are left out, so that both
 beta measure the same tokens); they are cut into four equal-count quartiles of p_old
 (lopti_token_stats.probability_groups; Q1 lowest). Each quantity with beta = 0 and with --beta (the papers' 1e-3):
@@ -41,7 +41,6 @@ import statistics
 
 import torch
 
-from fast import update as fast_update
 from experiments import pyplot, save_figure, write_csv
 from experiments.runs import seed_list
 from experiments.lopti_token_stats import NUM_GROUPS, logit_gradient_norms, probability_groups, sampled_batch
@@ -49,6 +48,7 @@ from lab.referee_lopti_offpolicy import measure_off_policy, saved_moments, step_
 from lab.seed_stats import interval_text, mean_se_interval
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment
 from harness.model import load_policy
+from ppo import rows_with_gradient
 from rollout import token_logprobs
 from softmax_grpo import METHODS
 
@@ -143,7 +143,7 @@ def measure(model, tokenizer, style, task, ref_model, args, *, seed, max_new_tok
     for beta in betas:
         # the same tokens for both beta: the rows with A != 0 (with KL, train.py also trains the A = 0 rows, whose
         # w is beta (pi_ref / pi - 1) alone, ~1e-3 of |A|: left out, so that both beta measure the same tokens)
-        trained = fast_update.rows_with_gradient(advantages[:, None] * mask, mask, kl=False)  # [B]
+        trained = rows_with_gradient(advantages[:, None] * mask, mask, kl=False)  # [B]
         token_mask = mask.bool() & trained[:, None]
         groups = probability_groups(logprobs.exp().cpu(), token_mask.cpu()).to(advantages.device)
         weights = token_weights(advantages, logprobs, ref_logprobs, mask, beta)

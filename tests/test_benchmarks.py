@@ -249,7 +249,7 @@ def test_benchmarks_run_the_step_under_the_precision_train_py_runs_it(tmp_path, 
     build_policy, build_shape, fused_adamw = policy.build_policy, random_model_step.build, policy.fused_adamw
     built = []  # the optimizers built through train.py's adamw_class
     monkeypatch.setattr(policy, "fused_adamw", lambda *a, **k: built.append(1) or fused_adamw(*a, **k))
-    monkeypatch.setattr(train, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
+    monkeypatch.setattr(train.policy, "build_policy", lambda *a, **k: (lambda m, ref: (autocast_seen(m, seen["train.py"]),
                                                                               ref))(*build_policy(*a, **k)))
     train.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL_TRAIN, "--steps", "1",
                 "--device", "cpu", "--dtype", "bf16"])

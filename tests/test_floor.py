@@ -9,7 +9,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import train
-from fast import update as fast_update
 from benchmarks import floor
 from benchmarks.floor import timed
 from harness.config import Config
@@ -139,7 +138,7 @@ def test_known_gpu_names():
 
 def test_recorded_step_hands_the_floor_what_ran(digits_task):
     """AR + Lopti on a tiny policy: one no-grad pi_old forward of the active rows, the training forwards, the
-    optimizer steps update_batch reports; optimizer.step and fast/update.py's token_logprobs are restored after."""
+    optimizer steps update_batch reports; optimizer.step and train.token_logprobs are restored after."""
     tokenizer, model, _ = tiny_policy_and_rollouts()
     config = Config(style="compact", num_generations=4, max_new_tokens=6, micro_batch=4, method="softmax",
                     alpha=0.3, lopti_eta=0.5)
@@ -151,7 +150,7 @@ def test_recorded_step_hands_the_floor_what_ran(digits_task):
             "train", 2, 0), config)
         stats = train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
                                    rollouts.completion_mask, advantages, config)
-    assert "step" not in vars(optimizer) and fast_update.token_logprobs.__name__ == "token_logprobs"
+    assert "step" not in vars(optimizer) and train.token_logprobs.__name__ == "token_logprobs"
     active = (rollouts.completion_mask.any(1) & (advantages != 0)).nonzero().squeeze(1)
     no_grad = [f for f in record["forwards"] if not f.trains]
     assert len(no_grad) == 1 and no_grad[0].completion_lengths == rollouts.completion_mask[active].sum(1).tolist()

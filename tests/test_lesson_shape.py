@@ -93,6 +93,22 @@ def test_train_py_reads_in_under_300_lines():
     assert len(open(os.path.join(ROOT, "train.py")).read().splitlines()) < 300
 
 
+def test_the_lesson_reads_in_at_most_1000_lines_the_surrogate_in_170_the_update_in_50():
+    lines = {name: len(open(os.path.join(ROOT, name)).read().splitlines()) for name in LESSON}
+    assert sum(lines.values()) <= 1000 and lines["ppo.py"] <= 170, lines
+    tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
+    update = next(node for node in tree.body if getattr(node, "name", "") == "update_policy")
+    assert update.end_lineno - update.lineno + 1 <= 50  # Algorithm 1: pi_old, AR, Lopti's passes, the steps
+
+
+def test_train_py_says_where_the_harness_lives():
+    # module-qualified calls (run.start(config)): at most 4 names imported bare from harness/
+    bare = [alias.name for node in ast.parse(open(os.path.join(ROOT, "train.py")).read()).body
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness.")
+            for alias in node.names]
+    assert len(bare) <= 4, bare
+
+
 @pytest.mark.parametrize("name", LESSON)
 def test_a_lesson_file_imports_nothing_above_it(name):
     above = {module for module in project_imports(os.path.join(ROOT, name))

@@ -343,18 +343,18 @@ def test_master_weights_step_as_adamw_on_fp32_and_keep_the_small_steps():
 def test_a_bf16_run_stores_bf16_loads_in_plain_transformers_and_resumes_exactly(tmp_path, digits_task):
     out = tmp_path / "run"
     seen = {}
-    real = train.build_policy
+    real = train.policy.build_policy
 
     def build_policy(*args, **kwargs):
         model, ref_model = real(*args, **kwargs)
         seen.update(policy={p.dtype for p in model.parameters()}, reference={p.dtype for p in ref_model.parameters()})
         return model, ref_model
-    train.build_policy = build_policy
+    train.policy.build_policy = build_policy
     try:
         train.main(["--task", "digits", "--output-dir", str(out), *SMALL, "--steps", "4", "--save-every", "2",
                     "--keep-checkpoints", "0", "--kl-coef", "0.05", "--param-dtype", "bf16"])
     finally:
-        train.build_policy = real
+        train.policy.build_policy = real
     assert seen == {"policy": {torch.bfloat16}, "reference": {torch.bfloat16}}
     final = AutoModelForCausalLM.from_pretrained(out / "checkpoint-4")  # plain transformers, no flag
     assert {p.dtype for p in final.parameters()} == {torch.bfloat16}
@@ -446,7 +446,7 @@ def test_optimizer_offload_on_a_cpu_is_one_line(tmp_path, digits_task, capsys):
 def test_a_nf4_lora_run_trains_on_a_4bit_base_resumes_exactly_and_merges_into_that_base(tmp_path, digits_task):
     pytest.importorskip("torchao", reason="--base-dtype nf4 needs torchao")
     from harness.merge_lora import main as export
-    out, seen, real = tmp_path / "run", {}, train.build_policy
+    out, seen, real = tmp_path / "run", {}, train.policy.build_policy
 
     def build_policy(*args, **kwargs):
         model, ref_model = real(*args, **kwargs)
@@ -455,12 +455,12 @@ def test_a_nf4_lora_run_trains_on_a_4bit_base_resumes_exactly_and_merges_into_th
         seen["shared"] = all(any(r.weight is m.weight for r in model_module.nf4_linears(ref_model))
                              for m in model_module.nf4_linears(model))
         return model, ref_model
-    train.build_policy = build_policy
+    train.policy.build_policy = build_policy
     try:
         lora_run(out, "--steps", "4", "--save-every", "2", "--keep-checkpoints", "0", "--kl-coef", "0.05",
                  "--param-dtype", "bf16", "--base-dtype", "nf4", "--lr", "1e-2", "--lora-targets", "q_proj,v_proj")
     finally:
-        train.build_policy = real
+        train.policy.build_policy = real
     assert seen == {"base": {"NF4Tensor"}, "reference": {"NF4Tensor"}, "shared": True}  # the reference: no copy
     final = adapter_weights(out / "checkpoint-4")
     assert any(v.abs().sum() > 0 for k, v in final.items() if "lora_B" in k)  # it trained

@@ -71,7 +71,7 @@ def test_a_missing_logger_or_unknown_one_is_one_line(tmp_path, capsys, monkeypat
     import importlib.util
     real = importlib.util.find_spec  # as if tensorboard were not installed: found missing before the model loads
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
-    monkeypatch.setattr(train, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(train.policy, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit) as exit_info:
         run(tmp_path / "run", "--report-to", "tensorboard")
     err = capsys.readouterr().err

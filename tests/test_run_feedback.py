@@ -120,7 +120,7 @@ def test_a_config_from_python_is_checked_before_the_model_loads(tmp_path, monkey
     import importlib.util
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
-    monkeypatch.setattr(train, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(train.policy, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit) as exit_info:
         train.main(config.Config(task="digits", lora_rank=4, output_dir=str(tmp_path / "run")))
     assert exit_info.value.code == 2

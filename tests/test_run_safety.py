@@ -346,14 +346,13 @@ def strict_rows(path):
 
 def test_a_step_with_a_nan_loss_is_not_taken_and_the_metrics_stay_strict_json(tmp_path, capsys, monkeypatch):
     # the nan step was taken: nan weights saved (which --resume then refused) and `NaN` written into metrics.jsonl
-    from fast import update as fast_update  # the default run's update (train.update_batch's fast path)
-    calls, policy_loss = [], fast_update.policy_loss
+    calls, policy_loss = [], train.policy_loss
 
     def nan_in_step_2(*args, **kwargs):  # SMALL: one optimizer step, one micro-batch per RL step
         calls.append(1)
         loss, stats = policy_loss(*args, **kwargs)
         return (loss * float("nan"), stats) if len(calls) == 2 else (loss, stats)
-    monkeypatch.setattr(fast_update, "policy_loss", nan_in_step_2)
+    monkeypatch.setattr(train, "policy_loss", nan_in_step_2)
     out = tmp_path / "run"
     run(out, "--steps", "3", "--save-every", "1", "--keep-checkpoints", "0")
     assert "step 2: 1 optimizer step(s) not taken: a gradient held nan or inf" in capsys.readouterr().out

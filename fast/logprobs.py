@@ -9,17 +9,18 @@ changing the numbers (tests/test_rollout.py checks values and gradients against 
   1. the shared-prompt forward: rows with the same prompt compute its KV cache once
      (completion_features, on fast/kv_cache.py's shared_prompt_cache);
   2. the chunked float32 head: the LM head and the log-softmax run on `logit_chunk` tokens at a
-     time, each chunk checkpointed under autograd (chunk_logprobs, chunked_logprobs), unless a
-     micro-batch's logits fit in free CUDA memory: then one chunk, no recompute
-     (head_tokens_at_once);
+     time, each chunk checkpointed under autograd (chunk_logprobs, chunked_logprobs), except on
+     CUDA a micro-batch of at most WHOLE_HEAD_CHUNKS chunks' tokens: one chunk, no recompute
+     (head_tokens_at_once; harness/memory.py plans the same);
   3. precision: the head's logits in float32 under autocast (fp32_head), on TF32 tensor cores on
-     CUDA (head_matmul), the body optionally outside autocast.
+     CUDA only under a 16-bit autocast body (head_matmul), the body optionally outside autocast.
 
 Plus what makes these safe on any HF causal LM: models that rescale their logits after the head keep
 their own forward (has_plain_lm_head), and a transformers-version shim (activation_checkpointing).
 Numbers: benchmarks/logprob_memory.py (memory by logit_chunk), benchmarks/logprob_fidelity.py
 (precision). This file does not import rollout.
 """
+import collections
 import contextlib
 
 import torch
@@ -31,8 +32,7 @@ from fast.kv_cache import cache_name, shared_prompt_cache
 
 def activation_checkpointing(model):
     """True when this forward will checkpoint activations (HF then drops the KV cache): only under
-    autograd. The flag is `is_activation_checkpointing` in transformers 5.x,
-    `is_gradient_checkpointing` before."""
+    autograd. Its flag: `is_activation_checkpointing` (transformers 5.x), or `..._gradient_...`."""
     flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
         else "is_gradient_checkpointing"
     return torch.is_grad_enabled() and getattr(model, flag, False)
@@ -47,11 +47,8 @@ LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 def has_plain_lm_head(model):
     """True when the model's logits are exactly lm_head(last hidden state): Llama, Qwen, Mistral,
-    SmolLM, ...
-
-    Models that rescale or soft-cap their logits after the head (config fields in LOGIT_RESCALING)
-    are scored through their own forward instead (token_logprobs' fallback), so that nothing here
-    re-implements them."""
+    SmolLM, ... Models that rescale or soft-cap them after the head (LOGIT_RESCALING) are scored
+    through their own forward (token_logprobs' fallback): nothing here re-implements them."""
     config = model.config.get_text_config()
     return not any(getattr(config, name, None) is not None for name in LOGIT_RESCALING)
 
@@ -60,16 +57,13 @@ def completion_features(model, input_ids, attention_mask, width, plain_head, sha
     """What scores each row's last `width` tokens: [b, T, H] last hidden states (plain head) or
     [b, T, V] logits.
 
-    input_ids, attention_mask [b, P+T]. The token at column P+t is predicted from position P+t-1, so
-    the features are those of positions P-1 .. P+T-2. share_prompts: rows that repeat a prompt (the
-    M completions of a group) compute that prompt's KV cache once, with gradients, and each row then
-    runs only its T positions on top of it (fast/kv_cache.py's prefill_prompt_cache; the
-    "shared-prefix forward" of Prefix Grouper, Liu et al. 2025). Attention sees the same keys and
-    values, so the values match the full forward up to float rounding, while the prompt's part of
-    the forward and backward shrinks M-fold. (With dropout > 0 a group's rows share one dropout draw
-    over the prompt.) Skipped under activation checkpointing, which makes HF drop the cache.
-    Positions follow HF generate with left padding: position_id = (number of real tokens before)
-    clipped at 0.
+    input_ids, attention_mask [b, P+T]. Column P+t is predicted from position P+t-1: the features
+    are those of positions P-1 .. P+T-2. share_prompts: rows that repeat a prompt (a group's M)
+    compute its KV cache once, with gradients, and each row runs only its T positions on it
+    (fast/kv_cache.py; Prefix Grouper's "shared-prefix forward", Liu et al. 2025): the same keys and
+    values, so the same values up to rounding, the prompt's forward and backward M-fold smaller
+    (with dropout > 0 a group shares one draw over the prompt). Not under activation checkpointing
+    (HF drops the cache). Positions as HF generate's with left padding: real tokens before, >= 0.
     """
     prompt_width = input_ids.shape[1] - width
     position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -92,66 +86,63 @@ def completion_features(model, input_ids, attention_mask, width, plain_head, sha
 
 def body_precision(device_type, body_autocast):
     """Context for the forward: as the caller set it (body_autocast=True), or autocast off (the
-    weights' dtype).
-
-    Under autocast each forward re-rounds the fp32 weights to bf16, so even a tiny update moves some
-    of them by a whole bf16 step, and the ratio after an update carries that noise;
-    body_autocast=False avoids it."""
-    return contextlib.nullcontext() if body_autocast else torch.autocast(device_type,
-                                                                         enabled=False)
+    weights' dtype: autocast re-rounds fp32 weights to bf16 at each forward, so a tiny update moves
+    some by a whole bf16 step, noise the ratio after an update carries)."""
+    return contextlib.nullcontext() if body_autocast else torch.autocast(device_type, enabled=False)
 
 
 # --------------------------------------------------------------------------------------------------
 # The head: float32 logits on tensor cores, a chunk of tokens at a time
 # --------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def tf32_matmuls():
-    """CUDA float32 matmuls on TF32 tensor cores inside the block only (operands rounded to 10
-    mantissa bits, products accumulated in float32); the global setting is restored after. A CPU
-    has no TF32: its float32 matmuls stay exact."""
+def fp32_matmuls(tf32):
+    """CUDA float32 matmuls on TF32 tensor cores (operands cut to 10 mantissa bits) or IEEE inside
+    the block only, torch's setting restored exactly after: fp32_precision on torch >= 2.9 (where
+    reading allow_tf32 raises once anything set it), else allow_tf32. A CPU has no TF32."""
     matmul = torch.backends.cuda.matmul
-    previous, matmul.allow_tf32 = matmul.allow_tf32, True
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    previous = getattr(matmul, name)
+    setattr(matmul, name, ("tf32" if tf32 else "ieee") if name == "fp32_precision" else tf32)
     try:
         yield
     finally:
-        matmul.allow_tf32 = previous
+        setattr(matmul, name, previous)
 
 
 class TensorCoreHead(torch.autograd.Function):
-    """logits = features @ weight^T, [n, H] x [V, H] -> [n, V] float32, under tf32_matmuls in the
-    forward and in both backward matmuls alike (a context around the call would miss the backward,
-    which runs later). benchmarks/logprob_fidelity.py chose TF32 over bf16 operands by its
-    numbers."""
+    """logits = features @ weight^T [n, V] float32, under fp32_matmuls(tf32) in the forward and both
+    backward matmuls (which run later, outside any context around the call). TF32 over bf16
+    operands: benchmarks/logprob_fidelity.py's rows (lab/results/logprob_fidelity.csv)."""
     @staticmethod
-    def forward(ctx, features, weight):
+    def forward(ctx, features, weight, tf32):
         ctx.save_for_backward(features, weight)
-        with tf32_matmuls():
+        ctx.tf32 = tf32
+        with fp32_matmuls(tf32):
             return features @ weight.T
 
     @staticmethod
     def backward(ctx, grad_logits):
         features, weight = ctx.saved_tensors
-        with tf32_matmuls():
+        with fp32_matmuls(ctx.tf32):
             grad_features = grad_logits @ weight if ctx.needs_input_grad[0] else None
             grad_weight = grad_logits.T @ features if ctx.needs_input_grad[1] else None
-        return grad_features, grad_weight
+        return grad_features, grad_weight, None
 
 
-def head_matmul(features, weight):
-    """[n, H] float32 features x the [V, H] float32 head -> [n, V] float32 logits: on CUDA TF32
-    tensor cores (TensorCoreHead), elsewhere the exact float32 matmul."""
-    if features.device.type == "cuda":
-        return TensorCoreHead.apply(features, weight)
-    return F.linear(features, weight)
+def head_matmul(features, weight, tf32):
+    """[n, H] float32 features x the [V, H] float32 head -> [n, V] float32 logits: on CUDA
+    TensorCoreHead (TF32 or IEEE), elsewhere the exact float32 matmul."""
+    cuda = features.device.type == "cuda"
+    return TensorCoreHead.apply(features, weight, tf32) if cuda else F.linear(features, weight)
 
 
-def float32_logits(model, plain_head, fp32_head):
+def float32_logits(model, plain_head, fp32_head, tf32):
     """-> to_logits: [n, H] hidden states (or [n, V] logits of the fallback) -> [n, V] float32
     logits.
 
     fp32_head: float32 logits even under autocast (bf16 rounds a logit of 16 by up to 0.06), from
-    float32 operands with float32 accumulation (head_matmul: TF32 tensor cores on CUDA); False: the
-    head in the autocast dtype, its logits cast to float32 after."""
+    float32 operands with float32 accumulation (head_matmul; tf32: on TF32 tensor cores on CUDA);
+    False: the head in the autocast dtype, its logits cast to float32 after."""
     if not plain_head:  # the model's own logits (see has_plain_lm_head)
         return lambda features: features.float()
     head = model.get_output_embeddings()
@@ -161,7 +152,7 @@ def float32_logits(model, plain_head, fp32_head):
 
     def to_logits(features):
         with torch.autocast(features.device.type, enabled=False):
-            logits = head_matmul(features.float(), weight)
+            logits = head_matmul(features.float(), weight, tf32)
             return logits if bias is None else logits + bias
     return to_logits
 
@@ -184,17 +175,16 @@ def chunk_logprobs(features, targets, to_logits, temperature, with_entropy):
     return logprobs, entropy
 
 
-def head_tokens_at_once(tokens, vocab, device, logit_chunk):
-    """How many tokens' float32 logits the head makes at once: all `tokens` of the micro-batch (no
-    checkpoint, no recompute) when on CUDA their logits and the log-softmax's temporaries
-    (3 * tokens * V * 4 bytes) take at most half the free memory; else logit_chunk. On a CPU:
-    logit_chunk (the memory plan's number, and the same bits whatever memory is free)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        if 12 * tokens * vocab <= free // 2:
-            return max(tokens, logit_chunk)
-    return logit_chunk
+WHOLE_HEAD_CHUNKS = 4  # on CUDA, a micro-batch of up to 4 logit chunks' tokens: one chunk
+HEAD_BRANCHES = collections.Counter()  # head forwards by branch ("one chunk" or "chunks") taken
+
+
+def head_tokens_at_once(tokens, device_type, logit_chunk):
+    """Tokens whose float32 logits the head makes at once: on CUDA all of a micro-batch's (no
+    recompute) up to WHOLE_HEAD_CHUNKS * logit_chunk, on any card (harness/memory.py plans it);
+    else logit_chunk."""
+    whole = device_type == "cuda" and tokens <= WHOLE_HEAD_CHUNKS * logit_chunk
+    return tokens if whole else logit_chunk
 
 
 def chunked_logprobs(features, targets, to_logits, temperature, with_entropy, logit_chunk):
@@ -224,30 +214,29 @@ def chunked_logprobs(features, targets, to_logits, temperature, with_entropy, lo
 # --------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature, micro_batch,
                    with_entropy, logit_chunk, fp32_head, body_autocast, share_prompts):
-    """rollout.token_logprobs' fast path (its docstring has the arguments; the defaults live there
-    too).
+    """rollout.token_logprobs' fast path (its docstring has the arguments and defaults).
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (only its width T is used) ->
-    log-probs [B, T] float32, and the detached entropy [B, T] when with_entropy. Memory: rows go
-    through the model `micro_batch` at a time, then the head `logit_chunk` tokens at a time
-    (chunked_logprobs).
-    """
+    log-probs [B, T] float32, and the detached entropy [B, T] when with_entropy. Rows go through
+    the model `micro_batch` at a time, then the head (head_tokens_at_once, chunked_logprobs)."""
     width = completion_mask.shape[1]
     if input_ids.shape[0] == 0:  # no rows: empty results of the right shape
         empty = torch.zeros((0, width), device=input_ids.device)
         return (empty, empty) if with_entropy else empty
     micro_batch = micro_batch or input_ids.shape[0]
     plain_head = has_plain_lm_head(model)  # else: the model's own logits, no chunked head of ours
-    to_logits = float32_logits(model, plain_head, fp32_head)
+    # TF32 only under an autocast body: --dtype fp32, --logprob-fp32 keep an IEEE float32 head
+    tf32 = body_autocast and torch.is_autocast_enabled(input_ids.device.type)
+    to_logits = float32_logits(model, plain_head, fp32_head, tf32)
     logprob_parts, entropy_parts = [], []
     for start in range(0, input_ids.shape[0], micro_batch):
         ids = input_ids[start:start + micro_batch]
         mask = attention_mask[start:start + micro_batch]
         with body_precision(ids.device.type, body_autocast):  # [b, T, H or V]
             features = completion_features(model, ids, mask, width, plain_head, share_prompts)
-        # features[:, t] (position P+t-1) scores ids[:, P+t]; the head's chunk: head_tokens_at_once
-        vocab = model.get_output_embeddings().weight.shape[0] if plain_head else features.shape[-1]
-        chunk = head_tokens_at_once(ids.shape[0] * width, vocab, ids.device, logit_chunk)
+        tokens = ids.shape[0] * width  # features[:, t] (position P+t-1) scores ids[:, P+t]
+        chunk = head_tokens_at_once(tokens, ids.device.type, logit_chunk)
+        HEAD_BRANCHES["one chunk" if chunk >= tokens else "chunks"] += 1
         logprobs, entropy = chunked_logprobs(features, ids[:, -width:], to_logits, temperature,
                                              with_entropy, chunk)
         logprob_parts.append(logprobs)

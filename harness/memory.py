@@ -4,12 +4,11 @@
     plan = memory_plan(shape, config, prompt_length)
     print(plan_text(plan))                         # --dry-run prints it; --memory-budget adds fitting_settings()
 
-Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak RSS). The run
-holds, all the time: the weights and their gradients in --param-dtype (bf16: with the optimizer's fp32 master
-copies), AdamW's two moments (LoRA: the adapters' only), and the reference policy of --kl-coef (a full copy in
---param-dtype; LoRA: none, the policy with its adapters off). On top of that, at different moments (so the peak
-takes the larger): the rollout phase's KV cache and sampling logits, or the update phase's activations of one
-micro-batch and its float32 log-prob logits chunk (or AdamW's step temporaries).
+Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak RSS). A run holds
+all the time the weights and gradients in --param-dtype (bf16: with fp32 masters), AdamW's moments (LoRA: the
+adapters'), the reference policy of --kl-coef (LoRA: the policy, adapters off); on top, at different moments (the
+peak takes the larger) the rollout's KV cache and sampling logits, or the update's activations of one micro-batch
+and its float32 log-prob logits (or AdamW's step temporaries).
 Simplifications, each one line below: attention saves no [S, S] matrix (SDPA's flash/efficient kernels; true on
 CPU and GPU here), every completion runs to --max-new-tokens, and the prompt length is --max-prompt-length (or a
 guess the plan names).
@@ -48,9 +47,8 @@ class ModelShape:
     qkv_bias: bool = False  # Qwen2's q, k, v projections have biases
 
     def __post_init__(self):
-        """Every size a whole number within harness/model.py's CONFIG_SIZE_LIMITS (a config.json's, a .gguf
-        header's or Python's): else a ValueError naming the config.json key, before anything is computed (a
-        negative, a NaN, a string or a null never reaches a plan, so nothing ever "fits" on a negative size)."""
+        """Every size a whole number within harness/model.py's CONFIG_SIZE_LIMITS, else a ValueError naming the
+        config.json key before anything is computed (nothing ever "fits" on a negative, NaN, text or null size)."""
         from harness.model import CONFIG_SIZE_LIMITS
         for field, key in SHAPE_KEYS.items():
             value, limit = getattr(self, field), CONFIG_SIZE_LIMITS[key]
@@ -214,8 +212,9 @@ def memory_plan(shape, config, prompt_length):
     # and the residual stream's gradient and its sum (2 [tokens, H]: fp32, or bf16 under bf16 storage); tokens as
     # the forward's (measured: the checkpointed tiny runs missed ~50-90 MiB of it)
     backward = (2 * compute * I + 2 * stored * H) * tokens
-    head_tokens = micro * T  # the tokens whose log-probs are scored
-    logit_chunk = 3 * 4 * shape.vocab * min(config.logit_chunk, head_tokens)  # logits, their scaling, softmax
+    head_tokens = micro * T  # scored; at once (fast/logprobs.py's head_tokens_at_once): on CUDA up to 4 chunks'
+    at_once = head_tokens if config.device.startswith("cuda") and head_tokens <= 4 * config.logit_chunk else \
+        min(config.logit_chunk, head_tokens)  # their float32 logits, scaling and softmax: "logit_chunk" below
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
     # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast/logprobs.py, float32_logits)
     head_copy = 4 * shape.vocab * H if stored == 2 else 0
@@ -237,7 +236,7 @@ def memory_plan(shape, config, prompt_length):
         # NF4: each forward (and backward) dequantizes one frozen linear at a time to --param-dtype; the largest is
         # an MLP matrix (autograd saves the NF4 tensor, not the copy). Counted in both phases.
         "nf4_dequantized": stored * H * I if nf4 else 0,
-        "logit_chunk": logit_chunk,
+        "logit_chunk": 3 * 4 * shape.vocab * at_once,
         # the LM head's and the embedding's fp32 [V, H] gradients, each made whole in backward before .grad += it
         "head_gradients": 0 if config.lora_rank else 2 * stored * shape.vocab * H,
         # foreach AdamW's temporary on CUDA; bf16 weights: one tensor at a time (master_weights.py), its fp32
@@ -270,7 +269,7 @@ def memory_plan(shape, config, prompt_length):
                                        plan["gradients"] + plan["optimizer_step"])
     plan["peak"] = max(plan["rollout_peak"], plan["update_peak"])
     plan["assumed"] = dict(prompt_length=P, completion_length=T, rows=rows, generate_rows=generate_rows,
-                           eval_rows=eval_rows,
+                           eval_rows=eval_rows, head_tokens_at_once=at_once,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
                            kl_coef=config.kl_coef,

@@ -402,30 +402,6 @@ def test_shared_prompts_step_aside_under_activation_checkpointing():
     torch.testing.assert_close(checkpointed.detach(), plain, atol=1e-5, rtol=1e-5)
 
 
-def test_the_tensor_core_head_is_the_head_matmul_with_tf32_scoped_to_it(monkeypatch):
-    # fast/logprobs.py's TensorCoreHead: logits = features @ weight^T with TF32 allowed inside its forward and both
-    # backward matmuls only (a context around the call would miss the backward); on a CPU the flag changes nothing,
-    # so values and gradients are the exact float32 ones. The global setting is what it was before and after.
-    from fast import logprobs
-    seen, matmul = [], torch.matmul
-    monkeypatch.setattr(torch.Tensor, "__matmul__",
-                        lambda a, b: (seen.append(torch.backends.cuda.matmul.allow_tf32), matmul(a, b))[1])
-    features = torch.randn(5, 8, requires_grad=True)
-    weight = torch.randn(11, 8, requires_grad=True)
-    logits = logprobs.TensorCoreHead.apply(features, weight)
-    (logits.sin().sum()).backward()
-    assert seen == [True, True, True] and torch.backends.cuda.matmul.allow_tf32 is False
-    monkeypatch.undo()
-    exact_features, exact_weight = features.detach().requires_grad_(), weight.detach().requires_grad_()
-    exact = torch.nn.functional.linear(exact_features, exact_weight)
-    exact.sin().sum().backward()
-    assert torch.equal(logits, exact)
-    torch.testing.assert_close(features.grad, exact_features.grad, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(weight.grad, exact_weight.grad, atol=1e-6, rtol=1e-6)
-    # on a CPU the head keeps logit_chunk (the memory plan's number, the same bits whatever memory is free)
-    assert logprobs.head_tokens_at_once(10**6, 50_000, torch.device("cpu"), 1024) == 1024
-
-
 def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
     # A config with a logit rescaling field is scored through the model's own forward; for the tiny Llama
     # (whose forward ignores the field) both routes must agree.

@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from harness import flags  # noqa: E402
 from harness import policy, settle  # noqa: E402
+from fast import logprobs as fast_logprobs  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor, random_model_step  # noqa: E402
 from benchmarks.floor import sync, timed  # noqa: E402
@@ -319,7 +320,8 @@ def step_numbers(args, sides, trl_clock, trl_skipped):
     return {"preset": args.preset, "steps": args.steps, "warmup": args.warmup, "threads": torch.get_num_threads(),
             "peaks": {"tflops": args.peaks.flops / 1e12, "gbps": args.peaks.bandwidth / 1e9,
                       "source": args.peaks.source},
-            "sides": numbers, "ratios": quoted_ratios(numbers), "trl_skipped": trl_skipped}
+            "sides": numbers, "ratios": quoted_ratios(numbers), "trl_skipped": trl_skipped,
+            "head_branches": dict(fast_logprobs.HEAD_BRANCHES)}  # the head's forwards: one chunk or chunks
 
 
 def measure_memory_in_subprocesses(sides, argv):

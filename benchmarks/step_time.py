@@ -445,6 +445,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.manual_seed(args.train.seed)
+    fast_logprobs.HEAD_BRANCHES.clear()  # step.json counts this run's head forwards alone
     task, examples, model, tokenizer = build_workload(args)
     if args.profile != "none":
         return profile_ours(args, task, examples, model, tokenizer)

@@ -1,4 +1,4 @@
-"""A task's reward runs in a worker process (harness/rewards.py): what it does there cannot move, replace or stop the
+"""A task's reward runs in a worker process (harness/reward_worker.py): what it does there cannot move, replace or stop the
 run's files, fork or hang the trainer, or end the run without a word (issue 69); and a run's rewards are the same
 numbers, in the same order, as in the trainer's own process.
 
@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from harness import checkpoint, rewards
+from harness import checkpoint, reward_worker as rewards
 import tasks
 import train
 from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask
@@ -186,7 +186,7 @@ CHECK_TASK = """
 import functools, sys, types
 sys.path.insert(0, {repo!r})
 import tasks
-from harness import rewards
+from harness import reward_worker as rewards
 config = types.SimpleNamespace(task={path!r}, data=None, task_options={{}})
 try:
     tasks.get_task({path!r}, wrap=functools.partial(rewards.timed_task, seconds=1,

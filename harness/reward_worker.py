@@ -62,7 +62,7 @@ def timed_task(task, seconds, recipe=None):
         return RewardWorker(task, seconds, recipe)
     if recipe is not None:
         say(f"note: task {task.name} was registered from Python (tasks.TASKS), so a worker process cannot rebuild it: "
-            "its rewards run in this process (harness/rewards.py; a reward that changes the working directory, "
+            "its rewards run in this process (harness/reward_worker.py; a reward that changes the working directory, "
             "forks or exits reaches the run)")
     return TimedRewards(task, seconds)
 
@@ -231,7 +231,7 @@ class RewardWorker(TimedRewards):
         self.results, results_write = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness.rewards import "
+                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness.reward_worker import "
                  f"serve; serve({requests_read}, {results_write}, {os.getpid()})"], cwd=self.scratch,
                 stdin=subprocess.DEVNULL, pass_fds=(requests_read, results_write), start_new_session=True)
         finally:

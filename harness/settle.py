@@ -9,7 +9,6 @@ one InputError line (exit 2), raised before the first step.
 """
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ from harness.flags import check_libraries, fixed_paths
 from harness.model import base_changed, load_tokenizer
 from harness.policy import policy_load_errors
 from harness.prompts import epoch_steps, training_prompts
-from harness.reward_worker import RewardTimeout, timed_task, worker_recipe
+from harness.reward_worker import RewardTimeout, worker_first
 
 
 @contextlib.contextmanager
@@ -70,8 +69,7 @@ def settle(config):
             config = dataclasses.replace(config, style="compact" if compact else "chat")
             config = tiny.apply_cpu_defaults(config) if compact else config
         config = task_file(config)
-        timed = functools.partial(timed_task, seconds=config.reward_timeout,  # a task file's first rewards too
-                                  recipe=worker_recipe(config))  # harness/reward_worker.py: its worker process
+        timed = worker_first(config)  # harness/reward_worker.py: a task file is built in its worker first
         if config.dry_run:  # no data file is read (but a task file's): the steps --epochs sets from --train-size
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
                 config.train_size else config.steps

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
 import uuid
 
@@ -27,6 +28,7 @@ from harness.model import base_changed, load_tokenizer
 from harness.policy import policy_load_errors
 from harness.prompts import epoch_steps, training_prompts
 from harness.reward_worker import RewardTimeout, worker_first
+from harness.stops import Stopped
 
 
 @contextlib.contextmanager
@@ -42,6 +44,9 @@ def input_errors():
         raise InputError(str(error)) from None
     except OSError as error:
         raise RunError(f"{error.filename + ': ' if error.filename else ''}{error.strerror or error}") from None
+    except KeyboardInterrupt:  # Ctrl-C while a task file or the model loads: one line, no traceback
+        say("\nCtrl-C: stopped before the first step; nothing was saved")
+        raise Stopped(signal.SIGINT) from None
 
 
 def settle(config):

@@ -1,23 +1,17 @@
 """Where a task's code runs during a run: a worker process, out of the trainer's reach.
 
-A task's reward() (and a task file's examples() and solution()) is the user's code, or a verifier's: it may chdir,
-fork, exit, close stdout, set torch's threads or seed, install signal handlers, or never return. During a run it
-runs in one worker process (RewardWorker), in a scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper
-that runs no task code (keep: a fresh interpreter, started with the task and kept for the run):
-  - the trainer sends a step's completions in one message (a pickle) and reads their rewards back as JSON: floats
-    and strings only, each message bounded (MESSAGE_LIMIT), read a block at a time under the trainer's clock;
-  - --reward-timeout is that clock: when no reward comes back for that long, the keeper is told to end the worker,
-    and the run stops with one line naming the task;
-  - however the run ends (the trainer killed, a second SIGTERM, a clean end), the keeper, a child subreaper, kills
-    the worker and everything below it (setsid or not) and removes the scratch folder; a trainer's folder left by a
-    keeper killed too is removed at the next worker's start;
-  - a call that ends the worker (os._exit, a signal), raises SystemExit / KeyboardInterrupt, returns something that
-    is not a number, or forks a child that returns into the worker: one line naming the task;
-  - an exception raised inside reward(): a bug, shown with the worker's traceback (RemoteTraceback).
-A task file is built in the worker first (worker_first), so that an import or make_task() that blocks is one line.
-A task that cannot be rebuilt in a fresh process (one registered in tasks.TASKS from Python, as the tests' stubs
-are) keeps its calls in the trainer's process under SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a
-reward runs inside", says what each side can reach.
+A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
+stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
+scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (keep):
+  - the trainer sends a step's completions in one message (a pickle) and reads their rewards back as JSON (floats
+    and strings only, MESSAGE_LIMIT bytes at most, read a block at a time under --reward-timeout's clock);
+  - however the run ends, the keeper, a child subreaper, kills the worker and all below it (setsid or not) and
+    removes the scratch folder (one left by a killed keeper is removed at the next start);
+  - a call past --reward-timeout, that ends the worker, raises SystemExit / KeyboardInterrupt, returns no number,
+    or forks a child that returns into the worker: one line naming the task; an Exception: a bug, with the
+    worker's traceback (RemoteTraceback). A task file is built in the worker first (worker_first).
+A task registered in tasks.TASKS from Python (the tests' stubs) keeps its calls in the trainer's process under
+SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a reward runs inside", says what each side can reach.
 """
 import contextlib
 import json
@@ -34,6 +28,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 import weakref
 
 import tasks
@@ -49,7 +44,7 @@ FORKED = 86  # the exit code of a worker's child that returned from a task's cal
 HEADER = struct.Struct(">Q")  # a message: its length, then its pickle (to the worker) or its JSON (back)
 MESSAGE_LIMIT, SHOWN = 1 << 28, 4000  # bytes of one message back; characters of an exception's message sent back
 BUILD_S = 120.0  # seconds the worker may take to build the task (a task file's import and make_task()), at least
-SCRATCH = "reward-worker-"
+SCRATCH, BUILT = "reward-worker-", "its import and make_task()"
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -78,13 +73,14 @@ def timed_task(task, seconds, recipe=None):
 
 
 def worker_first(config):
-    """settle()'s wrap of the task (timed_task). A task file's worker starts here and builds the task before this
-    process imports the file (RewardWorker.built): an import or make_task() that blocks is one line naming the file
-    after BUILD_S seconds (--reward-timeout if longer; 0: no limit)."""
+    """settle()'s wrap of the task (timed_task). A task file's worker starts now and builds it before this process
+    does: an import or make_task() that blocks is one line after BUILD_S seconds (or --reward-timeout, if longer)."""
     recipe = worker_recipe(config)
-    worker = RewardWorker(None, config.reward_timeout, recipe) if tasks.is_task_file(config.task) else None
-    if worker is not None:
-        worker.built()
+    worker = RewardWorker(types.SimpleNamespace(name=recipe["task"]), config.reward_timeout, recipe) \
+        if tasks.is_task_file(config.task) else None
+    if worker is not None:  # one that fails is said by this process's own build
+        worker.ready = worker.answer(BUILT, lambda k: "", [], BUILD_S) is not None
+        worker.ready or worker.close()
 
     def wrap(task):
         if worker is None:
@@ -115,15 +111,12 @@ def rebuildable(name):
 
 
 class TimedRewards:
-    """The task, with each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout it
-    stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
-    STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
-    while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
-    (tasks.reward_number: a number within its range; else one line naming the task). A task file's examples() and
-    solution() (TIMED_CALLS: the user's code, called as the task is built and the run starts) run under the same
-    limit. A SystemExit, KeyboardInterrupt (but a real Ctrl-C's) or other BaseException that is not an Exception,
-    raised by one of these calls, would end the run without a word: a TaskError naming the task and the call.
-    Everything else is the task's own. In this process only for a task the worker cannot rebuild (RewardWorker)."""
+    """The task, each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout one line
+    naming the task; after a stop signal (start()'s handler calls stop()), past STOP_GRACE, so that Ctrl-C still ends
+    a run whose reward never returns, while one whose rewards return finishes its step and saves. Each reward comes
+    back as a float (tasks.reward_number). A task file's examples() and solution() (TIMED_CALLS) run under the same
+    limit. A BaseException that is no Exception (but a real Ctrl-C's) is a TaskError naming the task and the call.
+    In this process only for a task the worker cannot rebuild (RewardWorker)."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
     stopped_at = 0.0  # when it came (time.monotonic())
@@ -217,8 +210,7 @@ def base_exception_line(name, what, kind, shown, detail, source):
             f"returns, or raises an Exception for a bug{source}")
 
 
-def first_argument(error):
-    """'(repr of the error's first argument, cut to 40 characters)', or '' (none, or one without a repr)."""
+def first_argument(error):  # '(its repr, cut)', or '' (none, or one without a repr)
     try:
         return f"({repr(error.args[0])[:40]})" if error.args else ""
     except Exception:  # noqa: BLE001 -- a __repr__ that raises, args that are no tuple
@@ -260,7 +252,7 @@ class RewardWorker(TimedRewards):
                         lambda k: f" on the completion {completions[k][:80]!r}")
 
     def start(self):
-        """The keeper (keep), a fresh interpreter (no fork of this process and its threads), in a scratch folder."""
+        """The keeper (keep): a fresh interpreter (no fork of this process and its threads), in a scratch folder."""
         remove_dead_scratch()
         self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-")
         requests_read, self.requests = os.pipe()
@@ -278,17 +270,6 @@ class RewardWorker(TimedRewards):
         self.closed = weakref.finalize(self, end_worker, self.process, self.requests, self.results, self.scratch)
         write_message(self.requests, pickle.dumps(self.recipe))
         self.ready = False
-
-    def built(self):
-        """Wait for the worker's build of a task file, before this process builds it (worker_first). A build that
-        fails is left to this process's own build to say."""
-        try:
-            self.ready = self.answer("its import and make_task()", lambda k: "", [], BUILD_S) is not None
-        except BaseException:
-            self.close()
-            raise
-        if not self.ready:
-            self.close()
 
     def close(self):
         self.closed()
@@ -314,7 +295,7 @@ class RewardWorker(TimedRewards):
             raise
 
     def answer(self, what, detail, values, least=0.0):
-        limit = max(self.seconds, least) if self.seconds > 0 else float("inf")
+        limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")  # a build: BUILD_S at least
         progress = time.monotonic()  # the request sent, or the latest reward read back
         while True:
             deadline = progress + limit
@@ -323,9 +304,9 @@ class RewardWorker(TimedRewards):
             if remaining <= 0:
                 self.close()
                 if grace < deadline:
-                    say(stop_grace_line(what, self.called()))
+                    say(stop_grace_line(what, self.task.name))
                     raise Stopped(TimedRewards.stop_signal)
-                raise RewardTimeout(timeout_line(self.called(), what, limit, detail(len(values)), self.source_note()))
+                raise RewardTimeout(timeout_line(self.task.name, what, limit, detail(len(values)), self.source_note()))
             record = self.read_record(min(remaining, POLL_S), what)
             if record is None:
                 continue
@@ -339,14 +320,14 @@ class RewardWorker(TimedRewards):
                 progress = time.monotonic()
             elif kind == "done":
                 return values if payload is None else payload
-            elif self.task is None:  # the worker's build of a task file failed: this process's build says how
+            elif what == BUILT:  # the worker's build of a task file failed: this process's build says how
                 return None
             else:  # "error": a task's error, raised here; then the worker is ended (ask)
                 raise self.error(payload, what, detail(len(values)))
 
     def read_record(self, seconds, what):
-        """The next message from the worker (JSON), None if none is whole after one read of at most `seconds` (the
-        clock is looked at between reads), EOFError once the worker's channel closed or its keeper exited."""
+        """The next message (JSON), None if none is whole after one read of at most `seconds`, EOFError once the
+        worker's channel closed or its keeper exited."""
         size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
         if len(self.buffer) < HEADER.size + size:
             ready = select.poll()
@@ -375,10 +356,6 @@ class RewardWorker(TimedRewards):
             raise tasks.TaskError(self.protocol_line(what, f"{str(kind)[:20]!r} with {str(payload)[:40]!r}"))
         return kind, payload
 
-    def called(self):
-        """The task's name; before this process has built it, its file."""
-        return self.recipe["task"] if self.task is None else self.task.name
-
     def ended(self):
         try:
             code = self.process.wait(timeout=5)
@@ -387,49 +364,44 @@ class RewardWorker(TimedRewards):
         return f"exited with code {code}" if code >= 0 else f"was killed by {signal.Signals(-code).name}"
 
     def ended_line(self, what, detail, ended):
-        return (f"task {self.called()}: the reward worker process {ended} during a {what} call{detail}: a task's "
+        return (f"task {self.task.name}: the reward worker process {ended} during a {what} call{detail}: a task's "
                 f"call returns a value (or raises an Exception for a bug), never ends its process{self.source_note()}")
 
     def protocol_line(self, what, found):
-        return (f"task {self.called()}: during a {what} call the reward worker sent what is no message of its own "
+        return (f"task {self.task.name}: during a {what} call the reward worker sent what is no message of its own "
                 f"({found}): a task's code writes nothing into the worker's channel to the trainer{self.source_note()}")
 
     def error(self, payload, what, detail):
-        """The exception to raise here for the worker's report of one (strings only: RewardWorker.read_record)."""
-        name, source, kind = self.task.name, self.source_note(), payload.get("kind")
-        if kind == "base":  # SystemExit, KeyboardInterrupt, ... : they would end a run silently
-            return tasks.TaskError(base_exception_line(name, what, payload.get("type"), payload.get("shown", ""),
-                                                       detail, source))
-        if kind == "forked":
-            return tasks.TaskError(f"task {name}: a {payload.get('what')} call forked the process and the child "
-                                   f"returned from it; the child ended there. A task that forks ends its children "
-                                   f"itself (os._exit), or runs a program with subprocess{source}")
-        classes = {("tasks.custom", "TaskError"): tasks.TaskError,
-                   ("tasks.custom", "TaskCodeError"): tasks.custom.TaskCodeError}
+        """The exception to raise here for the worker's report of one (strings only: read_record)."""
+        name, source, get = self.task.name, self.source_note(), lambda key: payload.get(key, "")
+        if get("kind") == "base":  # SystemExit, KeyboardInterrupt, ... : they would end a run silently
+            return tasks.TaskError(base_exception_line(name, what, get("type"), get("shown"), detail, source))
+        if get("kind") == "forked":
+            return tasks.TaskError(f"task {name}: a {get('what')} call forked the process and the child returned "
+                                   f"from it; the child ended there. A task that forks ends its children itself "
+                                   f"(os._exit), or runs a program with subprocess{source}")
         import builtins
-        module, kind, message = payload.get("module", ""), payload.get("type", ""), payload.get("message", "")
-        cls = classes.get((module, kind)) or (getattr(builtins, kind, None) if module == "builtins" else None)
+        cls = {"tasks.custom": vars(tasks.custom), "builtins": vars(builtins)}.get(get("module"), {}).get(get("type"))
         if cls is tasks.TaskError:  # what the task got wrong, one line: its message says which and where
-            return cls(message)
+            return cls(get("message"))
         try:  # anything else is a bug: this process's traceback, the worker's above it
-            error = cls(message) if isinstance(cls, type) and issubclass(cls, Exception) else None
+            error = cls(get("message")) if isinstance(cls, type) and issubclass(cls, Exception) else None
         except Exception:  # an exception class that takes other arguments
             error = None
-        error = error or RuntimeError(f"{module}.{kind}: {message}")
-        error.__cause__ = RemoteTraceback(payload.get("traceback", ""))
+        error = error or RuntimeError(f"{get('module')}.{get('type')}: {get('message')}")
+        error.__cause__ = RemoteTraceback(get("traceback"))
         return error
 
 
 def end_worker(process, requests, results, scratch):
-    """The keeper told to end (it kills the worker and every process below it), its pipes closed, the scratch
-    folder gone; a keeper that does not end within 10 s is killed with its process group."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
+    """The keeper told to end (it kills the worker and all below it; one stopped or stuck for 10 s is killed with its
+    process group), its pipes closed, the scratch folder gone."""
+    with contextlib.suppress(ProcessLookupError):
+        process.poll() is None and os.kill(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     for fd in (requests, results):
@@ -457,18 +429,16 @@ def write_message(fd, data):
 # The keeper and the worker process
 # ---------------------------------------------------------------------------------------------------------------
 def prctl(option, value):
-    """Linux's prctl(2): 1 = PR_SET_PDEATHSIG, 36 = PR_SET_CHILD_SUBREAPER (elsewhere nothing: the worker then ends
-    when its channel closes, and the keeper ends it alone, not what it started)."""
+    """Linux's prctl(2): 1 = PR_SET_PDEATHSIG, 36 = PR_SET_CHILD_SUBREAPER (elsewhere the worker ends alone)."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
 def keep(requests, results, trainer, scratch):
-    """The keeper, which runs no task code: a child subreaper (every orphan below it is reparented here) whose child,
-    the worker, serves the task. When the worker ends, the trainer ends the keeper (SIGTERM) or the trainer dies (its
-    PR_SET_PDEATHSIG: SIGTERM), it kills the worker and everything below it, removes the scratch folder, and exits
-    as the worker did."""
+    """The keeper, a child subreaper running no task code, whose child, the worker, serves the task. When the worker
+    ends, the trainer ends the keeper (SIGTERM) or dies (PR_SET_PDEATHSIG), it kills the worker and all below it
+    (each orphan is reparented here), removes the scratch folder and exits as the worker did."""
     def stop(signum, frame):
         raise Stopped(signum)
     signal.signal(signal.SIGTERM, stop)
@@ -481,47 +451,38 @@ def keep(requests, results, trainer, scratch):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         prctl(1, signal.SIGKILL)  # the keeper killed: the worker too
         try:
-            if os.getppid() == keeper:
-                serve(requests, results)
+            os.getppid() == keeper and serve(requests, results)
         except BaseException:  # noqa: BLE001 -- a bug here: its traceback, then the worker ends
             traceback.print_exc()
             os._exit(1)
         os._exit(0)
     os.close(requests)
     os.close(results)
-    try:
+    with contextlib.suppress(Stopped):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         while os.getppid() == trainer and status is None:
             pid, wait_status = os.waitpid(-1, 0)  # the worker, or an orphan below it that ended
             status = wait_status if pid == worker else None
-    except Stopped:
-        pass
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    status = end_descendants(worker, status)
+    if status is None:
+        os.kill(worker, signal.SIGKILL)
+    while True:  # each child killed and reaped, until none is left: the worker's orphans become children here
+        for pid in children(keeper):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            pid, wait_status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        status = wait_status if pid == worker else status
     shutil.rmtree(scratch, ignore_errors=True)
-    code = os.waitstatus_to_exitcode(status) if status is not None else 0
+    code = os.waitstatus_to_exitcode(status)
     if code < 0:  # killed by a signal: the keeper too
         with contextlib.suppress(OSError, ValueError):  # SIGKILL's handler is no setting
             signal.signal(-code, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
         os.kill(keeper, -code)
     os._exit(code)
-
-
-def end_descendants(worker, status):
-    """Kill the worker (unless it ended: `status`) and every process below it, each reaped here -> its status."""
-    if status is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(worker, signal.SIGKILL)
-    while True:
-        for pid in children(os.getpid()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:  # none left: whatever one had started was reparented here and ended
-            return status
-        status = wait_status if pid == worker else status
 
 
 def children(parent):
@@ -586,8 +547,9 @@ def serve(requests, results):
         if message[0] == "call":
             _, method, args, kwargs = message
             ok, value = guarded(f"{method}()", getattr(task, method), *args, **kwargs)
-            if ok and method in ("reward", "examples"):
-                ok, value = guarded(f"{method}()", plain, method, value, task, args[0])
+            if ok:  # a reward as its float; examples() rows as the JSON data the trainer gets (tuples as lists)
+                ok, value = guarded(f"{method}()", tasks.reward_number, value, f"task {task.name}", args[0]) \
+                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(json.dumps(v)), value)
             send(("done", value) if ok else ("error", value))
             continue
         _, completions, examples, index, style = message
@@ -595,7 +557,7 @@ def serve(requests, results):
         for completion, i in zip(completions, index):
             ok, value = guarded("reward()", task.reward, completion, examples[i], style=style)
             if ok:
-                ok, value = guarded("reward()", plain, "reward", value, task, completion)
+                ok, value = guarded("reward()", tasks.reward_number, value, f"task {task.name}", completion)
             if not ok:
                 send(("values", values))
                 send(("error", value))
@@ -607,21 +569,6 @@ def serve(requests, results):
         else:
             send(("values", values))
             send(("done", None))
-
-
-def plain(method, value, task, completion):
-    """What crosses to the trainer as JSON: a reward as its float (tasks.reward_number), examples() rows as the JSON
-    data they are (else a TaskError naming the task)."""
-    if method == "reward":
-        return tasks.reward_number(value, f"task {task.name}", completion)
-    try:
-        same = json.loads(json.dumps(value)) == value
-    except (TypeError, ValueError, RecursionError):
-        same = False
-    if not same:
-        raise tasks.TaskError(f"task {task.name}: examples() returned rows that are not JSON data (dicts of strings, "
-                              f"numbers, lists, dicts with string keys: what a --data row holds) ({task.source})")
-    return value
 
 
 def report(error):

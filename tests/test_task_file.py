@@ -254,7 +254,10 @@ def test_a_run_json_from_before_the_newer_settings_still_resumes(tmp_path):
     from harness.config import ADDED_SETTINGS  # what the run.json of commit 80072f0 did not hold
     older = {k: v for k, v in json.loads(settings_path.read_text()).items() if k not in ADDED_SETTINGS}
     settings_path.write_text(json.dumps(older))
-    os.remove(out / "checkpoint-2" / "manifest.json")  # nor its manifest: an older checkpoint (a note says so)
+    os.remove(out / "checkpoint-2" / "manifest.json")  # nor its manifest: an older checkpoint (a note says so),
+    import torch  # whose trainer_state.pt has no word of one either
+    state = out / "checkpoint-2" / checkpoint.TRAINER_STATE
+    torch.save({k: v for k, v in torch.load(state, weights_only=True).items() if k != "manifest.json"}, state)
     assert train.main(["--resume", str(out), "--steps", "3"])["after"] is not None
     assert checkpoint.checkpoint_steps(str(out))[-1] == 3
 

@@ -340,7 +340,7 @@ def test_after_a_stop_signal_a_step_whose_rewards_return_still_gets_them(monkeyp
 STARTS = """
 if not os.path.exists("{flag}"):  # once: a program in a session of its own, out of any process group's reach
     import subprocess
-    subprocess.Popen(["sleep", "300"], start_new_session=True)
+    subprocess.Popen(["sleep", "300"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     open("{flag}", "w").close()
 {then}
 """

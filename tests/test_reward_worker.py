@@ -1,6 +1,6 @@
-"""A task's reward runs in a worker process (harness/reward_worker.py): what it does there cannot move, replace or stop the
-run's files, fork or hang the trainer, or end the run without a word (issue 69); and a run's rewards are the same
-numbers, in the same order, as in the trainer's own process.
+"""A task's reward runs in a worker process (harness/reward_worker.py): what it does there cannot move, replace or
+stop the run's files, fork or hang the trainer, end the run without a word (issue 69), or outlive the run (issue
+75); and a run's rewards are the same numbers, in the same order, as in the trainer's own process.
 
 The runs whose reward forks or never returns are subprocesses in a session of their own, under a process limit
 (RLIMIT_NPROC, which a root user is not held to: the task files' own fork budget bounds them there too) and a

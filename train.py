@@ -55,7 +55,7 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
                                       drop_finished_every=config.drop_finished_every))
     with clock("reward+advantage"):
         scored = [examples[i] for i in rollouts.prompt_index.tolist()]  # x_i of each o_ij
-        if hasattr(task, "rewards"):  # the run's task: all in one call (harness/rewards.py)
+        if hasattr(task, "rewards"):  # the run's task: all in one call (harness/reward_worker.py)
             rewards = task.rewards(rollouts.completions, scored, style=config.style)
         else:
             rewards = [float(task.reward(text, example, style=config.style))

@@ -7,7 +7,7 @@
     run.py         a run's lifecycle: the folder owned, metrics, evals, checkpoints, Ctrl-C (the RunState)
     stops.py       what stops a run: a signal, a stop before the first step, steps that learn nothing
     console.py     what a run prints: lines beside the progress bar, the bar's numbers, eval samples
-    rewards.py     where a task's reward runs: a worker process (--reward-timeout kills it), one round trip a step
+    reward_worker.py where a task's reward runs: a worker process (--reward-timeout kills it), one round trip a step
     prompts.py     the training prompts of each step: fresh draws, or --epochs over a fixed set; their context check
     checkpoint.py  the run folder and its checkpoints: one run at a time, a kill's leftovers put right, --resume
     manifest.py    a model folder written whole, its files bound into one set by their sha256 (manifest.json)

@@ -284,7 +284,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
         save_policy(model, tmp)  # a LoRA policy: its adapters only (harness/model.py)
         tokenizer.save_pretrained(tmp)
         weights = weight_digests(tmp)
-        torch.save({**trainer_state, WEIGHTS_SHA256: weights}, os.path.join(tmp, TRAINER_STATE))
+        torch.save({**trainer_state, WEIGHTS_SHA256: weights, MANIFEST: True}, os.path.join(tmp, TRAINER_STATE))
         run_json = json.dumps(settings, indent=1, sort_keys=True).encode()
         write_manifest(tmp, {**weights, RUN_SETTINGS: hashlib.sha256(run_json).hexdigest()})
         with open(os.path.join(tmp, RUN_SETTINGS), "wb") as f:  # written last: the folder is complete once it exists
@@ -472,15 +472,25 @@ def load_trainer_state(checkpoint_dir):
 WEIGHTS_SHA256 = "weights_sha256"  # trainer_state.pt's {file name: sha256} of the checkpoint's weight files
 
 
+RESUME_NOTES = []  # resolve_checkpoint's notes on the checkpoint a resume takes: said once it passes its checks
+
+
 def verify_checkpoint(checkpoint_dir, log=print):
     """A RunError naming the file when checkpoint_dir's files are not the set its save wrote: a file missing,
     changed (config.json, the tokenizer's, the weights, trainer_state.pt, run.json: its sha256 is not MANIFEST's),
-    one the save did not write, or anything but a regular file. A checkpoint from before MANIFEST was written: a
-    note (its weights are checked by trainer_state.pt's digests, load_trainer_state). Reads every file once."""
+    one the save did not write, or anything but a regular file; MANIFEST itself missing where trainer_state.pt says
+    the save wrote one. A checkpoint from before MANIFEST was written: a note (its weights are checked by
+    trainer_state.pt's digests, load_trainer_state). Reads every file once. Then RESUME_NOTES are said."""
     hint = instead_of(checkpoint_dir)
     if not verify_manifest(checkpoint_dir, hint):
+        if load_trainer_state(checkpoint_dir).get(MANIFEST):  # deleted: nothing binds the other files any more
+            raise RunError(f"{checkpoint_dir}/{MANIFEST}: missing, though its save wrote one (its {TRAINER_STATE} "
+                           f"says so); {hint}")
         log(f"note: {checkpoint_dir} was saved before checkpoints listed their files' sha256 ({MANIFEST}): only its "
             "weights are checked against its trainer_state.pt; the run's next checkpoint has one")
+    for note in RESUME_NOTES:
+        log(note)
+    RESUME_NOTES.clear()
 
 
 def weight_digests(folder):

@@ -15,7 +15,7 @@ import os
 import sys
 
 import tasks
-from harness.checkpoint import checkpoint_step, load_run_settings, refuse_live_run, resolve_checkpoint
+from harness.checkpoint import RESUME_NOTES, checkpoint_step, load_run_settings, refuse_live_run, resolve_checkpoint
 from harness.config import ADDED_SETTINGS, Config, InputError, field_choices, field_kind, flag_name, resumable
 from harness.files import RunError
 
@@ -66,16 +66,20 @@ def parse_task_option(text):
         return key, value
 
 
-def number_type(kind):
-    """int/float parser with a plain message (and no nan or inf)."""
+FLOAT32_MAX = 3.4028234663852886e38  # a float setting reaches float32 tensors (the seconds of --reward-timeout do not)
+
+
+def number_type(kind, name=""):
+    """int/float parser with a plain message (and no nan or inf, nor a float beyond float32's range)."""
     def parse(text):  # argparse prefixes the message with "argument --flag: "
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, "
                                              f"got {text!r}") from None
-        if kind is float and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if kind is float and not (abs(value) <= FLOAT32_MAX or name == "reward_timeout" and math.isfinite(value)):
+            bound = "" if name == "reward_timeout" else " within float32's range (+-3.4e38)"
+            raise argparse.ArgumentTypeError(f"expected a finite number{bound}, got {text!r}")
         return value
     return parse
 
@@ -105,7 +109,7 @@ def build_parser(prog="train.py"):
             parser.add_argument(*names, dest=f.name, action="append", metavar="KEY=VALUE", help=help_text)
         else:
             parser.add_argument(*names, dest=f.name, choices=choices, help=help_text.replace("%", "%%"),
-                                type=number_type(kind) if kind in (int, float) else str,
+                                type=number_type(kind, f.name) if kind in (int, float) else str,
                                 metavar=None if choices else {int: "N", float: "X"}.get(kind, "TEXT"))
     return parser
 
@@ -207,7 +211,8 @@ def resumed(config, log=print):
         refuse_live_run(config.resume)
     if not os.path.exists(config.resume):
         raise ValueError(f"--resume {config.resume}: no such folder")
-    checkpoint_dir = resolve_checkpoint(config.resume, log)
+    RESUME_NOTES.clear()  # which checkpoint it takes: said once that checkpoint passes its checks (a dry run: now)
+    checkpoint_dir = resolve_checkpoint(config.resume, log if config.dry_run else RESUME_NOTES.append)
     saved, path = saved_config(checkpoint_dir), os.path.join(checkpoint_dir, "run.json")
     run_dir, name = os.path.dirname(checkpoint_dir), os.path.basename(checkpoint_dir)
     step = checkpoint_step(run_dir, name)

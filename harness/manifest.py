@@ -99,7 +99,8 @@ def write_manifest(folder, known=None):
 
 def verify_manifest(folder, hint):
     """Check folder's files against its MANIFEST (check_digests) -> True; False when it has none (a save from before
-    it). A MANIFEST that is not a small regular file holding a table of digests is a RunError ending with hint."""
+    it). A MANIFEST that is not a small regular file holding a table of digests named by folder's own file names is
+    a RunError ending with hint."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.lexists(path):
         return False
@@ -112,6 +113,9 @@ def verify_manifest(folder, hint):
             raise ValueError("no table of file names to sha256 digests")
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise RunError(f"{path} is unreadable ({type(error).__name__}: {error}); {hint}") from None
+    stray = next((name for name in listed if name in ("", ".", "..") or "/" in name or "\0" in name), None)
+    if stray is not None:  # /proc/self/pagemap, ../x: never opened (only the folder's own files are hashed)
+        raise RunError(f"{path} lists {stray[:80]!r}, which is no file name of its folder; {hint}")
     check_digests(folder, listed, MANIFEST, hint)
     return True
 

@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 
-from harness.checkpoint import LOCK, holds_a_run, resolve_checkpoint, run_owns, verify_checkpoint
+from harness.checkpoint import LOCK, RESUME_NOTES, holds_a_run, resolve_checkpoint, run_owns, verify_checkpoint
 from harness.files import RunError
 from harness.flags import saved_config
 from harness.manifest import save_policy_atomically
@@ -27,7 +27,7 @@ def main(argv=None):
     try:
         if os.path.lexists(args.output):  # before anything loads: nothing there is ever replaced
             raise RunError(f"{args.output} already exists; name a folder that does not exist yet")
-        checkpoint = resolve_checkpoint(args.checkpoint)
+        checkpoint = resolve_checkpoint(args.checkpoint, RESUME_NOTES.append)  # its note: once it passes its checks
         run_dir, out = os.path.dirname(checkpoint), os.path.join(os.path.realpath(os.path.dirname(
             os.path.abspath(args.output))), os.path.basename(os.path.abspath(args.output)))
         for folder in [run_dir] + run_folders_above(out):  # a run saves and prunes there: never beside them

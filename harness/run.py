@@ -34,7 +34,7 @@ from harness.files import RunError, write_failed
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.model import policy_digest
 from harness.policy import restore_trainer_state
-from harness.rewards import RewardTimeout, TimedRewards
+from harness.reward_worker import RewardTimeout, TimedRewards
 from harness.stops import Stopped
 from harness.stops import IDLE_EXIT, STOP_SIGNALS, idle_note
 from harness.watch import CONSTANT_CHECKED, MIN_PROMPTS, Watch, top_answer

@@ -9,9 +9,9 @@ one InputError line (exit 2), raised before the first step.
 """
 import contextlib
 import dataclasses
-import functools
 import json
 import os
+import signal
 import sys
 import uuid
 
@@ -28,7 +28,8 @@ from harness.flags import check_libraries, fixed_paths
 from harness.model import base_changed, load_tokenizer
 from harness.policy import policy_load_errors
 from harness.prompts import epoch_steps, training_prompts
-from harness.rewards import RewardTimeout, timed_task, worker_recipe
+from harness.reward_worker import RewardTimeout, worker_first
+from harness.stops import Stopped
 
 
 @contextlib.contextmanager
@@ -44,6 +45,9 @@ def input_errors():
         raise InputError(str(error)) from None
     except OSError as error:
         raise RunError(f"{error.filename + ': ' if error.filename else ''}{error.strerror or error}") from None
+    except KeyboardInterrupt:  # Ctrl-C while a task file or the model loads: one line, no traceback
+        say("\nCtrl-C: stopped before the first step; nothing was saved")
+        raise Stopped(signal.SIGINT) from None
 
 
 def settle(config):
@@ -71,8 +75,7 @@ def settle(config):
             config = dataclasses.replace(config, style="compact" if compact else "chat")
             config = tiny.apply_cpu_defaults(config) if compact else config
         config = task_file(config)
-        timed = functools.partial(timed_task, seconds=config.reward_timeout,  # a task file's first rewards too
-                                  recipe=worker_recipe(config))  # harness/rewards.py: its worker process
+        timed = worker_first(config)  # harness/reward_worker.py: a task file is built in its worker first
         if config.dry_run:  # --data is read where it exists here (a plan for another machine may name its path)
             steps = epoch_steps(config, config.train_size // config.prompts_per_step) if config.epochs and \
                 config.train_size else config.steps  # the steps --epochs sets from --train-size

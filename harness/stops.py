@@ -1,6 +1,6 @@
 """What stops a run: a signal (Ctrl-C, SIGTERM, SIGHUP: the step finishes and a checkpoint is saved, run.start's
 handler), before the first step one that stops it at once (Stopped), and --idle-stop steps in a row that learned
-nothing (IDLE_EXIT, said first by idle_note). A reward that never returns: harness/rewards.py."""
+nothing (IDLE_EXIT, said first by idle_note). A reward that never returns: harness/reward_worker.py."""
 import signal
 
 

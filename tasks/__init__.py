@@ -52,7 +52,7 @@ __all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "NEEDS_DATA", "RULES", "TASKS"
 def get_task(name, *, data=None, wrap=None, **options):
     """Build the task `name` (or the task file / module `name`: tasks/custom.py); `data` is a file path for the
     data-file tasks, `options` go to its factory. wrap: a function of the task -> the task returned (a run's:
-    harness/rewards.py), applied before a task file's rewards are first called, so that it bounds those calls too."""
+    harness/reward_worker.py), applied before a task file's rewards are first called, so that it bounds those calls too."""
     if name not in TASKS and is_task_file(name):
         return custom.load(name, data=data, wrap=wrap, **options)
     if name not in TASKS:

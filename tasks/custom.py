@@ -102,13 +102,13 @@ def file_sha256(path):
 
 def load(name, *, data=None, wrap=None, **options):
     """Import the task file or module `name`, call its make_task(data=data, **options) -> a FileTask, or wrap(it)
-    (harness/rewards.py's: --reward-timeout, a worker process), its protocol checked through that (check_protocol)."""
+    (harness/reward_worker.py's: --reward-timeout, a worker process), its protocol checked through that (check_protocol)."""
     task = build(name, data=data, **options)
     return check_protocol(wrap(task) if wrap else task)
 
 
 def build(name, *, data=None, **options):
-    """load's FileTask, unchecked: what harness/rewards.py's worker process builds again (load checked it)."""
+    """load's FileTask, unchecked: what harness/reward_worker.py's worker process builds again (load checked it)."""
     path = source_file(name)
     if name.endswith(".py"):
         spec = importlib.util.spec_from_file_location(f"task_file_{hashlib.sha256(path.encode()).hexdigest()[:12]}",

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import train
 from harness import checkpoint, manifest as manifest_module
+from harness.files import RunError
 from harness import checkpoint as checkpoint_module, run as run_module, settle
 from tests.run_cli import fails, run
 from tests.stubs import SMALL_TRAIN as SMALL
@@ -212,12 +214,74 @@ def test_a_file_the_save_did_not_write_is_refused(saved_run, capsys):
 
 
 def test_a_checkpoint_from_before_the_manifest_resumes_with_a_note(saved_run, capsys):
-    os.remove(saved_run / "checkpoint-2" / manifest_module.MANIFEST)
+    os.remove(saved_run / "checkpoint-2" / manifest_module.MANIFEST)  # and its trainer_state.pt's word of it:
+    state = saved_run / "checkpoint-2" / checkpoint.TRAINER_STATE  # a save from before manifests
+    torch.save({k: v for k, v in torch.load(state, weights_only=True).items() if k != manifest_module.MANIFEST}, state)
     train.main(["--resume", str(saved_run), "--steps", "3"])
     notes = [line for line in capsys.readouterr().out.splitlines() if "listed their files' sha256" in line]
     assert len(notes) == 1 and notes[0].startswith(f"note: {saved_run / 'checkpoint-2'} was saved before")
     assert checkpoint.checkpoint_steps(str(saved_run))[-1] == 3
     assert os.path.exists(saved_run / "checkpoint-3" / manifest_module.MANIFEST)  # the next one has it
+
+
+def test_a_deleted_manifest_of_a_save_that_wrote_one_is_refused(saved_run, capsys):
+    # 2c9f269: with manifest.json deleted, an edited config.json resumed with a note and trained a broken model
+    os.remove(saved_run / "checkpoint-2" / manifest_module.MANIFEST)
+    path = saved_run / "checkpoint-2" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "rms_norm_eps": 1e30}))
+    err = fails(capsys, ["--resume", str(saved_run), "--steps", "3"])
+    assert f"{saved_run / 'checkpoint-2' / 'manifest.json'}: missing, though its save wrote one" in err
+    assert checkpoint.checkpoint_steps(str(saved_run)) == [2]
+
+
+def test_the_note_of_the_checkpoint_a_resume_takes_follows_its_checks(saved_run, capsys):
+    # 2c9f269 said "resuming from checkpoint-2" and then refused checkpoint-2: the refusal alone now
+    os.remove(saved_run / "latest")
+    path = saved_run / "checkpoint-2" / "config.json"
+    good = path.read_text()
+    path.write_text(json.dumps({**json.loads(good), "rms_norm_eps": 0.5}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train.main(["--resume", str(saved_run), "--steps", "3"])
+    said = capsys.readouterr()
+    assert "config.json: not the file its save wrote" in said.err and "resuming from" not in said.out + said.err
+    path.write_text(good)
+    train.main(["--resume", str(saved_run), "--steps", "3"])
+    out = capsys.readouterr().out
+    assert out.count("resuming from checkpoint-2, the newest complete one") == 1
+    assert out.index("resuming from checkpoint-2") < out.index("resumed from step 2")
+
+
+def listing(folder, name, digest):
+    """folder's manifest with one more entry, `name`: `digest`."""
+    path = os.path.join(folder, manifest_module.MANIFEST)
+    table = json.load(open(path))
+    json.dump({"sha256": {**table["sha256"], name: digest}}, open(path, "w"))
+
+
+@pytest.mark.parametrize("name", ["../metrics.jsonl", "ABSOLUTE", ".."])
+def test_a_manifest_names_only_files_of_its_own_folder(saved_run, capsys, name):
+    # 2c9f269 hashed whatever a manifest listed: a file outside the folder, listed with its right digest, passed as
+    # one of the checkpoint's (exit 0), and /proc/self/pagemap hung the resume (the next test)
+    outside = saved_run / "metrics.jsonl"
+    name = str(outside) if name == "ABSOLUTE" else name
+    listing(saved_run / "checkpoint-2", name, manifest_module.file_sha256(outside))
+    err = fails(capsys, ["--resume", str(saved_run), "--steps", "3"])
+    assert f"manifest.json lists {name!r}, which is no file name of its folder" in err
+
+
+def test_a_listed_proc_file_is_refused_unread_in_a_checkpoint_and_a_warm_start_cache(saved_run, tmp_path):
+    flags, cache = cached_warm_start(tmp_path)
+    for folder in (str(saved_run / "checkpoint-2"), cache):  # merge_lora verifies a checkpoint the same way
+        listing(folder, "/proc/self/pagemap", "0" * 64)
+        signal.signal(signal.SIGALRM, lambda *_: pytest.fail("still hashing after 20 s"))
+        signal.alarm(20)  # 2c9f269 read the file's 2**55 bytes: the alarm ends that here, failing
+        try:
+            with pytest.raises(RunError, match="lists '/proc/self/pagemap', which is no file name of its folder"):
+                manifest_module.verify_manifest(folder, "hint")
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def test_a_digest_table_that_is_not_one_is_one_line(saved_run, capsys):

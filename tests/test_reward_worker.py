@@ -1,6 +1,6 @@
-"""A task's reward runs in a worker process (harness/rewards.py): what it does there cannot move, replace or stop the
-run's files, fork or hang the trainer, or end the run without a word (issue 69); and a run's rewards are the same
-numbers, in the same order, as in the trainer's own process.
+"""A task's reward runs in a worker process (harness/reward_worker.py): what it does there cannot move, replace or
+stop the run's files, fork or hang the trainer, end the run without a word (issue 69), or outlive the run (issue
+75); and a run's rewards are the same numbers, in the same order, as in the trainer's own process.
 
 The runs whose reward forks or never returns are subprocesses in a session of their own, under a process limit
 (RLIMIT_NPROC, which a root user is not held to: the task files' own fork budget bounds them there too) and a
@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from harness import checkpoint, rewards
+from harness import checkpoint, reward_worker as rewards
 import tasks
 import train
 from tests.stubs import SMALL_TRAIN as SMALL, DigitsTask
@@ -80,20 +80,30 @@ def limited():
     resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
 
 
-def run_train(args, cwd, timeout=150):
-    """train.py args in cwd, in a session of its own, limited (limited()) and timed -> (returncode, stdout, stderr,
-    the pids still marked once it ended: killed here)."""
+def run_train(args, cwd, timeout=150, signals=()):
+    """train.py args in cwd, in a session of its own, limited (limited()) and timed, its temporary files in
+    cwd/tmp; `signals`: (file, signal, ...): once the file exists, the signals are sent to it -> (returncode,
+    stdout, stderr, the pids still marked once it ended: killed here)."""
     marker = uuid.uuid4().hex
+    os.makedirs(os.path.join(cwd, "tmp"), exist_ok=True)
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *args], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=limited, env={**os.environ, "REWARD_WORKER_TEST": marker})
+                            preexec_fn=limited, env={**os.environ, "REWARD_WORKER_TEST": marker,
+                                                     "TMPDIR": os.path.join(cwd, "tmp")})
+    if signals:
+        deadline = time.time() + timeout
+        while not os.path.exists(signals[0]) and time.time() < deadline:
+            time.sleep(0.1)
+        for signum in signals[1:]:
+            time.sleep(0.5)
+            proc.send_signal(signum)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         err += f"\n(the test killed it: still running after {timeout} s)"
-    time.sleep(0.5)  # what the run killed as it ended is reaped by then
+    time.sleep(2)  # what the run killed as it ended is reaped by then
     left = processes_with(marker)
     for pid in left:
         try:
@@ -186,7 +196,7 @@ CHECK_TASK = """
 import functools, sys, types
 sys.path.insert(0, {repo!r})
 import tasks
-from harness import rewards
+from harness import reward_worker as rewards
 config = types.SimpleNamespace(task={path!r}, data=None, task_options={{}})
 try:
     tasks.get_task({path!r}, wrap=functools.partial(rewards.timed_task, seconds=1,
@@ -324,3 +334,78 @@ def test_after_a_stop_signal_a_step_whose_rewards_return_still_gets_them(monkeyp
     completions = [task.solution(example, "compact") for example in examples]
     assert timed.rewards(completions, examples, style="compact") == [1.0] * 4
     timed.close()
+
+
+# --- nothing a reward starts outlives the run, however it ends (issue 75) --------------------------------------------
+STARTS = """
+if not os.path.exists("{flag}"):  # once: a program in a session of its own, out of any process group's reach
+    import subprocess
+    subprocess.Popen(["sleep", "300"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    open("{flag}", "w").close()
+{then}
+"""
+
+
+@pytest.mark.parametrize("ending", ["clean", "SIGKILL", "a second SIGTERM"])
+def test_nothing_a_reward_starts_outlives_the_run(tmp_path, ending):
+    # 2c9f269: the setsid child ran on under init after each ending, and a SIGKILL left the scratch folder behind
+    flag = str(tmp_path / "started")
+    path = task_file(tmp_path, STARTS.format(flag=flag, then="" if ending == "clean" else "time.sleep(1000)"))
+    signals = {"clean": (), "SIGKILL": (flag, signal.SIGKILL), "a second SIGTERM": (flag, signal.SIGTERM,
+                                                                                     signal.SIGTERM)}[ending]
+    code, _, err, left = run_train(["--task", path, "--output-dir", "run", *SMALL, "--steps", "2",
+                                    "--reward-timeout", "0"], cwd=tmp_path, timeout=120, signals=signals)
+    assert code == {"clean": 0, "SIGKILL": -9, "a second SIGTERM": -15}[ending], err
+    assert os.path.exists(flag) and not left, left
+    assert os.listdir(tmp_path / "tmp") == []  # no scratch folder stays
+
+
+def test_a_scratch_folder_a_killed_run_left_is_removed_at_the_next_start(tmp_path, monkeypatch):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a PID no process has
+    monkeypatch.setattr(rewards.tempfile, "tempdir", str(tmp_path))
+    for name in (f"reward-worker-{gone.pid}-abc", f"reward-worker-{os.getpid()}-abc", "reward-worker-x"):
+        (tmp_path / name).mkdir()
+    config = types.SimpleNamespace(task="countdown", data=None, task_options={"num_count": 2})
+    timed = rewards.timed_task(tasks.get_task("countdown", num_count=2), 60.0, rewards.worker_recipe(config))
+    assert f"reward-worker-{gone.pid}-abc" not in os.listdir(tmp_path)  # 2c9f269: it stayed
+    assert {f"reward-worker-{os.getpid()}-abc", "reward-worker-x"} <= set(os.listdir(tmp_path))  # not a dead run's
+    timed.close()
+
+
+# --- a dead worker is seen; only floats and strings cross from it (issue 75) ----------------------------------------
+@pytest.mark.parametrize("holder", ["os.system('sleep 300 &')", "os.fork() or time.sleep(300)"])
+def test_a_worker_that_exits_is_seen_whatever_holds_its_channel(tmp_path, holder):
+    # 2c9f269: the background program kept the result pipe open: with no limit the run hung (the test's timeout)
+    path = task_file(tmp_path, f"{holder}\nos._exit(0)")
+    code, _, err, left = run_train(["--task", path, "--output-dir", "run", *SMALL, "--steps", "4",
+                                    "--reward-timeout", "0"], cwd=tmp_path, timeout=90)
+    assert code == 2 and not left and last_line(err).startswith(
+        "train.py: error: task my_task: the reward worker process exited with code 0 during a reward() call"), err
+
+
+def test_what_a_reward_raises_is_never_unpickled_by_the_trainer(tmp_path):
+    # 2c9f269 pickled a BaseException's argument and unpickled it in the trainer: this one opened a file there
+    opened = tmp_path / "opened-by-the-trainer"
+    path = task_file(tmp_path, f"""
+        class Opens:
+            def __reduce__(self):
+                return (open, ({str(opened)!r}, "w"))
+        raise SystemExit(Opens())""", after=0)
+    code, _, err, _ = run_train(["--task", path, "--dry-run", *SMALL], cwd=tmp_path, timeout=90)
+    assert code == 2 and last_line(err).startswith("train.py: error: task my_task: reward() raised SystemExit(<"), err
+    assert not opened.exists()
+
+
+def test_a_huge_exception_message_is_cut_and_a_huge_message_refused(tmp_path):
+    # 2c9f269 read and printed all 50 MB of it
+    path = task_file(tmp_path, "raise ValueError('x' * 50_000_000)", after=0)
+    code, _, err, _ = run_train(["--task", path, "--dry-run", *SMALL], cwd=tmp_path, timeout=90)
+    assert code == 1 and "(in the reward worker process)" in err and len(err) < 200_000, (code, len(err))
+    claims = "import stat, struct\nfor fd in range(3, 64):\n    try:\n        if stat.S_ISFIFO(os.fstat(fd).st_mode):" \
+        "\n            os.write(fd, struct.pack('>Q', 1 << 40))\n    except OSError:\n        pass\ntime.sleep(300)"
+    path = task_file(tmp_path, claims, after=0, name="claims.py")
+    code, _, err, left = run_train(["--task", path, "--dry-run", *SMALL, "--reward-timeout", "0"], cwd=tmp_path,
+                                   timeout=90)
+    assert code == 2 and not left and "the reward worker sent what is no message of its own (a message of " \
+        f"{1 << 40} bytes" in last_line(err), err

@@ -60,7 +60,7 @@ def test_the_folders_are_absolute_from_the_command_line_on(tmp_path, monkeypatch
     (["--save-every", "1" + "0" * 30], "--save-every must lie within +-(2**63 - 1)"),
     (["--micro-batch", "1" + "0" * 30], "--micro-batch must lie within"),  # torch: Overflow unpacking long long
     (["--max-prompt-length", "1" + "0" * 400], "--max-prompt-length must lie within"),
-    (["--lora-rank", "2", "--lora-alpha", "1e300"], "--lora-alpha must lie in (0, 1000 x --lora-rank]"),  # nan
+    (["--lora-rank", "2", "--lora-alpha", "1e30"], "--lora-alpha must lie in (0, 1000 x --lora-rank]"),  # nan
     (["--lora-rank", "2", "--lora-alpha", "0"], "--lora-alpha must lie in (0, 1000 x --lora-rank]")])
 def test_a_flag_value_the_run_cannot_take_is_refused_by_the_dry_run_too(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:

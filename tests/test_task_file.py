@@ -254,7 +254,10 @@ def test_a_run_json_from_before_the_newer_settings_still_resumes(tmp_path):
     from harness.config import ADDED_SETTINGS  # what the run.json of commit 80072f0 did not hold
     older = {k: v for k, v in json.loads(settings_path.read_text()).items() if k not in ADDED_SETTINGS}
     settings_path.write_text(json.dumps(older))
-    os.remove(out / "checkpoint-2" / "manifest.json")  # nor its manifest: an older checkpoint (a note says so)
+    os.remove(out / "checkpoint-2" / "manifest.json")  # nor its manifest: an older checkpoint (a note says so),
+    import torch  # whose trainer_state.pt has no word of one either
+    state = out / "checkpoint-2" / checkpoint.TRAINER_STATE
+    torch.save({k: v for k, v in torch.load(state, weights_only=True).items() if k != "manifest.json"}, state)
     assert train.main(["--resume", str(out), "--steps", "3"])["after"] is not None
     assert checkpoint.checkpoint_steps(str(out))[-1] == 3
 
@@ -349,3 +352,50 @@ def test_examples_or_a_solution_that_hang_as_the_task_is_built_are_stopped_by_th
     err = one_line(capsys, ["--task", path, "--output-dir", str(tmp_path / "run"), *SMALL, "--reward-timeout", "1"])
     assert err.startswith(f"train.py: error: task my_task: {call}") and "ran for more than 1 s" in err, err
     assert time.time() - started < 30
+
+
+BLOCKS = {"its import": "import time\ntime.sleep(1000)\n",
+          "make_task()": "import time\n\ndef make_task(data=None):\n    while True:\n        try:\n"
+                         "            time.sleep(1000)\n        except BaseException:\n            pass\n"}
+BUILD_LIMIT = """import sys
+sys.path.insert(0, {repo!r})
+try:
+    from harness import reward_worker as worker
+except ImportError:  # 2c9f269's name
+    from harness import rewards as worker
+worker.BUILD_S = 3  # the stated limit, here a short one
+import train
+train.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("where", list(BLOCKS))
+def test_a_task_file_whose_import_or_make_task_blocks_is_one_line_within_the_build_limit(tmp_path, where):
+    # 2c9f269: the run hung with no limit and no word (this test's timeout ended it)
+    path = task_file(tmp_path, BLOCKS[where])
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-c", BUILD_LIMIT.format(repo=REPO), "--task", path, "--dry-run",
+                           "--reward-timeout", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"train.py: error: task {path}: its import and make_task() ran for more than 3 s; fix the task, or raise "
+        "--reward-timeout"], proc.stderr
+    assert time.time() - started < 60
+
+
+def test_ctrl_c_while_a_task_file_blocks_its_start_is_one_line(tmp_path):
+    # 2c9f269: a 27-line KeyboardInterrupt traceback
+    path = task_file(tmp_path, f"import time\nopen({str(tmp_path / 'importing')!r}, 'w').close()\n"
+                               "time.sleep(1000)\n")
+    proc = subprocess.Popen([sys.executable, "train.py", "--task", path, "--dry-run"], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not os.path.exists(tmp_path / "importing") and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and len((out + err).strip().splitlines()) == 1, err
+    assert "Ctrl-C: stopped before the first step; nothing was saved" in out

@@ -1,22 +1,23 @@
 """Where a task's code runs during a run: a worker process, out of the trainer's reach.
 
-A task's reward() (and a task file's examples() and solution()) is the user's code, or a verifier's: it may chdir,
-fork, exit, close stdout, set torch's threads or seed, install signal handlers, or never return. During a run it
-runs in one worker process (RewardWorker: a fresh interpreter, started with the task and kept for the run), in a
-scratch working directory, in a process group of its own:
-  - the trainer sends a step's completions in one message and reads their rewards back (one round trip per step;
-    a single call, such as an eval's, is one round trip);
-  - --reward-timeout is the trainer's clock: when no reward comes back for that long, the trainer kills the worker's
-    process group (nothing inside it can defeat that) and the run stops with one line naming the task;
-  - a call that ends the worker (os._exit, a signal), raises SystemExit / KeyboardInterrupt, returns something that
-    is not a number, or forks a child that returns into the worker: one line naming the task;
-  - an exception raised inside reward(): a bug, shown with the worker's traceback (RemoteTraceback).
-A task that cannot be rebuilt in a fresh process (one registered in tasks.TASKS from Python, as the tests' stubs
-are) keeps its calls in the trainer's process under SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a
-reward runs inside", says what each side can reach.
+A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
+stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
+scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (keep):
+  - the trainer sends a step's completions in one message (a pickle) and reads their rewards back as JSON (floats
+    and strings only, MESSAGE_LIMIT bytes at most, read a block at a time under --reward-timeout's clock);
+  - however the run ends, the keeper, a child subreaper, kills the worker and all below it (setsid or not) and
+    removes the scratch folder (one left by a killed keeper is removed at the next start);
+  - a call past --reward-timeout, that ends the worker, raises SystemExit / KeyboardInterrupt, returns no number,
+    or forks a child that returns into the worker: one line naming the task; an Exception: a bug, with the
+    worker's traceback (RemoteTraceback). A task file is built in the worker first (worker_first).
+A task registered in tasks.TASKS from Python (the tests' stubs) keeps its calls in the trainer's process under
+SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a reward runs inside", says what each side can reach.
 """
+import contextlib
+import json
 import os
 import pickle
+import re
 import select
 import shutil
 import signal
@@ -27,19 +28,23 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 import weakref
 
 import tasks
 from harness.console import say
+from harness.files import process_alive, what_is
 from harness.stops import Stopped
 
 STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
 FLUSH_S = 0.05  # the worker sends a batch's rewards back at least this often (the trainer's clock reads them)
-POLL_S = 0.5  # the trainer looks at its clock (and a stop signal) at least this often while it waits
+POLL_S = 0.5  # the trainer looks at its clock, a stop signal and the keeper at least this often while it waits
 TIMER_LIMIT = 1e8  # seconds: a longer --reward-timeout is no limit for SIGALRM (setitimer overflows near 1e300)
 FORKED = 86  # the exit code of a worker's child that returned from a task's call: it ends there
-HEADER = struct.Struct(">Q")  # a message: its length, then its pickle
-BUILD_S = 120.0  # seconds the worker may take to build the task (its imports, a data file), at least
+HEADER = struct.Struct(">Q")  # a message: its length, then its pickle (to the worker) or its JSON (back)
+MESSAGE_LIMIT, SHOWN = 1 << 28, 4000  # bytes of one message back; characters of an exception's message sent back
+BUILD_S = 120.0  # seconds the worker may take to build the task (a task file's import and make_task()), at least
+SCRATCH, BUILT = "reward-worker-", "its import and make_task()"
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -62,9 +67,27 @@ def timed_task(task, seconds, recipe=None):
         return RewardWorker(task, seconds, recipe)
     if recipe is not None:
         say(f"note: task {task.name} was registered from Python (tasks.TASKS), so a worker process cannot rebuild it: "
-            "its rewards run in this process (harness/rewards.py; a reward that changes the working directory, "
+            "its rewards run in this process (harness/reward_worker.py; a reward that changes the working directory, "
             "forks or exits reaches the run)")
     return TimedRewards(task, seconds)
+
+
+def worker_first(config):
+    """settle()'s wrap of the task (timed_task). A task file's worker starts now and builds it before this process
+    does: an import or make_task() that blocks is one line after BUILD_S seconds (or --reward-timeout, if longer)."""
+    recipe = worker_recipe(config)
+    worker = RewardWorker(types.SimpleNamespace(name=recipe["task"]), config.reward_timeout, recipe) \
+        if tasks.is_task_file(config.task) else None
+    if worker is not None:  # one that fails is said by this process's own build
+        worker.ready = worker.answer(BUILT, lambda k: "", [], BUILD_S) is not None
+        worker.ready or worker.close()
+
+    def wrap(task):
+        if worker is None:
+            return timed_task(task, config.reward_timeout, recipe)
+        worker.task = task
+        return worker
+    return wrap
 
 
 def worker_recipe(config):
@@ -88,15 +111,12 @@ def rebuildable(name):
 
 
 class TimedRewards:
-    """The task, with each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout it
-    stops the run with one line naming the task; after a stop signal (start()'s handler calls stop()), past
-    STOP_GRACE, so that Ctrl-C or SIGTERM still ends a run whose reward never returns (nothing of that step saved),
-    while one whose rewards return finishes its step and saves as always. Each reward comes back as a float
-    (tasks.reward_number: a number within its range; else one line naming the task). A task file's examples() and
-    solution() (TIMED_CALLS: the user's code, called as the task is built and the run starts) run under the same
-    limit. A SystemExit, KeyboardInterrupt (but a real Ctrl-C's) or other BaseException that is not an Exception,
-    raised by one of these calls, would end the run without a word: a TaskError naming the task and the call.
-    Everything else is the task's own. In this process only for a task the worker cannot rebuild (RewardWorker)."""
+    """The task, each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout one line
+    naming the task; after a stop signal (start()'s handler calls stop()), past STOP_GRACE, so that Ctrl-C still ends
+    a run whose reward never returns, while one whose rewards return finishes its step and saves. Each reward comes
+    back as a float (tasks.reward_number). A task file's examples() and solution() (TIMED_CALLS) run under the same
+    limit. A BaseException that is no Exception (but a real Ctrl-C's) is a TaskError naming the task and the call.
+    In this process only for a task the worker cannot rebuild (RewardWorker)."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
     stopped_at = 0.0  # when it came (time.monotonic())
@@ -154,8 +174,8 @@ class TimedRewards:
         except BaseException as error:
             if isinstance(error, (Exception, Stopped, RewardTimeout)) or interrupts:
                 raise
-            raise tasks.TaskError(base_exception_line(self.task.name, what, type(error).__name__, error.args,
-                                                      detail, self.source_note())) from None
+            raise tasks.TaskError(base_exception_line(self.task.name, what, type(error).__name__,
+                                                      first_argument(error), detail, self.source_note())) from None
         finally:
             if main:
                 TimedRewards.running = False
@@ -185,9 +205,16 @@ def stop_grace_line(what, name):
         "now, nothing of this step saved"
 
 
-def base_exception_line(name, what, kind, args, detail, source):
-    return (f"task {name}: {what} raised {kind}{'(' + repr(args[0])[:40] + ')' if args else ''}{detail}, which "
-            f"would end the run without a word; a task returns, or raises an Exception for a bug{source}")
+def base_exception_line(name, what, kind, shown, detail, source):
+    return (f"task {name}: {what} raised {kind}{shown}{detail}, which would end the run without a word; a task "
+            f"returns, or raises an Exception for a bug{source}")
+
+
+def first_argument(error):  # '(its repr, cut)', or '' (none, or one without a repr)
+    try:
+        return f"({repr(error.args[0])[:40]})" if error.args else ""
+    except Exception:  # noqa: BLE001 -- a __repr__ that raises, args that are no tuple
+        return ""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -200,7 +227,7 @@ class RewardWorker(TimedRewards):
     def __init__(self, task, seconds, recipe):
         super().__init__(task, seconds)
         self.recipe, self.process = recipe, None
-        self.remote = ("reward",) + (self.TIMED_CALLS if hasattr(task, "source") else ())
+        self.remote = ("reward",) + (self.TIMED_CALLS if tasks.is_task_file(recipe["task"]) else ())
         self.start()  # now: its start overlaps the model's loading
 
     def __getattr__(self, name):
@@ -225,21 +252,23 @@ class RewardWorker(TimedRewards):
                         lambda k: f" on the completion {completions[k][:80]!r}")
 
     def start(self):
-        """The worker: a fresh interpreter (no fork of this process and its threads), in a scratch directory."""
-        self.scratch = tempfile.mkdtemp(prefix="reward-worker-")
+        """The keeper (keep): a fresh interpreter (no fork of this process and its threads), in a scratch folder."""
+        remove_dead_scratch()
+        self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-")
         requests_read, self.requests = os.pipe()
         self.results, results_write = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness.rewards import "
-                 f"serve; serve({requests_read}, {results_write}, {os.getpid()})"], cwd=self.scratch,
-                stdin=subprocess.DEVNULL, pass_fds=(requests_read, results_write), start_new_session=True)
+                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness.reward_worker "
+                 f"import keep; keep({requests_read}, {results_write}, {os.getpid()}, {self.scratch!r})"],
+                cwd=self.scratch, stdin=subprocess.DEVNULL, pass_fds=(requests_read, results_write),
+                start_new_session=True)
         finally:
             os.close(requests_read)
             os.close(results_write)
-        self.buffer = b""
+        self.buffer = bytearray()
         self.closed = weakref.finalize(self, end_worker, self.process, self.requests, self.results, self.scratch)
-        write_message(self.requests, self.recipe)
+        write_message(self.requests, pickle.dumps(self.recipe))
         self.ready = False
 
     def close(self):
@@ -248,16 +277,15 @@ class RewardWorker(TimedRewards):
 
     def ask(self, message, what, detail):
         """Send one request, read its answer: the value of a call, or a batch's rewards. The time limit runs from
-        the request and from each reward read back; any error kills the worker (a later call starts another)."""
+        the request and from each reward read back; any error ends the worker (a later call starts another)."""
         if self.process is None:
             self.start()
         try:
             if not self.ready:
                 self.answer("the task's build in the worker", lambda k: "", [], BUILD_S)
                 self.ready = True
-            write_message(self.requests, message)
-            values = []
-            return self.answer(what, detail, values)
+            write_message(self.requests, pickle.dumps(message))
+            return self.answer(what, detail, [])
         except BrokenPipeError:
             ended = self.ended()
             self.close()
@@ -267,7 +295,7 @@ class RewardWorker(TimedRewards):
             raise
 
     def answer(self, what, detail, values, least=0.0):
-        limit = max(self.seconds, least) if self.seconds > 0 else float("inf")
+        limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")  # a build: BUILD_S at least
         progress = time.monotonic()  # the request sent, or the latest reward read back
         while True:
             deadline = progress + limit
@@ -278,9 +306,8 @@ class RewardWorker(TimedRewards):
                 if grace < deadline:
                     say(stop_grace_line(what, self.task.name))
                     raise Stopped(TimedRewards.stop_signal)
-                raise RewardTimeout(timeout_line(self.task.name, what, self.seconds, detail(len(values)),
-                                                 self.source_note()))
-            record = self.read_record(min(remaining, POLL_S))
+                raise RewardTimeout(timeout_line(self.task.name, what, limit, detail(len(values)), self.source_note()))
+            record = self.read_record(min(remaining, POLL_S), what)
             if record is None:
                 continue
             if record is EOFError:
@@ -293,24 +320,41 @@ class RewardWorker(TimedRewards):
                 progress = time.monotonic()
             elif kind == "done":
                 return values if payload is None else payload
+            elif what == BUILT:  # the worker's build of a task file failed: this process's build says how
+                return None
             else:  # "error": a task's error, raised here; then the worker is ended (ask)
                 raise self.error(payload, what, detail(len(values)))
 
-    def read_record(self, seconds):
-        """The next message from the worker, None if none came within `seconds`, EOFError at its end."""
-        while len(self.buffer) < HEADER.size or len(self.buffer) < HEADER.size + HEADER.unpack_from(self.buffer)[0]:
+    def read_record(self, seconds, what):
+        """The next message (JSON), None if none is whole after one read of at most `seconds`, EOFError once the
+        worker's channel closed or its keeper exited."""
+        size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
+        if len(self.buffer) < HEADER.size + size:
             ready = select.poll()
             ready.register(self.results, select.POLLIN)
-            if not ready.poll(seconds * 1000):
-                return None
-            chunk = os.read(self.results, 1 << 20)
-            if not chunk:
+            if ready.poll(seconds * 1000):
+                chunk = os.read(self.results, 1 << 20)
+                if not chunk:
+                    return EOFError
+                self.buffer += chunk
+            elif self.process.poll() is not None:  # the worker is gone, whatever still holds its channel
                 return EOFError
-            self.buffer += chunk
-        size = HEADER.unpack_from(self.buffer)[0]
-        record, self.buffer = pickle.loads(self.buffer[HEADER.size:HEADER.size + size]), \
-            self.buffer[HEADER.size + size:]
-        return record
+            size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
+        if size > MESSAGE_LIMIT:
+            raise tasks.TaskError(self.protocol_line(what, f"a message of {size} bytes, over {MESSAGE_LIMIT}"))
+        if len(self.buffer) < HEADER.size + size or not size:
+            return None
+        data = bytes(self.buffer[HEADER.size:HEADER.size + size])
+        del self.buffer[:HEADER.size + size]
+        try:
+            kind, payload = json.loads(data)
+        except (ValueError, TypeError, RecursionError) as error:
+            raise tasks.TaskError(self.protocol_line(what, f"{type(error).__name__}: {str(error)[:80]}")) from None
+        if kind not in ("values", "done", "error") or kind == "values" and not all(
+                isinstance(value, float) for value in payload) or kind == "error" and not (
+                isinstance(payload, dict) and all(isinstance(value, str) for value in payload.values())):
+            raise tasks.TaskError(self.protocol_line(what, f"{str(kind)[:20]!r} with {str(payload)[:40]!r}"))
+        return kind, payload
 
     def ended(self):
         try:
@@ -323,54 +367,134 @@ class RewardWorker(TimedRewards):
         return (f"task {self.task.name}: the reward worker process {ended} during a {what} call{detail}: a task's "
                 f"call returns a value (or raises an Exception for a bug), never ends its process{self.source_note()}")
 
+    def protocol_line(self, what, found):
+        return (f"task {self.task.name}: during a {what} call the reward worker sent what is no message of its own "
+                f"({found}): a task's code writes nothing into the worker's channel to the trainer{self.source_note()}")
+
     def error(self, payload, what, detail):
-        """The exception to raise here for the worker's report of one."""
-        name, source = self.task.name, self.source_note()
-        if payload["kind"] == "base":  # SystemExit, KeyboardInterrupt, ... : they would end a run silently
-            return tasks.TaskError(base_exception_line(name, what, payload["type"], payload["args"], detail, source))
-        if payload["kind"] == "forked":
-            return tasks.TaskError(f"task {name}: a {payload['what']} call forked the process and the child returned "
+        """The exception to raise here for the worker's report of one (strings only: read_record)."""
+        name, source, get = self.task.name, self.source_note(), lambda key: payload.get(key, "")
+        if get("kind") == "base":  # SystemExit, KeyboardInterrupt, ... : they would end a run silently
+            return tasks.TaskError(base_exception_line(name, what, get("type"), get("shown"), detail, source))
+        if get("kind") == "forked":
+            return tasks.TaskError(f"task {name}: a {get('what')} call forked the process and the child returned "
                                    f"from it; the child ended there. A task that forks ends its children itself "
                                    f"(os._exit), or runs a program with subprocess{source}")
-        classes = {("tasks.custom", "TaskError"): tasks.TaskError,
-                   ("tasks.custom", "TaskCodeError"): tasks.custom.TaskCodeError}
         import builtins
-        cls = classes.get((payload["module"], payload["type"]))
-        if cls is None and payload["module"] == "builtins":
-            cls = getattr(builtins, payload["type"], None)
+        cls = {"tasks.custom": vars(tasks.custom), "builtins": vars(builtins)}.get(get("module"), {}).get(get("type"))
         if cls is tasks.TaskError:  # what the task got wrong, one line: its message says which and where
-            return cls(payload["message"])
+            return cls(get("message"))
         try:  # anything else is a bug: this process's traceback, the worker's above it
-            error = cls(payload["message"]) if isinstance(cls, type) and issubclass(cls, Exception) else None
+            error = cls(get("message")) if isinstance(cls, type) and issubclass(cls, Exception) else None
         except Exception:  # an exception class that takes other arguments
             error = None
-        error = error or RuntimeError(f"{payload['module']}.{payload['type']}: {payload['message']}")
-        error.__cause__ = RemoteTraceback(payload["traceback"])
+        error = error or RuntimeError(f"{get('module')}.{get('type')}: {get('message')}")
+        error.__cause__ = RemoteTraceback(get("traceback"))
         return error
 
 
 def end_worker(process, requests, results, scratch):
-    """The worker's process group killed (the children a task forked too), its pipes closed, its directory gone."""
+    """The keeper told to end (it kills the worker and all below it; one stopped or stuck for 10 s is killed with its
+    process group), its pipes closed, the scratch folder gone."""
+    with contextlib.suppress(ProcessLookupError):
+        process.poll() is None and os.kill(process.pid, signal.SIGTERM)
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait()
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
     for fd in (requests, results):
         os.close(fd)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def write_message(fd, message):
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+def remove_dead_scratch():
+    """Remove the scratch folders of this user's trainers that are gone (their keeper was killed with them)."""
+    folder = tempfile.gettempdir()
+    for name in os.listdir(folder):
+        match, path = re.fullmatch(re.escape(SCRATCH) + r"(\d+)-\w+", name), os.path.join(folder, name)
+        if match and not process_alive(int(match.group(1))) and what_is(path) == "a directory" \
+                and os.stat(path).st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def write_message(fd, data):
     data = HEADER.pack(len(data)) + data
     while data:
         data = data[os.write(fd, data):]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The worker process
+# The keeper and the worker process
 # ---------------------------------------------------------------------------------------------------------------
+def prctl(option, value):
+    """Linux's prctl(2): 1 = PR_SET_PDEATHSIG, 36 = PR_SET_CHILD_SUBREAPER (elsewhere the worker ends alone)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def keep(requests, results, trainer, scratch):
+    """The keeper, a child subreaper running no task code, whose child, the worker, serves the task. When the worker
+    ends, the trainer ends the keeper (SIGTERM) or dies (PR_SET_PDEATHSIG), it kills the worker and all below it
+    (each orphan is reparented here), removes the scratch folder and exits as the worker did."""
+    def stop(signum, frame):
+        raise Stopped(signum)
+    signal.signal(signal.SIGTERM, stop)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    prctl(36, 1)
+    prctl(1, signal.SIGTERM)
+    keeper, worker, status = os.getpid(), os.fork(), None
+    if worker == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        prctl(1, signal.SIGKILL)  # the keeper killed: the worker too
+        try:
+            os.getppid() == keeper and serve(requests, results)
+        except BaseException:  # noqa: BLE001 -- a bug here: its traceback, then the worker ends
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    os.close(requests)
+    os.close(results)
+    with contextlib.suppress(Stopped):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        while os.getppid() == trainer and status is None:
+            pid, wait_status = os.waitpid(-1, 0)  # the worker, or an orphan below it that ended
+            status = wait_status if pid == worker else None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if status is None:
+        os.kill(worker, signal.SIGKILL)
+    while True:  # each child killed and reaped, until none is left: the worker's orphans become children here
+        for pid in children(keeper):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            pid, wait_status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        status = wait_status if pid == worker else status
+    shutil.rmtree(scratch, ignore_errors=True)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # killed by a signal: the keeper too
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's handler is no setting
+            signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
+        os.kill(keeper, -code)
+    os._exit(code)
+
+
+def children(parent):
+    """The PIDs whose parent is `parent` (/proc; [] without it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat", "rb") as f:
+            if int(f.read().rsplit(b")", 1)[1].split()[1]) == parent:
+                found.append(int(pid))
+    return found
+
+
 def read_message(fd, buffer):
     """-> (message, rest of buffer), or (EOFError, b"") when the trainer closed the channel."""
     while len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack_from(buffer)[0]:
@@ -382,20 +506,10 @@ def read_message(fd, buffer):
     return pickle.loads(buffer[HEADER.size:HEADER.size + size]), buffer[HEADER.size + size:]
 
 
-def die_with_parent(parent_pid):
-    """On Linux the kernel kills the worker when the trainer dies (tasks/_math.py's helper does the same)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: it ends when its channel closes
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(0)
-
-
-def serve(requests, results, parent_pid):
+def serve(requests, results):
     """The worker's loop: build the task (the recipe, first message), then answer each request."""
-    die_with_parent(parent_pid)
+    for fd in (requests, results):  # a program a reward starts (os.system('x &')) never holds the channel
+        os.set_inheritable(fd, False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer's Ctrl-C is the trainer's
     pid, buffer = os.getpid(), b""
     recipe, buffer = read_message(requests, buffer)
@@ -404,7 +518,7 @@ def serve(requests, results, parent_pid):
     sys.path[:] = recipe["sys_path"]
 
     def send(message):
-        write_message(results, message)
+        write_message(results, json.dumps(message).encode())
 
     def guarded(what, call, *args, **kwargs):
         """call(...) -> (True, value), or (False, the error's report); a child forked inside never returns."""
@@ -433,8 +547,9 @@ def serve(requests, results, parent_pid):
         if message[0] == "call":
             _, method, args, kwargs = message
             ok, value = guarded(f"{method}()", getattr(task, method), *args, **kwargs)
-            if ok and method == "reward":
-                ok, value = guarded("reward()", tasks.reward_number, value, f"task {task.name}", args[0])
+            if ok:  # a reward as its float; examples() rows as the JSON data the trainer gets (tuples as lists)
+                ok, value = guarded(f"{method}()", tasks.reward_number, value, f"task {task.name}", args[0]) \
+                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(json.dumps(v)), value)
             send(("done", value) if ok else ("error", value))
             continue
         _, completions, examples, index, style = message
@@ -457,15 +572,17 @@ def serve(requests, results, parent_pid):
 
 
 def report(error):
-    """An exception raised by a task's call, as the trainer rebuilds it (RewardWorker.error)."""
+    """An exception raised by a task's call, as the trainer rebuilds it (RewardWorker.error): strings only, the
+    message cut to SHOWN characters and the traceback to its last 10 x SHOWN."""
     if not isinstance(error, Exception):
-        return {"kind": "base", "type": type(error).__name__, "args": error.args[:1]}
+        return {"kind": "base", "type": type(error).__name__, "shown": first_argument(error)}
     try:
-        message = str(error)
-    except Exception:
+        message = str(error)[:SHOWN]
+    except Exception:  # noqa: BLE001
         message = f"(a {type(error).__name__} whose message cannot be shown)"
-    return {"kind": "exception", "type": type(error).__name__, "module": type(error).__module__, "message": message,
-            "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))}
+    return {"kind": "exception", "type": type(error).__name__, "module": str(type(error).__module__),
+            "message": message, "traceback": "".join(traceback.format_exception(
+                type(error), error, error.__traceback__))[-10 * SHOWN:]}
 
 
 def build_task(recipe):

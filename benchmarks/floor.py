@@ -368,7 +368,7 @@ def decode_floor(shape, work, peaks):
 
 # The update's LM head runs in float32 on TF32 tensor cores (fast/logprobs.py's head_matmul), at half the 16-bit
 # tensor-core rate on the KNOWN_GPUS: its FLOPs count twice at a bf16/fp16 peak; in an fp32 run as the body's. It is
-# not recomputed (one chunk per micro-batch where its logits fit memory, fast/logprobs.py's head_tokens_at_once).
+# not recomputed (one chunk per micro-batch of up to 4 logit chunks' tokens, fast/logprobs.py's head_tokens_at_once).
 HEAD_COST = {"bf16": 2, "fp16": 2, "fp32": 1}
 
 

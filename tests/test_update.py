@@ -222,6 +222,9 @@ def test_the_update_is_bit_for_bit_the_fast_update_of_2c9f269(case, one_thread):
     recorded = json.load(open(os.path.join(REPO, "tests", "data", "update_at_2c9f269.json")))
     if cpu_kind(this_machine()) not in recorded:
         pytest.skip(f"no update at 2c9f269 recorded on this CPU ({cpu_kind(this_machine())})")
+    import transformers
+    if {"torch": torch.__version__, "transformers": transformers.__version__} != recorded["versions"]:
+        pytest.skip(f"recorded under {recorded['versions']}: other versions may round otherwise")
     assert reference_update(REFERENCE_CASES[case]) == recorded[cpu_kind(this_machine())][case]
 
 

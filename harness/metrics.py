@@ -166,7 +166,7 @@ class UpdateStats:
         self.chunks = []
 
     def result(self, passes, learns, completion_mask):
-        """-> python floats: summarize_steps; entropy: pi_old's token mean over the tokens add_entropy gave; with
+        """-> python floats: summarize_steps; entropy: pi_old's token mean (what add, add_pi_old_entropy took); with
         Lopti, lopti_low_share: the share of the tokens that can learn (rows `learns` [B] bool) in its low pass."""
         result = summarize_steps(self.steps)
         entropy, mask = [torch.cat(parts) for parts in zip(*self.entropy)] or (completion_mask[:0],) * 2

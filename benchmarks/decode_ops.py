@@ -4,7 +4,7 @@ token of a "skinny" Qwen2 whose compute is ~0 (all host cost) on this CPU; then,
 under the installed transformers, its graph nodes (non-view ops: what a CUDA graph of it holds)
 per token and the bytes its attention writes per layer and step at Qwen2.5-0.5B's attention
 (hidden 896, 14 query and 2 KV heads, --bytes-rows rows, cache 320, bf16 autocast; out-of-place
-ops their outputs, in-place ones what they write: index_copy_ its source, index_fill_ ~0).
+ops their outputs, in-place ones the tensor they write, index_copy_ only its source).
 
     python benchmarks/decode_ops.py                      # 24 layers (Qwen2.5-0.5B's), 16 rows
     python benchmarks/decode_ops.py --layers 2 --rows 4 --tokens 4 8   # a smoke test
@@ -53,7 +53,7 @@ class OpCounter(TorchDispatchMode):
             self.names.add(name)
             self.nodes += not func.is_view
         if self.writes and not func.is_view:
-            written = [args[3]] if name == "aten.index_copy_" else [] if "index" in name else \
+            written = [args[3]] if name == "aten.index_copy_" else \
                 [arg for arg, schema in zip(args, func._schema.arguments)
                  if schema.alias_info and schema.alias_info.is_write]
             self.written += sum(t.numel() * t.element_size() for t in written or (

@@ -217,13 +217,12 @@ def static_cache(model, prefilled, rows, prompt_width, max_new_tokens):
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
         else parameter.dtype
     key = (rows, length, dtype)
-    kept = model.__dict__.get("_fast_generate_caches", {})
-    if key not in kept:
-        kept = {key: StaticCache(config=model.config, max_cache_len=length)}
-        kept[key].layers = [TypedStaticLayer(layer.max_cache_len, dtype)
-                            if type(layer) is StaticLayer else layer for layer in kept[key].layers]
-    model._fast_generate_caches = kept = {key: kept[key]}
-    cache = kept[key]
+    cache = model.__dict__.get("_fast_generate_caches", {}).get(key)
+    if cache is None:
+        cache = StaticCache(config=model.config, max_cache_len=length)
+        cache.layers = [TypedStaticLayer(layer.max_cache_len, dtype)
+                        if type(layer) is StaticLayer else layer for layer in cache.layers]
+    model._fast_generate_caches = {key: cache}  # this shape's alone: another's is dropped
     cache.reset()  # zeros, length 0 (the layers of a new cache allocate on their first update)
     if prefilled is not None:
         for layer, source in zip(cache.layers, prefilled.layers):

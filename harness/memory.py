@@ -18,7 +18,6 @@ import json
 import math
 import os
 import re
-import types
 
 from harness.config import parse_size
 
@@ -76,6 +75,10 @@ class ModelShape:
         """Adapter parameters: rank x (in + out) per targeted projection per layer."""
         shapes = self.linear_shapes()
         return self.layers * sum(rank * sum(shapes[name]) for name in targets.split(",") if name in shapes)
+
+    def trained_parameters(self, config):
+        """The parameters a run trains: LoRA's adapters (--lora-rank), else every one."""
+        return self.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else self.parameters()
 
 
 SHAPE_KEYS = {"hidden": "hidden_size", "intermediate": "intermediate_size", "layers": "num_hidden_layers",
@@ -181,8 +184,7 @@ def memory_plan(shape, config, prompt_length):
     # --rollout-batch) a call; the rollout phase's cache is the larger of the two
     eval_rows = min(config.eval_size, config.rollout_batch or EVAL_BATCH)
     micro = min(config.micro_batch, rows)
-    trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else \
-        shape.parameters()
+    trained = shape.trained_parameters(config)
     stored = 2 if config.param_dtype in ("bf16", "bf16-sr") else 4  # bytes per weight and per gradient
     lean = config.param_dtype == "bf16-sr" or config.step_in_backward  # harness/lean_optimizer.py's AdamW: no masters
     in_backward = config.step_in_backward  # each weight stepped in backward, its gradient freed: one at a time
@@ -532,7 +534,7 @@ def step_phases(shape, config, prompt_length, peaks):
     passes = config.ppo_epochs * (2 if config.lopti_eta > 0 else 1)
     work = passes * (4 / 3 if config.gradient_checkpointing else 1) * (2 / 3 if config.lora_rank else 1) \
         + (1 / 3 if config.kl_coef > 0 else 0)
-    trained = shape.lora_parameters(config.lora_rank, config.lora_targets) if config.lora_rank else shape.parameters()
+    trained = shape.trained_parameters(config)
     steps = passes * config.mini_batches
     offload = trained * (28 / CPU_ADAMW + 6 / PCIE) if config.optimizer_offload else 0  # fp32 grads out, bf16 back
     return {"prefill": (prefill, HOST["prefill"] * len(calls) * scale),

@@ -12,8 +12,6 @@ import math
 import os
 import stat
 
-import torch
-
 from harness.checkpoint import then_resume
 from harness.files import RunError, open_nofollow, replaced_file, what_is, write_failed
 
@@ -127,6 +125,7 @@ def merge_stats(chunks):
     all their rows would give them: token means weighted by the chunk's valid tokens (kl: its KL
     tokens), pg_loss and loss summed (the chunks' weights are the mini-batch's), ratio_max the
     max. 0-dim tensors (no sync)."""
+    import torch  # here, not at the top: a reader of metrics.jsonl (lab/, experiments/) loads no torch
     tokens = [mask.sum() for _, mask, _ in chunks]
     kl_tokens = [kl.sum() for _, _, kl in chunks]
     merged = {}
@@ -168,6 +167,7 @@ class UpdateStats:
     def result(self, passes, learns, completion_mask):
         """-> python floats: summarize_steps; entropy: pi_old's token mean (what add, add_pi_old_entropy took); with
         Lopti, lopti_low_share: the share of the tokens that can learn (rows `learns` [B] bool) in its low pass."""
+        import torch
         result = summarize_steps(self.steps)
         entropy, mask = [torch.cat(parts) for parts in zip(*self.entropy)] or (completion_mask[:0],) * 2
         result["entropy"] = ((entropy * mask).sum() / mask.sum().clamp_min(1)).item()
@@ -181,6 +181,7 @@ class UpdateStats:
 def summarize_steps(steps):
     """[each optimizer step's merged stats] -> python floats: each stat's mean over the steps,
     ratio_max their max; optimizer_steps."""
+    import torch
     summary = {"optimizer_steps": len(steps)}
     for key in (steps[0] if steps else {}):
         values = torch.stack([step[key] for step in steps])

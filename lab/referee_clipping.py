@@ -115,8 +115,8 @@ def shipped_report(seeds, machine=None):
                      if (values := reproduce.shipped_values(f"{PRESET}-{config}-seed{seed}", machine))}
             for config in compare.PRESETS[PRESET]["configs"]}
     if not any(runs.values()):
-        raise reproduce.none_shipped("lab.referee_clipping", "clipping run", [
-            name for name in reproduce.CELLS if name.startswith(PRESET + "-")], machine, "--shipped")
+        raise reproduce.none_shipped("lab.referee_clipping", "clipping run", reproduce.preset_cells(PRESET), machine,
+                                     "--shipped")
     print(f"{PRESET}, shipped: per config, mean over seeds [max over seeds] of each run's activity summary")
     print("| config | seeds | clip low (mean over steps) | clip high | max ratio | KL step 50 | KL step 150 | "
           "every ratio exactly 1 |")

@@ -135,8 +135,8 @@ def main(argv=None):
     if args.shipped is not None:
         rows = shipped_rows(seeds, steps, args.shipped or None)
         if not rows:
-            raise reproduce.none_shipped("lab.referee_table3", "Table 3 at steps", [
-                name for name in reproduce.CELLS if name.startswith(PRESET + "-")], args.shipped, "--shipped")
+            raise reproduce.none_shipped("lab.referee_table3", "Table 3 at steps", reproduce.preset_cells(PRESET),
+                                         args.shipped, "--shipped")
         summary(rows)
         if plot(FIGURE, rows, title):
             print(f"drew {FIGURE}")

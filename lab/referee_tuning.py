@@ -181,8 +181,8 @@ def main(argv=None):
         runs = shipped_runs(seeds, args.shipped or None)
         if not runs:
             from lab import reproduce
-            raise reproduce.none_shipped("lab.referee_tuning", "run of the grid", [
-                name for name in reproduce.CELLS if name.startswith(PRESET + "-")], args.shipped, "--shipped")
+            raise reproduce.none_shipped("lab.referee_tuning", "run of the grid", reproduce.preset_cells(PRESET),
+                                         args.shipped, "--shipped")
     else:
         csv_path = os.path.join(args.output_dir, f"{PRESET}_runs.csv")
         if not args.summary_only:

@@ -178,6 +178,11 @@ def head_reproduces(name, commit):
         f", reruns at {commit} (numerics changed at {', '.join(row['commit'] for row in since)})")
 
 
+def preset_cells(preset):
+    """The cells of an lab.compare preset: <preset>-<config>-seed<N>, one run each."""
+    return [name for name, (kind, args, *_) in CELLS.items() if kind == "compare" and args[0] == preset]
+
+
 def none_shipped(tool, what, names, machine=None, option="--machine"):
     """The one line a reader of the shipped rows of cells `names` stops with where `machine` (default: this CPU's
     code path) shipped none: which CPUs did."""

@@ -7,7 +7,7 @@ import argparse
 
 from experiments import write_figure
 from lab.ledger import cpu_kind, this_machine
-from lab.reproduce import CELLS, none_shipped, shipped_values
+from lab.reproduce import CELLS, none_shipped, preset_cells, shipped_values
 
 
 def summary(preset, machine=None, metrics=None, figure=None):
@@ -15,7 +15,7 @@ def summary(preset, machine=None, metrics=None, figure=None):
     mean +- SE over seeds, then each config minus the preset's first config, paired by seed with its 95%
     t-interval over seeds and "none resolved" where it holds 0. -> {config: {seed: {metric: value}}}."""
     from lab.seed_stats import mean_se, mean_se_interval, paired_text
-    runs, names = {}, [name for name, (kind, args, *_) in CELLS.items() if kind == "compare" and args[0] == preset]
+    runs, names = {}, preset_cells(preset)
     for name in names:
         if values := shipped_values(name, machine):
             runs.setdefault(CELLS[name][1][1], {})[int(CELLS[name][1][2])] = values

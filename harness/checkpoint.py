@@ -475,15 +475,17 @@ WEIGHTS_SHA256 = "weights_sha256"  # trainer_state.pt's {file name: sha256} of t
 RESUME_NOTES = []  # resolve_checkpoint's notes on the checkpoint a resume takes: said once it passes its checks
 
 
-def verify_checkpoint(checkpoint_dir, log=print):
+def verify_checkpoint(checkpoint_dir, log=print, state=None):
     """A RunError naming the file when checkpoint_dir's files are not the set its save wrote: a file missing,
     changed (config.json, the tokenizer's, the weights, trainer_state.pt, run.json: its sha256 is not MANIFEST's),
     one the save did not write, or anything but a regular file; MANIFEST itself missing where trainer_state.pt says
     the save wrote one. A checkpoint from before MANIFEST was written: a note (its weights are checked by
-    trainer_state.pt's digests, load_trainer_state). Reads every file once. Then RESUME_NOTES are said."""
+    trainer_state.pt's digests, load_trainer_state). Reads every file once. Then RESUME_NOTES are said. state: its
+    load_trainer_state, where the caller has read it already (else read here when MANIFEST is missing)."""
     hint = instead_of(checkpoint_dir)
     if not verify_manifest(checkpoint_dir, hint):
-        if load_trainer_state(checkpoint_dir).get(MANIFEST):  # deleted: nothing binds the other files any more
+        state = load_trainer_state(checkpoint_dir) if state is None else state
+        if state.get(MANIFEST):  # deleted: nothing binds the other files any more
             raise RunError(f"{checkpoint_dir}/{MANIFEST}: missing, though its save wrote one (its {TRAINER_STATE} "
                            f"says so); {hint}")
         log(f"note: {checkpoint_dir} was saved before checkpoints listed their files' sha256 ({MANIFEST}): only its "

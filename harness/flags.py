@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 import sys
 
@@ -71,14 +70,16 @@ FLOAT32_MAX = 3.4028234663852886e38  # a float setting reaches float32 tensors (
 
 def number_type(kind, name=""):
     """int/float parser with a plain message (and no nan or inf, nor a float beyond float32's range)."""
+    largest = sys.float_info.max if name == "reward_timeout" else FLOAT32_MAX  # any finite number of seconds
+
     def parse(text):  # argparse prefixes the message with "argument --flag: "
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, "
                                              f"got {text!r}") from None
-        if kind is float and not (abs(value) <= FLOAT32_MAX or name == "reward_timeout" and math.isfinite(value)):
-            bound = "" if name == "reward_timeout" else " within float32's range (+-3.4e38)"
+        if kind is float and not abs(value) <= largest:  # nan and inf too
+            bound = " within float32's range (+-3.4e38)" if largest == FLOAT32_MAX else ""
             raise argparse.ArgumentTypeError(f"expected a finite number{bound}, got {text!r}")
         return value
     return parse

@@ -221,7 +221,7 @@ def restore_trainer_state(checkpoint_dir, model, optimizer):
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
         raise RunError(f"{checkpoint_dir}/trainer_state.pt: its RNG states are unusable "
                        f"({type(error).__name__}); resume from another checkpoint") from None
-    verify_checkpoint(checkpoint_dir, say)  # its files as one set (config, tokenizer, ...): last, so
+    verify_checkpoint(checkpoint_dir, say, saved)  # its files as one set (config, tokenizer, ...): last, so
     # that a damaged file is named by the check that reads it first
     return saved
 

@@ -79,7 +79,7 @@ def worker_first(config):
     worker = RewardWorker(types.SimpleNamespace(name=recipe["task"]), config.reward_timeout, recipe) \
         if tasks.is_task_file(config.task) else None
     if worker is not None:  # one that fails is said by this process's own build
-        worker.ready = worker.answer(BUILT, lambda k: "", [], BUILD_S) is not None
+        worker.ready = worker.answer(BUILT, lambda k: "", BUILD_S) is not None
         worker.ready or worker.close()
 
     def wrap(task):
@@ -282,10 +282,10 @@ class RewardWorker(TimedRewards):
             self.start()
         try:
             if not self.ready:
-                self.answer("the task's build in the worker", lambda k: "", [], BUILD_S)
+                self.answer("the task's build in the worker", lambda k: "", BUILD_S)
                 self.ready = True
             write_message(self.requests, pickle.dumps(message))
-            return self.answer(what, detail, [])
+            return self.answer(what, detail)
         except BrokenPipeError:
             ended = self.ended()
             self.close()
@@ -294,9 +294,9 @@ class RewardWorker(TimedRewards):
             self.close()
             raise
 
-    def answer(self, what, detail, values, least=0.0):
+    def answer(self, what, detail, least=0.0):
         limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")  # a build: BUILD_S at least
-        progress = time.monotonic()  # the request sent, or the latest reward read back
+        progress, values = time.monotonic(), []  # the request sent, or the latest reward read back
         while True:
             deadline = progress + limit
             grace = max(progress, TimedRewards.stopped_at) + STOP_GRACE if TimedRewards.stop_signal else deadline

@@ -87,7 +87,7 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
     passes its rows of the mini-batch's weights. kl_mask [B, T]: the tokens that carry the KL
     (default all valid; a Lopti pass passes its own). stats: clip_frac_low, clip_frac_high,
     ratio_mean, ratio_max over the valid tokens; pg_loss; dual_clip_frac with dual_clip; kl with a
-    reference (harness/metrics.py's merge_stats joins a mini-batch's chunks' stats).
+    reference (merge_stats joins a mini-batch's chunks' stats).
     """
     advantages = _check_loss_inputs(logprobs, old_logprobs, advantages, completion_mask, loss_agg,
                                     dual_clip)
@@ -122,6 +122,22 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, clip_low
         stats["ratio_max"] = torch.where(mask, ratio, 0.0).max()
         stats["pg_loss"] = pg_loss.detach()
     return loss, stats
+
+
+def merge_stats(chunks):
+    """[(stats, completion_mask, kl_mask)] of one optimizer step's forward chunks (policy_loss's
+    stats, loss added) -> the step's stats, as one forward of all their rows would give them: token
+    means weighted by the chunk's valid tokens (kl: its KL tokens), pg_loss and loss summed,
+    ratio_max the max. 0-dim tensors (no sync)."""
+    merged = {}
+    for key in chunks[0][0]:
+        values = torch.stack([stats[key] for stats, _, _ in chunks])
+        if key in ("ratio_max", "pg_loss", "loss"):
+            merged[key] = values.max() if key == "ratio_max" else values.sum()
+            continue
+        counts = torch.stack([(kl if key == "kl" else mask).sum() for _, mask, kl in chunks])
+        merged[key] = (values * counts.to(values.dtype)).sum() / counts.sum().clamp_min(1)
+    return merged
 
 
 def rows_with_gradient(pass_advantages, pass_mask, *, kl):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from transformers import GenerationConfig
 
 
@@ -100,9 +101,14 @@ def completion_mask_from_ids(completion_ids, eos_token_id):
     return completion_mask, ~has_eos
 
 
+def precision(device, dtype):
+    """The forwards' compute precision (--dtype): bf16 autocast over fp32 weights ("bf16"), or
+    none ("fp32")."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bf16" \
+        else contextlib.nullcontext()
+
+
 GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None)  # plain argmax
-# fast/generate.py's default options (generate_rollouts' fast=)
-FAST_GENERATE = dict(share_prefill=True, drop_finished_every=None, compiled=False)
 
 
 @dataclass
@@ -128,25 +134,23 @@ def plain_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, 
 
 
 def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
-                       generate_kwargs, fast=None):
+                       generate_kwargs, fast_generate=False):
     """M completions of each prompt -> (prompt ids [N*M, P], prompt mask [N*M, P],
-    completion ids [N*M, T]).
+    completion ids [N*M, T]): one HF generate call on the prompts repeated M times.
 
-    fast: None, the plain generate call; or fast/generate.py's options (share_prefill,
-    drop_finished_every, compiled): the same completions, token for token, in less time.
-    """
+    fast_generate (--fast-generate): fast/decode_loop.py's loop instead, the same tokens under a
+    seed with one CUDA graph a token on a GPU (None where it does not apply: the plain call)."""
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
-    if fast:  # fast/generate.py: the same completions sooner (None: its check refused them here)
-        from fast.generate import sample_completions as fast_sample_completions
-        sampled = fast_sample_completions(
-            model, plain_generate, prompt_input_ids, prompt_mask, num_generations,
-            max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
-            generate_kwargs=generate_kwargs, **fast)
-        if sampled is not None:
-            return sampled
     input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
     attention_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    if fast_generate:
+        from fast.generate import loop_generate
+        completion_ids = loop_generate(model, input_ids, attention_mask, plain_generate,
+                                       max_new_tokens=max_new_tokens, pad_id=pad_id,
+                                       eos_id=eos_id, generate_kwargs=generate_kwargs)
+        if completion_ids is not None:
+            return input_ids, attention_mask, completion_ids
     return input_ids, attention_mask, plain_generate(
         model, input_ids, attention_mask, max_new_tokens=max_new_tokens, pad_id=pad_id,
         eos_id=eos_id, generate_kwargs=generate_kwargs)
@@ -155,15 +159,14 @@ def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, ma
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_tokens,
                       temperature=1.0, top_p=1.0, greedy=False, mask_truncated=False,
-                      rollout_batch=None, fast=None):
+                      rollout_batch=None, fast_generate=False):
     """M = num_generations sampled completions of each prompt (token-id lists) -> Rollouts.
 
     Plain ancestral sampling at `temperature` up to top_p (top_k off, no repetition penalty, nothing
     from the model folder's generation_config.json), so p_old = softmax(logits / temperature): what
     the PPO ratio assumes. greedy: argmax. Seed with torch.manual_seed. mask_truncated: rows without
     EOS leave the loss (still rewarded). rollout_batch: at most this many rows (whole groups) per
-    generate call. fast: None, the plain call; or fast/generate.py's options, FAST_GENERATE's keys:
-    the same tokens sooner (DESIGN.md section 5).
+    generate call. fast_generate: sample_completions' opt-in decode loop (DESIGN.md section 5).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
@@ -183,7 +186,8 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
         parts = [sample_completions(model, prompt_ids[start:start + prompts_per_call],
                                     num_generations, pad_id=pad_id, eos_id=eos_id,
                                     max_new_tokens=max_new_tokens,
-                                    generate_kwargs=generate_kwargs, fast=fast)
+                                    generate_kwargs=generate_kwargs,
+                                    fast_generate=fast_generate)
                  for start in range(0, len(prompt_ids), prompts_per_call)]
     finally:
         model.train(was_training)
@@ -212,47 +216,68 @@ def generate_rollouts(model, tokenizer, prompt_ids, num_generations, *, max_new_
 
 
 # --------------------------------------------------------------------------------------------------
-# Log-probabilities of the sampled tokens: the definition here,
-# the fast path (same numbers) in fast/logprobs.py
+# Log-probabilities of the sampled tokens: the body once, the float32 head a chunk at a time
 # --------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0,
-                   micro_batch=None, with_entropy=False, fast=False, logit_chunk=1024,
-                   fp32_head=True, body_autocast=True, share_prompts=True):
-    """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32.
+                   micro_batch=None, with_entropy=False, logit_chunk=1024):
+    """log pi(o_t | o_<t) of the completion tokens under logits / temperature -> [B, T] float32;
+    with_entropy: (log-probs, each token's entropy [B, T], detached).
 
     input_ids, attention_mask [B, P+T]; completion_mask [B, T] (its width T: the completion is the
-    last T columns). with_entropy: also the entropy of each token's distribution [B, T], detached.
-    micro_batch: rows per forward. Positions as HF generate gives them with left padding, so each
-    token is scored as it was sampled. body_autocast=False: the forward in the weights' dtype. fast:
-    fast/logprobs.py, the same values up to rounding with less memory (shared prompts, a float32
-    head on logit_chunk tokens at a time: logit_chunk, fp32_head and share_prompts are its only);
-    the plain path below (the default) is the definition.
+    last T columns). micro_batch: rows per forward. Positions as HF generate gives them with left
+    padding, so each token is scored as it was sampled. The body gives the last hidden states
+    [b, T, H]; the head then runs logit_chunk tokens at a time (chunk_logprobs), so the float32
+    logits [B*T, V] (gigabytes at a 150k vocabulary) never exist at once: with gradients and
+    several chunks each chunk's logits are recomputed in backward instead of kept.
     """
-    if fast:  # same numbers, less memory and compute: see fast/logprobs.py
-        from fast.logprobs import token_logprobs as fast_token_logprobs
-        return fast_token_logprobs(
-            model, input_ids, attention_mask, completion_mask, temperature=temperature,
-            micro_batch=micro_batch, with_entropy=with_entropy, logit_chunk=logit_chunk,
-            fp32_head=fp32_head, body_autocast=body_autocast, share_prompts=share_prompts)
     T = completion_mask.shape[1]
-    micro_batch = micro_batch or input_ids.shape[0]
-    logprob_parts, entropy_parts = [], []
-    for start in range(0, input_ids.shape[0], micro_batch):
+    config = model.config.get_text_config()
+    rescaled = [name for name in LOGIT_RESCALING if getattr(config, name, None) is not None]
+    if rescaled:
+        raise ValueError(f"token_logprobs scores lm_head(hidden states); this model rescales its "
+                         f"logits after the head ({rescaled[0]}): not supported")
+    head = model.get_output_embeddings()
+    weight, bias = head.weight.float(), None if head.bias is None else head.bias.float()
+    parts = []  # (log-probs [n], entropy [n] or None) of each chunk of n tokens
+    micro_batch = micro_batch or max(len(input_ids), 1)
+    for start in range(0, len(input_ids), micro_batch):
         ids, mask = input_ids[start:start + micro_batch], attention_mask[start:start + micro_batch]
-        # real tokens before; 0 on the left padding
-        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        with contextlib.nullcontext() if body_autocast \
-                else torch.autocast(ids.device.type, enabled=False):
-            logits = model(input_ids=ids, attention_mask=mask,
-                           position_ids=position_ids).logits  # [b, P+T, V]
-        logits = logits[:, -T - 1:-1]  # position P+t-1 predicts the token at column P+t
-        logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [b, T, V]
-        logprob_parts.append(logp_all.gather(-1, ids[:, -T:, None]).squeeze(-1))  # [b, T]
-        if with_entropy:
-            entropy_parts.append(
-                -(logp_all.exp() * logp_all).sum(dim=-1).detach())  # -sum_v p log p
-    logprobs = torch.cat(logprob_parts)
-    return (logprobs, torch.cat(entropy_parts)) if with_entropy else logprobs
+        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # 0 on the left padding
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask,
+                                     position_ids=position_ids).last_hidden_state
+        hidden = hidden[:, -T - 1:-1].reshape(-1, hidden.shape[-1])  # P+t-1 predicts column P+t
+        targets = ids[:, -T:].reshape(-1)
+        recompute = torch.is_grad_enabled() and len(targets) > logit_chunk
+        for first in range(0, len(targets), logit_chunk):
+            args = (hidden[first:first + logit_chunk], targets[first:first + logit_chunk], weight,
+                    bias, temperature, with_entropy)
+            parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, *args, use_reentrant=False)
+                         if recompute else chunk_logprobs(*args))
+    shape = (len(input_ids), T)
+    logprobs = torch.cat([lp for lp, _ in parts]).view(shape) if parts \
+        else torch.zeros(shape, device=input_ids.device)
+    if not with_entropy:
+        return logprobs
+    return logprobs, torch.cat([ent for _, ent in parts]).view(shape) if parts \
+        else torch.zeros(shape, device=input_ids.device)
+
+
+# Gemma 2, Cohere, Granite: logits rescaled or soft-capped after the head
+LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def chunk_logprobs(hidden, targets, weight, bias, temperature, with_entropy):
+    """hidden [n, H], targets [n] -> (log p of the targets [n], entropy [n] detached or None), from
+    float32 logits [n, V] = hidden W^T + b (autocast off): log p = logit of the token - logsumexp."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = F.linear(hidden.float(), weight, bias) / temperature
+    log_normalizer = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_normalizer
+    if not with_entropy:
+        return logprobs, None
+    with torch.no_grad():  # a metric: -sum_v p log p = logsumexp - sum_v p * logit
+        entropy = log_normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return logprobs, entropy
 
 
 # --------------------------------------------------------------------------------------------------
@@ -260,21 +285,20 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
 # --------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model, tokenizer, task, examples, *, style, max_new_tokens,
-             batch_size=256, samples=None, fast=False):
+             batch_size=256, samples=None):
     """Greedy decoding on held-out examples -> {"pass@1", "reward", "length",
     "pass@1_se", "reward_se"} (python floats; _se: standard errors over the examples).
 
     pass@1: share of examples whose greedy completion has reward >= task.pass_threshold.
     samples: a list that receives (completion, reward) of every example, to show a few
-    (harness/run.py prints some at each eval). fast: generate_rollouts' FAST_GENERATE path (fast/).
+    (harness/run.py prints some at each eval).
     """
     rewards, lengths, completions = [], [], []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         rollouts = generate_rollouts(model, tokenizer,
                                      render_prompts(tokenizer, task, chunk, style), 1,
-                                     max_new_tokens=max_new_tokens, greedy=True,
-                                     fast=FAST_GENERATE if fast else None)
+                                     max_new_tokens=max_new_tokens, greedy=True)
         rewards += [float(task.reward(text, ex, style=style))
                     for text, ex in zip(rollouts.completions, chunk)]
         lengths += rollouts.completion_mask.sum(dim=1).tolist()

@@ -15,24 +15,21 @@ One RL step, the papers' Algorithm 1 (formulas: DESIGN.md):
     for each Lopti pass (p_old < eta first, then the rest; without Lopti one pass, all tokens):
         each epoch, each mini-batch: clipped surrogate + k3 KL (ppo.policy_loss), an optimizer step
 
-The step, collect_rollouts and update_policy, uses the lesson files (and harness/metrics.py's
-UpdateStats); `python train.py` runs this update_policy, with fast/'s log-probs (--no-fast: the
-plain ones). The loop runs on harness/. A production trainer's extras: docs/scale-out.md.
+The step, collect_rollouts and update_policy, uses the lesson files alone, and is what
+`python train.py` runs (--fast-generate: rollout.py's one opt-in, fast/'s decode loop). The loop
+runs on harness/. A production trainer's extras: docs/scale-out.md.
 """
-from harness.before_torch import command_line  # python train.py: --help answers before torch loads
 import contextlib
 import sys
 
 import torch
 from tqdm import tqdm
 
-from fast.precision import precision
 from harness import console, files, flags, metrics, policy, prompts, run, settle, stops
 from harness.config import Config, InputError
-from harness.metrics import UpdateStats  # update_policy's statistics (torch alone: paste it too)
 from lopti import lopti_passes, reweight_advantages
-from ppo import policy_loss, rows_with_gradient, token_weights
-from rollout import evaluate, generate_rollouts, render_prompts, token_logprobs
+from ppo import merge_stats, policy_loss, rows_with_gradient, token_weights
+from rollout import evaluate, generate_rollouts, precision, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
 
@@ -51,8 +48,7 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
             config.num_generations, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, top_p=config.top_p,
             mask_truncated=config.mask_truncated, rollout_batch=config.rollout_batch,
-            fast=config.fast and dict(share_prefill=True, compiled=config.fast_generate,
-                                      drop_finished_every=config.drop_finished_every))
+            fast_generate=config.fast_generate)
     with clock("reward+advantage"):
         scored = [examples[i] for i in rollouts.prompt_index.tolist()]  # x_i of each o_ij
         if hasattr(task, "rewards"):  # the run's task: all in one call (harness/reward_worker.py)
@@ -73,8 +69,7 @@ def collect_rollouts(model, tokenizer, task, examples, config, *, clock=no_clock
 
 
 ROLLOUT_SETTINGS = ("style", "num_generations", "max_new_tokens", "temperature", "top_p",
-                    "mask_truncated", "rollout_batch", "fast", "drop_finished_every",
-                    "fast_generate", "method", "tau", "dtype")
+                    "mask_truncated", "rollout_batch", "fast_generate", "method", "tau", "dtype")
 
 
 # === 2. The update: pi_old, AR, Lopti's passes, clipped-surrogate optimizer steps =================
@@ -82,27 +77,41 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                   ref_model=None, alpha=0.0, lopti_eta=0.0, lopti_order="low-first", ppo_epochs=1,
                   mini_batches=1, clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=0.0,
                   kl_clamp=20.0, loss_agg="token-mean", norm_constant=None, grad_clip=1.0,
-                  temperature=1.0, micro_batch=None, old_logprobs=None, logprobs_fn=token_logprobs):
+                  temperature=1.0, micro_batch=None, logit_chunk=1024, autocast_dtype=None,
+                  old_logprobs=None, clock=no_clock):
     """Algorithm 1's update on one batch -> stats (floats). input_ids, attention_mask [B, P+T];
     completion_mask [B, T]; advantages [B]; old_logprobs [B, T] or None (measured). micro_batch:
-    rows per forward (exact: ppo.token_weights). logprobs_fn: token_logprobs or fast/'s."""
-    mask, kl, stats = completion_mask.float(), ref_model is not None, UpdateStats()
+    rows per forward (exact: ppo.token_weights); autocast_dtype: the forwards' (bf16 over fp32
+    weights), None: the weights'. `python train.py` passes every keyword from harness/config.py,
+    whose defaults are these (tests/test_train.py holds them equal).
+
+    On-policy by default (one epoch, one mini-batch): the only optimizer step runs at pi_old's
+    weights, so its ratio is exactly 1 and the clip cannot act; --ppo-epochs 2 or --mini-batches 2
+    take later steps at moved weights, where it does."""
+    mask, kl = completion_mask.float(), ref_model is not None
     learns = mask.any(1) & ((advantages != 0) | kl)  # [B]: the rows that can learn
     batch_rows = torch.arange(len(mask), device=mask.device)
+    steps, entropy = [], []  # each optimizer step's stats; (entropy [rows, T], mask) of each forward
 
-    def logprobs_of(net, rows, entropy=False):  # ([rows, T] log pi of net, entropy or None)
-        scored = logprobs_fn(net, input_ids[rows], attention_mask[rows], mask[rows],
-                             temperature=temperature, micro_batch=micro_batch, with_entropy=entropy)
-        return scored if entropy else (scored, None)
+    def logprobs_of(net, rows, with_entropy=True):  # ([rows, T] log pi of net, entropy or None)
+        with clock("log-prob forward"), torch.autocast(mask.device.type, dtype=autocast_dtype,
+                                                       enabled=autocast_dtype is not None):
+            scored = token_logprobs(net, input_ids[rows], attention_mask[rows], mask[rows],
+                                    temperature=temperature, micro_batch=micro_batch,
+                                    with_entropy=with_entropy, logit_chunk=logit_chunk)
+        if with_entropy:
+            entropy.append((scored[1], mask[rows]))
+        return scored if with_entropy else (scored, None)
 
     # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. The on-policy rule: the
     # first optimizer step runs at pi_old's weights, so its forwards' log-probs, detached, ARE
     # pi_old (ratio exactly 1). When nothing else reads pi_old (AR and Lopti read p_old before any
     # loss; a second step runs at new weights), no pi_old forward runs: the step's own give it.
     with torch.no_grad():
-        ref_logprobs = logprobs_of(ref_model, batch_rows)[0] if kl else None
+        ref_logprobs = logprobs_of(ref_model, batch_rows, with_entropy=False)[0] if kl else None
         if old_logprobs is None and (alpha > 0 or lopti_eta > 0 or ppo_epochs * mini_batches > 1):
-            old_logprobs = fixed_pi_old(logprobs_of, model, learns, mask, stats)
+            old_logprobs = torch.zeros_like(mask)  # rows that cannot learn keep 0: nothing reads them
+            old_logprobs[learns] = logprobs_of(model, learns.nonzero().squeeze(1))[0]
     old_probs = None if old_logprobs is None else old_logprobs.exp()
     token_adv = reweight_advantages(advantages, old_probs, mask, alpha)  # 2. AR, once per batch
     passes = lopti_passes(token_adv, old_probs, mask, lopti_eta, lopti_order)  # 3. Lopti's passes
@@ -114,8 +123,9 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                     continue
                 weights = token_weights(mask[mini_batch], loss_agg, norm_constant, micro_batch)
                 optimizer.zero_grad()
+                chunks = []  # (policy_loss's stats, the rows' mask, their KL mask) of each forward
                 for rows in forward_chunks(mini_batch, trained, loss_agg, micro_batch):
-                    logprobs, entropy = logprobs_of(model, rows, stats.wants_entropy())
+                    logprobs, _ = logprobs_of(model, rows)
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                     loss, loss_stats = policy_loss(
                         logprobs, old, pass_adv[rows], mask[rows], clip_low=clip_low,
@@ -124,20 +134,12 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                         ref_logprobs=ref_logprobs[rows] if kl else None,
                         weights=weights[rows - mini_batch[0]])
                     loss.backward()  # gradients add up: the chunks' losses sum to the mini-batch's
-                    stats.add(loss_stats, loss, mask[rows], pass_mask[rows], entropy)
-                stats.step(clipped_grad_norm(model, optimizer, grad_clip))
+                    chunks.append(({**loss_stats, "loss": loss.detach()}, mask[rows],
+                                   pass_mask[rows]))
+                grad_norm = clipped_grad_norm(model, optimizer, grad_clip)
+                steps.append({**merge_stats(chunks), "grad_norm": grad_norm})
                 optimizer.step()
-    return stats.result(passes, learns, mask)
-
-
-def fixed_pi_old(logprobs_of, model, learns, mask, stats):
-    """log pi_old [B, T]: one no-grad forward of the rows that can learn (`learns` [B] bool; the
-    others keep 0, p_old 1: nothing reads them), its entropy a metric in stats."""
-    old_logprobs, rows = torch.zeros_like(mask), learns.nonzero().squeeze(1)
-    if len(rows):
-        old_logprobs[rows], entropy = logprobs_of(model, rows, entropy=True)
-        stats.add_pi_old_entropy(entropy, mask[rows])
-    return old_logprobs
+    return update_stats(steps, entropy, passes, learns, mask)
 
 
 def forward_chunks(mini_batch, trained, loss_agg, micro_batch):
@@ -157,24 +159,39 @@ def clipped_grad_norm(model, optimizer, grad_clip):
     return torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
 
 
+def update_stats(steps, entropy, passes, learns, mask):
+    """-> python floats (the one read from the device): each step stat's mean over the optimizer
+    steps (ratio_max: the max), optimizer_steps; entropy: the token mean over the update's forwards
+    (the first at pi_old's weights); with Lopti, lopti_low_share: the share of the tokens that can
+    learn (rows `learns` [B] bool) in its low pass."""
+    stats = {"optimizer_steps": len(steps)}
+    for key in (steps[0] if steps else {}):
+        values = torch.stack([step[key] for step in steps])
+        stats[key] = (values.max() if key == "ratio_max" else values.mean()).item()
+    token_entropy, token_mask = [torch.cat(parts) for parts in zip(*entropy)] or (mask[:0],) * 2
+    stats["entropy"] = ((token_entropy * token_mask).sum() / token_mask.sum().clamp_min(1)).item()
+    for name, _, pass_mask in passes:
+        if name == "low":
+            low = pass_mask[learns].sum() / mask[learns].sum().clamp_min(1)
+            stats["lopti_low_share"] = low.item()
+    return stats
+
+
 UPDATE_SETTINGS = ("alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batches", "clip_low",
                    "clip_high", "dual_clip", "kl_coef", "kl_clamp", "loss_agg", "grad_clip",
-                   "temperature", "micro_batch")
+                   "temperature", "micro_batch", "logit_chunk")
 
 
 def update_batch(model, optimizer, input_ids, attention_mask, completion_mask, advantages, config,
                  *, ref_model=None, old_logprobs=None, clock=no_clock):
-    """The loop's update: update_policy with the run's UPDATE_SETTINGS, its log-probs fast/'s
-    (--no-fast: the plain forward) under --dtype's precision, timed by clock."""
+    """The loop's update: update_policy with the run's UPDATE_SETTINGS, its forwards under --dtype
+    (bf16: autocast; --logprob-fp32: none), timed by clock."""
     device = next(model.parameters()).device
-
-    def logprobs_fn(*args, **kwargs):
-        with clock("log-prob forward"), precision(device, config.dtype):
-            return token_logprobs(*args, **kwargs, fast=config.fast, logit_chunk=config.logit_chunk,
-                                  body_autocast=not config.logprob_fp32)
+    bf16 = config.dtype == "bf16" and not config.logprob_fp32
     return update_policy(model, optimizer, input_ids.to(device), attention_mask.to(device),
                          completion_mask.to(device), advantages.to(device), ref_model=ref_model,
-                         norm_constant=config.max_new_tokens, logprobs_fn=logprobs_fn,
+                         norm_constant=config.max_new_tokens, clock=clock,
+                         autocast_dtype=torch.bfloat16 if bf16 else None,
                          old_logprobs=None if old_logprobs is None else old_logprobs.to(device),
                          **{name: getattr(config, name) for name in UPDATE_SETTINGS})
 
@@ -199,7 +216,7 @@ def train(config):
             with precision(model.device, config.dtype):
                 return evaluate(model, tokenizer, task, eval_examples, style=config.style,
                                 max_new_tokens=config.max_new_tokens, samples=samples,
-                                fast=config.fast, batch_size=config.rollout_batch or 256)
+                                batch_size=config.rollout_batch or 256)
 
         state.begin(model, tokenizer, optimizer, evaluate_now, task, eval_examples)  # step 0's eval
         progress = tqdm(range(state.step + 1, config.steps + 1), initial=state.step,
@@ -246,4 +263,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main(command_line)
+    main(sys.argv[1:])

@@ -1,18 +1,12 @@
-"""The speed: the same numbers as the lesson's plain calls, in less time and memory.
+"""--fast-generate, rollout.py's one opt-in: the same tokens as its plain generate call, one CUDA
+graph a token on a GPU instead of eager generate's dispatched ops and a blocking read a token.
 
-rollout.py shows the plain HF `generate` call and the plain log-prob forward; each takes this
-folder's path in one visible `if fast:` branch (train.update_policy is one update: its log-probs
-fast/'s), the tests hold the two equal, `--no-fast` runs the lesson as written. A reader of the
-algorithm can skip this folder.
+  decode_loop.py  the loop: generate's sampling loop on tensors written in place, its step captured
+                  once per shape, the stop check every 8 tokens
+  kv_cache.py     its static KV cache, in the compute dtype, kept on the model between calls
+  generate.py     the entry: where the loop applies, its self-check on a CUDA device (graphs
+                  against eager steps), the plain call wherever it does not hold
 
-  kv_cache.py   the KV cache in one place: the shared prompt prefill, the roomy cache (written in
-                place, on by default), --fast-generate's static cache
-  generate.py   generate's fast paths (roomy cache; --fast-generate's compiled fallback) and the
-                self-check that holds them to plain generate at the first CUDA rollout
-  decode_loop.py  --fast-generate's loop: a static-cache step with the sampling in, a CUDA graph
-  logprobs.py   token_logprobs' fast path: shared-prompt forward, float32 head on tensor cores
-  precision.py  --dtype's compute context (bf16 autocast), for the loop, the update's forwards and the
-                step page
-
-Nothing here imports rollout.py or train.py. Numbers: docs/performance.md.
+A reader of the algorithm can skip this folder; nothing here imports rollout.py or train.py.
+Numbers: docs/performance.md.
 """

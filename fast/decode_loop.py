@@ -2,7 +2,7 @@
 place: a static KV cache holding the shared prefill (fast/kv_cache.py), one step doing an iteration
 of generate's loop with no host sync (decode_step; on CUDA captured once per shape: cuda_graph),
 the stop check every STOP_CHECK_EVERY tokens (the steps past the last EOS cut, their draws undone).
-Where it does not apply (decode_loop_refusal) fast/generate.py runs generate's compiled call."""
+Where it does not apply (decode_loop_refusal) rollout.py's plain generate call runs."""
 import contextlib
 import inspect
 
@@ -20,7 +20,7 @@ def decode_loop_refusal(model, generate_kwargs):
     """Why the decode loop does not apply to this call (a line), or None: it needs the layered
     cache API (the static cache), a plain KV cache, an attention that takes a 4D mask, and only
     the sampling settings rollout.py gives (SAMPLING_KEYS, no repetition penalty). Where it does
-    not apply, --fast-generate is generate's compiled static-cache call, as before."""
+    not apply, --fast-generate is the plain generate call."""
     if not kv_cache.LAYERED_CACHE:
         return "no layered cache API in this transformers"
     if not model._supports_default_dynamic_cache():
@@ -58,26 +58,19 @@ def token_sampler(generate_kwargs):
     return sample
 
 
-def static_decode(model, prompt_input_ids, prompt_mask, num_generations, *, max_new_tokens, pad_id,
-                  eos_id, generate_kwargs, share_prefill, stop_check_every):
-    """--fast-generate: the prompts but their last token prefilled (shared: once per prompt) into
-    the static cache, then decode_loop -> (prompt ids, prompt mask [N*M, P], completion ids
-    [N*M, T'] with T' <= max_new_tokens as generate returns them)."""
-    rows, width = len(prompt_input_ids) * num_generations, prompt_input_ids.shape[1]
-    repeated = [tensor.repeat_interleave(num_generations, dim=0)
-                for tensor in (prompt_input_ids, prompt_mask)]
-    prefilled = None
-    if width > 1 and share_prefill and num_generations > 1:  # each prompt once, to its M rows
-        prefilled = kv_cache.prefill_prompt_cache(
-            model, prompt_input_ids, prompt_mask,
-            kv_cache.row_prompts(prompt_input_ids, num_generations))
-    elif width > 1:
-        prefilled = kv_cache.prefill_prompt_cache(
-            model, *repeated, torch.arange(rows, device=prompt_input_ids.device))
-    cache = kv_cache.static_cache(model, prefilled, rows, width, max_new_tokens)
-    return *repeated, decode_loop(model, cache, *repeated, max_new_tokens=max_new_tokens,
-                                  pad_id=pad_id, eos_id=eos_id, generate_kwargs=generate_kwargs,
-                                  stop_check_every=stop_check_every)
+def static_decode(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id,
+                  generate_kwargs, stop_check_every=STOP_CHECK_EVERY, capture=True):
+    """--fast-generate: the prompts but their last token prefilled into the static cache, then
+    decode_loop -> completion ids [rows, T'], T' <= max_new_tokens as generate returns them.
+    input_ids, attention_mask [rows, P]: the prompts, left-padded, each row its own (M rows of a
+    prompt repeated). capture=False: eager steps on CUDA too (the self-check's reference)."""
+    prefilled = kv_cache.prefill(model, input_ids, attention_mask) if input_ids.shape[1] > 1 \
+        else None
+    cache = kv_cache.static_cache(model, prefilled, len(input_ids), input_ids.shape[1],
+                                  max_new_tokens)
+    return decode_loop(model, cache, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                       pad_id=pad_id, eos_id=eos_id, generate_kwargs=generate_kwargs,
+                       stop_check_every=stop_check_every, capture=capture)
 
 
 def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
@@ -167,7 +160,7 @@ def packed_heads():
 
 
 def decode_loop(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,
-                generate_kwargs, stop_check_every):
+                generate_kwargs, stop_check_every, capture=True):
     """completion ids [rows, T'] of generate's sampling loop, token for token under a seed, from
     decode_step run max_new_tokens times at most: on CUDA the shape's first step eager, then
     captured (cuda_graph) and replayed in this call and the next ones (step, state and graphs
@@ -194,10 +187,10 @@ def decode_loop(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, 
         end = min(start + stop_check_every, max_new_tokens)
         before = rng_state(device) if sampled else None
         for _ in range(start, end):
-            if kept["graphs"] is not None:  # a call's first replay casts the weights (cuda_graph)
+            if capture and kept["graphs"] is not None:  # a call's first replay casts the weights
                 kept["graphs"][0 if first else 1]()
                 first = False
-            elif graphs_on(device):  # the shape's first step runs eagerly, then it is captured
+            elif capture and graphs_on(device):  # the shape's first step eager, then captured
                 kept["graphs"] = cuda_graph(kept["step"], device)
             else:
                 kept["step"]()
@@ -220,13 +213,17 @@ def rng_state(device):
     return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
 
 
-def redraw(device, state, draws, shape):
-    """The default generator of `device` set back to `state`, then `draws` steps' random numbers
-    drawn again (token_sampler's exponential noise of `shape`, float32)."""
+def set_rng_state(device, state):
     if device.type == "cuda":
         torch.cuda.set_rng_state(state, device)
     else:
         torch.set_rng_state(state)
+
+
+def redraw(device, state, draws, shape):
+    """The default generator of `device` set back to `state`, then `draws` steps' random numbers
+    drawn again (token_sampler's exponential noise of `shape`, float32)."""
+    set_rng_state(device, state)
     for _ in range(draws):
         torch.empty(shape, dtype=torch.float32, device=device).exponential_(1)
 

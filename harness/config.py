@@ -160,13 +160,8 @@ class Config:
     mask_truncated: bool = setting(False, "drop completions without EOS from the loss")
     rollout_batch: int | None = setting(None, "rows per generate call, whole groups (memory only)",
                                         resumable=True)
-    drop_finished_every: int | None = setting(None, "take finished rows out of generate every K tokens (a fast "
-                                              "path: faster when lengths vary; same distribution, other random draws)")
-    fast: bool = setting(True, "the fast paths (fast/: shared prefill, roomy KV cache, chunked log-probs, no pi_old "
-                         "forward when nothing reads it); --no-fast: the lesson as written, the same up to float rounding, slower",
-                         resumable=True)
-    fast_generate: bool = setting(False, "static KV cache + a decode loop whose step is one CUDA graph on a GPU "
-                                  "(same samples; the stop check every 8 tokens: fast/generate.py)", resumable=True)
+    fast_generate: bool = setting(False, "the decode loop: a static KV cache, one CUDA graph a token on a GPU "
+                                  "(the same samples as generate: fast/)", resumable=True)
     # --- the training prompts ---------------------------------------------------------------------------------------
     epochs: int | None = setting(None, "passes over a fixed training set: epochs x rows // prompts-per-step steps "
                                  "(--steps, if given, stops it sooner, as verl); none = fresh prompts every step",
@@ -305,14 +300,6 @@ class Config:
                 (self.memory_budget is None or parse_size(self.memory_budget) is not None,
                  f"--memory-budget must be a size with its unit, like 24GB, 80GiB or 512MB, got "
                  f"{self.memory_budget!r}"),
-                (self.drop_finished_every is None or self.drop_finished_every >= 1,
-                 "--drop-finished-every must be >= 1"),
-                (not (self.fast_generate and self.drop_finished_every), "--fast-generate keeps every row in its "
-                 "static cache: give it or --drop-finished-every, not both"),
-                (self.fast or not self.fast_generate, "--no-fast turns every fast path off: give it or "
-                 "--fast-generate, not both"),
-                (self.fast or not self.drop_finished_every, "--no-fast turns every fast path off (the plain rollout "
-                 "is one generate call): give it or --drop-finished-every, not both"),
                 (self.rollout_batch is None or self.rollout_batch >= self.num_generations,
                  "--rollout-batch must be >= --num-generations (one whole group)"),
                 (1 <= self.max_new_tokens <= MAX_NEW_TOKENS, f"--max-new-tokens must lie in [1, {MAX_NEW_TOKENS}]"),
@@ -374,9 +361,10 @@ class Config:
 
 # Settings newer than some run.json files: missing there, each takes its default (what the run did before it).
 ADDED_SETTINGS = ("task_file_sha256", "report_to", "wandb_run_id", "gradient_checkpointing", "lora_rank",
-                  "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "fast", "idle_warn",
+                  "lora_alpha", "lora_targets", "optimizer", "fast_generate", "param_dtype", "idle_warn",
                   "idle_stop", "reward_timeout", "base_dtype", "optimizer_offload", "step_in_backward",
                   "initial_policy_sha256")
+RETIRED_SETTINGS = ("fast", "drop_finished_every")  # an older run.json's: its rollouts' speed only
 KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a JSON object"}
 
 

@@ -15,7 +15,7 @@ import sys
 
 import tasks
 from harness.checkpoint import RESUME_NOTES, checkpoint_step, load_run_settings, refuse_live_run, resolve_checkpoint
-from harness.config import ADDED_SETTINGS, Config, InputError, field_choices, field_kind, flag_name, resumable
+from harness.config import ADDED_SETTINGS, RETIRED_SETTINGS, Config, InputError, field_choices, field_kind, flag_name, resumable
 from harness.files import RunError
 
 
@@ -180,6 +180,7 @@ def saved_config(checkpoint_dir):
     keys = {f.name for f in dataclasses.fields(Config) if f.metadata.get("saved", True)}
     defaults = {f.name: f.default for f in dataclasses.fields(Config) if f.name in ADDED_SETTINGS}
     saved = {**{key: defaults[key] for key in ADDED_SETTINGS if key not in saved}, **saved}  # an older run.json
+    saved = {key: value for key, value in saved.items() if key not in RETIRED_SETTINGS}
     if set(saved) != keys:
         raise RunError(f"{path}: not this train.py's settings (missing {sorted(keys - set(saved))}, unknown "
                        f"{sorted(set(saved) - keys)}); resume from another checkpoint")

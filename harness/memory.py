@@ -199,14 +199,9 @@ def memory_plan(shape, config, prompt_length):
     # under autocast the linears' bf16 copies of the 2 norm outputs; q, attention output, o_proj's input (3q),
     # k and v (2kv), the MLP's gate, SiLU, up and their product (4I), in the compute dtype.
     per_token_layer = 16 * H + (4 * H if compute == 2 else 0) + compute * (3 * q + 2 * kv + 4 * I)
-    shared = not config.gradient_checkpointing and micro > 1 and P > 1  # fast/logprobs.py's completion_features
-    if not shared:  # the plain forward: every row's P + T tokens (checkpointed: each layer keeps only its input)
-        tokens = micro * (P + T)
-        layer_activations = 4 * H * tokens * L + per_token_layer * tokens if config.gradient_checkpointing else \
-            L * per_token_layer * tokens  # checkpointed: + one layer recomputed in backward
-    else:  # shared prompts: each distinct prompt's P tokens once, every row's T, and each row's K, V over P + T
-        tokens = math.ceil(micro / M) * P + micro * T
-        layer_activations = L * (per_token_layer * tokens + compute * 2 * kv * micro * P)
+    tokens = micro * (P + T)  # the forward: every row's P + T tokens (checkpointed: each layer keeps its input)
+    layer_activations = 4 * H * tokens * L + per_token_layer * tokens if config.gradient_checkpointing else \
+        L * per_token_layer * tokens  # checkpointed: + one layer recomputed in backward
     # GQA: transformers' repeat_kv copies each layer's K and V to every query head before SDPA, which saves the
     # copies (measured on SmolLM2: [rows, 9, P + T - 1, 64] x 2 per layer); (q - kv) per token more than counted
     gqa_copies = compute * 2 * (q - kv) * micro * (P + T) * (1 if config.gradient_checkpointing else L)
@@ -214,11 +209,10 @@ def memory_plan(shape, config, prompt_length):
     # and the residual stream's gradient and its sum (2 [tokens, H]: fp32, or bf16 under bf16 storage); tokens as
     # the forward's (measured: the checkpointed tiny runs missed ~50-90 MiB of it)
     backward = (2 * compute * I + 2 * stored * H) * tokens
-    head_tokens = micro * T  # scored; at once (fast/logprobs.py's head_tokens_at_once): on CUDA up to 4 chunks'
-    at_once = head_tokens if config.device.startswith("cuda") and head_tokens <= 4 * config.logit_chunk else \
-        min(config.logit_chunk, head_tokens)  # their float32 logits, scaling and softmax: "logit_chunk" below
+    # the tokens whose float32 logits, scaling and softmax exist at once (rollout.token_logprobs): "logit_chunk"
+    at_once = min(config.logit_chunk, micro * T)
     autocast_copies = 2 * trained if compute == 2 and not config.lora_rank and stored == 4 else 0  # bf16 casts of
-    # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (fast/logprobs.py, float32_logits)
+    # the fp32 trained weights; bf16 weights: the float32 head's copy of the [V, H] head (rollout.token_logprobs)
     head_copy = 4 * shape.vocab * H if stored == 2 else 0
     masters = 4 * trained if config.param_dtype == "bf16" or offload else 0  # the optimizer's fp32 copies
     # (master_weights.py; bf16-sr and --step-in-backward keep none)

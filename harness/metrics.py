@@ -5,7 +5,7 @@ than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half
 rewritten only through a temporary file renamed into place (the resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
 warning; a bad line elsewhere is a RunError naming the file and the line. Each line is strict JSON (metrics_line): a
 statistic that is nan or inf (the loss of a step whose optimizer step was skipped) is written as null.
-Below, a step's statistics: its update's (UpdateStats, as train.update_policy gathers them), its batch's.
+Below, a step's batch statistics (its update's: train.update_stats).
 """
 import json
 import math
@@ -116,77 +116,6 @@ def rewrite_metrics(path, rows):
             f.writelines(map(metrics_line, rows))
     except OSError as error:
         raise RunError(write_failed(path, error)) from None
-
-
-# --- one update's statistics (train.update_policy's; torch alone, so a paste of update_policy takes them) ---
-def merge_stats(chunks):
-    """[(stats, completion_mask, kl_mask)] of one optimizer step's forward chunks (policy_loss's
-    stats, loss added; kl_mask: the tokens its KL covers) -> the step's stats, as one forward of
-    all their rows would give them: token means weighted by the chunk's valid tokens (kl: its KL
-    tokens), pg_loss and loss summed (the chunks' weights are the mini-batch's), ratio_max the
-    max. 0-dim tensors (no sync)."""
-    import torch  # here, not at the top: a reader of metrics.jsonl (lab/, experiments/) loads no torch
-    tokens = [mask.sum() for _, mask, _ in chunks]
-    kl_tokens = [kl.sum() for _, _, kl in chunks]
-    merged = {}
-    for key in chunks[0][0]:
-        values = torch.stack([stats[key] for stats, _, _ in chunks])
-        if key == "ratio_max":
-            merged[key] = values.max()
-        elif key in ("pg_loss", "loss"):
-            merged[key] = values.sum()
-        else:
-            counts = torch.stack(kl_tokens if key == "kl" else tokens).to(values.dtype)
-            merged[key] = (values * counts).sum() / counts.sum().clamp_min(1)
-    return merged
-
-
-class UpdateStats:
-    """One update's stats: add() each forward chunk's policy_loss stats, step() after each optimizer step, result()
-    once (the only read from the device). pi_old's entropy (a metric): a pi_old forward's, else the first step's
-    forwards' (at pi_old's weights: wants_entropy)."""
-    def __init__(self):
-        self.chunks, self.steps, self.entropy, self.pi_old_forward = [], [], [], False
-
-    def add(self, stats, loss, completion_mask, kl_mask, entropy=None):
-        self.chunks.append(({**stats, "loss": loss.detach()}, completion_mask, kl_mask))
-        if entropy is not None:
-            self.entropy.append((entropy, completion_mask))
-
-    def add_pi_old_entropy(self, entropy, completion_mask):
-        self.entropy.append((entropy, completion_mask))
-        self.pi_old_forward = True
-
-    def wants_entropy(self):
-        return not self.steps and not self.pi_old_forward
-
-    def step(self, grad_norm):
-        self.steps.append({**merge_stats(self.chunks), "grad_norm": grad_norm})
-        self.chunks = []
-
-    def result(self, passes, learns, completion_mask):
-        """-> python floats: summarize_steps; entropy: pi_old's token mean (what add, add_pi_old_entropy took); with
-        Lopti, lopti_low_share: the share of the tokens that can learn (rows `learns` [B] bool) in its low pass."""
-        import torch
-        result = summarize_steps(self.steps)
-        entropy, mask = [torch.cat(parts) for parts in zip(*self.entropy)] or (completion_mask[:0],) * 2
-        result["entropy"] = ((entropy * mask).sum() / mask.sum().clamp_min(1)).item()
-        for name, _, pass_mask in passes:
-            if name == "low":
-                result["lopti_low_share"] = (pass_mask[learns].sum()
-                                             / completion_mask[learns].sum().clamp_min(1)).item()
-        return result
-
-
-def summarize_steps(steps):
-    """[each optimizer step's merged stats] -> python floats: each stat's mean over the steps,
-    ratio_max their max; optimizer_steps."""
-    import torch
-    summary = {"optimizer_steps": len(steps)}
-    for key in (steps[0] if steps else {}):
-        values = torch.stack([step[key] for step in steps])
-        summary[key] = (values.max() if key == "ratio_max" else values.mean()).item()
-    return summary
 
 
 def rollout_stats(task, rollouts, rewards, advantages):

@@ -275,9 +275,7 @@ def host_answers(host, timeout):
 # ---------------------------------------------------------------------------------------------------------------
 def enable_checkpointing(model):
     """HF's own activation checkpointing of every decoder layer, non-reentrant: each layer keeps only its input and
-    recomputes the rest in backward. Checkpointed layers drop the KV cache, so the training forward is then the plain
-    one over every row's prompt (fast/logprobs.py's completion_features); no-grad forwards and generate are
-    unchanged."""
+    recomputes the rest in backward; no-grad forwards and generate are unchanged."""
     if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x; gradient_checkpointing_enable before
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -308,7 +306,7 @@ def check_lora_targets(model, targets):
     may be a skeleton on the meta device (--dry-run: model_skeleton)."""
     names = targets.split(",")
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    if "lm_head" in names:  # the float32 head (fast/logprobs.py's float32_logits) reads the head's weight directly
+    if "lm_head" in names:  # rollout.token_logprobs' float32 head reads its weight directly
         raise ValueError("--lora-targets: lm_head cannot take an adapter here (the log-probs' float32 head reads "
                          "its weight directly)")
     if [name for name in names if name not in present]:

@@ -19,8 +19,7 @@ import torch
 from harness.files import RunError, refuse_link, replaced_file, what_is, write_failed
 from lopti import isolation_masks, reweight_advantages
 from ppo import clip_masks
-from fast.precision import precision
-from rollout import token_logprobs
+from rollout import precision, token_logprobs
 from softmax_grpo import grpo_prompt_weight, group_advantages, prompt_weight
 
 SHOWN_ALPHA, SHOWN_ETA = 0.3, 0.5  # AR's and Lopti's paper values, shown when the run has them off
@@ -78,11 +77,11 @@ def estimators(method):
 def sampled_logprobs(model, rollouts, config):
     """log pi(o_t) of the rollouts' tokens [B, T] under `model`, as update_policy scores pi_old (the same call)."""
     device = next(model.parameters()).device
-    with torch.no_grad(), precision(device, config.dtype):
+    dtype = "fp32" if config.logprob_fp32 else config.dtype  # --logprob-fp32: no autocast, as update_batch
+    with torch.no_grad(), precision(device, dtype):
         return token_logprobs(model, rollouts.input_ids.to(device), rollouts.attention_mask.to(device),
                               rollouts.completion_mask.to(device).float(), temperature=config.temperature,
-                              micro_batch=config.micro_batch, logit_chunk=config.logit_chunk,
-                              body_autocast=not config.logprob_fp32, fast=config.fast).float().cpu()
+                              micro_batch=config.micro_batch, logit_chunk=config.logit_chunk).float().cpu()
 
 
 def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, due=None, source=""):

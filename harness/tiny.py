@@ -160,8 +160,7 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
         optimizer.step()
         step += 1
         if step % eval_every == 0 or step == max_steps:
-            metrics = evaluate(model, tokenizer, task, eval_examples, style="compact", max_new_tokens=max_new_tokens,
-                               fast=True)
+            metrics = evaluate(model, tokenizer, task, eval_examples, style="compact", max_new_tokens=max_new_tokens)
             log(f"warm start step {step}: loss {loss.item():.3f}  held-out pass@1 {metrics['pass@1']:.3f}")
             if metrics["pass@1"] >= target_pass:
                 stopped = "target"

@@ -113,47 +113,34 @@ GREEDY = dict(do_sample=False, temperature=None, top_p=None, top_k=None)  # plai
 
 @dataclass
 class Rollouts:
-    input_ids: torch.Tensor        # [B, P+T] left-padded prompt, then completion
-                                   # (B = num_prompts * M)
+    input_ids: torch.Tensor        # [B, P+T] left-padded prompt, then completion (B = N * M)
     attention_mask: torch.Tensor   # [B, P+T] prompt padding and post-EOS padding are 0
     completion_mask: torch.Tensor  # [B, T] float 0/1, the tokens the loss sees
     truncated: torch.Tensor        # [B] bool, no EOS within max_new_tokens
-    prompt_index: torch.Tensor     # [B] long, row -> index into the prompt list
-                                   # (rows of a group are adjacent)
+    prompt_index: torch.Tensor     # [B] long, row -> its prompt's index (a group's rows adjacent)
     completions: list              # [B] decoded completion text (special tokens dropped)
     num_generations: int           # M, so rewards.view(-1, M) is [G, M]
 
 
-def plain_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id,
-                   generate_kwargs):
-    """One HF generate call on rows already repeated M times -> completion ids [rows, T]."""
-    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                               max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                               eos_token_id=eos_id, **generate_kwargs)
-    return sequences[:, input_ids.shape[1]:]
-
-
 def sample_completions(model, prompt_ids, num_generations, *, pad_id, eos_id, max_new_tokens,
                        generate_kwargs, fast_generate=False):
-    """M completions of each prompt -> (prompt ids [N*M, P], prompt mask [N*M, P],
-    completion ids [N*M, T]): one HF generate call on the prompts repeated M times.
-
-    fast_generate (--fast-generate): fast/decode_loop.py's loop instead, the same tokens under a
-    seed with one CUDA graph a token on a GPU (None where it does not apply: the plain call)."""
+    """M completions of each prompt -> (prompt ids [N*M, P], prompt mask [N*M, P], completion ids
+    [N*M, T]): one HF generate call on the prompts repeated M times."""
     device = next(model.parameters()).device
     prompt_input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
     input_ids = prompt_input_ids.repeat_interleave(num_generations, dim=0)
     attention_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    if fast_generate:
+    if fast_generate:  # fast/: the same tokens under a seed, one CUDA graph a token on a GPU
         from fast.generate import loop_generate
-        completion_ids = loop_generate(model, input_ids, attention_mask, plain_generate,
-                                       max_new_tokens=max_new_tokens, pad_id=pad_id,
-                                       eos_id=eos_id, generate_kwargs=generate_kwargs)
-        if completion_ids is not None:
+        completion_ids = loop_generate(model, input_ids, attention_mask, pad_id=pad_id,
+                                       eos_id=eos_id, max_new_tokens=max_new_tokens,
+                                       generate_kwargs=generate_kwargs)
+        if completion_ids is not None:  # None: the loop does not hold here (it said why)
             return input_ids, attention_mask, completion_ids
-    return input_ids, attention_mask, plain_generate(
-        model, input_ids, attention_mask, max_new_tokens=max_new_tokens, pad_id=pad_id,
-        eos_id=eos_id, generate_kwargs=generate_kwargs)
+    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                               max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                               eos_token_id=eos_id, **generate_kwargs)
+    return input_ids, attention_mask, sequences[:, input_ids.shape[1]:]
 
 
 @torch.no_grad()
@@ -251,15 +238,14 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
         for first in range(0, len(targets), logit_chunk):
             args = (hidden[first:first + logit_chunk], targets[first:first + logit_chunk], weight,
                     bias, temperature, with_entropy)
-            parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, *args, use_reentrant=False)
-                         if recompute else chunk_logprobs(*args))
-    shape = (len(input_ids), T)
-    logprobs = torch.cat([lp for lp, _ in parts]).view(shape) if parts \
-        else torch.zeros(shape, device=input_ids.device)
+            checkpoint = torch.utils.checkpoint.checkpoint
+            parts.append(checkpoint(chunk_logprobs, *args, use_reentrant=False) if recompute
+                         else chunk_logprobs(*args))
+    shape, empty = (len(input_ids), T), [torch.zeros(0, device=input_ids.device)]  # 0 rows: empty
+    logprobs = torch.cat([logprobs for logprobs, _ in parts] or empty).view(shape)
     if not with_entropy:
         return logprobs
-    return logprobs, torch.cat([ent for _, ent in parts]).view(shape) if parts \
-        else torch.zeros(shape, device=input_ids.device)
+    return logprobs, torch.cat([entropy for _, entropy in parts] or empty).view(shape)
 
 
 # Gemma 2, Cohere, Granite: logits rescaled or soft-capped after the head
@@ -268,7 +254,7 @@ LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 def chunk_logprobs(hidden, targets, weight, bias, temperature, with_entropy):
     """hidden [n, H], targets [n] -> (log p of the targets [n], entropy [n] detached or None), from
-    float32 logits [n, V] = hidden W^T + b (autocast off): log p = logit of the token - logsumexp."""
+    float32 logits [n, V] = hidden W^T + b (autocast off): log p = the token's logit - logsumexp."""
     with torch.autocast(hidden.device.type, enabled=False):
         logits = F.linear(hidden.float(), weight, bias) / temperature
     log_normalizer = torch.logsumexp(logits, dim=-1)

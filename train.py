@@ -77,41 +77,37 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                   ref_model=None, alpha=0.0, lopti_eta=0.0, lopti_order="low-first", ppo_epochs=1,
                   mini_batches=1, clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=0.0,
                   kl_clamp=20.0, loss_agg="token-mean", norm_constant=None, grad_clip=1.0,
-                  temperature=1.0, micro_batch=None, logit_chunk=1024, autocast_dtype=None,
+                  temperature=1.0, micro_batch=64, logit_chunk=1024, autocast_dtype=None,
                   old_logprobs=None, clock=no_clock):
     """Algorithm 1's update on one batch -> stats (floats). input_ids, attention_mask [B, P+T];
     completion_mask [B, T]; advantages [B]; old_logprobs [B, T] or None (measured). micro_batch:
-    rows per forward (exact: ppo.token_weights); autocast_dtype: the forwards' (bf16 over fp32
-    weights), None: the weights'. `python train.py` passes every keyword from harness/config.py,
-    whose defaults are these (tests/test_train.py holds them equal).
-
-    On-policy by default (one epoch, one mini-batch): the only optimizer step runs at pi_old's
-    weights, so its ratio is exactly 1 and the clip cannot act; --ppo-epochs 2 or --mini-batches 2
-    take later steps at moved weights, where it does."""
+    rows per forward (exact: ppo.token_weights); autocast_dtype: the forwards' (None: the weights').
+    The defaults are harness/config.py's, which `python train.py` passes (tests/test_update.py).
+    On-policy by default: the one step runs at pi_old's weights, so the ratio is 1 and the clip
+    cannot act; --ppo-epochs 2 or --mini-batches 2 take later steps, where it does."""
     mask, kl = completion_mask.float(), ref_model is not None
     learns = mask.any(1) & ((advantages != 0) | kl)  # [B]: the rows that can learn
     batch_rows = torch.arange(len(mask), device=mask.device)
-    steps, entropy = [], []  # each optimizer step's stats; (entropy [rows, T], mask) of each forward
+    steps, entropy = [], []  # each optimizer step's stats; each forward's (entropy, mask)
 
-    def logprobs_of(net, rows, with_entropy=True):  # ([rows, T] log pi of net, entropy or None)
+    def logprobs_of(net, rows):  # [rows, T] log pi of net (the policy's entropy a metric)
         with clock("log-prob forward"), torch.autocast(mask.device.type, dtype=autocast_dtype,
                                                        enabled=autocast_dtype is not None):
-            scored = token_logprobs(net, input_ids[rows], attention_mask[rows], mask[rows],
-                                    temperature=temperature, micro_batch=micro_batch,
-                                    with_entropy=with_entropy, logit_chunk=logit_chunk)
-        if with_entropy:
-            entropy.append((scored[1], mask[rows]))
-        return scored if with_entropy else (scored, None)
+            logprobs, token_entropy = token_logprobs(
+                net, input_ids[rows], attention_mask[rows], mask[rows], temperature=temperature,
+                micro_batch=micro_batch, with_entropy=True, logit_chunk=logit_chunk)
+        if net is model:
+            entropy.append((token_entropy, mask[rows]))
+        return logprobs
 
-    # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. The on-policy rule: the
-    # first optimizer step runs at pi_old's weights, so its forwards' log-probs, detached, ARE
-    # pi_old (ratio exactly 1). When nothing else reads pi_old (AR and Lopti read p_old before any
-    # loss; a second step runs at new weights), no pi_old forward runs: the step's own give it.
+    # 1. pi_old and pi_ref of the sampled tokens, fixed before any update. The on-policy rule: a
+    # first step runs at pi_old's weights, so its forwards' log-probs, detached, ARE pi_old; no
+    # pi_old forward runs unless AR, Lopti or a later step (at new weights) reads it.
     with torch.no_grad():
-        ref_logprobs = logprobs_of(ref_model, batch_rows, with_entropy=False)[0] if kl else None
+        ref_logprobs = logprobs_of(ref_model, batch_rows) if kl else None
         if old_logprobs is None and (alpha > 0 or lopti_eta > 0 or ppo_epochs * mini_batches > 1):
-            old_logprobs = torch.zeros_like(mask)  # rows that cannot learn keep 0: nothing reads them
-            old_logprobs[learns] = logprobs_of(model, learns.nonzero().squeeze(1))[0]
+            old_logprobs = torch.zeros_like(mask)  # rows that cannot learn: 0, nothing reads them
+            old_logprobs[learns] = logprobs_of(model, learns.nonzero().squeeze(1))
     old_probs = None if old_logprobs is None else old_logprobs.exp()
     token_adv = reweight_advantages(advantages, old_probs, mask, alpha)  # 2. AR, once per batch
     passes = lopti_passes(token_adv, old_probs, mask, lopti_eta, lopti_order)  # 3. Lopti's passes
@@ -125,7 +121,7 @@ def update_policy(model, optimizer, input_ids, attention_mask, completion_mask, 
                 optimizer.zero_grad()
                 chunks = []  # (policy_loss's stats, the rows' mask, their KL mask) of each forward
                 for rows in forward_chunks(mini_batch, trained, loss_agg, micro_batch):
-                    logprobs, _ = logprobs_of(model, rows)
+                    logprobs = logprobs_of(model, rows)
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                     loss, loss_stats = policy_loss(
                         logprobs, old, pass_adv[rows], mask[rows], clip_low=clip_low,

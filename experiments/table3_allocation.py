@@ -42,7 +42,7 @@ from harness.config import Config
 from harness.flags import parse_task_option
 from harness.model import load_policy
 from harness.tiny import apply_cpu_defaults, prompt_style
-from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs
+from rollout import generate_rollouts, render_prompts, token_logprobs
 from softmax_grpo import group_advantages
 
 BINS = ((0.0, 0.1), (0.1, 0.5), (0.5, 0.9), (0.9, 1.0))  # the last bin is closed: [.9, 1]
@@ -89,7 +89,7 @@ def sample_groups(model, tokenizer, task, examples, M, *, style, max_new_tokens,
     for start in range(0, len(examples), batch_prompts):
         part = examples[start:start + batch_prompts]
         rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, part, style), M,
-                                     max_new_tokens=max_new_tokens, temperature=temperature, fast=FAST_GENERATE)
+                                     max_new_tokens=max_new_tokens, temperature=temperature)
         rewards += [task.reward(text, part[i], style=style)
                     for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist())]
         chunks.append((rollouts, start))

@@ -59,7 +59,7 @@ def token_sampler(generate_kwargs):
 
 
 def static_decode(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id,
-                  generate_kwargs, stop_check_every=STOP_CHECK_EVERY, capture=True):
+                  generate_kwargs, stop_check_every=None, capture=True):
     """--fast-generate: the prompts but their last token prefilled into the static cache, then
     decode_loop -> completion ids [rows, T'], T' <= max_new_tokens as generate returns them.
     input_ids, attention_mask [rows, P]: the prompts, left-padded, each row its own (M rows of a
@@ -70,7 +70,7 @@ def static_decode(model, input_ids, attention_mask, *, max_new_tokens, pad_id, e
                                   max_new_tokens)
     return decode_loop(model, cache, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                        pad_id=pad_id, eos_id=eos_id, generate_kwargs=generate_kwargs,
-                       stop_check_every=stop_check_every, capture=capture)
+                       stop_check_every=stop_check_every or STOP_CHECK_EVERY, capture=capture)
 
 
 def decode_step(model, cache, prompt_input_ids, prompt_mask, *, max_new_tokens, pad_id, eos_id,

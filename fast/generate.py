@@ -15,11 +15,11 @@ from fast import decode_loop as loop
 SELF_CHECKED_CALLS = 2  # CUDA rollouts checked graph against eager: the first, and one after a step
 
 
-def loop_generate(model, input_ids, attention_mask, plain, *, max_new_tokens, pad_id, eos_id,
+def loop_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id,
                   generate_kwargs, log=print):
-    """Completion ids [rows, T'] from the decode loop, or None where the plain call `plain`
-    (rollout.plain_generate) should run: the loop does not apply (said once), or its self-check
-    or a capture failed on this device (said once). input_ids, attention_mask [rows, P]."""
+    """Completion ids [rows, T'] from the decode loop, or None where rollout.py's plain generate
+    call should run: the loop does not apply (said once), or its self-check or a capture failed on
+    this device (said once). input_ids, attention_mask [rows, P]."""
     verdict = model.__dict__.setdefault("_fast_generate", {"calls": 0, "off": None})
     refusal = loop.decode_loop_refusal(model, generate_kwargs)
     if verdict["off"] is None and refusal:
@@ -29,7 +29,7 @@ def loop_generate(model, input_ids, attention_mask, plain, *, max_new_tokens, pa
         return None
     call = dict(max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
                 generate_kwargs=generate_kwargs)
-    checked = input_ids.device.type == "cuda" and verdict["calls"] < SELF_CHECKED_CALLS
+    checked = untested_device(input_ids.device) and verdict["calls"] < SELF_CHECKED_CALLS
     before = loop.rng_state(input_ids.device)
     try:
         completion_ids = loop.static_decode(model, input_ids, attention_mask, **call)
@@ -48,7 +48,7 @@ def loop_generate(model, input_ids, attention_mask, plain, *, max_new_tokens, pa
                 "the CUDA graphs give the eager steps' tokens")
         return completion_ids
     except Exception as error:  # noqa: BLE001 -- on an untested device the failure is its verdict
-        if input_ids.device.type != "cuda":
+        if not untested_device(input_ids.device):
             raise  # on a CPU the loop is tested: its exception is a bug to see
         first_line = (str(error).strip().splitlines() or [""])[0][:200]
         verdict["off"] = (f"--fast-generate ({len(input_ids)} rows) FAILED on this device "
@@ -58,3 +58,8 @@ def loop_generate(model, input_ids, attention_mask, plain, *, max_new_tokens, pa
         model.__dict__.pop("_fast_generate_caches", None)  # the static caches and graphs freed
         loop.set_rng_state(input_ids.device, before)  # the plain call draws as without the loop
         return None
+
+
+def untested_device(device):
+    """True on a CUDA device: the loop's tokens are tested against generate's on CPUs only."""
+    return device.type == "cuda"

@@ -198,7 +198,7 @@ def sampled_pass_at_k(run_dir, ks=None, *, seed=0, samples=None):
 
     import tasks
     from harness.model import load_policy
-    from rollout import FAST_GENERATE, generate_rollouts, render_prompts
+    from rollout import generate_rollouts, render_prompts
     checkpoint = os.path.join(run_dir, "latest")
     with open(os.path.join(checkpoint, "run.json")) as f:
         saved = json.load(f)
@@ -211,7 +211,7 @@ def sampled_pass_at_k(run_dir, ks=None, *, seed=0, samples=None):
     torch.manual_seed(seed)
     rollouts = generate_rollouts(model, tokenizer, render_prompts(tokenizer, task, examples, saved["style"]), M,
                                  max_new_tokens=saved["max_new_tokens"], temperature=saved["temperature"],
-                                 top_p=saved["top_p"], rollout_batch=saved["rollout_batch"], fast=FAST_GENERATE)
+                                 top_p=saved["top_p"], rollout_batch=saved["rollout_batch"])
     passes = [0] * len(examples)
     for text, i in zip(rollouts.completions, rollouts.prompt_index.tolist()):
         passes[i] += task.reward(text, examples[i], style=saved["style"]) >= task.pass_threshold

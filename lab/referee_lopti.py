@@ -78,7 +78,7 @@ def quartile_gradients(model, batch, weights, groups, *, temperature, micro_batc
         if not present:
             continue
         logprobs = token_logprobs(model, input_ids[rows], attention_mask[rows], completion_mask[rows],
-                                  temperature=temperature, fast=True)
+                                  temperature=temperature)
         for i, q in enumerate(present):
             objective = (weights[rows] * logprobs * (groups[rows] == q)).sum() / total
             grads = torch.autograd.grad(objective, params, allow_unused=True, retain_graph=i < len(present) - 1)
@@ -99,7 +99,7 @@ def per_token_norms(model, batch, weights, groups, logit_norms, *, samples, gene
         logit, param = [], []
         for row in pick[:, 0].unique().tolist():
             logprobs = token_logprobs(model, input_ids[row:row + 1], attention_mask[row:row + 1],
-                                      completion_mask[row:row + 1], temperature=temperature, fast=True)[0]
+                                      completion_mask[row:row + 1], temperature=temperature)[0]
             columns = pick[pick[:, 0] == row, 1].tolist()
             for i, t in enumerate(columns):
                 grads = torch.autograd.grad(logprobs[t], params, allow_unused=True, retain_graph=i < len(columns) - 1)
@@ -133,9 +133,9 @@ def measure(model, tokenizer, style, task, ref_model, args, *, seed, max_new_tok
         return None
     mask = batch[2].float()
     with torch.no_grad():
-        logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch, fast=True)
+        logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
         ref_logprobs = None if ref_model is None else token_logprobs(
-            ref_model, *batch, temperature=args.temperature, micro_batch=args.micro_batch, fast=True)
+            ref_model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
     logit_norms = logit_gradient_norms(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
     generator = torch.Generator().manual_seed(seed)
     rows, cosines = [], []

@@ -120,7 +120,7 @@ def off_policy_logprobs(model, batch, advantages, old_logprobs, settings, *, ref
                        advantages[first], config, old_logprobs=old_logprobs[first],
                        ref_model=ref_model if settings["kl_coef"] > 0 else None)
     with torch.no_grad():
-        new = token_logprobs(stepped, *batch, temperature=temperature, micro_batch=micro_batch, fast=True)
+        new = token_logprobs(stepped, *batch, temperature=temperature, micro_batch=micro_batch)
     del stepped, optimizer
     return new, used
 

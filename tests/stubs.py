@@ -73,8 +73,4 @@ def assert_resume_from_checkpoint_2_continues(out, final):
     assert strip((out / "metrics.jsonl").read_text()) == strip(rows)
 
 
-def generate_rollouts(*args, fast=True, share_prefill=True, drop_finished_every=None, fast_generate=False, **kwargs):
-    """rollout.generate_rollouts with fast/generate.py's options as keywords, the fast path by default (fast=False:
-    the plain call)."""
-    options = dict(share_prefill=share_prefill, drop_finished_every=drop_finished_every, compiled=fast_generate)
-    return rollout.generate_rollouts(*args, fast=options if fast else None, **kwargs)
+generate_rollouts = rollout.generate_rollouts  # the tests' name for it (imported from here)

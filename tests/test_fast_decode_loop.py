@@ -1,8 +1,9 @@
-"""fast/generate.py's decode loop (--fast-generate): one step with generate's sampling inside and the stop check every
-k tokens gives the same completions as rollout.py's plain generate call, greedy and sampled token for token under the
-same seed, fp32 and bf16, rows ending at EOS inside a stop-check block, its CUDA-graph branch run on this CPU with
-torch.cuda's graph API stood in; where the loop does not apply, generate's own compiled static-cache call. The roomy
-and static caches, the self-check and the rest of the fast path: tests/test_fast_generate.py."""
+"""fast/ (--fast-generate): the decode loop (one step with generate's sampling inside, the stop check every k tokens)
+on its static cache gives the same completions as rollout.py's plain generate call, greedy and sampled token for token
+under the same seed, fp32 and under bf16 autocast, rows ending at EOS inside a stop-check block (the random numbers
+after the call are the plain call's), its CUDA-graph branch run on this CPU with torch.cuda's graph API stood in; the
+cache kept in the compute dtype, per row count; where the loop does not apply, the plain call; the self-check of the
+first CUDA rollouts (forced here): graphs against eager steps, one line and the plain call on a difference."""
 import contextlib
 
 import pytest
@@ -11,31 +12,43 @@ from transformers import LlamaForCausalLM
 
 import tasks
 from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache
-from harness.tiny import build_tiny_model
+from harness.tiny import build_char_tokenizer, build_tiny_model
 from tests.stubs import generate_rollouts, smollm2_or_skip
 
+# transformers before the layered cache API (the floor of requirements.txt): --fast-generate is the plain call
+layered = pytest.mark.skipif(not kv_cache.LAYERED_CACHE, reason="no layered cache API in this transformers")
 
-# the shared helpers of the fast-generate tests (layered: skipped before transformers' layered cache API)
-from tests.test_fast_generate import assert_same, both_paths, layered, tiny_setup  # noqa: E402
+
+def tiny_setup():
+    """A 1-layer, 32-wide tiny Llama at init, three prompts of different lengths (left padding)."""
+    tokenizer = build_char_tokenizer(tasks.COMPACT_ALPHABET)
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    prompts = [tokenizer(text)["input_ids"] for text in ("12 5>7:", "3>9:", "45 6 7>1:")]
+    return tokenizer, model, prompts
+
+
+def both_paths(model, tokenizer, prompts, seed, **options):
+    """(plain, loop) Rollouts of the same prompts under the same seed."""
+    return [plain_call(model, tokenizer, prompts, seed, fast_generate=fast, **options) for fast in (False, True)]
+
+
+def assert_same(plain, fast):
+    for field in ("input_ids", "attention_mask", "completion_mask", "truncated"):
+        assert torch.equal(getattr(plain, field), getattr(fast, field)), field
+    assert plain.completions == fast.completions
 
 
 def plain_call(model, tokenizer, prompts, seed, **options):
-    """The Rollouts of rollout.py's plain generate call (--no-fast) under the seed: one generate call (dropping
-    finished rows is a fast path: other random draws, so a sampled comparison with it is greedy only)."""
+    """The Rollouts of 4 completions a prompt, 8 new tokens, under the seed (rollout.py's plain generate call unless
+    options say fast_generate=True)."""
     torch.manual_seed(seed)
-    return generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast=False, **options)
-
-
-@pytest.fixture
-def eager(monkeypatch, one_thread):
-    """The static cache alone: no compile_config, so generate runs its forward eagerly (no compile on a CPU)."""
-    monkeypatch.setattr(fast_generate, "compile_config", lambda device, mode=None: None)
+    return generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, **options)
 
 
 @pytest.fixture
 def forced_check(monkeypatch, one_thread):
-    """The check as on a CUDA device: fast/generate.py's untested_device says True."""
-    monkeypatch.setattr(fast_generate, "untested_device", lambda model: True)
+    """The self-check as on a CUDA device: fast/generate.py's untested_device says True."""
+    monkeypatch.setattr(fast_generate, "untested_device", lambda device: True)
 
 
 def under_bf16(function, *args, **options):
@@ -77,7 +90,7 @@ def eos_often(model, tokenizer):
 
 @layered
 @pytest.mark.parametrize("options", [dict(greedy=True), dict(), dict(temperature=0.7), dict(top_p=0.8),
-                                     dict(share_prefill=False), dict(rollout_batch=4)])
+                                     dict(rollout_batch=4)])
 @pytest.mark.parametrize("every", [1, 3, 8])
 def test_decode_loop_samples_alike(loop_calls, monkeypatch, options, every):
     """Token for token the plain generate call's completions under the same seed, for any stop-check interval, and
@@ -192,17 +205,15 @@ def test_decode_loop_applies_only_where_it_matches_generate():
 
 
 @layered
-def test_decode_loop_refused_is_generates_compiled_call(eager, loop_calls, monkeypatch):
-    """decode_loop=False (or a refusal) is --fast-generate as before: generate on the static cache."""
-    from rollout import left_pad, plain_generate
+def test_where_the_loop_does_not_apply_the_plain_call_runs_and_says_so_once(loop_calls, monkeypatch, capsys):
     tokenizer, model, prompts = tiny_setup()
-    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
-    options = dict(max_new_tokens=6, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                   generate_kwargs=fast_generate.GREEDY, compiled=True)
-    before = fast_generate.sample_completions(model, plain_generate, ids, mask, 2, decode_loop=False, **options)
+    monkeypatch.setattr(fast_loop, "decode_loop_refusal", lambda model, kwargs: "attention 'flash_attention_2'")
+    for seed in range(2):
+        plain = plain_call(model, tokenizer, prompts, seed)
+        assert_same(plain, plain_call(model, tokenizer, prompts, seed, fast_generate=True))
     assert not loop_calls
-    after = fast_generate.sample_completions(model, plain_generate, ids, mask, 2, **options)
-    assert len(loop_calls) == 1 and all(torch.equal(a, b) for a, b in zip(before, after))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("--fast-generate: attention") and "plain call" in lines[0]
 
 
 class StandInCuda:
@@ -289,7 +300,7 @@ def graphs_stood_in(monkeypatch):
 def test_decode_loop_captures_once_per_shape_and_replays_across_calls(loop_calls, monkeypatch):
     """The CUDA branch of decode_loop on a CPU: the shape's first step eager (the warm-up), then captured; every call
     after replays the same graphs, its first step through the graph that casts the weights. The same tokens as the
-    plain call, sampled and at EOS; one static cache kept, of the shape in use."""
+    plain call, sampled and at EOS; calls alternating between two row counts capture once each (KEPT_SHAPES)."""
     tokenizer, model, prompts = tiny_setup()
     eos_often(model, tokenizer)
     cuda = graphs_stood_in(monkeypatch)
@@ -300,37 +311,80 @@ def test_decode_loop_captures_once_per_shape_and_replays_across_calls(loop_calls
         # captured; each next call replays its 8 steps
         captures = [event for event in cuda.events if event[0] == "capture"]
         assert (len(captures), cuda.events.count("replay")) == ((2, 7) if seed == 0 else (0, 8))
-    cuda.events.clear()
-    assert_same(*both_paths(model, tokenizer, prompts[:2], 0))  # 8 rows: another shape, captured, kept alone
-    assert sum(event[0] == "capture" for event in cuda.events) == 2
-    assert [key[0] for key in model._fast_generate_caches] == [8]
+    for seed, rows in ((0, 8), (1, 12), (2, 8), (3, 12)):  # 2 prompts (8 rows), then 3: alternating shapes
+        cuda.events.clear()
+        assert_same(*both_paths(model, tokenizer, prompts[:rows // 4], seed))
+        assert sum(event[0] == "capture" for event in cuda.events) == (2 if seed == 0 else 0), seed
+    assert [rows for rows, _ in model._fast_generate_caches] == [8, 12]  # the most recent last
+
+
+@layered
+def test_the_self_check_compares_graphs_with_eager_steps_on_the_first_two_rollouts(forced_check, monkeypatch,
+                                                                                     capsys):
+    """On a CUDA device (forced) the first two rollouts also run eager steps from the same random state: a match is
+    one line each and changes nothing (the plain call's tokens, the random numbers after it); a graph whose tokens
+    differ (a stand-in replay that writes EOS) is one line, and the plain call from then on."""
+    tokenizer, model, prompts = tiny_setup()
+    cuda = graphs_stood_in(monkeypatch)
+    for seed in range(3):
+        plain = plain_call(model, tokenizer, prompts, seed)
+        after = torch.rand(3)
+        assert_same(plain, plain_call(model, tokenizer, prompts, seed, fast_generate=True))
+        assert torch.equal(torch.rand(3), after)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("the CUDA graphs give the eager steps' tokens" in line for line in lines), lines
+    for kept in ("_fast_generate", "_fast_generate_caches"):  # a new run, with graphs that write EOS at each replay
+        model.__dict__.pop(kept)
+    replay = cuda.CUDAGraph.replay
+
+    def wrong_replay(graph):
+        replay(graph)
+        model._fast_generate_caches[(12, torch.float32)].decode_loop["state"]["completion"][:, 0] = \
+            tokenizer.eos_token_id
+    monkeypatch.setattr(cuda.CUDAGraph, "replay", wrong_replay)
+    for seed in range(2):
+        assert_same(plain_call(model, tokenizer, prompts, seed), plain_call(model, tokenizer, prompts, seed,
+                                                                            fast_generate=True))
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("--fast-generate (12 rows) FAILED on this device (RuntimeError: the CUDA graphs' tokens "
+                           "differ from eager steps' in") and "_fast_generate_caches" not in model.__dict__
 
 
 @layered
 def test_a_capture_that_fails_at_the_real_batch_is_one_line_and_the_plain_call(forced_check, monkeypatch, capsys):
-    """The self-check's 2 rows capture; the rollout's 12 rows fail to (as an out-of-memory inside a capture would):
-    one FAILED line, the static cache freed, the plain call's completions, and the plain call from then on."""
+    """A capture that fails (as an out-of-memory inside a capture would): one FAILED line, the static cache freed, the
+    plain call's completions, and the plain call from then on."""
     tokenizer, model, prompts = tiny_setup()
     graphs_stood_in(monkeypatch)
-    capture = fast_loop.cuda_graph
 
-    def fails_at_12_rows(step, device):
-        if 12 in [key[0] for key in model._fast_generate_caches]:
-            raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB\nsecond line")
-        return capture(step, device)
-    monkeypatch.setattr(fast_loop, "cuda_graph", fails_at_12_rows)
-    torch.manual_seed(0)
-    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
-    output = capsys.readouterr().out.splitlines()
-    assert "match plain generate" in output[0] and len(output) == 2, output
-    assert output[1].startswith("fast path (12 rows): FAILED on this device (RuntimeError: CUDA out of memory.")
+    def fails(step, device):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB\nsecond line")
+    monkeypatch.setattr(fast_loop, "cuda_graph", fails)
+    checked = plain_call(model, tokenizer, prompts, 0, fast_generate=True)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("--fast-generate (12 rows) FAILED on this device (RuntimeError: CUDA out of memory.")
     assert_same(plain_call(model, tokenizer, prompts, 0), checked)
     assert "_fast_generate_caches" not in model.__dict__  # its static cache freed
     monkeypatch.setattr(fast_loop, "decode_loop", lambda *args, **kwargs: pytest.fail("the loop ran after the fall"))
-    torch.manual_seed(1)
-    after = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
-    assert_same(plain_call(model, tokenizer, prompts, 1), after)
+    assert_same(plain_call(model, tokenizer, prompts, 1), plain_call(model, tokenizer, prompts, 1, fast_generate=True))
     assert capsys.readouterr().out == ""
+
+
+@layered
+def test_static_cache_is_kept_in_the_compute_dtype_and_bucketed():
+    """Under bf16 autocast over fp32 weights HF's cache holds the keys in fp32 (RoPE in fp32), which attention casts
+    to bf16 at every step: the static cache holds that cast, bf16 keys and values; without autocast, fp32. Its length
+    is the prompt and new tokens rounded up to CACHE_BUCKET, kept for a later, shorter call of as many rows."""
+    tokenizer, model, prompts = tiny_setup()
+    ids = torch.tensor([prompts[0]])
+    dynamic = getattr(under_bf16(model, input_ids=ids, use_cache=True), kv_cache.cache_name(model))
+    assert dynamic.layers[0].keys.dtype == torch.float32
+    static = under_bf16(kv_cache.static_cache, model, dynamic, 1, ids.shape[1] + 1, 4).layers[0]
+    assert (static.keys.dtype, static.values.dtype) == (torch.bfloat16, torch.bfloat16)
+    assert torch.equal(static.keys[:, :, :ids.shape[1]], dynamic.layers[0].keys.to(torch.bfloat16))
+    assert static.max_cache_len == kv_cache.CACHE_BUCKET
+    fp32 = kv_cache.static_cache(model, None, 1, 70, 4)  # another dtype: another cache, 128 long
+    assert fp32.layers[0].max_cache_len == 128 and kv_cache.static_cache(model, None, 1, 5, 4) is fp32
 
 
 @layered
@@ -348,29 +402,6 @@ def test_decode_loop_ends_at_a_block_boundary_without_another_block(monkeypatch,
     monkeypatch.setattr(fast_loop, "token_sampler", eos_at_step_8)
     rollouts = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=24, fast_generate=True, greedy=True)
     assert len(steps) == 8 and rollouts.completion_mask.shape[1] == 8
-
-
-@layered
-def test_self_check_covers_the_decode_loop(forced_check, loop_calls, monkeypatch, capsys):
-    """--fast-generate's first CUDA rollout (forced here) checks the decode loop itself: a match says so and keeps the
-    loop; a loop that raises (as a capture could on a GPU) is one FAILED line and the plain call's completions."""
-    tokenizer, model, prompts = tiny_setup()
-    torch.manual_seed(0)
-    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
-    assert "the decode loop on the static cache match plain generate" in capsys.readouterr().out
-    assert model._fast_self_check == {True: True} and len(loop_calls) == 2  # the check's call, then the rollout's
-    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-    monkeypatch.setattr(fast_loop, "cuda_graph", broken)
-    monkeypatch.setattr(fast_loop, "graphs_on", lambda device: True)
-    model.__dict__.pop("_fast_self_check")
-    torch.manual_seed(0)
-    checked = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8, fast_generate=True)
-    output = capsys.readouterr().out
-    assert output.count("\n") == 1 and "the decode loop on the static cache FAILED on this device" in output
-    assert_same(plain_call(model, tokenizer, prompts, 0), checked)
 
 
 @layered

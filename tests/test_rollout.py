@@ -1,14 +1,14 @@
-"""rollout.py: the completion mask, left padding, generate_rollouts, and token_logprobs: the plain path against a
-hand computation, the fast path (fast/logprobs.py) against the plain path."""
+"""rollout.py: the completion mask, left padding, generate_rollouts, and token_logprobs (the body once, the float32
+head a chunk at a time) against a hand computation, the model's own logits and generate's."""
 import copy
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tasks
-from fast.kv_cache import cache_name, prefill_prompt_cache
 from rollout import (completion_mask_from_ids, evaluate, left_pad, plain_text_conversation, render_prompts,
                      token_logprobs)
 from harness.tiny import build_char_tokenizer, build_tiny_model
@@ -140,41 +140,6 @@ def test_a_model_folders_generation_config_never_changes_the_sampler(tiny, monke
     assert built and all(set(names) <= {"TemperatureLogitsWarper", "TopPLogitsWarper"} for names in built), built
 
 
-def test_shared_prefill_gives_generate_the_same_logits(tiny):
-    # Prefilling each prompt once and repeating its cache M times must leave generate's inputs unchanged: the
-    # logits of the first new token (read from the prefilled cache) and of later steps (the cache grown by generate).
-    model, tokenizer = tiny
-    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]  # left padding on the second
-    input_ids, attention_mask = left_pad(prompts, PAD)
-    M = 3
-    settings = dict(input_ids=input_ids.repeat_interleave(M, 0), attention_mask=attention_mask.repeat_interleave(M, 0),
-                    max_new_tokens=8, do_sample=True, top_k=0, pad_token_id=PAD, eos_token_id=EOS, output_logits=True,
-                    return_dict_in_generate=True)
-    torch.manual_seed(0)
-    plain = model.generate(**settings)
-    with torch.no_grad():
-        row_prompt = torch.arange(len(input_ids)).repeat_interleave(M)  # prompt i -> rows i*M .. i*M+M-1
-        cache = prefill_prompt_cache(model, input_ids, attention_mask, row_prompt)
-    assert cache.get_seq_length() == input_ids.shape[1] - 1  # all but the last prompt token, for M * 2 rows
-    torch.manual_seed(0)
-    shared = model.generate(**settings, **{cache_name(model): cache})
-    assert torch.equal(shared.sequences, plain.sequences)  # same logits up to rounding, same RNG draws
-    assert len(shared.logits) == len(plain.logits) >= 2
-    for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"new token {step}")
-
-
-def test_generate_rollouts_same_samples_with_and_without_shared_prefill(tiny):
-    model, tokenizer = tiny
-    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8>1:")["input_ids"]]
-    torch.manual_seed(4)
-    shared = generate_rollouts(model, tokenizer, prompts, 8, max_new_tokens=10)
-    torch.manual_seed(4)
-    plain = generate_rollouts(model, tokenizer, prompts, 8, max_new_tokens=10, share_prefill=False)
-    assert torch.equal(shared.input_ids, plain.input_ids) and torch.equal(shared.attention_mask, plain.attention_mask)
-    assert shared.completions == plain.completions
-
-
 def test_rollout_batch_caps_rows_per_call_and_keeps_the_layout(tiny):
     model, tokenizer = tiny
     texts = ["12 5>7:", "3>9:", "8 1 1 4>9:", "7>2:", "1 1>2:"]  # prompt widths differ between the calls
@@ -183,7 +148,7 @@ def test_rollout_batch_caps_rows_per_call_and_keeps_the_layout(tiny):
 
     def recording_generate(**kwargs):
         output = original_generate(**kwargs)
-        calls.append((kwargs["input_ids"].shape[0], output.sequences.shape[1] - kwargs["input_ids"].shape[1]))
+        calls.append((kwargs["input_ids"].shape[0], output.shape[1] - kwargs["input_ids"].shape[1]))
         return output
 
     original_generate, model.generate = model.generate, recording_generate
@@ -222,44 +187,29 @@ def test_rollout_batch_caps_rows_per_call_and_keeps_the_layout(tiny):
     assert torch.equal(sampled.completion_mask, expected_mask) and torch.equal(sampled.truncated, expected_truncated)
     assert sampled.completion_mask.sum() < sampled.completion_mask.numel()  # some rows stopped early
 
-def test_dropping_finished_rows_changes_no_greedy_completion(tiny):
-    # Rows that reached EOS leave the batch (with their KV cache) between segments of drop_finished_every tokens;
-    # the others continue from the cache. Greedy decoding makes the result comparable token for token.
-    model, tokenizer = tiny
-    texts = ["12 5>7:", "3>9:", "8 1 1 4>9:", "7>2:", "1 1>2:", "4 4>8:", "9>1:", "2 3>5:"]
-    prompts = [tokenizer(t)["input_ids"] for t in texts]
-    rows_per_call = []
-    original_generate = model.generate
-    model.generate = lambda **kw: rows_per_call.append(kw["input_ids"].shape[0]) or original_generate(**kw)
-    # EOS logit + 0.3: this untrained model then stops after 5 to 8 greedy tokens, depending on the prompt
-    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + 0.3 * (torch.arange(
-        out.shape[-1]) == EOS))
-    try:
-        one_call = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=8, greedy=True)
-        by_segments = {every: generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=8, greedy=True,
-                                                drop_finished_every=every) for every in (1, 3)}
-    finally:
-        hook.remove()
-        del model.generate
-    lengths = one_call.completion_mask.sum(1)
-    assert lengths.min() < 7 and (lengths == 8).any()  # rows finish at different steps
-    assert rows_per_call[0] == 16 and rows_per_call[1:9] == sorted(rows_per_call[1:9], reverse=True)
-    assert rows_per_call[1:9][-1] < 16  # every=1: eight calls, finished rows leave
-    for every, segmented in by_segments.items():
-        for field in ("input_ids", "attention_mask", "completion_mask", "truncated"):
-            assert torch.equal(getattr(segmented, field), getattr(one_call, field)), (every, field)
 
 # --- token_logprobs ------------------------------------------------------------------------------------------------
 class TableModel(torch.nn.Module):
-    """A "model" whose logits are a lookup: logits[b, j] = TABLE[token at j] + position_id[b, j] * SLOPE (V = 3)."""
+    """A "model" whose logits are a lookup: logits[b, j] = TABLE[token at j] + position_id[b, j] * SLOPE (V = 3): its
+    decoder gives [one_hot(token), position] and its head's weight is [TABLE^T | SLOPE]."""
     TABLE = torch.tensor([[0.0, 1.0, 2.0], [1.5, -1.0, 0.5], [0.0, 3.0, -2.0]])
     SLOPE = torch.tensor([0.5, 0.0, -0.25])
 
-    def forward(self, input_ids, attention_mask, position_ids):
-        return SimpleNamespace(logits=self.TABLE[input_ids] + position_ids[..., None] * self.SLOPE)
+    def __init__(self):
+        super().__init__()
+        self.config = SimpleNamespace(get_text_config=lambda: SimpleNamespace())
+        self.head = torch.nn.Linear(4, 3, bias=False)
+        self.head.weight.data = torch.cat([self.TABLE.T, self.SLOPE[:, None]], dim=1)
+
+    def get_decoder(self):
+        return lambda input_ids, attention_mask, position_ids: SimpleNamespace(last_hidden_state=torch.cat(
+            [F.one_hot(input_ids, 3).float(), position_ids[..., None].float()], dim=-1))
+
+    def get_output_embeddings(self):
+        return self.head
 
 
-def test_plain_token_logprobs_equal_a_hand_computation():
+def test_token_logprobs_equal_a_hand_computation():
     # 2 rows, P = 2, T = 2; the second row is left-padded, so its positions are 0, 0, 1, 2 (0, 1, 2, 3 for the first).
     input_ids = torch.tensor([[1, 2, 0, 2], [0, 1, 2, 1]])
     attention_mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
@@ -277,26 +227,28 @@ def test_plain_token_logprobs_equal_a_hand_computation():
             entropies.append(-sum(math.exp(zv - log_normalizer) * (zv - log_normalizer) for zv in z))
         expected.append(logps)
         expected_entropy.append(entropies)
-    for micro_batch in (None, 1):
+    for micro_batch, logit_chunk in ((None, 1024), (1, 1), (None, 3)):  # chunks of 1 and 3 tokens too
         logprobs, entropy = token_logprobs(TableModel(), input_ids, attention_mask, completion_mask,
                                            temperature=temperature, micro_batch=micro_batch, with_entropy=True,
-                                           fast=False)
+                                           logit_chunk=logit_chunk)
         torch.testing.assert_close(logprobs, torch.tensor(expected), atol=1e-6, rtol=0)
         torch.testing.assert_close(entropy, torch.tensor(expected_entropy), atol=1e-6, rtol=0)
 
 
-def test_token_logprobs_equal_full_log_softmax(tiny):
+def test_token_logprobs_equal_the_models_own_log_softmax(tiny):
     model, tokenizer = tiny
     prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8 1 1>9:")["input_ids"]]
     torch.manual_seed(1)
     r = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8)
     T, temperature = r.completion_mask.shape[1], 0.7
-    with torch.no_grad():  # the definition: full-vocabulary log-softmax of logits / temperature, then gather
-        expected, expected_entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
-                                                    temperature=temperature, with_entropy=True, fast=False)
+    position_ids = (r.attention_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():  # the model's own forward: its logits, log-softmax over the vocabulary, gather
+        logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask, position_ids=position_ids).logits
+        logp_all = torch.log_softmax(logits[:, -T - 1:-1].float() / temperature, dim=-1)
+        expected = logp_all.gather(-1, r.input_ids[:, -T:, None]).squeeze(-1)
+        expected_entropy = -(logp_all.exp() * logp_all).sum(-1)
     logprobs, entropy = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask,
-                                       temperature=temperature, micro_batch=4, with_entropy=True,
-                                       fast=True)  # 9 rows: 4+4+1
+                                       temperature=temperature, micro_batch=4, with_entropy=True)  # 9 rows: 4+4+1
     assert logprobs.shape == (9, T) and logprobs.requires_grad and not entropy.requires_grad
     torch.testing.assert_close(logprobs.detach(), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, expected_entropy, atol=1e-5, rtol=1e-5)
@@ -316,129 +268,73 @@ def test_token_logprobs_match_the_distribution_generate_sampled_from(tiny):
     completion_mask, _ = completion_mask_from_ids(completion_ids, EOS)
     full_mask = torch.cat([attention_mask, completion_mask.long()], dim=1)
     theirs = generate_logp.gather(-1, completion_ids[..., None]).squeeze(-1)
-    for fast in (True, False):
-        with torch.no_grad():
-            ours = token_logprobs(model, out.sequences, full_mask, completion_mask, fast=fast)
-        torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-5, rtol=1e-5,
-                                   msg=f"fast={fast}")
+    with torch.no_grad():
+        ours = token_logprobs(model, out.sequences, full_mask, completion_mask)
+    torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-5, rtol=1e-5)
 
 
 def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
-    # logit_chunk only changes how many tokens' logits exist at once; every token's arithmetic is the same.
+    # logit_chunk only changes how many tokens' logits exist at once (several chunks: recomputed in backward); every
+    # token's arithmetic is the same.
     model, tokenizer = tiny
     prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
     torch.manual_seed(1)
     r = generate_rollouts(model, tokenizer, prompts, 3, max_new_tokens=8)
     batch = (r.input_ids, r.attention_mask, r.completion_mask)
     results = {}
-    # the plain path, then one chunk per micro-batch, then 5 tokens per chunk (checkpointed: recomputed in backward)
-    for name, options in [("plain", dict(fast=False)), ("whole", dict(fast=True, logit_chunk=10**6)),
-                          ("5", dict(fast=True, logit_chunk=5))]:
-        logprobs, entropy = token_logprobs(model, *batch, micro_batch=4, with_entropy=True, **options)
+    for chunk in (10**6, 5):  # one chunk per micro-batch, then 5 tokens per chunk
+        logprobs, entropy = token_logprobs(model, *batch, micro_batch=4, with_entropy=True, logit_chunk=chunk)
         gradients = torch.autograd.grad((logprobs * r.completion_mask).sum(), list(model.parameters()))
-        results[name] = logprobs.detach(), entropy, gradients
-    (lp_whole, ent_whole, grad_whole), (lp_chunked, ent_chunked, grad_chunked) = results["whole"], results["5"]
+        results[chunk] = logprobs.detach(), entropy, gradients
+    (lp_whole, ent_whole, grad_whole), (lp_chunked, ent_chunked, grad_chunked) = results[10**6], results[5]
     torch.testing.assert_close(lp_chunked, lp_whole, atol=1e-6, rtol=0)  # bitwise equal on our CPUs
     torch.testing.assert_close(ent_chunked, ent_whole, atol=1e-6, rtol=0)
     for a, b in zip(grad_chunked, grad_whole):  # sums over tokens in another order: float32 rounding only
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    lp_plain, ent_plain, grad_plain = results["plain"]
-    for name in ("whole", "5"):  # the fast path against the definition: values and gradients
-        torch.testing.assert_close(results[name][0], lp_plain, atol=1e-5, rtol=1e-5, msg=name)
-        torch.testing.assert_close(results[name][1], ent_plain, atol=1e-5, rtol=1e-5, msg=name)
-        for a, b in zip(results[name][2], grad_plain):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_shared_prompts_give_the_plain_forward_values_and_gradients_with_fewer_positions(tiny):
-    # Rows that repeat a prompt run it once (its KV cache, with gradients, indexed out to the rows), then only their
-    # completion positions: the same keys and values, so the same log-probs and gradients up to float rounding.
-    model, tokenizer = tiny
-    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8 1 1>9:")["input_ids"]]
-    torch.manual_seed(3)
-    r = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
-    order = torch.randperm(12, generator=torch.Generator().manual_seed(0))  # a group's rows need not be adjacent
-    batch = (r.input_ids[order], r.attention_mask[order], r.completion_mask[order])
-    positions = []  # tokens through the embedding, per forward
-    embedding = model.get_input_embeddings()
-    hook = embedding.register_forward_hook(lambda module, args, out: positions.append(args[0].numel()))
-    results = {}
-    for name, options in [("plain", dict(fast=False)), ("unshared", dict(fast=True, share_prompts=False)),
-                          ("shared", dict(fast=True, share_prompts=True))]:
-        positions.clear()
-        logprobs = token_logprobs(model, *batch, micro_batch=6, **options)
-        gradients = torch.autograd.grad((logprobs * batch[2]).sum(), list(model.parameters()))
-        results[name] = logprobs.detach(), gradients, sum(positions)
-    hook.remove()
-    lp_plain, grad_plain, n_plain = results["plain"]
-    for name in ("unshared", "shared"):
-        torch.testing.assert_close(results[name][0], lp_plain, atol=1e-5, rtol=1e-5, msg=name)
-        for a, b in zip(results[name][1], grad_plain):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
-    P, T = r.input_ids.shape[1] - r.completion_mask.shape[1], r.completion_mask.shape[1]
-    distinct_per_micro_batch = sum(len(set(r.prompt_index[order][k:k + 6].tolist())) for k in (0, 6))
-    assert n_plain == results["unshared"][2] == 12 * (P + T)
-    assert results["shared"][2] == distinct_per_micro_batch * (P - 1) + 12 * T < n_plain
-
-
-def test_shared_prompts_step_aside_under_activation_checkpointing():
-    # HF drops the cache when activations are checkpointed in training, so the plain forward runs (once), same values.
+def test_token_logprobs_under_activation_checkpointing_give_the_same_values_and_gradients():
     _, model, r = tiny_policy_and_rollouts()
     batch = (r.input_ids, r.attention_mask, r.completion_mask)
-    shapes = []
-    model.get_input_embeddings().register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
-    with torch.no_grad():
-        plain = token_logprobs(model, *batch, fast=False)
-    shapes.clear()
-    shared = token_logprobs(model, *batch, fast=True)
-    assert len(shapes) == 2  # the 2 prompts, then the 8 rows' completion positions
+    model.train()
+    plain = token_logprobs(model, *batch, logit_chunk=5)
+    plain_grads = torch.autograd.grad(plain.sum(), list(model.parameters()))
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable()
-    model.train()
-    shapes.clear()
-    checkpointed = token_logprobs(model, *batch, fast=True)
-    assert shapes == [tuple(r.input_ids.shape)]
-    torch.testing.assert_close(shared.detach(), plain, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(checkpointed.detach(), plain, atol=1e-5, rtol=1e-5)
+    checkpointed = token_logprobs(model, *batch, logit_chunk=5)
+    for a, b in zip(torch.autograd.grad(checkpointed.sum(), list(model.parameters())), plain_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(checkpointed.detach(), plain.detach(), atol=1e-6, rtol=0)
 
 
-def test_token_logprobs_fallback_for_models_that_rescale_their_logits(tiny, monkeypatch):
-    # A config with a logit rescaling field is scored through the model's own forward; for the tiny Llama
-    # (whose forward ignores the field) both routes must agree.
+def test_token_logprobs_refuse_models_that_rescale_their_logits(tiny, monkeypatch):
+    # lm_head(hidden) is not such a model's logits (Gemma 2's soft cap, Granite's scaling): one line, not wrong numbers
     model, tokenizer = tiny
-    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
-    torch.manual_seed(1)
-    r = generate_rollouts(model, tokenizer, prompts, 2, max_new_tokens=6)
-    with torch.no_grad():
-        plain = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, fast=False)
-        own_head = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7,
-                                  fast=True)
-        monkeypatch.setattr(model.config, "logits_scaling", 1.0, raising=False)
-        model_forward = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, logit_chunk=7,
-                                       fast=True)
-    torch.testing.assert_close(own_head, plain, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(model_forward, plain, atol=1e-5, rtol=1e-5)
+    batch = (torch.tensor([[1, 5, 6]]), torch.ones(1, 3, dtype=torch.long), torch.ones(1, 1))
+    monkeypatch.setattr(model.config, "logits_scaling", 1.0, raising=False)
+    with pytest.raises(ValueError, match="logits_scaling"):
+        token_logprobs(model, *batch)
 
 
-def test_fp32_head_removes_the_logit_rounding_of_bf16(tiny):
+def test_the_float32_head_removes_the_logit_rounding_of_bf16(tiny):
     # Under bf16 autocast a logit of size L is rounded by up to L * 2^-9. Scaled logits (x8: |logit| ~ 10, the
-    # size of a real LM's) make that rounding dominate; with the head in float32 only the body's bf16 error is left,
-    # and with body_autocast=False none.
+    # size of a real LM's) make that rounding dominate the model's own bf16 logits; token_logprobs' head runs in
+    # float32, so only the body's bf16 error is left.
     model, tokenizer = tiny
     prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"]]
     torch.manual_seed(1)
     r = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
     batch, real = (r.input_ids, r.attention_mask, r.completion_mask), r.completion_mask.bool()
+    T = r.completion_mask.shape[1]
+    position_ids = (r.attention_mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
-        fp32 = token_logprobs(model, *batch, temperature=1 / 8, fast=False)  # the definition, in float32
+        fp32 = token_logprobs(model, *batch, temperature=1 / 8)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            bf16_head = token_logprobs(model, *batch, temperature=1 / 8, fp32_head=False, fast=True)
-            fp32_head = token_logprobs(model, *batch, temperature=1 / 8, fast=True)
-            fp32_body = token_logprobs(model, *batch, temperature=1 / 8, body_autocast=False, fast=True)
-    error_bf16_head = (bf16_head - fp32)[real].abs().mean()
-    error_fp32_head = (fp32_head - fp32)[real].abs().mean()
-    assert fp32_head.dtype == torch.float32 and error_fp32_head < error_bf16_head / 2
-    torch.testing.assert_close(fp32_body, fp32, atol=1e-6, rtol=0)  # autocast off: the float32 result
+            ours = token_logprobs(model, *batch, temperature=1 / 8)
+            logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask, position_ids=position_ids).logits
+        own = torch.log_softmax(logits[:, -T - 1:-1].float() * 8, -1).gather(-1, r.input_ids[:, -T:, None])[..., 0]
+    error_own, error_ours = (own - fp32)[real].abs().mean(), (ours - fp32)[real].abs().mean()
+    assert logits.dtype == torch.bfloat16 and ours.dtype == torch.float32 and error_ours < error_own / 2
 
 
 # --- prompts and evaluation ----------------------------------------------------------------------------------------
@@ -503,36 +399,23 @@ def smollm2():
 
 
 @pytest.mark.slow
-def test_smollm2_shared_prefill_and_token_logprobs_match_the_plain_forward(smollm2):
+def test_smollm2_token_logprobs_match_generates_logits(smollm2):
     model, tokenizer = smollm2
     prompts = render_prompts(tokenizer, EchoTask(), [{"text": "Name a prime number."}, {"text": "Hi"}], "chat")
     input_ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id)
     assert (attention_mask == 0).any()  # the second prompt is left-padded
-    M = 2
-    settings = dict(input_ids=input_ids.repeat_interleave(M, 0), attention_mask=attention_mask.repeat_interleave(M, 0),
-                    max_new_tokens=6, do_sample=True, top_k=0, pad_token_id=tokenizer.pad_token_id,
-                    output_logits=True, return_dict_in_generate=True)
     torch.manual_seed(0)
-    plain = model.generate(**settings)
-    with torch.no_grad():
-        row_prompt = torch.arange(len(input_ids)).repeat_interleave(M)  # prompt i -> rows i*M .. i*M+M-1
-        cache = prefill_prompt_cache(model, input_ids, attention_mask, row_prompt)
-    torch.manual_seed(0)
-    shared = model.generate(**settings, **{cache_name(model): cache})
-    assert torch.equal(shared.sequences, plain.sequences)
-    for step, (a, b) in enumerate(zip(shared.logits, plain.logits)):  # logits of size ~20: float32 matmul rounding
-        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-4, msg=f"new token {step}")
-    # token_logprobs (body, then the float32 head in chunks) against the model's own forward
-    T = len(plain.logits)
+    plain = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=True,
+                           top_k=0, pad_token_id=tokenizer.pad_token_id, output_logits=True,
+                           return_dict_in_generate=True)
+    T = len(plain.logits)  # token_logprobs (body, then the float32 head in chunks) against generate's own logits
     completion_mask, _ = completion_mask_from_ids(plain.sequences[:, -T:], model.generation_config.eos_token_id)
-    full_mask = torch.cat([settings["attention_mask"], completion_mask.long()], dim=1)
+    full_mask = torch.cat([attention_mask, completion_mask.long()], dim=1)
     with torch.no_grad():
-        ours = token_logprobs(model, plain.sequences, full_mask, completion_mask, logit_chunk=5, fast=True)
-        definition = token_logprobs(model, plain.sequences, full_mask, completion_mask, fast=False)
+        ours = token_logprobs(model, plain.sequences, full_mask, completion_mask, logit_chunk=5)
     generate_logp = torch.log_softmax(torch.stack(plain.logits, dim=1), dim=-1)
     theirs = generate_logp.gather(-1, plain.sequences[:, -T:, None]).squeeze(-1)
     torch.testing.assert_close(ours * completion_mask, theirs * completion_mask, atol=1e-3, rtol=1e-4)
-    torch.testing.assert_close(ours * completion_mask, definition * completion_mask, atol=1e-3, rtol=1e-4)
 
 
 class PrefillTask(EchoTask):

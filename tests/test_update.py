@@ -1,14 +1,13 @@
-"""train.update_policy, Algorithm 1's update, the one every run takes: with the plain log-probs (--no-fast) and fast/'s
-the same weights after the same batch, for every loss aggregation; bit for bit the fast update of commit 2c9f269 (before
-the fold); micro-batches that add up exactly; a learner's edit that runs; the paste the README describes."""
+"""train.update_policy, Algorithm 1's update, the one every run takes: micro-batches that add up exactly, its metrics,
+no step where nothing can learn, its settings from one allow-list with harness/config.py's defaults, a learner's edit
+(to it, to rollout.py's generate call and log-probs) that runs on a plain run, the paste the README describes."""
 import ast
 import copy
-import hashlib
 import importlib.util
 import inspect
-import json
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -21,79 +20,50 @@ from tests.stubs import SMALL_TRAIN, tiny_policy_and_rollouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WHOLE_LOSS_AGGS = [agg for agg in LOSS_AGGS if agg != "token-mean-per-micro-batch"]  # micro_batch leaves them alone
+ADVANTAGES = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
 
 
-def OPTIMIZER(parameters):  # noqa: N802
-    # SGD: a weight moves by its gradient, so the weights agree as the gradients do (to ~1e-7 here, moving ~0.1);
-    # AdamW divides by sqrt(v), which turns rounding in a near-zero gradient into a visible step (~1e-5 at lr 1e-2)
-    return torch.optim.SGD(parameters, lr=0.5)
-
-
-def both_updates(settings, advantages, *, kl, paths=(False, True), micro_batch=3):
-    """(plain, fast) -> (stats, weights) of one update of the same tiny policy on the same 8 rollouts (paths: the
-    config.fast of each)."""
+def one_update(settings, advantages, *, kl, micro_batch=3):
+    """(stats, weights) of one update (SGD, lr 0.5) of the tiny policy on the same 8 rollouts."""
     tokenizer, _, r = tiny_policy_and_rollouts()
     r.completion_mask[1, 2:] = 0  # unequal lengths, so that the aggregations differ
     r.attention_mask[1, -4:] = 0
-    results = []
-    for fast in paths:
-        policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-        ref_model = copy.deepcopy(policy).eval() if kl else None
-        with torch.no_grad():  # the reference apart from the policy, so that the k3 term has a gradient
-            for parameter in (ref_model.parameters() if kl else []):
-                parameter.add_(0.01 * torch.randn_like(parameter))
-        optimizer = OPTIMIZER(policy.parameters())
-        config = Config(**settings, kl_coef=0.1 if kl else 0.0, micro_batch=micro_batch, max_new_tokens=6, dtype="fp32",
-                        fast=fast)
-        stats = train.update_batch(policy, optimizer, r.input_ids, r.attention_mask, r.completion_mask,
-                                   advantages, config, ref_model=ref_model)
-        results.append((stats, {k: v.detach().clone() for k, v in policy.state_dict().items()}))
-    return results
-
-
-@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
-@pytest.mark.parametrize("kl", [False, True], ids=["no-kl", "kl"])
-def test_the_plain_and_the_fast_log_probs_end_at_the_same_weights(loss_agg, kl):
-    # AR, Lopti, two epochs of two mini-batches; rows with advantage 0 (never forwarded); micro-batches of 3 rows; the
-    # update's log-probs rollout.token_logprobs' plain forward (--no-fast) or fast/logprobs.py's
-    settings = dict(alpha=0.3, lopti_eta=0.5, ppo_epochs=2, mini_batches=2, loss_agg=loss_agg, dual_clip=3.0)
-    advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
-    (plain_stats, plain), (fast_stats, fast) = both_updates(settings, advantages, kl=kl)
-    assert plain_stats["optimizer_steps"] == fast_stats["optimizer_steps"] > 2
-    assert plain_stats["grad_norm"] == pytest.approx(fast_stats["grad_norm"], rel=1e-4)
-    for key in plain:
-        torch.testing.assert_close(plain[key], fast[key], atol=1e-6, rtol=1e-5, msg=key)
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    ref_model = copy.deepcopy(policy).eval() if kl else None
+    with torch.no_grad():  # the reference apart from the policy, so that the k3 term has a gradient
+        for parameter in (ref_model.parameters() if kl else []):
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    config = Config(**settings, kl_coef=0.1 if kl else 0.0, micro_batch=micro_batch, max_new_tokens=6, dtype="fp32")
+    stats = train.update_batch(policy, torch.optim.SGD(policy.parameters(), lr=0.5), r.input_ids, r.attention_mask,
+                               r.completion_mask, advantages, config, ref_model=ref_model)
+    return stats, {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
 @pytest.mark.parametrize("settings", [dict(alpha=0.3, lopti_eta=0.5, ppo_epochs=2, mini_batches=2, dual_clip=3.0),
                                       dict()], ids=["ar-lopti-2x2", "one-step"])
 @pytest.mark.parametrize("kl", [False, True], ids=["no-kl", "kl"])
-def test_both_paths_return_the_same_metrics(settings, kl):
-    # one update's metrics whatever the path: the same keys, the same values. ratio_max is the max over every
-    # step (not a mean of maxima), entropy pi_old's over the tokens that can learn (one-step: the fast path reads it
-    # in its only step's forwards, which run at pi_old's weights), the loss's stats merged over the micro-batches
-    advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
-    (plain_stats, _), (fast_stats, _) = both_updates(settings, advantages, kl=kl)
-    assert set(plain_stats) == set(fast_stats)
+def test_the_update_returns_its_metrics(settings, kl):
+    # ratio_max is the max over every step (not a mean of maxima); the loss's stats merged over the micro-batches
+    stats, _ = one_update(settings, ADVANTAGES, kl=kl)
     expected = {"loss", "pg_loss", "clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "grad_norm",
                 "entropy", "optimizer_steps"} | ({"kl"} if kl else set()) | (
         {"lopti_low_share", "dual_clip_frac"} if settings else set())
-    assert set(plain_stats) == expected
-    for key in plain_stats:
-        assert plain_stats[key] == pytest.approx(fast_stats[key], rel=1e-4, abs=1e-6), key
+    assert set(stats) == expected and all(isinstance(value, (int, float)) for value in stats.values())
+    assert stats["entropy"] > 0
     if settings:  # the later steps moved the ratio: a max over steps is above their mean
-        assert plain_stats["ratio_max"] > 1.0
+        assert stats["ratio_max"] > 1.0 and stats["optimizer_steps"] > 2
+    else:  # on-policy: one step at pi_old's weights, ratio exactly 1, nothing clipped
+        assert stats["ratio_max"] == 1.0 and stats["optimizer_steps"] == 1 and stats["clip_frac_low"] == 0
 
 
 @pytest.mark.parametrize("loss_agg", WHOLE_LOSS_AGGS)
 @pytest.mark.parametrize("kl", [False, True], ids=["no-kl", "kl"])
-def test_the_plain_update_accumulates_micro_batches_exactly(loss_agg, kl):
+def test_the_update_accumulates_micro_batches_exactly(loss_agg, kl):
     # update_policy(micro_batch=2): forwards and backwards of 2 rows summed into the mini-batch's gradient, the same
     # weights and stats as one forward of the whole mini-batch (micro_batch=None), for every loss aggregation
     settings = dict(alpha=0.3, lopti_eta=0.5, ppo_epochs=2, mini_batches=2, loss_agg=loss_agg, dual_clip=3.0)
-    advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
-    (whole_stats, whole), = both_updates(settings, advantages, kl=kl, paths=(False,), micro_batch=10**6)
-    (chunked_stats, chunked), = both_updates(settings, advantages, kl=kl, paths=(False,), micro_batch=2)
+    whole_stats, whole = one_update(settings, ADVANTAGES, kl=kl, micro_batch=10**6)
+    chunked_stats, chunked = one_update(settings, ADVANTAGES, kl=kl, micro_batch=2)
     assert whole_stats["optimizer_steps"] == chunked_stats["optimizer_steps"] > 2
     for key in whole_stats:
         assert whole_stats[key] == pytest.approx(chunked_stats[key], rel=1e-5, abs=1e-7), key
@@ -101,21 +71,13 @@ def test_the_plain_update_accumulates_micro_batches_exactly(loss_agg, kl):
         torch.testing.assert_close(whole[key], chunked[key], atol=1e-6, rtol=1e-5, msg=key)
 
 
-def test_a_batch_with_nothing_to_learn_takes_no_step_on_either_path():
-    # every advantage 0 and no KL: no pass has a gradient, so neither path steps (AdamW would move the weights)
-    (plain_stats, plain), (fast_stats, fast) = both_updates(dict(lopti_eta=0.5), torch.zeros(8), kl=False)
-    assert plain_stats["optimizer_steps"] == fast_stats["optimizer_steps"] == 0
+def test_a_batch_with_nothing_to_learn_takes_no_step():
+    # every advantage 0 and no KL: no pass has a gradient, so no step (AdamW would move the weights)
+    stats, weights = one_update(dict(lopti_eta=0.5), torch.zeros(8), kl=False)
+    assert stats["optimizer_steps"] == 0
     start = build_tiny_model(tiny_policy_and_rollouts()[0], hidden_size=32, num_layers=1, num_heads=2,
                              seed=0).state_dict()
-    assert all(torch.equal(plain[k], start[k]) and torch.equal(fast[k], start[k]) for k in start)
-
-
-@pytest.mark.parametrize("flag", [["--step-in-backward", "--grad-clip", "0", "--micro-batch", "512"],
-                                  ["--logprob-fp32"], ["--loss-agg", "token-mean-per-micro-batch"]])
-def test_no_fast_takes_every_update_flag(flag):
-    # one update for both paths: --no-fast changes only the log-probs' forward (2c9f269 refused these three)
-    from harness.flags import parse_args
-    parse_args(["--no-fast", *flag])
+    assert all(torch.equal(weights[k], start[k]) for k in start)
 
 
 def settings_read(function_name, tree):
@@ -125,23 +87,23 @@ def settings_read(function_name, tree):
             and isinstance(node.value, ast.Name) and node.value.id == "config"}
 
 
-def test_the_step_reads_an_allow_list_of_settings_and_no_speed_flag_shapes_the_plain_update():
+def test_the_step_reads_an_allow_list_of_settings_whose_defaults_are_the_lessons():
+    # python train.py passes every UPDATE_SETTING from harness/config.py: an edit of a default in update_policy alone
+    # would change nothing there, so the two are held equal
     tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
     assert settings_read("collect_rollouts", tree) == set(train.ROLLOUT_SETTINGS) == {
         "style", "num_generations", "max_new_tokens", "temperature", "top_p", "mask_truncated", "rollout_batch",
-        "fast", "drop_finished_every", "fast_generate", "method", "tau", "dtype"}
-    assert set(train.UPDATE_SETTINGS) == {"alpha", "lopti_eta", "lopti_order", "ppo_epochs", "mini_batches",
-                                          "clip_low", "clip_high", "dual_clip", "kl_coef", "kl_clamp", "loss_agg",
-                                          "grad_clip", "temperature", "micro_batch"}
-    parameters = set(inspect.signature(train.update_policy).parameters)
-    assert parameters == set(train.UPDATE_SETTINGS) | {"model", "optimizer", "input_ids", "attention_mask",
-                                                       "completion_mask", "advantages", "ref_model", "norm_constant",
-                                                       "old_logprobs", "logprobs_fn"}
-    # micro_batch: rows per forward, the gradient accumulated exactly (a pasted update_policy scales)
-    speed_and_memory = {"fast", "logit_chunk", "logprob_fp32", "step_in_backward", "dtype",
-                        "gradient_checkpointing", "param_dtype", "optimizer_offload", "fast_generate"}
-    assert not parameters & speed_and_memory
-    assert "config" not in inspect.getsource(train.update_policy)
+        "fast_generate", "method", "tau", "dtype"}
+    parameters = inspect.signature(train.update_policy).parameters
+    assert set(parameters) == set(train.UPDATE_SETTINGS) | {
+        "model", "optimizer", "input_ids", "attention_mask", "completion_mask", "advantages", "ref_model",
+        "norm_constant", "old_logprobs", "autocast_dtype", "clock"}
+    for name in train.UPDATE_SETTINGS:
+        assert parameters[name].default == getattr(Config(), name), \
+            f"update_policy's {name}={parameters[name].default!r}; harness/config.py's, which runs, is " \
+            f"{getattr(Config(), name)!r}: change both"
+    names = {node.id for node in ast.walk(ast.parse(inspect.getsource(train.update_policy))) if isinstance(node, ast.Name)}
+    assert "config" not in names  # explicit arguments: no run settings object
 
 
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)
@@ -176,72 +138,34 @@ def test_micro_batches_add_up_to_one_forward_of_the_mini_batch(loss_agg, kl, one
                                    rtol=1e-4, msg=name)
 
 
-# --- bit for bit the fast update of 2c9f269, before the fold (tests/data/update_at_2c9f269.json) -------------------
-REFERENCE_CASES = {"one-step": dict(),
-                   "ar-lopti-2x2-kl": dict(alpha=0.3, lopti_eta=0.019, ppo_epochs=2, mini_batches=2, dual_clip=3.0,
-                                           kl_coef=0.1),
-                   "per-micro-batch": dict(loss_agg="token-mean-per-micro-batch", alpha=0.3, mini_batches=2),
-                   "per-micro-batch-one-step": dict(loss_agg="token-mean-per-micro-batch"),
-                   "seq-mean-token-mean-lopti": dict(loss_agg="seq-mean-token-mean", lopti_eta=0.019, kl_coef=0.05),
-                   "bf16": dict(dtype="bf16", alpha=0.3, mini_batches=2),
-                   "step-in-backward": dict(step_in_backward=True, grad_clip=0.0, micro_batch=8, mini_batches=2)}
-
-
-def reference_update(settings):
-    """{"sha256": of the weights after one train.update_batch (the default, fast path; AdamW lr 1e-2) of the tiny
-    policy on 8 rollouts, "stats": its stats}. The same code wrote the file at 2c9f269."""
-    from harness.lean_optimizer import LeanAdamW
-    tokenizer, _, r = tiny_policy_and_rollouts()
-    r.completion_mask[1, 2:] = 0
-    r.attention_mask[1, -4:] = 0
-    advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    ref_model = None
-    if settings.get("kl_coef"):
-        ref_model = copy.deepcopy(policy).eval()
-        torch.manual_seed(1)
-        with torch.no_grad():
-            for parameter in ref_model.parameters():
-                parameter.add_(0.01 * torch.randn_like(parameter))
-    config = Config(**{"micro_batch": 3, "max_new_tokens": 6, "dtype": "fp32", **settings})
-    optimizer = LeanAdamW(policy.parameters(), lr=1e-2, step_in_backward=True) if config.step_in_backward \
-        else torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    stats = train.update_batch(policy, optimizer, r.input_ids, r.attention_mask, r.completion_mask, advantages,
-                               config, ref_model=ref_model)
-    digest = hashlib.sha256()
-    for key, value in sorted(policy.state_dict().items()):
-        digest.update(key.encode() + value.detach().contiguous().numpy().tobytes())
-    return {"sha256": digest.hexdigest(), "stats": stats}
-
-
-@pytest.mark.parametrize("case", REFERENCE_CASES)
-def test_the_update_is_bit_for_bit_the_fast_update_of_2c9f269(case, one_thread):
-    # one update since the fold: the default path's weights and stats exactly those fast/update.py gave at 2c9f269
-    # on this CPU kind (each CPU adds in its own order: docs/results.md, "Determinism")
-    from lab.reproduce import cpu_kind, this_machine
-    recorded = json.load(open(os.path.join(REPO, "tests", "data", "update_at_2c9f269.json")))
-    if cpu_kind(this_machine()) not in recorded:
-        pytest.skip(f"no update at 2c9f269 recorded on this CPU ({cpu_kind(this_machine())})")
-    import transformers
-    if {"torch": torch.__version__, "transformers": transformers.__version__} != recorded["versions"]:
-        pytest.skip(f"recorded under {recorded['versions']}: other versions may round otherwise")
-    assert reference_update(REFERENCE_CASES[case]) == recorded[cpu_kind(this_machine())][case]
-
-
-def test_a_learners_edit_to_update_policy_runs_on_a_plain_run(tmp_path, digits_task, capsys):
-    # the lesson's update_policy is the one `python train.py` runs (2c9f269 ran fast/update.py's copy): a copy of
-    # train.py with a print added to update_policy prints it once a step
-    source = open(os.path.join(REPO, "train.py")).read()
-    function = next(node for node in ast.parse(source).body if getattr(node, "name", "") == "update_policy")
+def edited(tmp_path, module, function_name, monkeypatch):
+    """The lesson file `module` copied with a print added as the first line of `function_name`'s body, imported
+    under its own name (the copy of train.py then imports it)."""
+    source = open(os.path.join(REPO, f"{module}.py")).read()
+    function = next(node for node in ast.parse(source).body if getattr(node, "name", "") == function_name)
     lines = source.splitlines(keepends=True)
     first = function.body[1].lineno - 1  # the line after the docstring
-    (tmp_path / "train.py").write_text("".join(lines[:first] + ['    print("the learner\'s edit ran")\n']
-                                               + lines[first:]))
-    spec = importlib.util.spec_from_file_location("edited_train", tmp_path / "train.py")
-    edited = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(edited)
-    edited.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL_TRAIN, "--steps", "2"])
-    assert capsys.readouterr().out.count("the learner's edit ran") == 2
+    indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
+    (tmp_path / f"{module}.py").write_text("".join(lines[:first] + [f'{indent}print("edit ran: {function_name}")\n']
+                                                   + lines[first:]))
+    spec = importlib.util.spec_from_file_location(module, tmp_path / f"{module}.py")
+    copy_ = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, module, copy_)
+    spec.loader.exec_module(copy_)
+    return copy_
+
+
+@pytest.mark.parametrize("module, function_name, per_step", [("train", "update_policy", 1),
+                                                             ("rollout", "sample_completions", 1),
+                                                             ("rollout", "token_logprobs", 1)])
+def test_a_learners_edit_to_the_lesson_runs_on_a_plain_run(tmp_path, digits_task, capsys, monkeypatch, module,
+                                                           function_name, per_step):
+    # the lesson's update_policy, generate call and log-probs are what `python train.py` runs (381f0cf sampled and
+    # scored through fast/): a copy with a print added prints it on a plain run, at least once a step
+    edited(tmp_path, module, function_name, monkeypatch)
+    trainer = sys.modules["train"] if module == "train" else edited(tmp_path, "train", "main", monkeypatch)
+    trainer.main(["--task", "digits", "--output-dir", str(tmp_path / "run"), *SMALL_TRAIN, "--steps", "2"])
+    assert capsys.readouterr().out.count(f"edit ran: {function_name}") >= 2 * per_step
 
 
 # --- the paste README.md describes ------------------------------------------------------------------------------
@@ -310,16 +234,17 @@ def test_the_paste_the_readme_names_runs_alone(tmp_path):
     functions = {module: re.findall(r"`(\w+)`", names)
                  for module, names in re.findall(r"from ([\w/]+\.py) ((?:`\w+`,? ?)+)", paste)}
     assert files == ["rollout.py", "ppo.py", "lopti.py", "softmax_grpo.py"] and set(functions) == {
-        "train.py", "harness/metrics.py"}, (files, functions)
+        "train.py"}, (files, functions)
     for name in files:
         shutil.copy(os.path.join(REPO, name), tmp_path / name)
     source = open(os.path.join(REPO, "train.py")).read()
     lesson = [name.removesuffix(".py") for name in files]
     imports = [line for line in source.splitlines() if line.startswith("from ") and line.split()[1] in lesson]
-    modules = {"train.py": train, "harness/metrics.py": importlib.import_module("harness.metrics")}
+    modules = {"train.py": train}
     pasted = [inspect.getsource(getattr(modules[module], name)) for module in functions
               for name in functions[module]]
-    (tmp_path / "update.py").write_text("import torch\n" + "\n".join(imports) + "\n\n\n" + "\n\n".join(pasted))
+    (tmp_path / "update.py").write_text("import contextlib\nimport torch\n" + "\n".join(imports) + "\n\n\n"
+                                        + "\n\n".join(pasted))
     (tmp_path / "run_it.py").write_text(PASTE_SCRIPT)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-I", "run_it.py"], cwd=tmp_path, env=env, capture_output=True, text=True,

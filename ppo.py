@@ -16,9 +16,10 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 
 
 def kl_k3(logprobs, ref_logprobs, log_ratio_clamp=20.0):
-    """k3 = exp(d) - d - 1 with d = ref - logp: an unbiased, non-negative estimate of
-    KL(pi || pi_ref) per token, [B, T] -> [B, T]. d is clamped to +-log_ratio_clamp and k3 to
-    [-10, 10], so one collapsed token cannot dominate the loss (DESIGN.md section 4)."""
+    """k3 = exp(d) - d - 1 with d = ref - logp, per token [B, T] -> [B, T]: non-negative, and an
+    unbiased estimate of KL(pi || pi_ref) until the clamps act: d is clamped to +-log_ratio_clamp
+    and k3 to at most 10, so one collapsed token cannot dominate the loss (biased there: DESIGN.md
+    section 4)."""
     log_ratio = (ref_logprobs - logprobs).clamp(-log_ratio_clamp, log_ratio_clamp)
     return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
 

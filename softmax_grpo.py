@@ -21,14 +21,15 @@ def softmax_advantages(rewards, tau):
     """A_i = M * softmax(R / tau)_i - 1 per group (the paper's Eq. (2)): rewards [G, M] -> [G, M]
     float32.
 
-    A sums to 0 over each group, and is exactly 0 for a group of equal rewards; copy this function
+    A sums to 0 over each group, and is exactly 0 for a group of equal rewards (a group of one
+    included); a constant, as the paper's code (no gradient through the rewards). Copy this function
     alone. Why: the group's best completions share the push, more sharply the smaller tau (tau -> 0:
     MaxRL).
     """
-    R = torch.as_tensor(rewards).double()
-    if not (R.dim() == 2 and R.shape[1] >= 2 and torch.isfinite(R).all()
+    R = torch.as_tensor(rewards).detach().double()
+    if not (R.dim() == 2 and R.shape[1] >= 1 and torch.isfinite(R).all()
             and 0 < float(tau) < math.inf):
-        raise ValueError(f"need finite rewards [G, M], M >= 2, and a finite tau > 0, got "
+        raise ValueError(f"need finite rewards [G, M], M >= 1, and a finite tau > 0, got "
                          f"{tuple(R.shape)}, {tau!r}")
     weights = torch.softmax((R - R.amax(1, keepdim=True)) / tau, dim=1)  # exp(<= 0) <= 1
     advantages = R.shape[1] * weights - 1.0
@@ -57,11 +58,14 @@ BATCH_BASELINES = ("reinforce", "reinforce_pp")  # a baseline of the whole batch
 def group_advantages(rewards, method, *, tau=0.1, eps=1e-6, lengths=None):
     """A = ESTIMATORS[method](R), and exactly 0 for a group whose rewards are all equal (no signal).
 
-    rewards [G, M] -> [G, M] float32; lengths [G, M] (token counts) is read by reinforce_pp only,
+    rewards [G, M] -> [G, M] float32, a constant (no gradient through the rewards); a group of one
+    gets 0 from every per-group method; lengths [G, M] (token counts) is read by reinforce_pp only,
     None: 1 each. Why a table: each method is a baseline and a scale, so they differ in one line
     (DESIGN.md section 2).
     """
     R, tokens = _check_rewards(rewards, method, tau, lengths)
+    if R.shape[1] == 1 and method not in BATCH_BASELINES:  # a group of one: no baseline, no signal
+        return torch.zeros_like(R, dtype=torch.float32)
     advantages = ESTIMATORS[method](R, tau=tau, eps=eps, tokens=tokens)
     no_signal = (R.amax() == R.amin() if method in BATCH_BASELINES
                  else R.amax(dim=1, keepdim=True) == R.amin(dim=1, keepdim=True))
@@ -70,14 +74,15 @@ def group_advantages(rewards, method, *, tau=0.1, eps=1e-6, lengths=None):
 
 def _check_rewards(rewards, method, tau, lengths):
     """(R, tokens) for group_advantages, or ValueError at the first bad input."""
-    R = torch.as_tensor(rewards).to(torch.float64 if method == "softmax" else torch.float32)
+    R = torch.as_tensor(rewards).detach().to(torch.float64 if method == "softmax" else torch.float32)
     tokens = None if method != "reinforce_pp" else (
         torch.ones_like(R) if lengths is None else torch.as_tensor(lengths, dtype=torch.float32))
     if method not in METHODS:
         raise ValueError(f"unknown advantage method {method!r}; choose from {', '.join(METHODS)}")
-    if R.dim() != 2 or R.shape[1] < 2 or (len(R) < 1 and method != "softmax"):
-        raise ValueError(f"rewards must have shape [G, M] with G >= 1 and M >= 2 (one completion "
-                         f"has no baseline), got {tuple(R.shape)}")
+    if R.dim() != 2 or R.shape[1] < 1 or (len(R) < 1 and method != "softmax") or \
+            (R.shape[1] < 2 and method in BATCH_BASELINES):
+        raise ValueError(f"rewards must have shape [G, M] with G >= 1 and M >= 1 (M >= 2 for a "
+                         f"batch baseline), got {tuple(R.shape)}")
     if not torch.isfinite(R).all():
         raise ValueError("rewards contain NaN or inf")
     if method == "softmax" and not (math.isfinite(float(tau)) and float(tau) > 0):

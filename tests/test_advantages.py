@@ -150,7 +150,7 @@ def test_maxrl_all_fail_is_zero_and_binary_is_M_over_K():
     (torch.zeros(2, 4), "softmax", {"tau": -1.0}, "tau"),
     (torch.zeros(2, 4), "softmax", {"tau": float("inf")}, "tau"),
     (torch.zeros(2, 4), "softmax", {"tau": float("nan")}, "tau"),
-    (torch.zeros(3, 1), "grpo", {}, "M >= 2"),
+    (torch.zeros(3, 1), "reinforce", {}, "M >= 2 for a batch baseline"),
     (torch.zeros(8), "grpo", {}, "shape"),
     (torch.tensor([[0.0, float("nan")]]), "grpo", {}, "NaN"),
     (torch.tensor([[0.0, float("inf")]]), "softmax", {}, "inf"),
@@ -258,3 +258,14 @@ def test_maxrl_with_a_subnormal_group_mean_still_sums_to_zero():
     # found by hypothesis: in float32 the mean of (0, 1.1755e-38) is subnormal, and R / clamp(mean) gave (-1, 0)
     A = group_advantages(torch.tensor([[0.0, 1.1755e-38]]), "maxrl")
     assert A.tolist() == [[-1.0, 1.0]]
+
+
+@pytest.mark.parametrize("method", ["softmax", "grpo", "dr_grpo", "rloo", "maxrl"])
+def test_advantages_are_constants_and_a_group_of_one_gets_zero(method):
+    # as the paper's code: no gradient flows through the rewards, and one completion has no baseline (verl's 0)
+    rewards = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], requires_grad=True)
+    assert not group_advantages(rewards, method).requires_grad
+    assert not softmax_advantages(rewards, 0.1).requires_grad
+    single = group_advantages(torch.tensor([[1.0], [0.0], [3.0]]), method)
+    assert single.shape == (3, 1) and torch.equal(single, torch.zeros(3, 1))
+    assert torch.equal(softmax_advantages(torch.tensor([[2.0]]), 0.1), torch.zeros(1, 1))

@@ -4,19 +4,15 @@
     python -m experiments.eq4_monte_carlo --groups 2000 --points 9 --configs 8:0.1
 
 The referee: "simulate M binary rollouts at known p for a policy whose score is tractable, average the unclipped
-update over many groups, compare with omega_{M,tau}(p) grad p". The policy here is one Bernoulli logit: pi(y = 1)
-= p = sigmoid(theta), so grad_theta log pi(y) = y - p and grad_theta p = p (1 - p). Each group draws M answers
-y ~ Bernoulli(p) with reward R = y, gets the lesson's advantages (softmax_grpo.group_advantages, method softmax)
-and the lesson's loss (ppo.policy_loss, on-policy: the ratio is 1, so the clip never acts and this is the
-unclipped update); autograd gives each group's update g = -d loss / d theta = (1/M) sum_i A_i (y_i - p), one
-theta per group so that one backward returns every group's own g. Eq. (4) says E[g] = omega_{M,tau}(p) p (1 - p),
-so g / (p (1 - p)) averaged over the groups estimates omega (softmax_grpo.prompt_weight), with a 95% interval
-mean +- 1.96 SE (normal: thousands of groups).
+update over many groups, compare with omega_{M,tau}(p) grad p". The policy is one Bernoulli logit, p = sigmoid(theta),
+so grad_theta log pi(y) = y - p and grad_theta p = p (1 - p). Each group draws M answers y ~ Bernoulli(p), reward
+R = y, the lesson's advantages and loss (ppo.policy_loss on-policy: the ratio is 1, the update unclipped); autograd
+gives each group's g = (1/M) sum_i A_i (y_i - p) (one theta per group). Eq. (4): E[g] = omega_{M,tau}(p) p (1 - p),
+so the mean of g / (p (1 - p)) estimates omega, with a 95% interval mean +- 1.96 SE.
 
 Writes <output-dir>/eq4_monte_carlo.csv (M, tau, p, exact omega, Monte-Carlo mean, SE, z = (mean - exact) / SE)
-and eq4_monte_carlo.png (one panel per (M, tau): the exact curve, the Monte-Carlo means with their intervals).
-Prints per (M, tau) the largest |z| and how many of the intervals hold the exact value (about 95% if Eq. (4) is
-right). Numbers: lab/referees.md.
+and eq4_monte_carlo.png; prints per (M, tau) the largest |z| and how many intervals hold the exact value (about
+95% if Eq. (4) is right). Numbers: lab/referees.md.
 """
 import argparse
 import math

@@ -21,7 +21,7 @@ import os
 import numpy as np
 import torch
 
-from experiments import pyplot, write_csv, write_figure
+from experiments import pyplot, save_figure, write_csv
 from ppo import policy_loss
 from softmax_grpo import group_advantages, prompt_weight
 
@@ -87,11 +87,7 @@ def plot(path, rows, title):
         ax.set_ylabel("E[update] / ∇p")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    write_figure(fig, path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
 def parse_configs(text, parser):

@@ -29,8 +29,7 @@ import torch
 
 import train
 from harness.config import Config
-from experiments import output_file, pyplot, write_figure
-from experiments import mean_sd_se
+from experiments import mean_sd_se, output_file, pyplot, write_figure
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
 from rollout import token_logprobs
 from softmax_grpo import METHODS, group_advantages

@@ -1,18 +1,19 @@
-"""Eq. (4) checked by simulation (issue 30, item 4): the SoftmaxGRPO referee's test of the prompt weight.
+"""Eq. (4) checked by simulation (issue 30, item 4): the SoftmaxGRPO referee's prompt-weight test.
 
     python -m experiments.eq4_monte_carlo                     # (M, tau) = (8, 0.1), (4, 1.0), (16, 0.05); ~1 CPU-min
     python -m experiments.eq4_monte_carlo --groups 2000 --points 9 --configs 8:0.1
 
-The referee: "simulate M binary rollouts at known p for a policy whose score is tractable, average the unclipped
-update over many groups, compare with omega_{M,tau}(p) grad p". The policy is one Bernoulli logit, p = sigmoid(theta),
-so grad_theta log pi(y) = y - p and grad_theta p = p (1 - p). Each group draws M answers y ~ Bernoulli(p), reward
-R = y, the lesson's advantages and loss (ppo.policy_loss on-policy: the ratio is 1, the update unclipped); autograd
-gives each group's g = (1/M) sum_i A_i (y_i - p) (one theta per group). Eq. (4): E[g] = omega_{M,tau}(p) p (1 - p),
-so the mean of g / (p (1 - p)) estimates omega, with a 95% interval mean +- 1.96 SE.
+The referee: "simulate M binary rollouts at known p for a policy whose score is tractable, average
+the unclipped update over many groups, compare with omega_{M,tau}(p) grad p". The policy is one
+Bernoulli logit, p = sigmoid(theta), so grad_theta log pi(y) = y - p and grad_theta p = p (1 - p).
+Each group draws M answers y ~ Bernoulli(p), reward R = y, the lesson's advantages and loss
+(ppo.policy_loss on-policy: the ratio is 1, the update unclipped); autograd gives each group's g =
+(1/M) sum_i A_i (y_i - p) (one theta per group). Eq. (4): E[g] = omega_{M,tau}(p) p (1 - p), so the
+mean of g / (p (1 - p)) estimates omega, with a 95% interval mean +- 1.96 SE.
 
-Writes <output-dir>/eq4_monte_carlo.csv (M, tau, p, exact omega, Monte-Carlo mean, SE, z = (mean - exact) / SE)
-and eq4_monte_carlo.png; prints per (M, tau) the largest |z| and how many intervals hold the exact value (about
-95% if Eq. (4) is right). Numbers: lab/referees.md.
+Writes <output-dir>/eq4_monte_carlo.csv (M, tau, p, exact omega, Monte-Carlo mean, SE, z = (mean -
+exact) / SE) and eq4_monte_carlo.png; prints per (M, tau) the largest |z| and how many intervals
+hold the exact value (about 95% if Eq. (4) is right). Numbers: lab/referees.md.
 """
 import argparse
 import math

@@ -1,10 +1,11 @@
-"""Real ImageNet, as the SoftmaxGRPO paper's Fig. 2 ran it: a torchvision ResNet as the policy (DESIGN.md §6).
+"""Real ImageNet, as the SoftmaxGRPO paper's Fig. 2 ran it: a torchvision ResNet as the policy.
 
-imagenet_toy.py's one-step RL loss, optimizer, lr schedule and metrics (imported) on images from DIR/train/<class>/
-and DIR/val/<class>/ (torchvision's ImageFolder, the official augmentations). Official settings are the defaults:
-ResNet-50 from scratch, SGD lr 0.1, batch 256, 20 epochs with 2 of warm-up then cosine, M = 1024, tau = 0.2.
-After every epoch: val/ metrics, <output-dir>/checkpoint.pt (`--resume` continues with the same data order and
-samples; `--stop-after N` ends an invocation after N epochs), curves.csv and final.csv. torchvision is optional
+imagenet_toy.py's one-step RL loss, optimizer, lr schedule and metrics (imported) on images from
+DIR/train/<class>/ and DIR/val/<class>/ (torchvision's ImageFolder, the official augmentations).
+Official settings are the defaults: ResNet-50 from scratch, SGD lr 0.1, batch 256, 20 epochs with 2
+of warm-up then cosine, M = 1024, tau = 0.2. After every epoch: val/ metrics,
+<output-dir>/checkpoint.pt (`--resume` continues with the same data order and samples; `--stop-after
+N` ends an invocation after N epochs), curves.csv and final.csv. torchvision is optional
 (docs/results.md, "Real ImageNet").
 
 Run:  python -m experiments.imagenet_real --data-dir /data/imagenet                       (softmax, M = 1024)

@@ -1,18 +1,19 @@
-"""ImageNet-classification toy check (SoftmaxGRPO paper, Fig. 2; DESIGN.md §6; results: docs/results.md).
+"""ImageNet-classification toy check (SoftmaxGRPO paper, Fig. 2; DESIGN.md §6; docs/results.md).
 
-Classification as one-step RL: the classifier pi(y|x) is the policy; per image M labels y_i ~ pi(.|x), reward
-R_i = 1 for the true label, advantages from `softmax_grpo.group_advantages`, and
+Classification as one-step RL: the classifier pi(y|x) is the policy; per image M labels y_i ~
+pi(.|x), reward R_i = 1 for the true label, advantages from `softmax_grpo.group_advantages`, and
 
     loss_RL = -(1 / (B*M)) * sum_{b,i} A_{b,i} * log pi(y_{b,i} | x_b)          (one-step policy gradient)
 
-against cross-entropy as the reference; only the gradient estimator differs between runs. Defaults are the paper's
-(SGD lr 0.1, momentum 0.9, weight decay 1e-4, 10% warm-up then cosine, tau 0.2, M up to 1024); the policy starts
-uniform (zero last layer). Data: a synthetic 1000-class problem (Gaussian clusters, 32-d, one-hidden-layer MLP) or
-`--features FILE` (.pt dict/tuple or .npz with `features` [N, D], `labels` [N]). Real images: imagenet_real.py.
+against cross-entropy as the reference; only the gradient estimator differs between runs. Defaults
+are the paper's (SGD lr 0.1, momentum 0.9, weight decay 1e-4, 10% warm-up then cosine, tau 0.2, M up
+to 1024); the policy starts uniform (zero last layer). Data: a synthetic 1000-class problem
+(Gaussian clusters, 32-d, one-hidden-layer MLP) or `--features FILE` (.pt dict/tuple or .npz with
+`features` [N, D], `labels` [N]). Real images: imagenet_real.py.
 
 Run:  python -m experiments.imagenet_toy                      (~4 CPU-minutes, one thread)
-Writes <output-dir>/curves.csv (per eval: top1, pass@1 = E[pi(y*|x)], pass@128, entropy, train_reward), final.csv
-(the last rows plus wall_s and cpu_s) and curves.png when matplotlib is installed.
+Writes <output-dir>/curves.csv (per eval: top1, pass@1 = E[pi(y*|x)], pass@128, entropy,
+train_reward), final.csv (the last rows plus wall_s and cpu_s) and curves.png (with matplotlib).
 """
 
 import argparse
@@ -150,8 +151,8 @@ def make_optimizer(parameters, name, lr):
 
 
 def lr_factor(step, warmup_steps, total_steps):
-    """lr multiplier of update `step` (0-based): step / warmup, then 0.5 * (1 + cos(pi * t)), t = (step - warmup)
-    / (total - warmup) as in the official script (first update lr 0); 0 from total_steps on."""
+    """lr multiplier of update `step` (0-based): step / warmup, then 0.5 * (1 + cos(pi * t)),
+    t = (step - warmup) / (total - warmup), as the official script (first lr 0); 0 from total."""
     if step < warmup_steps:
         return step / warmup_steps
     if step >= total_steps:
@@ -160,7 +161,7 @@ def lr_factor(step, warmup_steps, total_steps):
 
 
 def pass_at_k(p, k):
-    """Exact pass@k = 1 - (1 - p)^k = -expm1(k * log1p(-p)) (keeps p ~ 1e-3's digits); p [N] -> [N] float64."""
+    """Exact pass@k = 1 - (1 - p)^k = -expm1(k * log1p(-p)); p [N] -> [N] float64."""
     return -torch.expm1(k * torch.log1p(-p.double()))
 
 

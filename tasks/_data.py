@@ -277,6 +277,21 @@ def sample_rows(splits, split, n, seed, salt):
     return [rows[i] for i in order[: len(rows) if n is None else n]]
 
 
+def hub_dataset(task, hub_name, *args, **options):
+    """datasets.load_dataset(hub_name, *args, **options), or a one-line ValueError."""
+    try:
+        import datasets  # optional: only for users who have it and are online
+    except ImportError:
+        raise ValueError(f"{task}: data={hub_name!r} needs the `datasets` package; "
+                         "or pass data=PATH") from None
+    try:
+        return datasets.load_dataset(hub_name, *args, **options)
+    except Exception as error:  # offline, hub down, ...: one clear line, not a long traceback
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"{task}: could not load {hub_name} with `datasets` ({first_line}); "
+                         "pass data=PATH") from None
+
+
 def truth_answer(truth):
     """The answer string of a math task's ground truth, read as the official scorers read it: SoftmaxGRPO's
     JSON object -> its "answer"; verl's / AR-Lopti's plain string -> the string itself (numbers: str())."""

@@ -1,12 +1,14 @@
-"""Math answers checked by Hugging Face's math-verify, as the official SoftmaxGRPO reward checks GSM8K and DeepMath
-(DESIGN.md §6): the gold answer in \\boxed{} parsed with LaTeX extraction, the final text with LaTeX and expression
-extraction, math_verify.verify. math-verify is optional: a task whose rules need it checks for it when created.
+"""Math answers checked by Hugging Face's math-verify, as the official SoftmaxGRPO reward checks
+GSM8K and DeepMath (DESIGN.md §6): the gold answer in \\boxed{} parsed with LaTeX extraction, the
+final text with LaTeX and expression extraction, math_verify.verify. math-verify is optional: a task
+whose rules need it checks for it when created.
 
-sympy can hang on a short text (9**9**9**9) and math-verify's signal.alarm timeouts work only in the main thread and
-cannot stop C-level integer work, so they are off and these bounds take their place: at most MAX_MATH_CHARS of the
-final text (from its last \\boxed{} on, else its end); a number of more than MAX_DIGITS digits scores 0 unparsed
-unless the gold is one too (too_large, bounded from the literals); and the check runs in one helper process (this
-file as a script) with DEADLINE_S per answer, killed past it. Works from any thread (a lock) and after a fork.
+sympy can hang on a short text (9**9**9**9) and math-verify's signal.alarm timeouts work only in the
+main thread and cannot stop C-level integer work, so they are off and these bounds take their place:
+at most MAX_MATH_CHARS of the final text (from its last \\boxed{} on, else its end); a number of
+more than MAX_DIGITS digits scores 0 unparsed unless the gold is one too (too_large, bounded from
+the literals); and the check runs in one helper process (this file as a script) with DEADLINE_S per
+answer, killed past it. Works from any thread (a lock) and after a fork.
 """
 
 import atexit

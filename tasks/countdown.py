@@ -1,11 +1,12 @@
 """Countdown: combine 3 or 4 given integers with + - * / into an expression that equals a target.
 
 Generator, verifiers and rule sets: DESIGN.md §6. `softmaxgrpo` (default) is the official reward
-(official_is_correct: Python's grammar through ast.parse only, nothing is run); `lenient` is our whitelisted
-recursive-descent parser (parse_equation) with an optional format_score, which the compact style always uses.
-Model output is never evaluated as Python. Data file (data=PATH; the generator is the default): rows {"nums": [ints],
-"target": int} (Jiayi-Pan/Countdown-Tasks-3to4) or verl rows (ground_truth {"target", "numbers"}), JSONL or parquet
-(tasks/_data.py); a single file holds out at most HOLDOUT prompts as SoftmaxGRPO's prepare_data.py does.
+(official_is_correct: Python's grammar through ast.parse only, nothing is run); `lenient` is our
+whitelisted recursive-descent parser (parse_equation) with an optional format_score, which the
+compact style always uses. Model output is never evaluated as Python. Data file (data=PATH; the
+generator is the default): rows {"nums": [ints], "target": int} (Jiayi-Pan/Countdown-Tasks-3to4) or
+verl rows (ground_truth {"target", "numbers"}), JSONL or parquet (tasks/_data.py); a single file
+holds out at most HOLDOUT prompts as SoftmaxGRPO's prepare_data.py does.
 """
 
 import ast
@@ -154,8 +155,8 @@ def is_correct(answer, numbers, target):
             and (claimed is None or claimed == target))
 
 
-# The official SoftmaxGRPO rules: Python's own grammar (0x10, 1_000 and a trailing "# comment" count), through
-# ast.parse only (a syntax tree: nothing is compiled or run); the walk accepts int constants and + - * / nodes.
+# The official SoftmaxGRPO rules: Python's own grammar (0x10, 1_000, a trailing "# comment"),
+# through ast.parse only (a syntax tree: nothing is run); the walk accepts ints and + - * / nodes.
 _ACCEPTABLE_CODE = frozenset("0123456789abcdefABCDEFxXoObB_+-*/() \t\n\r\f\\")  # all an accepted answer can hold
 _FLAT_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _EXPONENT = re.compile(r"[eE]([-+]?\d+(?:_\d+)*)\s*\Z")
@@ -263,8 +264,8 @@ def row_key(row):
 
 @dataclass
 class CountdownTask:
-    """Countdown task object. num_counts: how many numbers a problem may have (each problem draws one); rules:
-    RULES; format_score: a well-formed but wrong answer's reward (TinyZero: 0.1), compact and lenient only."""
+    """Countdown task object. num_counts: how many numbers a problem may have (each draws one);
+    rules: RULES; format_score: a well-formed wrong answer's reward (compact and lenient only)."""
 
     num_counts: tuple = (3, 4)
     format_score: float = 0.0

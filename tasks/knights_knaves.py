@@ -1,15 +1,18 @@
 """Knights and Knaves: knights always tell the truth, knaves always lie; find who is who.
 
-Generator (tasks/knights_knaves_logic.py), reward, `think_prefill` and the rule sets (`logic_rl`, the official
-Logic-RL / AR-Lopti scorer, default; `lenient`, ours): DESIGN.md §6. Reward: format +1 / -1, answer +2 right, -1.5
-read but wrong, -2 unreadable or bad format (top score 3); the binary variant gives 1.0 for the top score.
+Generator (tasks/knights_knaves_logic.py), reward, `think_prefill` and the rule sets (`logic_rl`,
+the official Logic-RL / AR-Lopti scorer, default; `lenient`, ours): DESIGN.md §6. Reward: format +1
+/ -1, answer +2 right, -1.5 read but wrong, -2 unreadable or bad format (top score 3); the binary
+variant gives 1.0 for the top score.
 
-Compact style: people are letters a, b, c, ...; a leaf is "b1" (b is a knight) or "b0" (b is a knave); "-"
-is not, "*" and, "+" or, ">" implies, "=" iff. Prompt "a:b1*c0,b:-a1,c:a1>b0." -> solution "101".
+Compact style: people are letters a, b, c, ...; a leaf is "b1" (b is a knight) or "b0" (b is a
+knave); "-" is not, "*" and, "+" or, ">" implies, "=" iff. Prompt "a:b1*c0,b:-a1,c:a1>b0." ->
+solution "101".
 
-Data file (data=PATH; the generator is the default): Logic-RL's K&K rows (`quiz`, `solution_text_format`; parquet
-or JSONL) or verl rows (ground_truth with `solution_text_format`), docs/tasks.md. A rendered prompt
-(example["rendered_prompt"]) is scored as kk.py scores it, whatever think_prefill says.
+Data file (data=PATH; the generator is the default): Logic-RL's K&K rows (`quiz`,
+`solution_text_format`; parquet or JSONL) or verl rows (ground_truth with `solution_text_format`),
+docs/tasks.md. A rendered prompt (example["rendered_prompt"]) is scored as kk.py scores it, whatever
+think_prefill says.
 """
 
 import random
@@ -158,9 +161,9 @@ def logic_rl_processed(text):
 
 
 def logic_rl_response(completion, prefill=THINK_PREFILL):
-    """The text the Logic-RL / AR-Lopti scorer validates for `completion` when a chat-template prompt ended in
-    `prefill`: prefill + completion, or only what follows the completion's first "Assistant:" (logic_rl_processed
-    on the whole sequence; the leading newline the official keeps changes no tag count or order)."""
+    """The text the Logic-RL / AR-Lopti scorer validates for `completion` when a chat-template
+    prompt ended in `prefill`: prefill + completion, or only what follows the completion's first
+    "Assistant:" (logic_rl_processed on the whole; its leading newline changes no tag count)."""
     text = prefill + completion
     cut = text.find("Assistant:")
     return text if cut < 0 else text[cut + len("Assistant:"):]
@@ -209,8 +212,8 @@ def from_verl(truth, messages):
 
 @dataclass
 class KnightsKnavesTask:
-    """Knights-and-Knaves task object. people: puzzle sizes to draw from (3..8); binary: 1/0 reward instead of
-    Logic-RL's -3..3 scale; rules: RULES; think_prefill: the chat prompt ends in "<think>" (the official check)."""
+    """Knights-and-Knaves task object. people: puzzle sizes (3..8); binary: 1/0 reward instead of
+    Logic-RL's -3..3; rules: RULES; think_prefill: the chat prompt ends in "<think>" (official)."""
 
     people: tuple = (3, 4, 5)
     binary: bool = False

@@ -13,12 +13,9 @@ or from this file's entry point, which adds Lopti (two actor updates per batch) 
     python -m integrations.verl_plugin algorithm.adv_estimator=grpo +algorithm.lopti_eta=0.5 \\
         actor_rollout_ref.actor.policy_loss.loss_mode=ar +actor_rollout_ref.actor.policy_loss.ar_alpha=0.3 ...
 
-Config keys (the `+` adds a key verl's yaml does not declare):
-  algorithm.adv_estimator=softmaxgrpo, algorithm.softmaxgrpo_tau   A = M softmax(R / tau) - 1 (official repo's names)
-  algorithm.adv_estimator=maxrl                                     A = R / mean(R) - 1
-  actor_rollout_ref.actor.policy_loss.loss_mode=ar, ...ar_alpha     A' = (alpha p_old + 1 - alpha) A, then verl's loss
-  algorithm.lopti_eta (> 0 turns Lopti on), algorithm.lopti_order   low-probability tokens first (entry point only)
-verl must be able to import this module in every process: run from the repository root or put it on PYTHONPATH.
+The config keys (the `+` adds a key verl's yaml does not declare) and what each piece does:
+docs/scale-out.md, "verl". verl must be able to import this module in every process: run from the
+repository root or put it on PYTHONPATH.
 """
 import importlib
 import os

@@ -40,9 +40,7 @@ UPDATES = {"grpo": dict(alpha=0.0, eta=0.0), "ar": dict(alpha=0.3, eta=0.0),  # 
 NUM_GROUPS = 4
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Token statistics: p_old, ||onehot - softmax||, quartile groups
-# ---------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=64):
     """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 = sqrt(1 - 2 pi_o + sum pi_j^2)
@@ -100,9 +98,7 @@ def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperat
     return norms
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Fig. 3: one update as train.py does it, then which probabilities rose
-# ---------------------------------------------------------------------------------------------------------------
 def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
                clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
     """train.py's update (train.update_batch: one PPO epoch, no KL, fp32) on `model` in place;
@@ -218,9 +214,7 @@ def over_seeds(fig3):
     return rows
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Output
-# ---------------------------------------------------------------------------------------------------------------
 def write_csv(path, rows):
     with output_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

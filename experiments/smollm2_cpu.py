@@ -37,9 +37,7 @@ SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax",
             "--prompts-per-step", "8", "-M", "4", "--max-new-tokens", "32", "--lr", "1e-5",
             "--eval-every", str(EVAL_EVERY), "--eval-size", str(EVAL_SIZE), "--save-every", "60"]
 
-# ---------------------------------------------------------------------------------------------------------------
 # The data: short requests with one right answer
-# ---------------------------------------------------------------------------------------------------------------
 SUBJECTS = ["the cat", "a small dog", "my brother", "the old man", "our teacher", "a young girl", "the farmer",
             "the bird", "her friend", "the baker", "a tall tree", "the red car", "the children", "my mother",
             "the fisherman", "a quiet boy"]
@@ -107,9 +105,7 @@ def write_data(folder, *, train_rows=2000, test_rows=EVAL_SIZE, seed=0):
     return folder
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The runs and the table
-# ---------------------------------------------------------------------------------------------------------------
 def eval_rows(metrics_path):
     return [row for row in read_metrics(metrics_path) if row.get("eval")]
 

@@ -38,9 +38,7 @@ BINS = ((0.0, 0.1), (0.1, 0.5), (0.5, 0.9), (0.9, 1.0))  # the last bin is close
 BIN_NAMES = ("[0,.1)", "[.1,.5)", "[.5,.9)", "[.9,1]")
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Shared with experiments/lopti_token_stats.py: checkpoint, task, rollouts
-# ---------------------------------------------------------------------------------------------------------------
 def add_checkpoint_arguments(parser):
     """The checkpoint and task flags shared by the diagnostics scripts (read by load_for_experiment)."""
     parser.add_argument("--checkpoint", default="runs/default/latest", help="save_pretrained folder or HF id")
@@ -83,9 +81,7 @@ def sample_groups(model, tokenizer, task, examples, M, *, style, max_new_tokens,
     return chunks, torch.tensor(rewards, dtype=torch.float32).view(len(examples), M)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The two budgets and the binning
-# ---------------------------------------------------------------------------------------------------------------
 def token_budget(advantages, lengths):
     """Cheap budget per prompt: sum_i |A_i| len_i. advantages, lengths [G, M] -> [G]."""
     return (advantages.abs() * lengths).sum(dim=1)

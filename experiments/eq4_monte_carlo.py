@@ -1,22 +1,19 @@
-"""Eq. (4) checked by simulation (issue 30, item 4): the SoftmaxGRPO referee's test of the prompt weight.
+"""Eq. (4) checked by simulation (issue 30, item 4): the SoftmaxGRPO referee's prompt-weight test.
 
     python -m experiments.eq4_monte_carlo                     # (M, tau) = (8, 0.1), (4, 1.0), (16, 0.05); ~1 CPU-min
     python -m experiments.eq4_monte_carlo --groups 2000 --points 9 --configs 8:0.1
 
-The referee: "simulate M binary rollouts at known p for a policy whose score is tractable, average the unclipped
-update over many groups, compare with omega_{M,tau}(p) grad p". The policy here is one Bernoulli logit: pi(y = 1)
-= p = sigmoid(theta), so grad_theta log pi(y) = y - p and grad_theta p = p (1 - p). Each group draws M answers
-y ~ Bernoulli(p) with reward R = y, gets the lesson's advantages (softmax_grpo.group_advantages, method softmax)
-and the lesson's loss (ppo.policy_loss, on-policy: the ratio is 1, so the clip never acts and this is the
-unclipped update); autograd gives each group's update g = -d loss / d theta = (1/M) sum_i A_i (y_i - p), one
-theta per group so that one backward returns every group's own g. Eq. (4) says E[g] = omega_{M,tau}(p) p (1 - p),
-so g / (p (1 - p)) averaged over the groups estimates omega (softmax_grpo.prompt_weight), with a 95% interval
-mean +- 1.96 SE (normal: thousands of groups).
+The referee: "simulate M binary rollouts at known p for a policy whose score is tractable, average
+the unclipped update over many groups, compare with omega_{M,tau}(p) grad p". The policy is one
+Bernoulli logit, p = sigmoid(theta), so grad_theta log pi(y) = y - p and grad_theta p = p (1 - p).
+Each group draws M answers y ~ Bernoulli(p), reward R = y, the lesson's advantages and loss
+(ppo.policy_loss on-policy: the ratio is 1, the update unclipped); autograd gives each group's g =
+(1/M) sum_i A_i (y_i - p) (one theta per group). Eq. (4): E[g] = omega_{M,tau}(p) p (1 - p), so the
+mean of g / (p (1 - p)) estimates omega, with a 95% interval mean +- 1.96 SE.
 
-Writes <output-dir>/eq4_monte_carlo.csv (M, tau, p, exact omega, Monte-Carlo mean, SE, z = (mean - exact) / SE)
-and eq4_monte_carlo.png (one panel per (M, tau): the exact curve, the Monte-Carlo means with their intervals).
-Prints per (M, tau) the largest |z| and how many of the intervals hold the exact value (about 95% if Eq. (4) is
-right). Numbers: lab/referees.md.
+Writes <output-dir>/eq4_monte_carlo.csv (M, tau, p, exact omega, Monte-Carlo mean, SE, z = (mean -
+exact) / SE) and eq4_monte_carlo.png; prints per (M, tau) the largest |z| and how many intervals
+hold the exact value (about 95% if Eq. (4) is right). Numbers: lab/referees.md.
 """
 import argparse
 import math
@@ -25,7 +22,7 @@ import os
 import numpy as np
 import torch
 
-from experiments import pyplot, write_csv, write_figure
+from experiments import pyplot, save_figure, write_csv
 from ppo import policy_loss
 from softmax_grpo import group_advantages, prompt_weight
 
@@ -91,11 +88,7 @@ def plot(path, rows, title):
         ax.set_ylabel("E[update] / ∇p")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    write_figure(fig, path, dpi=80)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, title)
 
 
 def parse_configs(text, parser):

@@ -1,25 +1,19 @@
-"""Fig. 1 (SoftmaxGRPO paper): the prompt weight omega(p) of each estimator, from the exact formulas.
+"""Fig. 1 (SoftmaxGRPO paper): each estimator's prompt weight omega(p), from the exact formulas.
 
 For binary rewards with pass probability p, the expected unclipped on-policy update of one prompt,
-(1/M) sum_i A_i grad log pi(y_i), equals omega(p) * grad p (Eq. 4, DESIGN.md §3). omega says how much of
-the gradient budget a prompt of pass rate p receives. Curves (M = 8 by default):
+(1/M) sum_i A_i grad log pi(y_i), equals omega(p) * grad p (Eq. 4, DESIGN.md §3). omega says how
+much of the gradient budget a prompt of pass rate p receives. Curves (M = 8 by default):
 
   softmax_tau*  SoftmaxGRPO, softmax_grpo.prompt_weight(p, M, tau), tau in {0.1, 0.3, 1.0}
   maxrl         softmax_grpo.maxrl_weight(p, M) = (1 - (1-p)^(M-1)) / p   (the tau -> 0 limit)
-  grpo          softmax_grpo.grpo_prompt_weight(p, M), z-score advantages: symmetric about p = 1/2
-                (easy prompts weigh as much as hard ones), ~1/sqrt(p(1-p)) as M grows
-  reinforce     the constant 1, derived here:
+  grpo          softmax_grpo.grpo_prompt_weight(p, M), symmetric about p = 1/2
+  reinforce     the constant 1, derived here.
 
-REINFORCE's weight. Write z_i = grad log pi(y_i); E[z_i] = 0 and E[R_i z_i] = grad p. The estimator
-(1/M) sum_i (R_i - b_i) z_i has expectation grad p - E[b_i z_i]. If the baseline b_i does not depend on
-y_i (a constant, a value network, or RLOO's mean of the *other* M-1 rewards) then E[b_i z_i] = 0 and
-omega = 1 exactly. If b_i is the group mean *including* R_i (Dr. GRPO), R_i - mean = (M-1)/M R_i -
-(1/M) sum_{j != i} R_j, so omega = (M-1)/M; the project's `reinforce` method (mean over all G*M rewards
-of the batch) gives 1 - 1/(G M), i.e. 1 for any realistic batch. We plot omega = 1: it is the plain,
-unbiased policy gradient of p that the paper contrasts with, it does not depend on the batch layout, and
-(M-1)/M would only shift the flat line by a constant factor (0.875 at M = 8), which is also the tau -> inf
-limit of tau * omega_softmax. What matters in the figure is the shape: flat for REINFORCE, ~1/p for
-MaxRL and small tau (hard prompts first), U-shaped for GRPO.
+REINFORCE's weight: with z_i = grad log pi(y_i), E[z_i] = 0 and E[R_i z_i] = grad p, so (1/M) sum_i
+(R_i - b_i) z_i has expectation grad p whenever the baseline b_i does not depend on y_i: omega = 1
+exactly. (A baseline that includes R_i gives (M-1)/M for the group mean, 1 - 1/(G M) for our
+`reinforce`'s batch mean: the same flat line, scaled.) What matters is the shape: flat for
+REINFORCE, ~1/p for MaxRL and small tau, U-shaped for GRPO.
 
 Run:  python -m experiments.fig1_prompt_weight [--group-size 8] [--taus 0.1,0.3,1.0] [--output-dir runs/fig1]
 Writes <output-dir>/fig1_prompt_weight.csv (p, reinforce, grpo, maxrl, softmax_tau0.1, ...) and

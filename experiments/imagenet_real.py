@@ -1,27 +1,14 @@
-"""Real ImageNet, as the SoftmaxGRPO paper's Fig. 2 ran it: a torchvision ResNet as the policy (DESIGN.md §6).
+"""Real ImageNet, as the SoftmaxGRPO paper's Fig. 2 ran it: a torchvision ResNet as the policy.
 
-The one-step RL loss, the optimizer, the lr schedule and the metrics are the ones in experiments/imagenet_toy.py
-(imported, not copied); this file adds the images. Per update: a batch of B images, M labels sampled per image
-from pi(.|x), reward 1 for the true label, advantages from `group_advantages`, loss -(1/(B*M)) sum A log pi
-(or cross-entropy with `--method ce`). Official settings are the defaults: ResNet-50 from scratch, SGD lr 0.1,
-momentum 0.9, weight decay 1e-4, batch 256, 20 epochs with 2 of linear warm-up then cosine, M = 1024,
-tau = 0.2. Metrics after every epoch on val/: top-1, pass@1 = E[pi(y*|x)], pass@128 = E[1 - (1 - p)^128].
-
-Data: DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg (torchvision's ImageFolder; both must list the same
-class folders). Augmentations: RandomResizedCrop(224) + horizontal flip for training; Resize(256) +
-CenterCrop(224) for validation; ImageNet mean/std normalisation. `--image-size` scales both (Resize keeps
-the 256/224 ratio). Runs on CUDA when available.
-
-Checkpoints: <output-dir>/checkpoint.pt after every epoch (model, optimizer, RNG states, the rows so far);
-`--resume <output-dir>/checkpoint.pt` continues at the next epoch with the same data order and samples, and
-`--stop-after N` ends an invocation after N epochs (for time-limited jobs). Writes curves.csv (one row per
-epoch, epoch 0 = the initial network) and final.csv.
-
-torchvision is optional: `pip install torchvision` (the release built for your torch; see README).
+imagenet_toy.py's one-step RL loss, optimizer, lr schedule and metrics (imported) on images from
+DIR/train/<class>/ and DIR/val/<class>/ (torchvision's ImageFolder, the official augmentations).
+Official settings are the defaults: ResNet-50 from scratch, SGD lr 0.1, batch 256, 20 epochs with 2
+of warm-up then cosine, M = 1024, tau = 0.2. After every epoch: val/ metrics,
+<output-dir>/checkpoint.pt (`--resume` continues with the same data order and samples; `--stop-after
+N` ends an invocation after N epochs), curves.csv and final.csv. torchvision is optional
+(docs/results.md, "Real ImageNet").
 
 Run:  python -m experiments.imagenet_real --data-dir /data/imagenet                       (softmax, M = 1024)
-      python -m experiments.imagenet_real --data-dir /data/imagenet --method reinforce --output-dir runs/in_reinforce
-      python -m experiments.imagenet_real --data-dir /data/imagenet --resume runs/imagenet/checkpoint.pt
 """
 
 import argparse

@@ -1,36 +1,22 @@
-"""ImageNet-classification toy check (SoftmaxGRPO paper, Fig. 2; DESIGN.md §6).
+"""ImageNet-classification toy check (SoftmaxGRPO paper, Fig. 2; DESIGN.md §6; docs/results.md).
 
-Classification as one-step RL. The classifier pi(y|x) is the policy: for every image x we sample M labels
-y_1..y_M ~ pi(.|x), reward R_i = 1 when y_i is the true label, turn the [B, M] rewards into advantages with
-the project's own `softmax_grpo.group_advantages`, and descend
+Classification as one-step RL: the classifier pi(y|x) is the policy; per image M labels y_i ~
+pi(.|x), reward R_i = 1 for the true label, advantages from `softmax_grpo.group_advantages`, and
 
     loss_RL = -(1 / (B*M)) * sum_{b,i} A_{b,i} * log pi(y_{b,i} | x_b)          (one-step policy gradient)
 
-Cross-entropy (exact maximum likelihood, -log pi(y*|x)) is the reference. Every run has the same network,
-initialisation, data order, optimizer and lr, so only the gradient estimator differs. Defaults are the
-paper's: SGD lr 0.1, momentum 0.9, weight decay 1e-4, linear warm-up over 10% of the updates then cosine,
-tau = 0.2, M up to 1024. The policy starts exactly uniform (zero last layer), so p = pi(y*|x) = 1/1000 and
-almost every group of M samples is all-fail. The expected update is omega(p) * p * grad log p (DESIGN.md §3);
-at p = 1e-3, M = 1024, omega(p) * p is 0.001 for REINFORCE, 0.025 GRPO, 0.115 SoftmaxGRPO (tau 0.2), 0.64 MaxRL,
-against 1 for cross-entropy. SGD keeps that scale; `--optimizer adam` (lr 3e-4) normalises most of it away.
-Results of both optimizers, per method and M (numbers: docs/results.md).
-
-Offline default: a synthetic 1000-class problem (Gaussian clusters around random class prototypes in a 32-d
-feature space, classified by a one-hidden-layer MLP). `--features FILE` takes real precomputed features:
-a `.pt` file holding a dict {"features": [N, D] float, "labels": [N] int} or a (features, labels) tuple, or
-an `.npz` with arrays `features` and `labels`; a deterministic `--test-fraction` is held out. Real images and
-a torchvision ResNet: experiments/imagenet_real.py, which uses this file's loss, optimizer, schedule and metrics.
+against cross-entropy as the reference; only the gradient estimator differs between runs. Defaults
+are the paper's (SGD lr 0.1, momentum 0.9, weight decay 1e-4, 10% warm-up then cosine, tau 0.2, M up
+to 1024); the policy starts uniform (zero last layer). Data: a synthetic 1000-class problem
+(Gaussian clusters, 32-d, one-hidden-layer MLP) or `--features FILE` (.pt dict/tuple or .npz with
+`features` [N, D], `labels` [N]). Real images: imagenet_real.py.
 
 Run:  python -m experiments.imagenet_toy                      (~4 CPU-minutes, one thread)
-      python -m experiments.imagenet_toy --optimizer adam --methods ce,softmax,reinforce --group-sizes 1024
-Writes <output-dir>/curves.csv (step, method, M, tau, lr of the last update, top1 = greedy accuracy,
-pass@1 = E[pi(y*|x)], pass@128 = E[1 - (1 - pi(y*|x))^128], entropy in nats, train_reward = mean sampled
-reward since the last eval; M, tau blank where they do not apply), final.csv (the last row of each run plus
-wall_s and cpu_s) and curves.png (top-1 and pass@1 per M) when matplotlib is installed.
+Writes <output-dir>/curves.csv (per eval: top1, pass@1 = E[pi(y*|x)], pass@128, entropy,
+train_reward), final.csv (the last rows plus wall_s and cpu_s) and curves.png (with matplotlib).
 """
 
 import argparse
-import csv
 import math
 import os
 import time
@@ -145,10 +131,7 @@ def build_policy(dim, num_classes, hidden, seed):
 
 def one_step_rl_loss(logits, labels, method, num_samples, tau, generator):
     """loss = -(1/(B*M)) sum A_{b,i} log pi(y_{b,i}|x_b); logits [B, C], labels [B] -> (loss, mean reward).
-
-    M labels per image are sampled from the current policy; reward 1 for the true label, 0 otherwise.
-    Its expected gradient is -omega(p) * grad p, p = pi(y*|x) (Eq. 4; checked in tests/test_experiments.py).
-    """
+    Its expected gradient is -omega(p) * grad p, p = pi(y*|x) (Eq. 4)."""
     logprobs = F.log_softmax(logits, dim=-1)  # [B, C]
     samples = torch.multinomial(logprobs.detach().exp(), num_samples, replacement=True, generator=generator)  # [B, M]
     rewards = (samples == labels[:, None]).float()  # [B, M]
@@ -168,11 +151,8 @@ def make_optimizer(parameters, name, lr):
 
 
 def lr_factor(step, warmup_steps, total_steps):
-    """Multiplier of the base lr for update `step` (0-based): step / warmup, then 0.5 * (1 + cos(pi * t)).
-
-    t = (step - warmup) / (total - warmup) runs from 0 to 1 over the remaining updates, as in the official script
-    (whose first update therefore has lr 0). 0 from total_steps on.
-    """
+    """lr multiplier of update `step` (0-based): step / warmup, then 0.5 * (1 + cos(pi * t)),
+    t = (step - warmup) / (total - warmup), as the official script (first lr 0); 0 from total."""
     if step < warmup_steps:
         return step / warmup_steps
     if step >= total_steps:
@@ -181,10 +161,7 @@ def lr_factor(step, warmup_steps, total_steps):
 
 
 def pass_at_k(p, k):
-    """Exact pass@k = 1 - (1 - p)^k: chance that k independent samples from pi(.|x) include y*; p [N] -> [N] float64.
-
-    Written as -expm1(k * log1p(-p)) so that p ~ 1e-3 keeps its digits.
-    """
+    """Exact pass@k = 1 - (1 - p)^k = -expm1(k * log1p(-p)); p [N] -> [N] float64."""
     return -torch.expm1(k * torch.log1p(-p.double()))
 
 

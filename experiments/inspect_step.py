@@ -22,9 +22,6 @@ from harness.step_page import after_update, before_update
 PROG = "python -m experiments.inspect_step"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The command: a checkpoint's next step
-# ---------------------------------------------------------------------------------------------------------------
 def inspect_checkpoint(path, *, output=None, device=None, task=None, log=print):
     """Load the checkpoint (or a run folder's latest) as --resume does, sample its next step with the run's saved
     settings, optimizer and RNG states, update the loaded copy, and write the page -> its path. task: the run's

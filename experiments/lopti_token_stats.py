@@ -1,32 +1,20 @@
 """Lopti paper (Yang et al., arXiv 2505.12929) Fig. 1(d) and Fig. 3 on rollouts of one checkpoint.
 
-Both figures look at the tokens that get a gradient (completion tokens of rows with A != 0; train.py skips the
-others) and group them by p_old, the sampled token's probability under the sampling policy (logits /
-temperature). Groups: "quantile" (default) = four equal-count quartiles of those tokens' p_old (ties broken by
-position); "fixed" = p_old in [0,.25) [.25,.5) [.5,.75) [.75,1]. The CSVs give each group's p_old range.
+Both look at the tokens that get a gradient (completion tokens of rows with A != 0) grouped by
+p_old, the sampled token's probability under the sampling policy: "quantile" (default, four
+equal-count quartiles, ties by position) or "fixed" (p_old in [0,.25) [.25,.5) [.5,.75) [.75,1]).
 
-Fig. 1(d), gradient norm per token by quartile. The logit-level gradient of token o's term A log pi(o) is
-A (onehot(o) - softmax(z)), whose norm |A| * ||onehot(o) - softmax(z)|| = |A| sqrt(1 - 2 pi_o + sum_j pi_j^2)
-is computed from the full-vocabulary probabilities (Prop. 4.2: it lies between sqrt(N/(N-1)) (1-pi_o) and
-sqrt(2) (1-pi_o), so low-probability tokens dominate). Columns: mean of that norm, mean of the unweighted
-||onehot - softmax||, the quartile's share of the sum; --param-grad adds the L2 norm of the parameter gradient of
-each quartile's part of the unclipped objective, (1/N) sum_{tokens in q} A_t log pi_t (one backward per quartile).
-
-Fig. 3, which way probabilities move. From the SAME rollouts and the SAME starting weights (a deep copy each), one
-update each for: GRPO; AR (alpha 0.3); Lopti (eta 0.5, low-probability pass first, two optimizer steps); AR+Lopti.
-The update is train.py's own, train.update_policy, with --ppo-epochs 1 and no KL: fresh AdamW (lr, weight decay
-0.01), per pass a token-mean clipped loss from ppo.policy_loss over lopti.lopti_passes(reweight_advantages(...)),
-grad-norm clip 1.0, optimizer.step(). Then the tokens' log-probs are recomputed; per quartile we report the share of
-positive-advantage tokens whose probability rose, and of negative-advantage tokens whose probability fell.
-Note: a fresh AdamW's first step is close to lr * sign(gradient) per parameter, as at the start of a run;
---optimizer sgd takes a plain gradient step instead (the raw gradient magnitudes Prop. 4.2 is about; use a
-larger --lr, e.g. 0.5 for the tiny model).
+Fig. 1(d): the logit-level gradient norm of A log pi(o), |A| * ||onehot(o) - softmax(z)|| = |A|
+sqrt(1 - 2 pi_o + sum_j pi_j^2) (Prop. 4.2: between sqrt(N/(N-1)) (1-pi_o) and sqrt(2) (1-pi_o)),
+per group; --param-grad adds the parameter-gradient norm of each group's part of (1/N) sum_t A_t log
+pi_t. Fig. 3: from the SAME rollouts and weights, one train.update_batch each for GRPO, AR (alpha
+0.3), Lopti (eta 0.5) and AR+Lopti (fresh AdamW, or --optimizer sgd for a plain gradient step; give
+it a larger --lr), then per group the share of A > 0 tokens whose probability rose and of A < 0
+tokens whose probability fell.
 
     python -m experiments.lopti_token_stats --checkpoint runs/default/latest                  # tiny, CPU, ~1 min
     python -m experiments.lopti_token_stats --task countdown --task-option num_count=3 --seeds 0,1,2,3,4 \\
         --checkpoint runs/compare/countdown3-lopti/grpo-seed{seed}/latest    # each seed's run, Fig. 3 over seeds
-    python -m experiments.lopti_token_stats --checkpoint Qwen/Qwen2.5-3B-Instruct --task knights_knaves \\
-        --temperature 0.7 --lr 1e-6 --num-prompts 32 --max-new-tokens 1024 --micro-batch 4 --param-grad
 
 Writes <output-dir>/fig1d_grad_norm.csv and fig3_prob_rise.csv (one row per seed and group),
 fig3_prob_rise_summary.csv (mean, sample std and SE over seeds) and, with matplotlib, the two PNGs.
@@ -42,8 +30,7 @@ import torch
 
 import train
 from harness.config import Config
-from experiments import output_file, pyplot, write_figure
-from experiments import mean_sd_se
+from experiments import mean_sd_se, output_file, pyplot, write_figure
 from experiments.table3_allocation import add_checkpoint_arguments, load_for_experiment, sample_groups
 from rollout import token_logprobs
 from softmax_grpo import METHODS, group_advantages
@@ -53,16 +40,11 @@ UPDATES = {"grpo": dict(alpha=0.0, eta=0.0), "ar": dict(alpha=0.3, eta=0.0),  # 
 NUM_GROUPS = 4
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Token statistics: p_old, ||onehot - softmax||, quartile groups
-# ---------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=64):
-    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 for every completion token.
-
-    Full-vocabulary softmax, one micro-batch at a time ([micro_batch, T, V] floats; lower --micro-batch for a
-    large vocabulary): ||e_o - pi||^2 = (1 - pi_o)^2 + sum_{j != o} pi_j^2 = 1 - 2 pi_o + sum_j pi_j^2.
-    """
+    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 = sqrt(1 - 2 pi_o + sum pi_j^2)
+    for every completion token (full-vocabulary softmax, [micro_batch, T, V] floats at a time)."""
     width = completion_mask.shape[1]
     norm_chunks = []
     for start in range(0, input_ids.shape[0], micro_batch):
@@ -77,11 +59,8 @@ def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, t
 
 
 def probability_groups(old_probs, token_mask, how="quantile"):
-    """old_probs, token_mask [B, T] -> group index [B, T] long in 0..3 (-1 outside token_mask).
-
-    quantile: sort the masked tokens by p_old and cut into 4 equal-count parts (stable sort: ties by position);
-    fixed: p_old in [0,.25) [.25,.5) [.5,.75) [.75,1].
-    """
+    """old_probs, token_mask [B, T] -> group index [B, T] long in 0..3 (-1 outside token_mask):
+    `how` quantile (4 equal-count parts by p_old, stable sort) or fixed ([0,.25) .. [.75,1])."""
     groups = torch.full(old_probs.shape, -1, dtype=torch.long)
     mask = token_mask.bool()
     values = old_probs[mask]
@@ -119,17 +98,12 @@ def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperat
     return norms
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Fig. 3: one update as train.py does it, then which probabilities rose
-# ---------------------------------------------------------------------------------------------------------------
 def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
                clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
-    """train.py's update (train.update_policy: one PPO epoch, no KL, fp32) on `model` in place: AR, then 1 pass
-    (eta = 0) or Lopti's 2 passes, with pi_old = old_logprobs.
-
-    batch = (input_ids [B, P+T], attention_mask, completion_mask [B, T]); advantages [B]; old_logprobs [B, T].
-    optimizer "adamw" (train.py's) or "sgd" (plain gradient step: the update follows the gradient's magnitudes).
-    """
+    """train.py's update (train.update_batch: one PPO epoch, no KL, fp32) on `model` in place;
+    pi_old = old_logprobs [B, T]; batch = (input_ids [B, P+T], attention_mask, completion_mask
+    [B, T]); advantages [B]; optimizer "adamw" (train.py's) or "sgd" (a plain gradient step)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
     config = Config(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
@@ -240,9 +214,7 @@ def over_seeds(fig3):
     return rows
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Output
-# ---------------------------------------------------------------------------------------------------------------
 def write_csv(path, rows):
     with output_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

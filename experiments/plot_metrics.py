@@ -1,27 +1,17 @@
-"""Plot a train.py metrics.jsonl: reward, pass rate, clip fractions, KL, entropy, response length vs step.
+"""Plot a train.py metrics.jsonl: reward, pass rate, clip fractions, KL, entropy, length vs step.
 
-The SoftmaxGRPO review asks how active clipping and the KL penalty are during training; this answers it
-for any run. Each line of metrics.jsonl is a JSON object with a "step". Rows with "eval": true are
-held-out evaluations and are drawn separately (markers, "eval" in the legend).
-
-Keys looked for (first match wins; matching ignores case, '-' vs '_', and a 'train/' or 'eval/' prefix):
-  panel             training rows                                   eval rows
-  reward            reward_mean, reward, mean_reward                reward, reward_mean
-  pass rate         pass_rate, pass@1                               pass@1, pass_rate, accuracy
-  clip fraction     clip_frac_low, clip_frac_high, dual_clip_frac   -
-  KL                kl, kl_mean                                     -
-  entropy           entropy                                         -
-  response length   response_length, completion_length, length      length, response_length
-Missing keys are skipped (a panel with nothing to show says so); `--extra a,b` adds panels for other keys
-(e.g. zero_var_share, grad_norm, lopti_low_share, adv_abs_mean, ratio_mean, tokens_per_s).
-Several files can be given to overlay runs (one colour per file, labelled by its folder). A run folder stands for
-its metrics.jsonl, and a run still going can be drawn: its half-written last line is left out.
+The SoftmaxGRPO review asks how active clipping and the KL penalty are during training; this answers
+it for any run. Rows with "eval": true are held-out evaluations, drawn as markers with their
+standard errors. The keys each panel looks for are PANELS' (first match wins; case, '-' vs '_' and a
+'train/' or 'eval/' prefix ignored); a panel with nothing to show says so; `--extra a,b` adds panels
+for other keys (e.g. zero_var_share, grad_norm). Several files overlay runs (one colour per file,
+labelled by its folder); a run folder stands for its metrics.jsonl, and a run still going can be
+drawn (its half-written last line is left out).
 
 Run:  python -m experiments.plot_metrics runs/default [other-run-folder or metrics.jsonl ...] [--output PNG]
       [--panels reward,pass,length] [--smooth 5]
-Prints a first/last/min/max summary of every series; writes the PNG when matplotlib is installed, and prints where:
---output, else for one run metrics.png beside its metrics.jsonl, for several metrics.png in the current folder (no
-run's folder gets another run's plot).
+Prints a first/last/min/max summary of every series; writes the PNG (with matplotlib): --output,
+else beside one run's metrics.jsonl, or for several runs metrics.png in the current folder.
 """
 
 import argparse

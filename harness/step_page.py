@@ -32,9 +32,7 @@ PROMPT_CHARS = 400                 # characters shown of a prompt
 NAMES = {"softmax": "SoftmaxGRPO", "grpo": "GRPO"}
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The step's numbers, from the lesson's functions
-# ---------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class StepRecord:
     """What the page shows of one step. Tensors on the CPU: rewards, lengths [G, M]; advantages: estimator name ->
@@ -145,9 +143,7 @@ def write_page(path, text):
         raise RunError(write_failed(f"the step's page {path}", error, otherwise="", elsewhere="")) from None
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Which groups
-# ---------------------------------------------------------------------------------------------------------------
 def chosen_groups(rewards, pass_threshold):
     """[(role, group index)] for the page: the hardest group with a signal (lowest pass rate, then mean reward),
     a mixed one (pass rate nearest 1/2), the easiest, and one without signal (all rewards equal), each once."""
@@ -167,9 +163,7 @@ def chosen_groups(rewards, pass_threshold):
     return chosen[:GROUPS_SHOWN]
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The page
-# ---------------------------------------------------------------------------------------------------------------
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:18px 28px;color:#1d1d1f;max-width:1340px}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 4px}

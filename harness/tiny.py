@@ -38,9 +38,7 @@ WARM_START_EVAL_SIZE = 200
 WARM_START_EVAL_EVERY = 10  # supervised steps between the warm start's evals (its patience counts evals)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The model: character tokenizer + small Llama
-# ---------------------------------------------------------------------------------------------------------------
 def build_char_tokenizer(alphabet=COMPACT_ALPHABET):
     """One token per character of `alphabet` plus <pad> <bos> <eos> <unk>; encoding prepends <bos>."""
     chars = sorted(set(alphabet))
@@ -82,9 +80,7 @@ def apply_cpu_defaults(config):
     return dataclasses.replace(config, **changes)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Warm start: supervised fine-tuning on the task's own solutions, stopped early, cached on disk
-# ---------------------------------------------------------------------------------------------------------------
 def sft_batch(tokenizer, task, examples):
     """Right-padded [prompt <bos>... | solution <eos>] ids, attention mask, and the labels (-100 off the solution)."""
     rows, labels = [], []

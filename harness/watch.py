@@ -1,23 +1,9 @@
-"""Whether the run learns, said in words: the notes a run prints at its evals and in its end table (docs/tasks.md,
-"When a run says it learns nothing").
+"""Whether the run learns, said in words: the notes a run prints at its evals and in its end table.
 
-Each check reads the held-out greedy eval (pass@1 and its standard error over the prompts, the greedy answers) and
-the train rows' reward; each note says what it saw, the likely causes and the flags that address them:
-
-  degenerate start  before RL: one greedy answer for most prompts, or a pass@1 that answering that one string to
-                    every prompt would reach
-  fell              held-out pass@1 below where RL started by more than the noise of the two evals
-                    (2 sqrt(se_0^2 + se_now^2)); with the train reward's rise beside it when the two move apart
-  flat              FLAT_EVALS evals after the start, none above it by more than that noise (each eval with its
-                    own se), and a train reward that did not rise either: the mean of the last REWARD_WINDOW train
-                    rows at most that of the first ones plus twice the standard error of their difference (each
-                    window's spread over its rows / sqrt(REWARD_WINDOW)); said once there are 2 REWARD_WINDOW rows
-  collapsed         one greedy answer for most held-out prompts after RL started
-
-Why "flat" reads the train reward too (fresh prompts each step: a train reward that rises beyond its noise is RL
-moving the policy; a countdown3 run that tests/test_watch.py replays), and what the notes cannot see (a task
-whose answer is mostly one string, a gain below the eval's noise, a reward that pays for the wrong thing):
-docs/tasks.md, "When a run says it learns nothing".
+Each check reads the held-out greedy eval (pass@1 with its standard error, the greedy answers) and
+the train rows' reward: a degenerate start, a pass@1 that fell, a flat run, collapsed answers; what
+each note means, what it cannot see, and its advice: docs/tasks.md, "When a run says it learns
+nothing".
 """
 import collections
 import math
@@ -71,18 +57,10 @@ def target_above(value):
 
 
 def warm_start_advice(warm, constant_pass):
-    """What to change when the tiny model's warm start left a degenerate start, from what the warm start saw.
-
-    warm: its info (tiny.warm_start: steps, pass@1, best, stopped) with the settings that stopped it (target,
-    max_steps, patience, eval_every), {"steps": 0} for a run without one, or None when unknown. constant_pass: the
-    held-out pass@1 of the start's most common answer given to every prompt (None: not scored). Each suggestion is
-    one that moves the stop past what was seen, so following it never gives the same suggestion again:
-      stopped at its target   a target above both the constant answer's pass@1 and the old target (the warm start
-                              then has to beat the constant answer to stop); none above MAX_TARGET
-      ran out of patience     a longer --warm-start-patience once (from its default), only when the warm start's
-                              best beat the constant answer; else, or after that, no flag (NO_FLAG says why)
-      ran out of steps        --warm-start-steps doubled, up to MAX_WARM_STEPS; then no flag
-    """
+    """What to change when the tiny model's warm start left a degenerate start (docs/tasks.md): a
+    suggestion that moves the stop past what was seen, so following it never repeats it. warm: its
+    info (tiny.warm_start) with the settings that stopped it, {"steps": 0} for none, None unknown;
+    constant_pass: the pass@1 of the start's most common answer given to every prompt."""
     floor = constant_pass or 0.0
     if warm is not None and warm.get("steps") == 0:
         return ("give it a warm start (--warm-start-steps 1500), so RL starts from a policy that answers the prompts "
@@ -202,9 +180,8 @@ class Watch:
         return notes
 
     def reward_trend(self):
-        """(mean train reward of the first REWARD_WINDOW rows, of the last ones, twice the standard error of their
-        difference: 2 sqrt(sd_first^2 + sd_last^2) / sqrt(REWARD_WINDOW), each sd over its window's rows), or None with
-        fewer than 2 REWARD_WINDOW rows."""
+        """(mean train reward of the first REWARD_WINDOW rows, of the last ones, twice the SE of
+        their difference, 2 sqrt(sd_first^2 + sd_last^2) / sqrt(REWARD_WINDOW)), else None."""
         rewards = [r for _, r in self.reward_rows if r is not None]
         if len(rewards) < 2 * REWARD_WINDOW:
             return None

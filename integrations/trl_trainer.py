@@ -1,22 +1,14 @@
 """SoftmaxGRPO (or any of our group advantages) and Advantage Reweighting inside TRL's GRPOTrainer.
 
-TRL's GRPOTrainer handles generation (HF or vLLM), multi-GPU through `accelerate launch`, DeepSpeed/FSDP, PEFT
-and logging. This subclass only replaces the advantages it trains on:
+TRL's GRPOTrainer handles generation, multi-GPU, DeepSpeed/FSDP, PEFT and logging; this subclass
+only replaces the advantages it trains on (usage: docs/scale-out.md, "TRL"):
 
-    advantages = group_advantages(rewards.view(-1, M), method, tau=tau)        softmax_grpo.py, any METHODS entry
-    advantages = reweight_advantages(advantages, p_old, mask, alpha)           lopti.py, per token, when ar_alpha > 0
+    advantages = group_advantages(rewards.view(-1, M), method, tau=tau)     # softmax_grpo.py
+    advantages = reweight_advantages(advantages, p_old, mask, alpha)        # lopti.py, ar_alpha > 0
 
-Usage (copy this file next to softmax_grpo.py and lopti.py):
-
-    from integrations.trl_trainer import SoftmaxGRPOTrainer
-    trainer = SoftmaxGRPOTrainer(model=..., reward_funcs=task.reward_fn, args=GRPOConfig(...), train_dataset=...,
-                                 advantage_method="softmax", tau=0.1, ar_alpha=0.0)
-    trainer.train()
-
-`rewards` are exactly what TRL logs: the reward functions' outputs times GRPOConfig.reward_weights, summed, gathered
-over all processes (TRL keeps each prompt's M completions next to each other), so every group is complete. TRL's
-scale_rewards / multi_objective_aggregation settings are not used. Lopti (two optimizer steps per batch) is not
-available here; use train.py or the verl plug-in (integrations/verl_plugin.py).
+`rewards` are what TRL logs (the reward functions' weighted sum, gathered over all processes, each
+prompt's M completions adjacent), so every group is complete; TRL's scale_rewards is not used. Lopti
+(two optimizer steps per batch) is not available here: train.py or integrations/verl_plugin.py.
 """
 import os
 import sys

@@ -5,14 +5,11 @@
     #   data.train_files=data/verl/countdown/train.parquet data.val_files=data/verl/countdown/test.parquet
     #   reward.custom_reward_function.path=integrations/verl_data.py reward.custom_reward_function.name=compute_score
 
-One row per problem (verl samples the M completions itself):
-    prompt        the task's chat-style messages [{"role": "system", ...}, {"role": "user", ...}]
-    data_source   "softmax_grpo_lopti/<task>"
-    ability       the task name
-    reward_model  {"style": "rule", "ground_truth": JSON of the task's example dict}
-    extra_info    {"index", "split", "task", "task_data": the data= file ("" if none), "task_options": JSON}
-The example is stored as JSON text because the tasks' example dicts differ in fields and types; compute_score reads it
-back and grades with the task's own reward (chat style: the last <answer> block is graded).
+One row per problem (verl samples the M completions itself): `prompt` (the task's chat messages),
+`data_source`, `ability`, `reward_model` {"style": "rule", "ground_truth": JSON of the task's
+example}, `extra_info` {"index", "split", "task", "task_data", "task_options"}. The example is JSON
+text because the tasks' example dicts differ; compute_score reads it back and grades it with the
+task's own reward (chat style).
 """
 import argparse
 import json

@@ -13,12 +13,9 @@ or from this file's entry point, which adds Lopti (two actor updates per batch) 
     python -m integrations.verl_plugin algorithm.adv_estimator=grpo +algorithm.lopti_eta=0.5 \\
         actor_rollout_ref.actor.policy_loss.loss_mode=ar +actor_rollout_ref.actor.policy_loss.ar_alpha=0.3 ...
 
-Config keys (the `+` adds a key verl's yaml does not declare):
-  algorithm.adv_estimator=softmaxgrpo, algorithm.softmaxgrpo_tau   A = M softmax(R / tau) - 1 (official repo's names)
-  algorithm.adv_estimator=maxrl                                     A = R / mean(R) - 1
-  actor_rollout_ref.actor.policy_loss.loss_mode=ar, ...ar_alpha     A' = (alpha p_old + 1 - alpha) A, then verl's loss
-  algorithm.lopti_eta (> 0 turns Lopti on), algorithm.lopti_order   low-probability tokens first (entry point only)
-verl must be able to import this module in every process: run from the repository root or put it on PYTHONPATH.
+The config keys (the `+` adds a key verl's yaml does not declare) and what each piece does:
+docs/scale-out.md, "verl". verl must be able to import this module in every process: run from the
+repository root or put it on PYTHONPATH.
 """
 import importlib
 import os
@@ -72,9 +69,7 @@ from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Advantage estimators: verl hands over flat rows; our group_advantages wants [G, M]
-# ---------------------------------------------------------------------------------------------------------------
 def grouped_advantages(scores, index, method, **options):
     """Per-row advantages [B] from scores [B] and one group id per row (verl's `uid`), rows in any order.
 
@@ -124,9 +119,7 @@ def compute_maxrl_advantage(token_level_rewards, response_mask, index=None, conf
     return outcome_advantages(token_level_rewards, response_mask, index, "maxrl")
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Advantage Reweighting as a verl policy loss
-# ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class ARPolicyLossConfig(PolicyLossConfig):
     """verl's PolicyLossConfig plus AR's alpha: verl's config dataclasses reject keys they do not declare, so
@@ -151,9 +144,7 @@ def compute_policy_loss_ar(old_log_prob, log_prob, advantages, response_mask, lo
         response_mask=response_mask, loss_agg_mode=loss_agg_mode, config=config, rollout_is_weights=rollout_is_weights)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Lopti: two actor updates per batch
-# ---------------------------------------------------------------------------------------------------------------
 def lopti_ppo_loss(config, model_output, data, dp_group=None):
     """verl's actor loss (workers/utils/losses.ppo_loss) with the KL term restricted to one Lopti pass.
 
@@ -229,9 +220,7 @@ class LoptiRayPPOTrainer(RayPPOTrainer):
         return DataProto.from_single_dict(data={}, meta_info={"metrics": metrics})
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Entry point: verl's PPO main (hydra config `ppo_trainer`) with the Lopti trainer
-# ---------------------------------------------------------------------------------------------------------------
 @ray.remote(num_cpus=1)
 class LoptiTaskRunner:
     """verl's legacy TaskRunner, building LoptiRayPPOTrainer where it builds RayPPOTrainer."""

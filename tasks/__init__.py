@@ -1,30 +1,14 @@
 """Task registry: a plain dict from name to factory, and get_task(name, data=..., **options).
 
-Text tasks (one file each):
-  countdown       procedural arithmetic puzzles            options: num_count=(3, 4) | 3 | 4 | 2, format_score=0.0
-                  (data=PATH: {nums, target} rows or verl rows instead of the generator)
-  knights_knaves  procedural logic puzzles (Logic-RL)      options: people=(3, 4, 5), binary=False,
-                                                           think_prefill=False (the prompt ends in <think>)
-                  (data=PATH: Logic-RL's K&K parquet rows or verl rows instead of the generator)
-  gsm8k           grade-school math, needs data=PATH or data="openai/gsm8k"   options: format_score=0.0,
-                                                           answer_style="tags" | "boxed" (the official prompt)
-  deepmath        DeepMath-103K, needs data=PATH or data="zwhe99/DeepMath-103K"   options: answer_style
-  text_match      {prompt, reference} rows, F1 + ROUGE-L reward, needs data=PATH
-                  options: format_weight=0.0 (0.35 with rules="openthoughts"), pass_threshold=0.5
-Every text task also takes rules=NAME, the rule set of its chat-style reward (RULES lists them, the official
-one first and default); the compact style of the tiny model always keeps the task's own compact rules.
-The ImageNet checks are experiments, not text tasks (experiments/imagenet_toy.py, experiments/imagenet_real.py),
-so they have no entry here.
+The text tasks (one file each), their options, data files and `rules=NAME` (RULES lists each task's
+chat-style rule sets, the official one first and default): docs/tasks.md. The ImageNet checks are
+experiments, not text tasks. A task of your own lives in a file outside the package (`--task
+path/to/my_task.py`; tasks/custom.py fills in what it leaves out, tasks/template.py is a whole one).
 
-A data file in verl's format (`prompt` chat messages + `reward_model.ground_truth`) is used verbatim by
-countdown, knights_knaves, gsm8k and deepmath: the chat prompt is the file's messages (tasks/_data.py).
-
-A task of your own lives in a file outside the package (`--task path/to/my_task.py`; tasks/custom.py fills in
-what it leaves out, tasks/template.py is a complete one).
-
-Every task object has: name, rules, pass_threshold, examples(split, n, seed), prompt(example, style),
-reward(completion, example, style), solution(example, style), reward_fn(completions, **columns); optionally
-assistant_prefill, a string rollout.render_prompts puts after the assistant header (knights_knaves' think_prefill).
+Every task object has: name, rules, pass_threshold, examples(split, n, seed), prompt(example,
+style), reward(completion, example, style), solution(example, style), reward_fn(completions,
+**columns); optionally assistant_prefill, a string rollout.render_prompts puts after the assistant
+header (knights_knaves' think_prefill).
 """
 
 import inspect
@@ -50,9 +34,9 @@ __all__ = ["COMPACT_ALPHABET", "MATH_DEADLINE_S", "NEEDS_DATA", "RULES", "TASKS"
 
 
 def get_task(name, *, data=None, wrap=None, **options):
-    """Build the task `name` (or the task file / module `name`: tasks/custom.py); `data` is a file path for the
-    data-file tasks, `options` go to its factory. wrap: a function of the task -> the task returned (a run's:
-    harness/reward_worker.py), applied before a task file's rewards are first called, so that it bounds those calls too."""
+    """Build the task `name` (or the task file / module `name`: tasks/custom.py); `data`: a data
+    file's path, `options`: its factory's. wrap: task -> the task returned (reward_worker.py),
+    applied before a task file's rewards are first called, so that it bounds those calls too."""
     if name not in TASKS and is_task_file(name):
         return custom.load(name, data=data, wrap=wrap, **options)
     if name not in TASKS:

@@ -1,27 +1,15 @@
-"""Loading the data-file tasks (gsm8k, deepmath, text_match; countdown and knights_knaves given data=): rows
-split into train and test.
+"""Loading the data-file tasks (gsm8k, deepmath, text_match; countdown and knights_knaves given
+data=): rows split into train and test (docs/tasks.md says which files and how they are split).
 
-`data` is one .jsonl or .parquet file, or a folder holding train and test files (train.jsonl / test.jsonl or
-train.parquet / test.parquet, or test named validation as SoftmaxGRPO's prepare_data.py writes it; training rows
-whose key also appears in test are dropped), or a folder of a hub snapshot's shards (train-*.parquet / test-*
-.jsonl ... anywhere below it; test shards are the test split). No other file is read. Parquet needs pandas and
-pyarrow (imported only then; only the columns used are read).
-Held-out rows of a single file (or of shards with no test shard), by the task's `holdout`:
-  None   crc32(key) % 10 == 0 (ours; gsm8k and text_match, whose official sources come with a test split).
-  k      SoftmaxGRPO's prepare_data.py (grouped_split, --seed 42): min(k, max(1, distinct keys // 10)) distinct
-         keys, those first when the sha256 of each key's sha256 hex id, salted "42:", is sorted. For a verl row
-         the key is the JSON of its messages with sorted keys, as there, so an official file gives the official
-         held-out rows. deepmath: k = 1000 (README: --validation-size 1000); countdown: k = 500 (the default).
-Two row formats: the task's own fields (`fields`: strings; `columns`: any JSON value, checked by `parse`), and,
-when the task gives a `verl` hook, verl's format: a `prompt` column of chat messages ({role, content} strings)
-and a `reward_model` column whose `ground_truth` (a JSON object string is decoded, as SoftmaxGRPO's
-compute_score does) the hook turns, with the messages, into the example's fields. Such an example also holds
-`messages`, the file's prompt verbatim, which the task's chat prompt returns as it is; and `rendered_prompt` when
-the file's only message already holds a rendered prompt (AR-Lopti / TinyZero files: their rl_dataset.py tokenizes
-chat[0]['content'] as it is, with no chat template). In a parquet file holding both formats (Logic-RL's K&K
-files) the verl columns win.
-Malformed input raises a one-line ValueError naming the file and line (JSONL) or row (parquet); so does a path
-that is not a regular file (a device such as /dev/zero, a FIFO) and a line longer than MAX_LINE_BYTES.
+`data` is one .jsonl or .parquet file (parquet needs pandas and pyarrow, imported only then), a
+folder holding train and test (or validation, as SoftmaxGRPO's prepare_data.py writes it) files,
+training rows whose key is also a test row's dropped, or a folder of a hub snapshot's shards
+(train-* / test-*). No other file is read. A single file's held-out rows, by the task's `holdout`:
+None, crc32(key) % 10 == 0 (hash_split); k, prepare_data.py's grouped_split (ranked_holdout).
+Two row formats: the task's own fields, checked by `parse`, and, when the task gives a `verl` hook,
+verl's (`prompt` chat messages and `reward_model.ground_truth`, verl_example), whose messages are
+the chat prompt verbatim. Malformed input raises a one-line ValueError naming the file and line
+(JSONL) or row (parquet); so does a path that is not a regular file and a line over MAX_LINE_BYTES.
 """
 
 import hashlib
@@ -275,6 +263,21 @@ def sample_rows(splits, split, n, seed, salt):
     order = list(range(len(rows)))
     random.Random(f"{salt}-{split}-{seed}").shuffle(order)
     return [rows[i] for i in order[: len(rows) if n is None else n]]
+
+
+def hub_dataset(task, hub_name, *args, **options):
+    """datasets.load_dataset(hub_name, *args, **options), or a one-line ValueError."""
+    try:
+        import datasets  # optional: only for users who have it and are online
+    except ImportError:
+        raise ValueError(f"{task}: data={hub_name!r} needs the `datasets` package; "
+                         "or pass data=PATH") from None
+    try:
+        return datasets.load_dataset(hub_name, *args, **options)
+    except Exception as error:  # offline, hub down, ...: one clear line, not a long traceback
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"{task}: could not load {hub_name} with `datasets` ({first_line}); "
+                         "pass data=PATH") from None
 
 
 def truth_answer(truth):

@@ -1,22 +1,14 @@
-"""Math answers checked by Hugging Face's math-verify, as the official SoftmaxGRPO reward checks GSM8K and DeepMath.
+"""Math answers checked by Hugging Face's math-verify, as the official SoftmaxGRPO reward checks
+GSM8K and DeepMath (DESIGN.md §6): the gold answer in \\boxed{} parsed with LaTeX extraction, the
+final text with LaTeX and expression extraction, math_verify.verify. math-verify is optional: a task
+whose rules need it checks for it when created.
 
-The gold answer is wrapped in \\boxed{} and parsed with LaTeX extraction; the completion's final text
-(_verify.final_text) is parsed with LaTeX and plain-expression extraction; the answer is right when
-math_verify.verify says the two parses are equal. math-verify is optional (pip install math-verify): a task whose
-rules need it checks for it when it is created (require_math_verify), not in the middle of a run.
-
-math-verify hands the text to sympy, which is slow on long text and can hang on a short one (9**9**9**9 makes
-sympy build the number). Its own timeouts use signal.alarm, which works only in the main thread and cannot stop
-a long C-level integer operation, so they are switched off and the bounds here take their place:
-  - at most MAX_MATH_CHARS characters of the final text are parsed: from its last \\boxed{} on when there is one
-    (math-verify takes the last box first, wherever it is), else its end; the parse then costs at most a few
-    hundred ms even on text made of failing LaTeX snippets;
-  - a number too large to write, a power, factorial or binomial with more than MAX_DIGITS digits (9^{999999999},
-    1000000!, \\binom{10^9}{5\\cdot 10^8}, \\sqrt{2}^{10^9}, 9**9**9), scores 0 without being parsed, unless the
-    gold answer is one too; its size is bounded from the literals alone (log10_bound), so 2^{2^3} = 256 is parsed;
-  - the check runs in one helper process (this file run as a script, started on first use), with DEADLINE_S
-    seconds per answer; past that the process is killed, the answer scores 0 and the next call starts a new one.
-Works from any thread (calls are serialised by a lock) and after a fork (the child starts its own helper).
+sympy can hang on a short text (9**9**9**9) and math-verify's signal.alarm timeouts work only in the
+main thread and cannot stop C-level integer work, so they are off and these bounds take their place:
+at most MAX_MATH_CHARS of the final text (from its last \\boxed{} on, else its end); a number of
+more than MAX_DIGITS digits scores 0 unparsed unless the gold is one too (too_large, bounded from
+the literals); and the check runs in one helper process (this file as a script) with DEADLINE_S per
+answer, killed past it. Works from any thread (a lock) and after a fork.
 """
 
 import atexit
@@ -68,9 +60,7 @@ def math_answer_is_right(gold, final):
         return reply == b"1"
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Numbers too large to write: a bound on log10 |value| from the literals alone, before sympy sees the text
-# ---------------------------------------------------------------------------------------------------------------
 _NUMBER = re.compile(r"\d+(?:\.\d*)?")
 _SKIP = re.compile(r"\s+|\\[,;!: ]|\\left|\\right")
 

@@ -1,26 +1,12 @@
 """Countdown: combine 3 or 4 given integers with + - * / into an expression that equals a target.
 
-Generator (DESIGN.md §6): integers in [1, 99], target in [10, 100], both redrawn until a depth-first search
-(tasks/countdown_solver.py) finds an expression that uses every number exactly once (division only when exact).
-Our verifier: a whitelisted tokenizer and a recursive-descent parser (integers, + - * /, parentheses, optional
-"= target"), bounded in length and depth, in exact Fractions; the multiset of numbers used must equal the given
-one. Model output is never evaluated as Python. Two rule sets for the chat style (the `rules` option):
-  softmaxgrpo (default) the official SoftmaxGRPO reward, see official_is_correct: the final text (after the last
-                        </think>; its last <answer> block, else all of it), \\boxed{} unwrapped, read as Python
-                        arithmetic on int literals 0..10^6 with + - * / only; binary.
-  lenient               ours: the last <answer> block anywhere, our parser above, optional format_score.
-Compact style (tiny char model), whatever the rules: prompt "12 5 3>51:", solution "12*5-9", the whole completion
-is parsed by our parser; format_score for a parseable wrong one.
-Data file (data=PATH; the generator is the default): rows {"nums": [ints], "target": int}, as
-Jiayi-Pan/Countdown-Tasks-3to4 has them, or verl rows (`prompt` messages, `reward_model.ground_truth`
-{"target", "numbers"}: AR-Lopti's / TinyZero's dict or SoftmaxGRPO's JSON string), whose messages are the chat
-prompt verbatim; JSONL or parquet, a file or a folder (tasks/_data.py); num_count does not filter them. Held out
-from a single file (Countdown-Tasks-3to4 has one split): at most 500 prompts, SoftmaxGRPO's prepare_data.py
-(grouped_split with --validation-size 500, its default: min(500, max(1, distinct prompts // 10)), ranked by
-sha256 with seed 42). For a verl file the rank is of the file's messages, as there (the same rows); for a plain
-nums/target file it is of the row's numbers and target (the same count; other rows than the official prompts'
-hashes pick). AR-Lopti's own Countdown files come as train/test parquet files (1 024 test rows, the rows after
-the training ones); a folder holding them keeps that split.
+Generator, verifiers and rule sets: DESIGN.md §6. `softmaxgrpo` (default) is the official reward
+(official_is_correct: Python's grammar through ast.parse only, nothing is run); `lenient` is our
+whitelisted recursive-descent parser (parse_equation) with an optional format_score, which the
+compact style always uses. Model output is never evaluated as Python. Data file (data=PATH; the
+generator is the default): rows {"nums": [ints], "target": int} (Jiayi-Pan/Countdown-Tasks-3to4) or
+verl rows (ground_truth {"target", "numbers"}), JSONL or parquet (tasks/_data.py); a single file
+holds out at most HOLDOUT prompts as SoftmaxGRPO's prepare_data.py does.
 """
 
 import ast
@@ -51,7 +37,6 @@ OFFICIAL_MAX_CHARS, OFFICIAL_MAX_INT = 256, 10**6  # official rules: answer leng
 HOLDOUT = 500  # held-out prompts of a single data file (prepare_data.py's --validation-size default)
 OFFICIAL_MAX_SCAN = 50_000  # ours: a longer final text scores 0 unread (a 1 024-token response has ~4 000)
 
-# ---------------------------------------------------------------------------------------------------------
 # Generator: random numbers and target, kept when the solver (tasks/countdown_solver.py) finds an expression.
 def generate(rng, num_counts, split):
     """One solvable problem {"numbers", "target"} from `rng` that belongs to `split` (train/test by hash)."""
@@ -66,7 +51,6 @@ def generate(rng, num_counts, split):
             return {"numbers": numbers, "target": target}
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Verifier: whitelisted tokenizer + recursive-descent parser over exact Fractions.
 class ParseError(ValueError):
     """The answer is not a well-formed equation of the allowed grammar."""
@@ -171,10 +155,8 @@ def is_correct(answer, numbers, target):
             and (claimed is None or claimed == target))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The official SoftmaxGRPO rules. The answer is read with Python's own grammar (so 0x10, 1_000 and a trailing
-# "# comment" behave as they do there), but only ast.parse is used: it builds a syntax tree and nothing is
-# compiled or run; the walk below accepts int constants and + - * / nodes, nothing else.
+# The official SoftmaxGRPO rules: Python's own grammar (0x10, 1_000, a trailing "# comment"),
+# through ast.parse only (a syntax tree: nothing is run); the walk accepts ints and + - * / nodes.
 _ACCEPTABLE_CODE = frozenset("0123456789abcdefABCDEFxXoObB_+-*/() \t\n\r\f\\")  # all an accepted answer can hold
 _FLAT_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _EXPONENT = re.compile(r"[eE]([-+]?\d+(?:_\d+)*)\s*\Z")
@@ -248,7 +230,6 @@ def official_is_correct(text, numbers, target):
             and Counter(parsed[1]) == Counter(int(n) for n in numbers))
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Data files.
 def _integer(value, what):
     if isinstance(value, bool) or not isinstance(value, int):
@@ -283,10 +264,8 @@ def row_key(row):
 
 @dataclass
 class CountdownTask:
-    """Countdown task object. num_counts: how many numbers a problem may
-    have (each problem draws one); rules: the chat-style rule set (RULES); format_score: reward for a well-formed
-    but wrong answer (TinyZero: 0.1) in the compact style and under rules="lenient" (the official rules are
-    binary)."""
+    """Countdown task object. num_counts: how many numbers a problem may have (each draws one);
+    rules: RULES; format_score: a well-formed wrong answer's reward (compact and lenient only)."""
 
     num_counts: tuple = (3, 4)
     format_score: float = 0.0

@@ -1,27 +1,20 @@
-"""DeepMath: competition-style math problems with a LaTeX final answer (DeepMath-103K, as in SoftmaxGRPO).
+"""DeepMath: competition math problems with a LaTeX final answer (DeepMath-103K, as SoftmaxGRPO).
 
-Data: rows {"question", "final_answer"} (other columns, such as the R1 solutions, are ignored) from data=PATH
-(a .jsonl or .parquet file, a folder with train and test files, or a folder of the hub snapshot's parquet
-shards), or data="zwhe99/DeepMath-103K" to load it with the `datasets` package (never by default: nothing is
-downloaded unless asked for). The hub data has one split: 1 000 held-out prompts, as SoftmaxGRPO's README runs
-prepare_data.py (--validation-size 1000; at most a tenth of the distinct prompts), ranked by the hash of the
-official boxed prompt's messages as there, so the same questions (tasks/_data.py ranked_holdout). A file in
-verl's format (`prompt` messages, `reward_model.ground_truth`: SoftmaxGRPO's JSON {"answer", ...} or a plain
-answer string) is used verbatim: the chat prompt is the file's messages, whatever answer_style says; a folder
-holding prepare_data.py's train.parquet and validation.parquet keeps its split.
-Verifier, chat style (rules="math_verify", the only one): the official SoftmaxGRPO check, math-verify on the
-completion's final text against the boxed final answer (tasks/_math.py); binary.
-Compact style (tiny char model): the completion, compacted, must equal the compacted final answer.
-Chat prompt, by `answer_style`: "tags" (default; ours) asks for <think> reasoning and the boxed answer in an
-<answer> block; "boxed" is the official SoftmaxGRPO prompt (reason step by step, final answer within \\boxed{};
-no tags). The reward is the same under both: math-verify reads the final text whatever the prompt asked.
+Data: rows {"question", "final_answer"} (other columns ignored) from data=PATH (JSONL or parquet, a
+file, a folder with train and test files or the hub snapshot's shards; verl rows are used verbatim:
+tasks/_data.py), or data="zwhe99/DeepMath-103K" with the `datasets` package (nothing is downloaded
+unless asked for). One split: HOLDOUT held-out prompts ranked as SoftmaxGRPO's prepare_data.py ranks
+them (official_key). Reward (DESIGN.md §6): chat, math-verify on the final text (tasks/_math.py),
+binary; compact, the compacted completion equals the compacted final answer. answer_style: "tags"
+(default; ours) or "boxed" (the official prompt).
 """
 
 import json
 import os
 from dataclasses import dataclass, field
 
-from tasks._data import last_user_text, load_splits, ranked_holdout, sample_rows, truth_answer
+from tasks._data import hub_dataset, last_user_text, load_splits, ranked_holdout, sample_rows, \
+    truth_answer
 from tasks._math import math_answer_is_right, require_math_verify
 from tasks._verify import ANSWER_STYLES, check_answer_style, check_rules, compact_text, completion_text, \
     final_text, math_prompt, rewards_from_columns
@@ -94,16 +87,7 @@ class DeepMathTask:
 
 
 def _splits_from_datasets():
-    try:
-        import datasets  # optional: only for users who have it and are online
-    except ImportError:
-        raise ValueError(f"deepmath: data={HUB_NAME!r} needs the `datasets` package; or pass data=PATH") from None
-    try:
-        loaded = datasets.load_dataset(HUB_NAME, split="train")
-    except Exception as error:  # offline, hub down, ...: one clear line instead of a long traceback
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(f"deepmath: could not load {HUB_NAME} with `datasets` ({first_line}); "
-                         "pass data=PATH") from None
+    loaded = hub_dataset("deepmath", HUB_NAME, split="train")
     rows = []
     for i, row in enumerate(loaded):
         try:

@@ -1,21 +1,12 @@
 """GSM8K: grade-school math word problems with a numeric final answer.
 
-Data: the official JSONL rows {"question", "answer"} where the answer ends in "#### 42", from data=PATH (a
-.jsonl or .parquet file, or a folder with train and test files), or data="openai/gsm8k" to load it with the
-`datasets` package (never by default: nothing is downloaded unless asked for). A file in verl's format (`prompt`
-messages, `reward_model.ground_truth`: SoftmaxGRPO's JSON {"answer", ...} or verl's plain answer string) is used
-verbatim: the chat prompt is the file's messages, whatever answer_style says (tasks/_data.py).
-Verifier, chat style, by `rules`:
-  math_verify (default) the official SoftmaxGRPO check: math-verify on the final text (tasks/_math.py); binary.
-  last_number           ours: the last \\boxed{...} in the answer region, else the last number there, compared as
-                        exact fractions after dropping commas and "$" ("1,000", "$1000", "1000.0" all equal 1000);
-                        format_score for a wrong answer in the think/answer format.
-Compact style, whatever the rules: the last number of the completion.
-Chat prompt, by `answer_style`: "tags" (default; ours) asks for <think> reasoning and an <answer> block; "boxed"
-is the official SoftmaxGRPO prompt (reason step by step, final answer within \\boxed{}; no tags). The
-math_verify reward is the same under both: the official one reads the final text whatever the prompt asked
-(the last \\boxed{} first); under last_number, format_score goes to a wrong answer in the asked-for form
-(the think/answer tags, or a \\boxed{}).
+Data: the official rows {"question", "answer"} (answer ending in "#### 42") from data=PATH (JSONL or
+parquet, a file or a folder; verl rows are used verbatim: tasks/_data.py), or data="openai/gsm8k"
+with the `datasets` package (nothing is downloaded unless asked for). Rules (chat style; DESIGN.md
+§6): `math_verify` (default), the official check (tasks/_math.py), binary; `last_number`, ours: the
+last \\boxed{} in the answer region, else its last number, as exact fractions ("1,000", "$1000",
+"1000.0" all equal 1000), format_score for a wrong answer in the asked-for form. Compact style: the
+last number. answer_style: "tags" (default; ours) or "boxed" (the official prompt).
 """
 
 import os
@@ -23,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from tasks._data import last_user_text, load_splits, sample_rows, truth_answer
+from tasks._data import hub_dataset, last_user_text, load_splits, sample_rows, truth_answer
 from tasks._math import math_answer_is_right, require_math_verify
 from tasks._verify import ANSWER_STYLES, answer_region, check_answer_style, check_rules, completion_text, \
     final_text, has_think_answer_format, last_number, math_prompt, rewards_from_columns
@@ -89,9 +80,7 @@ def from_verl(truth, messages):
 
 @dataclass
 class GSM8KTask:
-    """GSM8K task object; rules: the chat-style rule set (RULES); answer_style: the chat prompt's ask
-    (ANSWER_STYLES: "tags" or the official "boxed"); format_score: rules="last_number" only, reward for a wrong
-    answer given in the asked-for form."""
+    """GSM8K task object; rules: RULES; answer_style: ANSWER_STYLES; format_score: last_number's."""
 
     splits: dict = field(repr=False)
     format_score: float = 0.0
@@ -139,16 +128,7 @@ class GSM8KTask:
 
 
 def _splits_from_datasets():
-    try:
-        import datasets  # optional: only for users who have it and are online
-    except ImportError:
-        raise ValueError(f"gsm8k: data={HUB_NAME!r} needs the `datasets` package; or pass data=PATH") from None
-    try:
-        loaded = datasets.load_dataset(HUB_NAME, "main")
-    except Exception as error:  # offline, hub down, ...: one clear line instead of a long traceback
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(f"gsm8k: could not load {HUB_NAME} with `datasets` ({first_line}); pass data=PATH") from None
-    splits = {}
+    loaded, splits = hub_dataset("gsm8k", HUB_NAME, "main"), {}
     for split in ("train", "test"):
         splits[split] = []
         for i, row in enumerate(loaded[split]):

@@ -1,41 +1,18 @@
 """Knights and Knaves: knights always tell the truth, knaves always lie; find who is who.
 
-Generator (DESIGN.md §6; the logic in tasks/knights_knaves_logic.py): n people each make one statement, a tree of
-depth <= 2 over leaves "X is a knight/knave" with not, and, or, -> and <=> (two operands). Every statement is
-turned into a truth table over all 2^n knight/knave assignments, held as one Python integer with bit a set when
-the statement is true under assignment a (person i is a knight in assignment a iff bit i of a is set). A puzzle is
-kept only when exactly one assignment makes every "person i is a knight <=> statement i" hold, and no two
-statements repeat.
+Generator (tasks/knights_knaves_logic.py), reward, `think_prefill` and the rule sets (`logic_rl`,
+the official Logic-RL / AR-Lopti scorer, default; `lenient`, ours): DESIGN.md §6. Reward: format +1
+/ -1, answer +2 right, -1.5 read but wrong, -2 unreadable or bad format (top score 3); the binary
+variant gives 1.0 for the top score.
 
-Reward: format +1 / -1 (exactly one each of <think>, </think>, <answer>, </answer>, in that order), answer +2
-when every role is right, -1.5 when read but wrong, -2 when unreadable or when the format failed; top score 3.
-Which text is checked depends on `think_prefill` (chat style):
-  False (default)    the completion; one with no <think> and one </think> counts as if "<think>" came first, so
-                     completions written with or without a pre-filled <think> both pass (ours).
-  True               the official setting: the prompt ends in "<think>" after the generation prompt
-                     (assistant_prefill, appended by rollout.render_prompts), and the text checked is what the
-                     Logic-RL / AR-Lopti scorer checks on the decoded prompt + response (logic_rl_response):
-                     "<think>" + completion, cut after its first "Assistant:" if it has one. A completion that
-                     writes its own <think>, or "Assistant:", fails the format there.
-How the answer is read depends on `rules` (chat style):
-  logic_rl (default) the Logic-RL / AR-Lopti scorer (logic_rl_roles): as many "knight"/"knave" substrings as
-                     people, and a literal "<Name> is a knight|knave" for each of them.
-  lenient            ours (parse_roles): any order, "not" flips, "Bob: knave" counts.
-The binary variant gives 1.0 for the top score, else 0.0.
+Compact style: people are letters a, b, c, ...; a leaf is "b1" (b is a knight) or "b0" (b is a
+knave); "-" is not, "*" and, "+" or, ">" implies, "=" iff. Prompt "a:b1*c0,b:-a1,c:a1>b0." ->
+solution "101".
 
-Compact style: people are letters a, b, c, ...; a leaf is "b1" (b is a knight) or "b0" (b is a knave); "-"
-is not, "*" and, "+" or, ">" implies, "=" iff. Prompt "a:b1*c0,b:-a1,c:a1>b0." -> solution "101".
-
-Data file (data=PATH; the generator is the default): Logic-RL's K&K rows (kk/instruct/<n>ppl/train.parquet,
-merge_34567ppl/..., or JSONL with the same fields): the puzzle text `quiz` and `solution_text_format`; or verl
-rows (`prompt` messages, `reward_model.ground_truth` with `solution_text_format`); Logic-RL's parquet files hold
-both, and their verl columns are used. The people and their roles come from solution_text_format read as kk.py
-reads the ground truth (parse_solution_text): each non-empty line's first ASCII word and its first
-knight/knave; a line without them, or no line at all, is a malformed row here (kk.py would skip it). A verl
-row's messages are the chat prompt verbatim (chat style only). A rendered one (Logic-RL's files hold the whole
-ChatML text, ending in "<think>", as their only message: example["rendered_prompt"]) is scored as kk.py scores
-it, on that text + completion cut after its first "Assistant:", else after its first "<|im_start|>assistant",
-whatever think_prefill says. A plain `quiz` row gets our instruction after the quiz (its own question kept).
+Data file (data=PATH; the generator is the default): Logic-RL's K&K rows (`quiz`,
+`solution_text_format`; parquet or JSONL) or verl rows (ground_truth with `solution_text_format`),
+docs/tasks.md. A rendered prompt (example["rendered_prompt"]) is scored as kk.py scores it, whatever
+think_prefill says.
 """
 
 import random
@@ -59,7 +36,6 @@ RULES = ("logic_rl", "lenient")  # chat-style rule sets, default first
 TEST_EVERY = 10  # a puzzle is in the test split when hash(puzzle) % TEST_EVERY == 0
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Rendering: chat text with names and varied sentence templates, and the compact code.
 _SAYS = ('{name} says, "{s}."', '{name} tells you: "{s}."', '"{s}," claims {name}.', 'According to {name}, "{s}."',
          '{name} states: "{s}."', 'In {name}\'s words: "{s}."')
@@ -127,7 +103,6 @@ def make_example(rng, n):
             "answer": answer_text(names, knights)}
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Parsing a model's answer.
 _WORD = re.compile(r"[a-z]+")
 
@@ -186,19 +161,14 @@ def logic_rl_processed(text):
 
 
 def logic_rl_response(completion, prefill=THINK_PREFILL):
-    """The text the Logic-RL / AR-Lopti scorer validates for `completion` when the prompt ended in `prefill`.
-
-    That scorer gets the decoded prompt + response and keeps what follows the first "Assistant:", else what follows
-    the first "<|im_start|>assistant". A chat-template prompt (ours and the official) holds no "Assistant:" and
-    ends in "<|im_start|>assistant\n" + prefill, so the kept text is prefill + completion, unless the completion
-    writes "Assistant:": then only what follows its first one (the prefill is gone). A leading newline, which the
-    official keeps, changes no tag count or order and is left out."""
+    """The text the Logic-RL / AR-Lopti scorer validates for `completion` when a chat-template
+    prompt ended in `prefill`: prefill + completion, or only what follows the completion's first
+    "Assistant:" (logic_rl_processed on the whole; its leading newline changes no tag count)."""
     text = prefill + completion
     cut = text.find("Assistant:")
     return text if cut < 0 else text[cut + len("Assistant:"):]
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Data files (Logic-RL's K&K parquet files, verl rows).
 _TRUTH_LINE = re.compile(r"\b([A-Za-z]+)\b.*?\b(knight|knave)\b", re.IGNORECASE)
 
@@ -242,9 +212,8 @@ def from_verl(truth, messages):
 
 @dataclass
 class KnightsKnavesTask:
-    """Knights-and-Knaves task object. people: puzzle sizes to draw from
-    (3..8); binary: 1/0 reward instead of Logic-RL's -3..3 scale; rules: the chat-style rule set (RULES);
-    think_prefill: the chat prompt ends in "<think>" and the format is checked as the official scorer checks it."""
+    """Knights-and-Knaves task object. people: puzzle sizes (3..8); binary: 1/0 reward instead of
+    Logic-RL's -3..3; rules: RULES; think_prefill: the chat prompt ends in "<think>" (official)."""
 
     people: tuple = (3, 4, 5)
     binary: bool = False

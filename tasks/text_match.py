@@ -1,25 +1,14 @@
-"""Text-similarity tasks (Poetry, MeetingBank, OpenThoughts): non-verifiable, rewarded by overlap with a reference.
+"""Text-similarity tasks (Poetry, MeetingBank, OpenThoughts): rewarded by overlap with a reference.
 
-Data: rows {"prompt", "reference"} from data=PATH (a .jsonl or .parquet file, or a folder with train and test
-files); a reference whose final text has no token left after normalisation is a data error.
-Similarity (DESIGN.md §6, the official SoftmaxGRPO `similarity`) = 0.6 * token F1 + 0.4 * ROUGE-L F, both on
-SQuAD-normalised tokens (lower-case, punctuation and the articles a/an/the removed), written here in plain Python,
-between the final text of the completion (chat style; compact style: the whole completion) and the final text of
-the reference (the official final_text, applied to both as the official code does: chat end tokens dropped, the
-part after the last </think>, its last <answer> block if any).
-Rule sets (RULES, chat style; compact style is always the similarity alone):
-  softmaxgrpo   the similarity (the official reward of the *_sim configs); format_weight > 0 (ours, default 0)
-                blends in our think/answer check: (1 - format_weight) * similarity + format_weight * [format met].
-  openthoughts  the official OpenThoughts reward, 0.65 * similarity + 0.35 * format (format_weight, default
-                0.35), format = 1 when the completion is one non-empty <think> block (the only <think> and
-                </think>, nothing but whitespace before it) followed by non-empty text; <answer> tags are neither
-                needed nor refused. The prompt is then the official OpenThoughts one (its system line, the request as
-                is).
-Bounds: the texts are compared whole, as the official code does. F1 is exact; the ROUGE-L LCS is exact after
-exact reductions (common start and end, tokens the other side lacks) whenever the two remaining lengths multiply
-to at most LCS_CELLS (2^28: e.g. 16 000 tokens each; ~50 ms, <= 32 MiB); past that the lists are cut into k aligned
-pieces and the LCS is the sum of the pieces' (a lower bound, so a 1 MB completion against a 1 MB reference costs
-well under a second).
+Data: rows {"prompt", "reference"} from data=PATH (JSONL or parquet, a file or a folder with train
+and test files); a reference whose final text has no token left after normalisation is a data error.
+Similarity (DESIGN.md §6, the official `similarity`) = 0.6 * token F1 + 0.4 * ROUGE-L F on
+SQuAD-normalised tokens, between the final texts of the completion (compact style: the whole
+completion) and of the reference, compared whole as the official code does. Rule sets (chat style):
+`softmaxgrpo`, the similarity, blended with our think/answer check when format_weight > 0;
+`openthoughts`, the official OpenThoughts reward and prompt, 0.65 * similarity + 0.35 *
+think_then_text. ROUGE-L's LCS is exact up to LCS_CELLS cells after exact reductions, a lower bound
+past that (lcs_length).
 """
 
 import re
@@ -66,10 +55,8 @@ def token_f1(prediction, reference):
 
 
 def _bit_parallel_lcs(a, b):
-    """Exact LCS length of two token lists (Allison & Dix 1986, Hyyro 2004): bit i of V is 0 where the LCS
-    "steps" at position i of the longer list; one big-integer update per token of the shorter list, so the cost
-    is len(b) Python steps on len(a)-bit integers, and the match masks take (tokens of a also in b) * len(a) / 8
-    bytes."""
+    """Exact LCS length of two token lists (Allison & Dix 1986, Hyyro 2004): bit i of V is 0 where
+    the LCS "steps" at position i of the longer list; one big-int update per shorter-list token."""
     if len(a) < len(b):
         a, b = b, a
     if not b:

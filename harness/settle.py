@@ -209,9 +209,12 @@ def print_memory_plan(config):
         print(f"note: no {error}", file=sys.stderr)
         return
     gpu = config.device.startswith("cuda")  # the step's time: the GPU's estimate (a CPU's: benchmarks/step_time.py)
+    proposed = dataclasses.replace(config, **fit[0]) if gpu and fit and fit[0] else None
     print(memory.plan_text(plan, budget, fit) + (f"\n{memory.modes_text(modes, budget)}" if modes else "")
           + (f"\n{memory.step_time_text(shape, config, prompt_length)}{memory.never_on_gpu(vars(config))}"
              if gpu else "")
+          + (f"\n{memory.step_time_text(shape, proposed, prompt_length, 'with the settings that fit', False)}"
+             if proposed else "")
           + ("" if config.max_prompt_length else
              f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
     if not budget:

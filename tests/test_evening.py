@@ -26,14 +26,14 @@ def evening_rows():
     rows = []
     for line in table[2:]:
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        words = shlex.split(cells[0].strip("`"))
+        words = shlex.split(cells[0].split("`")[1])
         if words[0] == "bash":
             script = open(os.path.join(ROOT, words[1])).read()
             words = shlex.split(script[script.index("args=(") + 6:script.index("\n)")], comments=True) + words[2:] \
                 + ["--device", "cuda"]
         else:
             words = prefix + words
-        numbers = [float(n) for n in re.findall(r"[\d.]+", " ".join(cells[1:6]).replace("~", ""))]
+        numbers = [float(n) for n in re.findall(r"[\d.]+", " ".join(cells[1:5]).replace("~", ""))]
         rows.append((words, dict(zip(("peak", "needs", "seconds", "per_hour", "host", "checkpoint"), numbers))))
     return rows
 

@@ -4,14 +4,10 @@
     plan = memory_plan(shape, config, prompt_length)
     print(plan_text(plan))                         # --dry-run prints it; --memory-budget adds fitting_settings()
 
-Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak RSS). A run holds
-all the time the weights and gradients in --param-dtype (bf16: with fp32 masters), AdamW's moments (LoRA: the
-adapters'), the reference policy of --kl-coef (LoRA: the policy, adapters off); on top, at different moments (the
-peak takes the larger) the rollout's KV cache and sampling logits, or the update's activations of one micro-batch
-and its float32 log-prob logits (or AdamW's step temporaries).
-Simplifications, each one line below: attention saves no [S, S] matrix (SDPA's flash/efficient kernels; true on
-CPU and GPU here), every completion runs to --max-new-tokens, and the prompt length is --max-prompt-length (or a
-guess the plan names).
+Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak
+RSS); what a run holds and when: memory_plan's docstring. Simplifications, each one line below:
+attention saves no [S, S] matrix, every completion runs to --max-new-tokens, the prompt length is
+--max-prompt-length or a guess.
 """
 import dataclasses
 import json
@@ -219,11 +215,11 @@ def memory_plan(shape, config, prompt_length):
     # (master_weights.py; bf16-sr and --step-in-backward keep none)
     moments = int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained)  # AdamW's moments:
     # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
-    # --fast-generate keeps its static cache and, on CUDA, its graphs' pool on the model between calls
-    # (fast/decode_loop.py), so through the update: under bf16 autocast the pool holds bf16 copies of the
-    # fp32 trained weights (autocast's cast cache, cast in the first graph) and 4 float32 [rows, V]
+    # --fast-generate keeps its static cache and, on CUDA, its graphs' pool on the model between
+    # calls (fast/decode_loop.py), so through the update: under bf16 autocast the pool holds bf16
+    # copies of the fp32 trained weights (autocast's cast cache) and 4 float32 [rows, V]
     fast, cuda, rows_kv = config.fast_generate, config.device.startswith("cuda"), \
-        compute * 2 * L * kv * max(generate_rows, eval_rows)  # bytes of a position's K and V, all rows
+        compute * 2 * L * kv * max(generate_rows, eval_rows)  # a position's K and V, all rows
     plan = {
         "weights": weights,
         "gradients": stored * (largest_gradient(shape, config) if in_backward else trained),
@@ -501,10 +497,10 @@ GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datashe
     "L4": dict(bf16=121e12, fp16=121e12, fp32=30.3e12, bandwidth=0.3e12),
     "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
 }  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
-EFFICIENCY = 0.4  # the share of a card's datasheet peaks its kernels reach: a guess (a round eager figure)
-# Host seconds at 24 layers per generate call, decode token, micro-batch's forward + backward and optimizer
-# step, fitted to the one GPU log of the step (H200, HF's cache; 16 prompts x 8 x 256, micro-batch 16; each
-# phase 20-80x its floor; its update's head ran IEEE fp32, TF32 since: an upper bound)
+EFFICIENCY = 0.4  # the share of a card's datasheet peaks its kernels reach: a guess, a round figure
+# Host seconds at 24 layers per generate call, decode token, micro-batch's forward + backward and
+# optimizer step, fitted to the one GPU log of the step (H200, HF's cache; 16 prompts x 8 x 256,
+# micro-batch 16; each phase 20-80x its floor; its head ran IEEE fp32, TF32 since: an upper bound)
 HOST, HOST_SOURCE = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132), \
     "lab/logs/gpu-h200-27cee0c/r2-concat.txt"
 FAST_DECODE = 3.1e-3  # --fast-generate's decode token at 24 layers: a guess no GPU has measured (a
@@ -562,10 +558,12 @@ def step_time_text(shape, config, prompt_length, what="at this run's settings", 
         phases = step_phases(shape, config, prompt_length, peaks)
         seconds, bound = sum(map(max, phases.values())), ", ".join(p for p, (d, h) in phases.items() if d > h)
         return f"{name} ~{seconds:.3g} s ({3600 / seconds:.0f} an hour{'; device-bound: ' + bound if bound else ''})"
-    loop = "--fast-generate's decode token a guess (no GPU has run it), " if config.fast_generate else ""
+    loop = "--fast-generate's decode token a guess (no GPU has run it), " if config.fast_generate \
+        else ""
     return f"  step time {what}" + (
-        f" (estimated per phase, the larger of its device time, the floor at a guessed {EFFICIENCY:.0%}"
-        " of the datasheet peaks, and its host time per generate call, decode token, micro-batch and"
+        " (estimated per phase, the larger of its device time, the floor at a guessed"
+        f" {EFFICIENCY:.0%} of the datasheet peaks, and its host time per generate call, decode"
+        " token, micro-batch and"
         f" optimizer step fitted to one H200 log ({HOST_SOURCE}) x layers / 24; {loop}every row to"
         " --max-new-tokens, no held-out eval; not measured at this shape)" if caption else "") \
         + ": " + ", ".join(card(*item) for item in GPU_PEAKS.items())
@@ -599,8 +597,8 @@ def plan_text(plan, budget=None, fit=None):
                  f"({headroom_text(a['device'])})")
     copies = f"up to {a['keep'] + 1} while one saves (--keep-checkpoints {a['keep']})" \
         if a["keep"] else "all kept"
-    lines.append(f"  a checkpoint on disk: {a['checkpoint'] / GB:.3f} GB (weights, masters, moments), "
-                 + copies)
+    lines.append(f"  a checkpoint on disk: {a['checkpoint'] / GB:.3f} GB (weights, masters, "
+                 f"moments), {copies}")
     if budget is not None:
         lines.append(f"  budget {budget / GB:.1f} GB, fits when {headroom_text(a['device'])} <= budget: "
                      + fit_text(plan, budget, fit))

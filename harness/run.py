@@ -72,8 +72,8 @@ class RunState:
     eval_examples: list = None
     watch: Watch = None               # the notes on whether the run learns (harness/watch.py)
     split_rows: int = None            # the task's held-out split's size (None: a generated split, any size)
-    saved_at: float = 0.0             # time.time() of the last checkpoint (or of begin): --save-minutes counts from it
-    phase: str = None                 # the clock's phase running now ("eval" in the held-out eval), for the OOM line
+    saved_at: float = 0.0             # time.time() of the last save (or begin): for --save-minutes
+    phase: str = None                 # the clock's phase now ("eval": the held-out eval)
 
     @property
     def exit_code(self):
@@ -224,15 +224,16 @@ class RunState:
             say(f"step {record.step}: its page is {after_update(record, self.model, stats)}")
 
     def end_of_step(self, step):
-        """The held-out eval and the checkpoint when due (every eval_every / save_every steps, save_minutes after
-        the last save, the last step, and a checkpoint after Ctrl-C or after --idle-stop steps in a row that learned
-        nothing). -> True when the loop should stop (then exit_code says why)."""
+        """The held-out eval and the checkpoint when due (every eval_every / save_every steps, the
+        last step, save_minutes after the last save, and after Ctrl-C or after --idle-stop steps in
+        a row that learned nothing). -> True when the loop should stop (then exit_code says why)."""
         self.step = step
         self.idle_stopped = 0 < self.config.idle_stop <= self.idle_streak and step < self.config.steps
         if step % self.config.eval_every == 0 or step == self.config.steps or self.idle_stopped:
             self.eval_now(step)
-        late = self.config.save_minutes and time.time() - self.saved_at >= 60 * self.config.save_minutes
-        if step % self.config.save_every == 0 or step == self.config.steps or late or self.stopped or self.idle_stopped:
+        late = time.time() - self.saved_at >= 60 * (self.config.save_minutes or 0) > 0
+        if step % self.config.save_every == 0 or step == self.config.steps or late or self.stopped \
+                or self.idle_stopped:
             self.save(step)
         if self.stopped:
             say(f"stopped at step {step}; continue with {advice.resume_command(self.config)}")
@@ -259,24 +260,23 @@ class RunState:
 
 
 def out_of_memory(state, saved):
-    """The line a CUDA out-of-memory error becomes: where it struck, the setting to lower (generate's rows in the
-    rollout and the eval, else the update's micro-batch) and the command that goes on with it."""
-    config, rows = state.config, state.config.prompts_per_step * state.config.num_generations
+    """The line a CUDA out-of-memory error becomes: the setting to lower where it struck (a
+    generate call's rows in the rollout and the eval, else the micro-batch) and the command on."""
+    config, M, phase = state.config, state.config.num_generations, state.phase
+    rows = min(config.rollout_batch or EVAL_BATCH, config.eval_size) if phase == "eval" else \
+        min(config.rollout_batch or M * config.prompts_per_step, M * config.prompts_per_step)
+    flag, now = ("--rollout-batch", rows) if phase in ("rollout", "eval") else \
+        ("--micro-batch", config.micro_batch)
+    lower = max(M, now // 2 // M * M) if flag == "--rollout-batch" else max(1, now // 2)
+    where = f"the held-out eval after step {state.step}" if phase == "eval" else \
+        f"step {state.step + 1}'s {phase or 'update'}"
+    fit = "--dry-run --memory-budget <the card's memory> prints settings that fit"
     if state.model is None:
-        return f"{config.device} ran out of memory before step 1, building the policy: --dry-run --memory-budget " \
-            "<the card's memory> prints settings that fit"
-    generating, M = state.phase in ("rollout", "eval"), config.num_generations
-    rows = min(config.rollout_batch or EVAL_BATCH, config.eval_size) if state.phase == "eval" else rows
-    now = min(config.rollout_batch or rows, rows) if generating else config.micro_batch
-    lower = max(M, now // 2 // M * M) if generating else max(1, now // 2)
-    flag = "--rollout-batch" if generating else "--micro-batch"
-    where = f"the held-out eval after step {state.step}" if state.phase == "eval" else \
-        f"step {state.step + 1}'s {state.phase or 'update'}"
-    go_on = f"{advice.resume_command(config, flag, lower)} continues from checkpoint-{saved[-1]}" if saved else \
-        f"no checkpoint yet: the same command with {flag} {lower} starts afresh"
+        return f"{config.device} ran out of memory building the policy: " + fit
     if lower == now:
-        return f"{config.device} ran out of memory in {where} at {flag} {now}, the least it takes: --dry-run " \
-            "--memory-budget <the card's memory> prints settings that fit"
+        return f"{config.device} ran out of memory in {where} at {flag} {now}, the least: " + fit
+    go_on = f"{advice.resume_command(config, flag, lower)} continues from checkpoint-{saved[-1]}" \
+        if saved else f"no checkpoint yet: the same command with {flag} {lower} starts afresh"
     return f"{config.device} ran out of memory in {where} at {flag} {now}: lower it; {go_on}"
 
 
@@ -359,7 +359,7 @@ def start(config):
             raise
         except (RewardTimeout, tasks.TaskError) as error:  # a reward that hung or returned no number: one line
             raise InputError(str(error)) from None
-        except torch.OutOfMemoryError:  # the card's memory: one line, the setting to lower and how to go on
+        except torch.OutOfMemoryError:  # one line: the setting to lower, how to go on
             raise RunError(out_of_memory(state, checkpoint_steps(config.output_dir))) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)

@@ -139,7 +139,7 @@ def test_an_out_of_memory_error_is_one_line_naming_the_setting_and_the_resume(tm
     assert "step 8's rollout at --rollout-batch 256" in line and "same command with --rollout-batch 128" in line
     line = out_of_memory_line(tmp_path, monkeypatch, "rollout")
     assert "at --rollout-batch 512" in line and "--rollout-batch 256" in line
-    assert "the least it takes" in out_of_memory_line(tmp_path, monkeypatch, "log-prob forward", micro_batch=1)
+    assert "--micro-batch 1, the least" in out_of_memory_line(tmp_path, monkeypatch, "log-prob forward", micro_batch=1)
 
 
 # --- the host's memory for offloaded states -----------------------------------------------------------------------

@@ -183,9 +183,15 @@ def reference_of(model, config):
     return (without_adapters(model) if config.lora_rank else copy.deepcopy(model)).eval().requires_grad_(False)
 
 
-def lean(args):
-    """The Config fields of --step-in-backward: it steps each weight in backward, so nothing clips (--grad-clip 0)."""
-    return {"step_in_backward": True, "grad_clip": 0.0} if args.step_in_backward else {}
+def step_config(args, **fields):
+    """The step's Config from the command line (--step-in-backward: nothing clips, --grad-clip 0)."""
+    lean = {"step_in_backward": True, "grad_clip": 0.0} if args.step_in_backward else {}
+    return Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
+                  max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch,
+                  micro_batch=args.micro_batch, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
+                  gradient_checkpointing=args.gradient_checkpointing, param_dtype=args.param_dtype,
+                  optimizer=args.optimizer, base_dtype=args.base_dtype,
+                  optimizer_offload=args.optimizer_offload, **{**lean, **fields})
 
 
 def measure(args):
@@ -194,12 +200,7 @@ def measure(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") or args.param_dtype != "fp32" else "fp32")
-    config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
-                    max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
-                    dtype=dtype, device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
-                    gradient_checkpointing=args.gradient_checkpointing, lr=1e-5,
-                    param_dtype=args.param_dtype, optimizer=args.optimizer, base_dtype=args.base_dtype,
-                    optimizer_offload=args.optimizer_offload, **lean(args)).validate()
+    config = step_config(args, dtype=dtype, device=args.device, lr=1e-5).validate()
     model, tokenizer, task = build(args, config)
     weight_bytes = sum(map(tensor_bytes, [*model.parameters(), *model.buffers()]))
     if args.device.startswith("cuda"):
@@ -244,12 +245,7 @@ def plan_only(args):
     from transformers import Qwen2Config
 
     from benchmarks.random_model_step import SHAPES
-    config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
-                    max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch, micro_batch=args.micro_batch,
-                    dtype=args.dtype or "bf16", device=args.device, kl_coef=args.kl_coef, lora_rank=args.lora_rank,
-                    gradient_checkpointing=args.gradient_checkpointing, param_dtype=args.param_dtype,
-                    optimizer=args.optimizer, base_dtype=args.base_dtype,
-                    optimizer_offload=args.optimizer_offload, **lean(args)).validate()
+    config = step_config(args, dtype=args.dtype or "bf16", device=args.device).validate()
     plan = memory.memory_plan(memory.shape_from_config(Qwen2Config(**SHAPES[args.model])), config, 32)
     print(f"PLAN {args.model} {args.setting or 'base'}: planned {plan['peak'] / 2**30:.2f} GiB (rollout "
           f"{plan['rollout_peak'] / 2**30:.2f}, update {plan['update_peak'] / 2**30:.2f})"
@@ -421,13 +417,9 @@ def replan(table, log):
         r = json.loads(line)
         r["setting"] = r["setting"] or " ".join(settings[index])  # (logs written before labels were kept)
         args = parser().parse_args(base + ([] if r["setting"] in ("", "base") else r["setting"].split()))
-        config = Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
-                        max_new_tokens=r["completion_tokens"], rollout_batch=args.rollout_batch,
-                        micro_batch=args.micro_batch, dtype=r["dtype"], device=r["device"], kl_coef=args.kl_coef,
-                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing,
-                        param_dtype=r.get("param_dtype", "fp32"), optimizer=r.get("optimizer", "adamw"),
-                        base_dtype=r.get("base_dtype"), optimizer_offload=r.get("optimizer_offload", False),
-                        **lean(args))
+        config = step_config(args, max_new_tokens=r["completion_tokens"], dtype=r["dtype"], device=r["device"],
+                             param_dtype=r.get("param_dtype", "fp32"), optimizer=r.get("optimizer", "adamw"),
+                             base_dtype=r.get("base_dtype"), optimizer_offload=r.get("optimizer_offload", False))
         shape = memory.model_shape(dataclasses.replace(config, model=args.model, tiny_hidden=args.tiny_hidden,
                                                        tiny_layers=args.tiny_layers))
         print(table_row(r, memory.memory_plan(shape, config, r["prompt_tokens"])))

@@ -178,6 +178,9 @@ class Config:
                                     "one line naming the task (0 = no limit; a pure-Python loop is interrupted, a "
                                     "C call that never returns too: it runs in a worker process)", resumable=True)
     save_every: int = setting(50, "checkpoint every N steps", resumable=True)
+    save_minutes: float | None = setting(None, "also checkpoint after a step once this many "
+                                         "minutes have passed since the last save (0 = never); "
+                                         "none = 30 on CUDA, else 0", resumable=True)
     keep_checkpoints: int = setting(2, "newest checkpoints kept (0 = all)", resumable=True)
     seed: int = setting(0, "seed of the weights (tiny), prompts, sampling")
     device: str = setting("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N, mps", resumable=True)
@@ -308,6 +311,8 @@ class Config:
                 (0 < self.top_p <= 1, "--top-p must lie in (0, 1]"),
                 (self.eval_every >= 1, "--eval-every must be >= 1"),
                 (self.save_every >= 1, "--save-every must be >= 1"),
+                (self.save_minutes is None or self.save_minutes >= 0,
+                 "--save-minutes must be >= 0"),
                 (self.inspect_every is None or self.inspect_every >= 1, "--inspect-every must be >= 1"),
                 (1 <= self.eval_size <= MAX_PROMPTS, f"--eval-size must lie in [1, {MAX_PROMPTS}]"),
                 (self.reward_timeout >= 0, "--reward-timeout must be >= 0 (0 = no limit)"),

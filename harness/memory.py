@@ -4,14 +4,10 @@
     plan = memory_plan(shape, config, prompt_length)
     print(plan_text(plan))                         # --dry-run prints it; --memory-budget adds fitting_settings()
 
-Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak RSS). A run holds
-all the time the weights and gradients in --param-dtype (bf16: with fp32 masters), AdamW's moments (LoRA: the
-adapters'), the reference policy of --kl-coef (LoRA: the policy, adapters off); on top, at different moments (the
-peak takes the larger) the rollout's KV cache and sampling logits, or the update's activations of one micro-batch
-and its float32 log-prob logits (or AdamW's step temporaries).
-Simplifications, each one line below: attention saves no [S, S] matrix (SDPA's flash/efficient kernels; true on
-CPU and GPU here), every completion runs to --max-new-tokens, and the prompt length is --max-prompt-length (or a
-guess the plan names).
+Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak
+RSS); what a run holds and when: memory_plan's docstring. Simplifications, each one line below:
+attention saves no [S, S] matrix, every completion runs to --max-new-tokens, the prompt length is
+--max-prompt-length or a guess.
 """
 import dataclasses
 import json
@@ -27,6 +23,7 @@ PROMPT_GUESS = {"compact": 16, "chat": 256}  # tokens, when --max-prompt-length 
 # docs/performance.md) plus, on CUDA, CUDA_CONTEXT (the context and cuBLAS workspaces, outside torch's allocator).
 PLAN_ERROR = 0.20
 CUDA_CONTEXT = 1e9
+CACHE_BUCKET = 64  # fast/kv_cache.py's: --fast-generate's static cache is a multiple of this long
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -218,13 +215,20 @@ def memory_plan(shape, config, prompt_length):
     # (master_weights.py; bf16-sr and --step-in-backward keep none)
     moments = int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained)  # AdamW's moments:
     # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
+    # --fast-generate keeps its static cache and, on CUDA, its graphs' pool on the model between
+    # calls (fast/decode_loop.py), so through the update: under bf16 autocast the pool holds bf16
+    # copies of the fp32 trained weights (autocast's cast cache) and 4 float32 [rows, V]
+    fast, cuda, rows_kv = config.fast_generate, config.device.startswith("cuda"), \
+        compute * 2 * L * kv * max(generate_rows, eval_rows)  # a position's K and V, all rows
     plan = {
         "weights": weights,
         "gradients": stored * (largest_gradient(shape, config) if in_backward else trained),
         "master_weights": 0 if offload else masters,
         "optimizer": 0 if offload else moments,
         "reference": stored * shape.parameters() if config.kl_coef > 0 and not config.lora_rank else 0,
-        "kv_cache": compute * 2 * L * kv * max(generate_rows, eval_rows) * (P + T),
+        "kv_cache": rows_kv * (P + T) * (not fast),
+        "static_cache": rows_kv * -(-(P + T) // CACHE_BUCKET) * CACHE_BUCKET * fast,
+        "graph_pool": (autocast_copies + 16 * shape.vocab * generate_rows) if fast and cuda else 0,
         "sampling_logits": 3 * 4 * shape.vocab * max(generate_rows, eval_rows),  # float32 logits, scaled, softmax of one token
         "activations": layer_activations + gqa_copies + 8 * H * tokens + autocast_copies + head_copy,  # + the
         # final norm's input and output
@@ -245,6 +249,8 @@ def memory_plan(shape, config, prompt_length):
         # --optimizer-offload on CUDA: the new weight's fp32 copy on the card as copy_ converts it, one at a time
         "offloaded": masters + moments if offload else 0,  # in CPU memory, not in the peak
     }
+    # a checkpoint: the weights as stored (LoRA: its adapters; a tied head once), masters, moments
+    checkpoint = stored * (trained if config.lora_rank else shape.parameters()) + masters + moments
     held = sum(plan[name] for name in HELD)
     if any(value < 0 for value in plan.values()):  # cannot happen after check_inputs; a plan never "fits" by it
         raise ValueError(f"memory plan: a negative part {min(plan, key=plan.get)}")
@@ -257,7 +263,8 @@ def memory_plan(shape, config, prompt_length):
     grads_in_forward = plan["gradients"] if micro_batches > 1 and not in_backward else 0
     grads_in_rollout = plan["gradients"] if stored == 4 and not offload and not lean else 0
     stepped_in_backward = plan["gradients"] + plan["optimizer_step"] if in_backward else 0
-    always = held - plan["gradients"]  # what every phase holds; the gradients are counted per phase here
+    # what every phase holds (the gradients are counted per phase here)
+    always = held - plan["gradients"] + plan["static_cache"] + plan["graph_pool"]
     plan["rollout_peak"] = always + grads_in_rollout + plan["kv_cache"] + plan["sampling_logits"] \
         + plan["nf4_dequantized"]
     plan["update_peak"] = always + max(grads_in_forward + plan["activations"] + plan["backward"] + plan["logit_chunk"]
@@ -268,7 +275,8 @@ def memory_plan(shape, config, prompt_length):
                            eval_rows=eval_rows, head_tokens_at_once=at_once,
                            micro_batch=micro, trained_parameters=trained, parameters=shape.parameters(),
                            device=config.device, compute_dtype="bf16" if compute == 2 else "fp32",
-                           kl_coef=config.kl_coef,
+                           kl_coef=config.kl_coef, checkpoint=checkpoint,
+                           keep=config.keep_checkpoints,
                            weights_dtype=config.param_dtype + (", NF4 base" if nf4 else "")
                            + (", stepped in backward" if in_backward else ""))
     return plan
@@ -336,8 +344,9 @@ def headroom_text(device):
 
 
 HELD = ("weights", "gradients", "master_weights", "optimizer", "reference")  # held all the time, whatever the batch
-PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "kv_cache", "sampling_logits",
-         "activations", "backward", "nf4_dequantized", "logit_chunk", "head_gradients", "optimizer_step")
+PARTS = ("weights", "gradients", "master_weights", "optimizer", "reference", "static_cache",
+         "graph_pool", "kv_cache", "sampling_logits", "activations", "backward", "nf4_dequantized",
+         "logit_chunk", "head_gradients", "optimizer_step")
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # torchao's NF4: 4 bits a weight, an int8 scale per 64, a float32 per 256
 # scales (harness/model.py's NF4_BLOCK, NF4_SCALER_BLOCK; measured: 0.5158 bytes a weight of a 896 x 896 matrix)
 
@@ -488,11 +497,14 @@ GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datashe
     "L4": dict(bf16=121e12, fp16=121e12, fp32=30.3e12, bandwidth=0.3e12),
     "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
 }  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
-EFFICIENCY = 0.4  # the share of a card's datasheet peaks the step's kernels reach (typed: a round eager figure)
-# Host seconds at 24 layers per generate call, decode token, micro-batch's forward + backward and optimizer step, from
-# the one GPU log of the step (H200, HF's cache; 16 prompts x 8 x 256, micro-batch 16; each phase 20-80x its floor)
+EFFICIENCY = 0.4  # the share of a card's datasheet peaks its kernels reach: a guess, a round figure
+# Host seconds at 24 layers per generate call, decode token, micro-batch's forward + backward and
+# optimizer step, fitted to the one GPU log of the step (H200, HF's cache; 16 prompts x 8 x 256,
+# micro-batch 16; each phase 20-80x its floor; its head ran IEEE fp32, TF32 since: an upper bound)
 HOST, HOST_SOURCE = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132), \
-    "lab/logs/gpu-h200-27cee0c/r2-concat.txt"  # its update's head ran IEEE fp32 (TF32 since): an upper bound
+    "lab/logs/gpu-h200-27cee0c/r2-concat.txt"
+FAST_DECODE = 3.1e-3  # --fast-generate's decode token at 24 layers: a guess no GPU has measured (a
+# source read's inference: ~1 200 kernels a token in one CUDA graph at ~2.5 us each)
 CPU_ADAMW, PCIE = 10e9, 25e9  # --optimizer-offload: bytes/s of a CPU's AdamW and of the card's link (typed)
 # The settings no GPU has finished a step with: the one GPU run (lab/logs/gpu-h200-27cee0c) ran the default step
 # (fp32 weights, bf16 autocast); its --gradient-checkpointing runs and the 24 GB plan's bf16-sr + 8-bit moments +
@@ -532,23 +544,29 @@ def step_phases(shape, config, prompt_length, peaks):
     steps = passes * config.mini_batches
     offload = trained * (28 / CPU_ADAMW + 6 / PCIE) if config.optimizer_offload else 0  # fp32 grads out, bf16 back
     return {"prefill": (prefill, HOST["prefill"] * len(calls) * scale),
-            "decode": (decode, HOST["decode"] * T * len(calls) * scale),
+            "decode": (decode, (FAST_DECODE if config.fast_generate else HOST["decode"]) * T
+                       * len(calls) * scale),
             "update": (work * floor(3 * forward, 3 * len(chunks) * weights * b),
                        HOST["update"] * work * len(chunks) * scale),
             "optimizer": (0 if offload else steps * 28 * trained / bandwidth,
                           offload or steps * HOST["optimizer"] * scale)}
 
 
-def step_time_text(shape, config, prompt_length):
+def step_time_text(shape, config, prompt_length, what="at this run's settings", caption=True):
     """One line: step_phases' step (each phase's larger time, summed) and steps an hour on each card of GPU_PEAKS."""
     def card(name, peaks):
         phases = step_phases(shape, config, prompt_length, peaks)
         seconds, bound = sum(map(max, phases.values())), ", ".join(p for p, (d, h) in phases.items() if d > h)
         return f"{name} ~{seconds:.3g} s ({3600 / seconds:.0f} an hour{'; device-bound: ' + bound if bound else ''})"
-    return (f"  step time at this run's settings (estimated per phase, the larger of its device time, the floor at "
-            f"{EFFICIENCY:.0%} of the datasheet peaks, and its host time per generate call, decode token, micro-batch "
-            f"and optimizer step from one H200 ({HOST_SOURCE}) x layers / 24; every row to --max-new-tokens, no "
-            f"held-out eval; not measured at this shape): " + ", ".join(card(*item) for item in GPU_PEAKS.items()))
+    loop = "--fast-generate's decode token a guess (no GPU has run it), " if config.fast_generate \
+        else ""
+    return f"  step time {what}" + (
+        " (estimated per phase, the larger of its device time, the floor at a guessed"
+        f" {EFFICIENCY:.0%} of the datasheet peaks, and its host time per generate call, decode"
+        " token, micro-batch and"
+        f" optimizer step fitted to one H200 log ({HOST_SOURCE}) x layers / 24; {loop}every row to"
+        " --max-new-tokens, no held-out eval; not measured at this shape)" if caption else "") \
+        + ": " + ", ".join(card(*item) for item in GPU_PEAKS.items())
 
 
 def never_on_gpu(changes):
@@ -575,7 +593,12 @@ def plan_text(plan, budget=None, fit=None):
         lines.append(f"  (in CPU memory, not in the peak: {plan['offloaded'] / GB:.3f} GB of fp32 master weights and "
                      "AdamW's moments, --optimizer-offload)")
     lines.append(f"  peak: {plan['peak'] / GB:.3f} GB (rollout phase {plan['rollout_peak'] / GB:.3f}, "
-                 f"update phase {plan['update_peak'] / GB:.3f})")
+                 f"update phase {plan['update_peak'] / GB:.3f}); needs {needed(plan) / GB:.3f} GB "
+                 f"({headroom_text(a['device'])})")
+    copies = f"up to {a['keep'] + 1} while one saves (--keep-checkpoints {a['keep']})" \
+        if a["keep"] else "all kept"
+    lines.append(f"  a checkpoint on disk: {a['checkpoint'] / GB:.3f} GB (weights, masters, "
+                 f"moments), {copies}")
     if budget is not None:
         lines.append(f"  budget {budget / GB:.1f} GB, fits when {headroom_text(a['device'])} <= budget: "
                      + fit_text(plan, budget, fit))

@@ -31,6 +31,7 @@ from harness.checkpoint import (checkpoint_step, checkpoint_steps, holds_a_run, 
 from harness.config import Config, InputError
 from harness.console import SAMPLES_SHOWN, sample_line, say
 from harness.files import RunError, write_failed
+from harness.memory import EVAL_BATCH
 from harness.metrics import append_metrics, metrics_rows, rewrite_metrics
 from harness.model import policy_digest
 from harness.policy import restore_trainer_state
@@ -71,6 +72,8 @@ class RunState:
     eval_examples: list = None
     watch: Watch = None               # the notes on whether the run learns (harness/watch.py)
     split_rows: int = None            # the task's held-out split's size (None: a generated split, any size)
+    saved_at: float = 0.0             # time.time() of the last save (or begin): for --save-minutes
+    phase: str = None                 # the clock's phase now ("eval": the held-out eval)
 
     @property
     def exit_code(self):
@@ -131,15 +134,16 @@ class RunState:
         else:  # the loggers first; metrics.jsonl is then created by the step-0 eval's row below
             self.reporters = report.open_reporters(self.config, 0)
             self.initial_eval = self.eval_now(0)
-        self.step_started = time.time()
+        self.step_started = self.saved_at = time.time()
 
     @contextlib.contextmanager
     def clock(self, name):
-        start = time.time()
+        start, self.phase = time.time(), name
         try:
             yield
         finally:
             self.phase_seconds[name] += time.time() - start
+        self.phase = None  # not after an error: the out-of-memory line names the phase
 
     def log(self, row, *, tokens):
         """Append one step's metrics (plus its timings) to metrics.jsonl. -> the row written."""
@@ -181,8 +185,8 @@ class RunState:
 
     def eval_now(self, step, shown=SAMPLES_SHOWN):
         """The held-out eval, logged as an eval row; prints its numbers and the first `shown` greedy completions."""
-        samples = []
-        self.last_eval = (step, self.evaluate(samples))
+        samples, self.phase = [], "eval"
+        self.last_eval, self.phase = (step, self.evaluate(samples)), None  # an error leaves "eval"
         append_metrics(self.metrics_path, {"step": step, "eval": True, **self.last_eval[1]})
         self.reporters.row({"step": step, "eval": True, **self.last_eval[1]})
         self.reporters.samples(step, samples, self.eval_prompts)
@@ -220,14 +224,16 @@ class RunState:
             say(f"step {record.step}: its page is {after_update(record, self.model, stats)}")
 
     def end_of_step(self, step):
-        """The held-out eval and the checkpoint when due (every eval_every / save_every steps, the last step, and
-        a checkpoint after Ctrl-C or after --idle-stop steps in a row that learned nothing). -> True when the loop
-        should stop (then exit_code says why)."""
+        """The held-out eval and the checkpoint when due (every eval_every / save_every steps, the
+        last step, save_minutes after the last save, and after Ctrl-C or after --idle-stop steps in
+        a row that learned nothing). -> True when the loop should stop (then exit_code says why)."""
         self.step = step
         self.idle_stopped = 0 < self.config.idle_stop <= self.idle_streak and step < self.config.steps
         if step % self.config.eval_every == 0 or step == self.config.steps or self.idle_stopped:
             self.eval_now(step)
-        if step % self.config.save_every == 0 or step == self.config.steps or self.stopped or self.idle_stopped:
+        late = time.time() - self.saved_at >= 60 * (self.config.save_minutes or 0) > 0
+        if step % self.config.save_every == 0 or step == self.config.steps or late or self.stopped \
+                or self.idle_stopped:
             self.save(step)
         if self.stopped:
             say(f"stopped at step {step}; continue with {advice.resume_command(self.config)}")
@@ -244,12 +250,34 @@ class RunState:
                          "optimizer": self.optimizer.state_dict(), "rng": rng_state()}
         save_checkpoint(self.config.output_dir, step, self.model, self.tokenizer, trainer_state,
                         self.config.saved(), keep=self.config.keep_checkpoints, log=say)
+        self.saved_at = time.time()
 
     def final_eval(self):
         """The eval of the final weights: the one at the last step if there was one, else a new one."""
         if self.last_eval[0] != self.step or self.last_eval[1] is None:
             self.last_eval = (self.step, self.evaluate([]))  # kept: the end table's noise line reads it
         return self.last_eval[1]
+
+
+def out_of_memory(state, saved):
+    """The line a CUDA out-of-memory error becomes: the setting to lower where it struck (a
+    generate call's rows in the rollout and the eval, else the micro-batch) and the command on."""
+    config, M, phase = state.config, state.config.num_generations, state.phase
+    rows = min(config.rollout_batch or EVAL_BATCH, config.eval_size) if phase == "eval" else \
+        min(config.rollout_batch or M * config.prompts_per_step, M * config.prompts_per_step)
+    flag, now = ("--rollout-batch", rows) if phase in ("rollout", "eval") else \
+        ("--micro-batch", config.micro_batch)
+    lower = max(M, now // 2 // M * M) if flag == "--rollout-batch" else max(1, now // 2)
+    where = f"the held-out eval after step {state.step}" if phase == "eval" else \
+        f"step {state.step + 1}'s {phase or 'update'}"
+    fit = "--dry-run --memory-budget <the card's memory> prints settings that fit"
+    if state.model is None:
+        return f"{config.device} ran out of memory building the policy: " + fit
+    if lower == now:
+        return f"{config.device} ran out of memory in {where} at {flag} {now}, the least: " + fit
+    go_on = f"{advice.resume_command(config, flag, lower)} continues from checkpoint-{saved[-1]}" \
+        if saved else f"no checkpoint yet: the same command with {flag} {lower} starts afresh"
+    return f"{config.device} ran out of memory in {where} at {flag} {now}: lower it; {go_on}"
 
 
 UNSAVED_METRICS = "unsaved-metrics.jsonl"  # where set_aside_unsaved_metrics keeps such a run's rows
@@ -331,6 +359,8 @@ def start(config):
             raise
         except (RewardTimeout, tasks.TaskError) as error:  # a reward that hung or returned no number: one line
             raise InputError(str(error)) from None
+        except torch.OutOfMemoryError:  # one line: the setting to lower, how to go on
+            raise RunError(out_of_memory(state, checkpoint_steps(config.output_dir))) from None
         except Exception:  # a bug in the code: its traceback follows this line, the folder is unlocked
             saved = checkpoint_steps(config.output_dir)
             where = f"in step {state.step + 1}" if state.model is not None else f"before step {state.step + 1}"

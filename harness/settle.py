@@ -128,6 +128,9 @@ def task_file(config):
     return dataclasses.replace(config, task_file_sha256=digest)
 
 
+SAVE_MINUTES = 30.0  # --save-minutes on CUDA: a crash costs at most this much of an evening
+
+
 def hardware(config):
     """A copy of config with --device and --dtype "auto" decided for this machine: bf16 on a CUDA card with bf16
     (Ampere and newer) or under --param-dtype bf16, else fp32. A card without it (a T4, Colab's free card, or a
@@ -151,7 +154,8 @@ def hardware(config):
         say(f"note: {torch.cuda.get_device_name(device)} has no bf16: --dtype auto computes in fp32 (slower than "
             "bf16; fp16 would need a loss scaler)")
     dtype = config.dtype if config.dtype != "auto" else "bf16" if bf16 or config.param_dtype != "fp32" else "fp32"
-    return dataclasses.replace(config, device=device, dtype=dtype)
+    minutes = config.save_minutes if config.save_minutes is not None else SAVE_MINUTES * cuda
+    return dataclasses.replace(config, device=device, dtype=dtype, save_minutes=minutes)
 
 
 def print_settings(config):
@@ -209,9 +213,13 @@ def print_memory_plan(config):
         print(f"note: no {error}", file=sys.stderr)
         return
     gpu = config.device.startswith("cuda")  # the step's time: the GPU's estimate (a CPU's: benchmarks/step_time.py)
+    proposed = memory.step_time_text(shape, dataclasses.replace(config, **fit[0]), prompt_length,
+                                     "with the settings that fit", False) \
+        if gpu and fit and fit[0] else ""
     print(memory.plan_text(plan, budget, fit) + (f"\n{memory.modes_text(modes, budget)}" if modes else "")
           + (f"\n{memory.step_time_text(shape, config, prompt_length)}{memory.never_on_gpu(vars(config))}"
              if gpu else "")
+          + (f"\n{proposed}" if proposed else "")
           + ("" if config.max_prompt_length else
              f"\n  (prompt length guessed: {prompt_length} tokens; --max-prompt-length sets it)"), file=sys.stderr)
     if not budget:
@@ -260,6 +268,18 @@ def within_machine(config):
     except (ValueError, OSError, KeyError, AttributeError):  # as print_memory_plan: no plan, nothing to say
         return
     over_machine(config, shape, plan, prompt_length)
+    over_host(plan)
+
+
+def over_host(plan):
+    """--optimizer-offload's states (the plan's "offloaded") over this machine's RAM with the plan's
+    headroom: one note before the first step, as the card's (over_machine)."""
+    host, needs = machine_memory("cpu"), plan["offloaded"] * (1 + memory.PLAN_ERROR) / memory.GB
+    if plan["offloaded"] and host and needs * memory.GB > host[0]:
+        say(f"note: --optimizer-offload keeps {plan['offloaded'] / memory.GB:.1f} GB of fp32 "
+            f"masters and AdamW's moments in CPU memory ({needs:.1f} with the plan's headroom), "
+            f"more than {host[1]}, {host[0] / memory.GB:.0f}GB: it may run out of memory "
+            "(--optimizer adamw8bit or a smaller model)")
 
 
 def within_budget(config):
@@ -283,3 +303,4 @@ def within_budget(config):
                          "prints the settings that fit")
     say(f"memory plan: peak {plan['peak'] / memory.GB:.3f} GB, needs {memory.needed(plan) / memory.GB:.3f} GB "
         f"of the --memory-budget {config.memory_budget}")
+    over_host(plan)

@@ -97,14 +97,12 @@ def build_parser(prog="train.py"):
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else \
-            ("on; this flag turns it off" if default else "off") if isinstance(default, bool) else default
+            "off" if default is False else default
         help_text = f"{meta['help']} (default: {shown}" + (f"; paper: {meta['paper']})" if meta["paper"] is not None
                                                             else ")")
         names = [flag_name(f.name)] + ([meta["alias"]] if meta.get("alias") else [])
         choices, (kind, _) = field_choices(f), field_kind(f)
-        if kind is bool and default:  # on unless --no-<name>
-            parser.add_argument("--no-" + flag_name(f.name)[2:], dest=f.name, action="store_false", help=help_text)
-        elif kind is bool:
+        if kind is bool:  # every switch is off by default: the flag turns it on
             parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
         elif kind is dict:
             parser.add_argument(*names, dest=f.name, action="append", metavar="KEY=VALUE", help=help_text)

@@ -102,8 +102,7 @@ def test_the_page_shows_the_advantages_p_old_ar_weights_and_lopti_passes_of_the_
     assert f"{prompt_weight(0.25, 4, 0.1):.3f}" in text and "1 of 4</b> succeeded" in text
     # p_old by the plain log-prob path (rollout.token_logprobs' definition), AR at the paper's alpha, Lopti at eta
     with torch.no_grad():
-        p_old = token_logprobs(model, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
-                               fast=False).exp()
+        p_old = token_logprobs(model, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask).exp()
     mask = rollouts.completion_mask
     weights = reweight_advantages(torch.ones(8), p_old, mask, step_page.SHOWN_ALPHA)
     tokens = 0

@@ -24,7 +24,7 @@ def logprobs_and_gradients(model, rollouts, **options):
     """[B, T] log-probs of the rollouts' tokens and d(sum of them)/d(each trained parameter), in training mode."""
     model.train()
     logprobs = token_logprobs(model, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
-                              fast=True, **options)
+                              **options)
     params = [p for p in model.parameters() if p.requires_grad]
     return logprobs.detach(), torch.autograd.grad((logprobs * rollouts.completion_mask).sum(), params)
 

@@ -247,7 +247,7 @@ def saved_bytes(model, ids, T):
             saved[storage.data_ptr()] = storage.nbytes()
         return tensor
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        token_logprobs(model, ids, torch.ones_like(ids), torch.ones(ids.shape[0], T), logit_chunk=4, fast=True)
+        token_logprobs(model, ids, torch.ones_like(ids), torch.ones(ids.shape[0], T), logit_chunk=4)
     return sum(saved.values())
 
 

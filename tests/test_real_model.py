@@ -16,7 +16,7 @@ from harness import run as run_module
 import tasks
 import train
 from harness.model import load_policy
-from rollout import FAST_GENERATE, generate_rollouts, render_prompts
+from rollout import generate_rollouts, render_prompts
 from tests.stubs import smollm2_or_skip
 
 pytestmark = pytest.mark.slow  # ~5 CPU minutes on 2 cores: `python -m pytest -q -m slow`, which .ci/run also runs
@@ -51,8 +51,7 @@ def test_the_chat_prompt_and_the_completion_mask_on_the_real_tokenizer(gguf_run)
     assert text.startswith(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{examples[0]['prompt']}")
     assert text.endswith("<|im_start|>assistant\n")  # the generation prompt
     torch.manual_seed(0)
-    rollouts = generate_rollouts(model, tokenizer, prompt_ids, 4, max_new_tokens=48, temperature=1.0,
-                                 fast=FAST_GENERATE)
+    rollouts = generate_rollouts(model, tokenizer, prompt_ids, 4, max_new_tokens=48, temperature=1.0)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     completion_ids = rollouts.input_ids[:, -rollouts.completion_mask.shape[1]:]
     for row in range(len(rollouts.completions)):

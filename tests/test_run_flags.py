@@ -103,12 +103,10 @@ def test_dtype_auto_picks_bf16_only_where_the_card_has_it(monkeypatch, capsys, h
     assert settle.hardware(config.Config(dtype="bf16")).dtype == "bf16"  # asked for: kept
 
 
-def test_a_setting_on_by_default_is_turned_off_by_its_no_flag():
-    assert flags_module.parse_args([]).fast is True and flags_module.parse_args(["--no-fast"]).fast is False
+def test_every_switch_is_off_by_default_and_its_flag_turns_it_on():
+    assert all(f.default is False for f in config.dataclasses.fields(config.Config) if config.field_kind(f)[0] is bool)
     text = " ".join(flags_module.build_parser().format_help().split())
-    assert "--no-fast" in text
-    # the defaults read right: the flag of a setting on by default turns it off; a store-true flag's is off
-    assert "(default: on; this flag turns it off)" in text and "(default: True)" not in text
+    assert "(default: True)" not in text and flags_module.parse_args(["--fast-generate"]).fast_generate is True
     assert re.search(r"--gradient-checkpointing [^-]*\(default: off", text) and "(default: False)" not in text
 
 

@@ -47,8 +47,8 @@ def weights(path):
     ["--kl-coef", "0.01"],                                      # reference model and k3 term
     ["--ppo-epochs", "2", "--loss-agg", "seq-mean-token-mean"],  # off-policy epochs, other aggregation
     ["--dtype", "bf16", "--lopti-eta", "0.02"],                 # the CUDA default's autocast path, on CPU
-    ["--dtype", "bf16", "--logprob-fp32", "--drop-finished-every", "2", "--mini-batches", "2", "--logit-chunk", "3"],
-], ids=["softmax", "grpo", "ar", "ar-lopti", "kl", "epochs2", "bf16-autocast", "fp32-logprobs-drop-minibatches"])
+    ["--dtype", "bf16", "--logprob-fp32", "--mini-batches", "2", "--logit-chunk", "3"],
+], ids=["softmax", "grpo", "ar", "ar-lopti", "kl", "epochs2", "bf16-autocast", "fp32-logprobs-minibatches"])
 def test_three_step_run_updates_and_logs(tmp_path, flags):
     result, steps, evals, out = run(tmp_path, "--steps", "3", "--lr", "1e-3", *flags)
     assert [r["step"] for r in steps] == [1, 2, 3] and [r["step"] for r in evals] == [0, 2, 3]
@@ -119,25 +119,16 @@ def test_log_prob_passes(tmp_path, monkeypatch, flags, expected_no_grad):
     assert len({model for model, _ in calls}) == (2 if "--kl-coef" in flags else 1)
 
 
-def test_no_fast_runs_the_lesson_as_written_to_the_same_weights(tmp_path, monkeypatch):
-    # --no-fast: nothing in fast/ runs (no shared prefill, no roomy cache, no chunked log-probs), the same
-    # update_policy takes the plain log-probs (one step a batch: the on-policy rule, its forward is pi_old), and the
-    # run ends at the default run's weights up to float rounding (the same completions token for token).
-    _, fast_steps, _, fast_out = run(tmp_path, "--steps", "2", "--lr", "1e-3", name="fast")
+def test_a_plain_run_samples_and_scores_with_the_lesson_alone(tmp_path, monkeypatch):
+    # nothing in fast/ runs without --fast-generate; one training forward a step (the on-policy rule: no pi_old one)
     calls = []
     original = train.token_logprobs
     monkeypatch.setattr(train, "token_logprobs",
                         lambda *args, **kwargs: (calls.append(torch.is_grad_enabled()), original(*args, **kwargs))[1])
     import fast.generate
-    import fast.logprobs
-    for module, name in ((fast.generate, "sample_completions"), (fast.logprobs, "token_logprobs")):  # rollout's
-        monkeypatch.setattr(module, name, lambda *args, **kwargs: pytest.fail("a fast path ran under --no-fast"))
-    _, plain_steps, _, plain_out = run(tmp_path, "--steps", "2", "--lr", "1e-3", "--no-fast", name="plain")
-    assert calls == [True, True]  # one training forward a step, no pi_old forward
-    assert [r["response_length"] for r in plain_steps] == [r["response_length"] for r in fast_steps]
-    a, b = weights(os.path.join(fast_out, "latest")), weights(os.path.join(plain_out, "latest"))
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+    monkeypatch.setattr(fast.generate, "loop_generate", lambda *args, **kwargs: pytest.fail("fast/ ran"))
+    run(tmp_path, "--steps", "2", "--lr", "1e-3")
+    assert calls == [True, True]
 
 
 @pytest.mark.parametrize("micro_batch", [3, 8], ids=["several-micro-batches", "one-micro-batch"])
@@ -151,7 +142,7 @@ def test_pi_old_measured_in_the_update_equals_a_given_one(micro_batch):
     tokenizer, model, r = tiny_policy_and_rollouts()
     advantages = torch.tensor([1.0, -0.5, 0.0, 0.7, 0.0, 0.0, -1.2, 0.4])
     with torch.no_grad():
-        old = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask, fast=True)  # as the update
+        old = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_mask)  # as the update
     row_min_prob = old.exp().masked_fill(r.completion_mask == 0, 1.0).min(1).values
     eta = row_min_prob[advantages != 0].median().item()  # about half the trained rows have no low-probability token
     assert ((row_min_prob >= eta) & (advantages != 0)).any() and ((row_min_prob < eta) & (advantages != 0)).any()
@@ -190,8 +181,7 @@ def test_token_mean_per_micro_batch_is_the_official_codes_loss():
     reference = fresh()
     means = []
     for micro in torch.arange(8).split(3):  # micro-batches of 3, 3, 2 rows
-        logprobs = token_logprobs(reference, r.input_ids[micro], r.attention_mask[micro], r.completion_mask[micro],
-                                  fast=False)
+        logprobs = token_logprobs(reference, r.input_ids[micro], r.attention_mask[micro], r.completion_mask[micro])
         means.append(policy_loss(logprobs, logprobs.detach(), advantages[micro], r.completion_mask[micro])[0])
     torch.stack(means).mean().backward()
     deltas = {}
@@ -482,9 +472,8 @@ def test_python_train_py_reads_its_flags_and_a_resumed_run_once(tmp_path):
 
 
 def test_the_step_uses_only_the_lesson_files():
-    # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/ or fast/ but the
-    # update's statistics (harness/metrics.py's UpdateStats, torch alone): copying the step takes rollout,
-    # softmax_grpo, lopti and ppo (and rollout's own fast path), not the run's plumbing.
+    # collect_rollouts and update_policy (and the helpers they call) name nothing from harness/ or fast/: copying
+    # the step takes rollout, softmax_grpo, lopti and ppo (and rollout's own opt-in), not the run's plumbing.
     import ast
     tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
     origin = {}  # imported name -> module
@@ -503,11 +492,9 @@ def test_the_step_uses_only_the_lesson_files():
                 todo.append(node.id)
             elif isinstance(node, ast.Name) and node.id in origin:
                 modules.add(origin[node.id])
-    # fast.precision: --dtype's autocast context around the rollout (as the loop and the benchmarks run it)
-    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo", "fast.precision",
-                       "harness.metrics"}, modules
-    assert seen == {"collect_rollouts", "update_policy", "no_clock", "fixed_pi_old", "forward_chunks",
-                    "clipped_grad_norm"}
+    assert modules == {"torch", "contextlib", "rollout", "softmax_grpo", "lopti", "ppo"}, modules
+    assert seen == {"collect_rollouts", "update_policy", "no_clock", "forward_chunks", "clipped_grad_norm",
+                    "update_stats"}
 
 
 def test_the_embedded_default_learns(tmp_path):

@@ -21,12 +21,13 @@
     watch.py       the notes on learning: a start, a fall, a flat run or a collapse, said in words
     advice.py      the end table's verdict and the notes' advice: what the noise needs, the flags to try
     step_page.py   --inspect-every's HTML page of one step (the command: experiments/inspect_step.py)
-    before_torch.py  `python train.py`'s flags, read before torch loads (--help and a bad flag answer at once)
+    master_weights.py  --param-dtype bf16: the optimizer's fp32 master copies of bf16 weights
+    lean_optimizer.py  --param-dtype bf16-sr and --step-in-backward: AdamW on bf16, no masters
 
 The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions collect_rollouts and update_policy)
-import nothing from here but metrics.py's UpdateStats, the update's statistics (tests/test_train.py checks the step
-functions); train.py's loop and `main` do. config.py, flags.py and what they import load no torch, so `--help` and a
-bad flag answer before torch loads.
+import nothing from here (tests/test_train.py checks the step functions); train.py's loop and
+`main` do. config.py, flags.py and what they import load no torch: flags.load alone answers
+`--help` and a bad flag without it (train.py imports torch first).
 """
 import logging
 

@@ -1,5 +1,5 @@
 """--fast-generate's decode loop: generate's sampling loop, token for token, on tensors written in
-place: a static KV cache holding the shared prefill (fast/kv_cache.py), one step doing an iteration
+place: a static KV cache holding the prompts' prefill (fast/kv_cache.py), one step doing an iteration
 of generate's loop with no host sync (decode_step; on CUDA captured once per shape: cuda_graph),
 the stop check every STOP_CHECK_EVERY tokens (the steps past the last EOS cut, their draws undone).
 Where it does not apply (decode_loop_refusal) rollout.py's plain generate call runs."""

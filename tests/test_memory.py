@@ -38,8 +38,8 @@ def assert_same(a, b, atol, rtol):
 
 # --- activation checkpointing ------------------------------------------------------------------------------------
 def test_checkpointing_gives_the_same_logprobs_and_gradients(one_thread):
-    # Without: the shared-prompt forward; with: HF's checkpointed layers, which drop the KV cache, so the plain
-    # forward over every row's prompt. Same numbers up to float32 rounding (sums in another order).
+    # Without and with HF's checkpointed layers (recomputed in backward): the same numbers up to float32 rounding
+    # (sums in another order).
     _, model, rollouts = tiny_policy_and_rollouts()
     without = logprobs_and_gradients(model, rollouts, micro_batch=3)
     enable_checkpointing(model)

@@ -529,13 +529,13 @@ def step_phases(shape, config, prompt_length, peaks):
     split = lambda rows, size: [min(size, rows - start) for start in range(0, rows, size)]  # noqa: E731
     rows, scale = G * M, shape.layers / 24
     calls, chunks = split(rows, config.rollout_batch or rows), split(rows, min(config.micro_batch, rows))
-    prefill = sum(floor(n // M * (2 * body * (P - 1) + attention(causal(P - 1, 1))),
-                        body * b + n // M * (P - 1) * kv_bytes) for n in calls)
+    prefill = sum(floor(n * (2 * body * (P - 1) + attention(causal(P - 1, 1))),
+                        body * b + n * (P - 1) * kv_bytes) for n in calls)  # every row its prompt
     decode = sum(floor(2 * weights * n + attention(n * (P + t)), weights * b + n * (P + t) * kv_bytes)
                  for n in calls for t in range(T))
     head = 2 if config.dtype in ("bf16", "fp16") else 1  # the head on TF32: half the 16-bit rate (floor.HEAD_COST)
-    forward = sum(-(-n // M) * (2 * body * (P - 1) + attention(causal(P - 1, 1)))
-                  + n * (2 * (body + head * shape.vocab * shape.hidden) * T + attention(causal(T, P)))
+    forward = sum(n * (2 * body * (P - 1) + attention(causal(P - 1, 1))  # every row its P + T positions
+                       + 2 * (body + head * shape.vocab * shape.hidden) * T + attention(causal(T, P)))
                   for n in chunks)
     passes = config.ppo_epochs * (2 if config.lopti_eta > 0 else 1)
     work = passes * (4 / 3 if config.gradient_checkpointing else 1) * (2 / 3 if config.lora_rank else 1) \

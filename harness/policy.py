@@ -41,6 +41,16 @@ def policy_load_errors(config):
                InputError(str(error))) from None
 
 
+def tf32_matmuls():
+    """CUDA's float32 matmuls on TF32 tensor cores (operands cut to 10 mantissa bits): under a bf16
+    body, the float32 LM head at half the bf16 rate instead of IEEE float32's ~1/15 (H100)."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9
+        matmul.fp32_precision = "tf32"
+    else:
+        matmul.allow_tf32 = True
+
+
 def build_policy(config, tokenizer, task, *, log=print):
     """Seed everything, load the policy (a fresh tiny run: its warm start, tiny.py) and, when kl_coef > 0, the
     frozen reference policy (the initial weights). -> (model, ref_model or None)."""
@@ -60,6 +70,8 @@ def build_policy(config, tokenizer, task, *, log=print):
         check_weights(config.resume, storage_dtype(config), model)
     if config.threads:
         torch.set_num_threads(config.threads)
+    if device.type == "cuda" and config.dtype == "bf16" and not config.logprob_fp32:
+        tf32_matmuls()  # rollout.token_logprobs' float32 head on tensor cores (DESIGN.md 5)
     if not config.resume and config.model == "tiny":
         model = tiny.prepare(config, model, tokenizer, task, log=log)
     elif not config.resume and config.style == "chat" and not getattr(tokenizer, "chat_template", None):

@@ -27,7 +27,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from fast import decode_loop as fast_loop, kv_cache  # noqa: E402
-from rollout import plain_generate  # noqa: E402
 
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique",
             "aten._unique", "aten._unique2", "aten.unique_consecutive", "aten.unique_dim",
@@ -112,8 +111,9 @@ def paths(model, prompts, rows):
     eos = model.config.vocab_size  # never sampled: every row runs its tokens
     options = dict(pad_id=0, eos_id=eos, generate_kwargs=SAMPLING)
 
-    def plain(tokens, counter):
-        plain_generate(model, ids, mask, max_new_tokens=tokens, **options)
+    def plain(tokens, counter):  # rollout.py's generate call
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, pad_token_id=0,
+                       eos_token_id=eos, **SAMPLING)
 
     def loop(tokens, counter, graph=False):
         step = fast_loop.decode_step

@@ -86,29 +86,26 @@ GENERATE = ("plain", "loop", "hf-static")  # --generate's paths, as gpu_check.sh
 
 
 @contextlib.contextmanager
-def generate_path(path, device):
+def generate_path(path, model):
     """The rollout's generate call as --generate picks it: "plain" and "loop" (train.py's --fast-generate: the
-    Config says it) as the trainer runs them; "hf-static", a benchmark-only path, rollout.plain_generate with
-    Hugging Face's static cache and its compiled forward (on CUDA mode "reduce-overhead": CUDA graphs; on a CPU
-    dynamo's "eager" backend, fullgraph: the trace checked, nothing compiled)."""
+    Config says it) as the trainer runs them; "hf-static", a benchmark-only path: model.generate given Hugging
+    Face's static cache and its compiled forward (on CUDA mode "reduce-overhead": CUDA graphs; on a CPU dynamo's
+    "eager" backend, fullgraph: the trace checked, nothing compiled)."""
     if path != "hf-static":
         yield
         return
     from transformers import CompileConfig
-    cuda = torch.device(device).type == "cuda"
+    cuda = model.device.type == "cuda"
     compile_config = CompileConfig(fullgraph=True, dynamic=False, backend="inductor" if cuda else "eager",
                                    mode="reduce-overhead" if cuda else "default")
     compile_config._compile_all_devices = True  # else transformers compiles on GPUs only
-    plain = rollout.plain_generate
-
-    def hf_static(model, input_ids, attention_mask, *, generate_kwargs, **kwargs):
-        return plain(model, input_ids, attention_mask, **kwargs, generate_kwargs=dict(
-            generate_kwargs, cache_implementation="static", compile_config=compile_config))
-    rollout.plain_generate = hf_static
+    generate = model.generate
+    model.generate = lambda *args, **kwargs: generate(*args, **kwargs, cache_implementation="static",
+                                                      compile_config=compile_config)
     try:
         yield
     finally:
-        rollout.plain_generate = plain
+        del model.generate  # the class's method again
 
 
 def path_ran(model, path):
@@ -170,7 +167,7 @@ def main(argv=None):
     device = torch.device(args.device)
     peaks = floor.peaks_for(device, dtype, gpu=args.gpu, tflops=args.peak_tflops, gbps=args.peak_gbps)  # before the run: the probe's tensors are gone by then
     seconds, tokens, phases, floors, first = [], [], [], [], {}
-    with generate_path(args.generate, device):
+    with generate_path(args.generate, model):
         for step in range(args.warmup + args.steps):
             clocked = defaultdict(float)
             clock = functools.partial(timed, clocked, device)

@@ -41,26 +41,26 @@ def test_random_model_step_on_a_cpu(capsys, extra):
     assert numbers["launches_per_token"] is None and out.splitlines()[-1] == "GENERATE " + json.dumps(numbers)
 
 
-def test_hf_static_path_is_generate_with_the_static_cache_and_its_compile_config(monkeypatch):
-    """--generate hf-static: rollout.py's generate call (patched only inside the benchmark) with cache_implementation
-    "static" and a fullgraph CompileConfig, compiled on every device (inductor with CUDA graphs on CUDA; dynamo's
-    eager backend on a CPU, the dry run's trace check); plain and loop leave rollout.plain_generate alone."""
-    import rollout
-    calls, plain = [], rollout.plain_generate
-    monkeypatch.setattr(rollout, "plain_generate", lambda *a, **k: calls.append(k))
+def test_hf_static_path_is_generate_with_the_static_cache_and_its_compile_config():
+    """--generate hf-static: model.generate (patched only inside the benchmark) with cache_implementation "static"
+    and a fullgraph CompileConfig, compiled on every device (inductor with CUDA graphs on CUDA; dynamo's eager
+    backend on a CPU, the dry run's trace check); plain and loop leave generate alone."""
+    class Model(torch.nn.Linear):
+        def generate(self, *args, **kwargs):
+            return kwargs
+
+    model = Model(1, 1)
     for device, backend, mode in (("cuda", "inductor", "reduce-overhead"), ("cpu", "eager", "default")):
-        with random_model_step.generate_path("hf-static", device):
-            rollout.plain_generate(None, None, None, max_new_tokens=4, generate_kwargs={"do_sample": True})
-        kwargs = calls.pop()["generate_kwargs"]
+        model.device = torch.device(device)  # (a Hugging Face model's attribute)
+        with random_model_step.generate_path("hf-static", model):
+            kwargs = model.generate(max_new_tokens=4, do_sample=True)
         config = kwargs["compile_config"]
         assert kwargs["cache_implementation"] == "static" and kwargs["do_sample"] is True
         assert (config.backend, config.mode, config.fullgraph, config.dynamic) == (backend, mode, True, False)
-        assert config._compile_all_devices
-    assert rollout.plain_generate is not plain and rollout.plain_generate.__name__ == "<lambda>"  # restored
+        assert config._compile_all_devices and "generate" not in vars(model)  # the class's method again
     for path in ("plain", "loop"):
-        with random_model_step.generate_path(path, "cpu"):
-            assert rollout.plain_generate.__name__ == "<lambda>"
-    model = torch.nn.Linear(1, 1)
+        with random_model_step.generate_path(path, model):
+            assert model.generate(a=1) == {"a": 1}
     assert random_model_step.path_ran(model, "hf-static") == "plain"  # generate did not compile: plain ran
     model._compiled_call = object()
     model._fast_generate = {"off": "--fast-generate (128 rows) FAILED"}

@@ -65,17 +65,6 @@ def verdicts(folder):
     return rows
 
 
-def table_ratios(lines):
-    """{row: ratio} of a floor table as random_model_step.py prints it ("step", "decode", ...)."""
-    ratios = {}
-    for line in lines:
-        row = re.match(r"^\s*(step|rollout|decode|prefill|update|forward\+backward)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
-                       line)
-        if row:
-            ratios[row.group(1)] = float(row.group(4))
-    return ratios
-
-
 def generate_paths(folder):
     """{path: its step's GENERATE numbers (random_model_step.py), None where the step ran without them (it failed:
     step.txt)} of part 1's "generate, PATH" steps, in the order they ran."""

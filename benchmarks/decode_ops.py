@@ -107,7 +107,7 @@ def paths(model, prompts, rows):
     ids = torch.randint(3, 500, (prompts, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :5] = 0  # some left padding
-    ids, mask = ids.repeat_interleave(rows // prompts, 0), mask.repeat_interleave(rows // prompts, 0)
+    ids, mask = (tensor.repeat_interleave(rows // prompts, 0) for tensor in (ids, mask))
     eos = model.config.vocab_size  # never sampled: every row runs its tokens
     options = dict(pad_id=0, eos_id=eos, generate_kwargs=SAMPLING)
 

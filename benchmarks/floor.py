@@ -6,18 +6,20 @@
 A phase cannot take less than max(FLOPs / peak FLOP rate, bytes moved / peak bandwidth). The counts (a token costs
 2 FLOPs per matmul weight, the LM head included even when tied; attention 2 x 2 FLOPs per head dimension for each
 (query, key) pair; the backward twice the forward):
-  prefill       each distinct prompt once, all but its last token (the least work: rollout.py's generate prefills
-                each of its M rows): the body's matmuls and attention; bytes: the weights once, the KV cache written.
+  prefill       each distinct prompt once, all but its last token (the least work: generate
+                prefills each of its M rows): the body's matmuls and attention; bytes: the
+                weights once, the KV cache written.
   decode        per step t, only the rows still running (a finished row is not decoded): FLOPs of one token per row
                 (body + LM head + attention over its context) against bytes of the weights + every running row's
                 KV cache read; the step's floor is the larger of the two, summed over t.
   forwards      the no-grad log-prob forwards (pi_old, a reference model): each distinct prompt of the forwarded
-                rows once (the least work: token_logprobs runs each row whole), then each row's completion tokens
-                (LM head on those only).
+                rows once (the least work: token_logprobs runs each row whole), then each
+                row's completion tokens (LM head on those only).
   fwd+bwd       the same count x 3 for every forward that trains (each micro-batch of each Lopti pass); bytes: the
-                weights read three times. The update's LM head is float32 (rollout.chunk_logprobs): its FLOPs count
-                at TF32 tensor cores' rate, half the 16-bit one, so twice under bf16 (HEAD_COST); its recompute in
-                the backward (several logit chunks) is left out.
+                weights read three times. The update's LM head is float32
+                (rollout.chunk_logprobs): its FLOPs count at TF32 tensor cores' rate, half the
+                16-bit one, so twice under bf16 (HEAD_COST); its recompute in the backward
+                (several logit chunks) is left out.
   optimizer     bytes: AdamW reads parameter, gradient, both moments and writes parameter and moments, fp32 each
                 (28 bytes per parameter per optimizer step; fused on CUDA: one pass, no per-tensor launches).
 Left out (a floor may only leave work out): norms, rotary, softmax and other elementwise work, activations' traffic,
@@ -368,10 +370,11 @@ def decode_floor(shape, work, peaks):
     return Floor(seconds, flops, bytes_moved, "FLOPs" if 2 * flop_bound_steps > steps else "bytes")
 
 
-# The update's LM head runs in float32 (rollout.chunk_logprobs: IEEE float32 unless TF32 is allowed). Its floor takes
-# the fastest float32 a card offers, TF32 tensor cores, half the 16-bit tensor-core rate on the KNOWN_GPUS: its FLOPs
-# count twice at a bf16/fp16 peak; in an fp32 run as the body's. The recompute of its logits in the backward (several
-# logit chunks under autograd) is work a floor leaves out.
+# The update's LM head runs in float32 (rollout.chunk_logprobs: IEEE float32 unless TF32 is
+# allowed). Its floor takes the fastest float32 a card offers, TF32 tensor cores, half the 16-bit
+# tensor-core rate on the KNOWN_GPUS: its FLOPs count twice at a bf16/fp16 peak; in an fp32 run as
+# the body's. The recompute of its logits in the backward (several logit chunks under autograd) is
+# work a floor leaves out.
 HEAD_COST = {"bf16": 2, "fp16": 2, "fp32": 1}
 
 
@@ -451,8 +454,8 @@ def recorded(clock, optimizer):
     """Record one step's forwards (and time its pieces) while train.py's functions run unchanged.
 
     Yields a dict: "forwards" (a Forward per token_logprobs call of train.update_batch, the update a benchmark
-    step runs), "optimizer steps". clock(name) times "no-grad forwards" and "optimizer step". The rollout's
-    prefill is inside its generate call: prefill_seconds times it apart."""
+    step runs), "optimizer steps". clock(name) times "no-grad forwards" and "optimizer step". The
+    rollout's prefill is inside its generate call: prefill_seconds times it apart."""
     import train
 
     record = defaultdict(list)
@@ -482,9 +485,10 @@ def recorded(clock, optimizer):
 
 
 def prefill_seconds(model, rollouts, dtype):
-    """Seconds of a rollout's prefill, timed apart (generate runs it inside its call): one no-grad forward of
-    the rows' prompts into a KV cache, the last position's logits only (generate's first forward), under
-    --dtype's precision. Hooks on the model would sit inside a compiled forward (HF's static path)."""
+    """Seconds of a rollout's prefill, timed apart (generate runs it inside its call): one no-grad
+    forward of the rows' prompts into a KV cache, the last position's logits only (generate's
+    first forward), under --dtype's precision. Hooks on the model would sit inside a compiled
+    forward (HF's static path)."""
     from rollout import precision
     width, device = rollouts.completion_mask.shape[1], next(model.parameters()).device
     ids, mask = (t[:, :-width].to(device) for t in (rollouts.input_ids, rollouts.attention_mask))
@@ -497,8 +501,8 @@ def prefill_seconds(model, rollouts, dtype):
 
 def measured_phases(seconds):
     """The report's measured phases from one step's clock: "rollout", "reward+advantage", "update_policy" (the
-    whole call), what recorded() timed inside them ("no-grad forwards", "optimizer step") and "prefill"
-    (prefill_seconds: then decode is the rollout less it)."""
+    whole call), what recorded() timed inside them ("no-grad forwards", "optimizer step") and
+    "prefill" (prefill_seconds: then decode is the rollout less it)."""
     no_grad = seconds.get("no-grad forwards", 0.0)
     update = seconds["update_policy"] - no_grad
     measured = {"rollout": seconds["rollout"], "reward+advantage": seconds.get("reward+advantage"),

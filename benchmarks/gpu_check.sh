@@ -137,7 +137,7 @@ else
     --warmup 1); TINY=(); SMALL=(--prompts 16); PROFILE=(--max-new-tokens 64)
 fi
 TRL_PATH=""
-if in_part 2 && ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side from carried wheels, on a path of its own
+if in_part 2 && ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side, a path of its own
   TRL_PATH=$(mktemp -d)/site-trl
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$TRL_PATH" \
     "$WHEELS"/trl-*.whl "$WHEELS"/datasets-*.whl "$WHEELS"/dill-*.whl "$WHEELS"/multiprocess-*.whl \
@@ -156,7 +156,7 @@ $("$PY" -c 'import trl; print("the environment'"'"'s trl", trl.__version__)' 2>/
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 } >"$OUT/check.txt" 2>&1
-# ---- part 1: issue 80's decision, the generate paths on the same shapes ---------------------------
+# ---- part 1: issue 80's decision, the generate paths on the same shapes --------------------------
 if in_part 1; then
   step check.txt "peaks" "$PY" -c "from benchmarks import floor; import torch; d = '$DEVICE'
 name = floor.known_gpu(torch.cuda.get_device_name()) if d == 'cuda' else None; dtype = 'bf16' if d == 'cuda' else 'fp32'
@@ -172,7 +172,7 @@ p = floor.probe(d, dtype); print(f'probe: {p.flops / 1e12:.1f} TFLOP/s {dtype}, 
       --warmup "$warmup" --steps 1 --per-token
   done
 fi
-# ---- part 2: issue 63's targets (ours and TRL, each alone), the 1.5B shape ------------------------
+# ---- part 2: issue 63's targets (ours and TRL, each alone), the 1.5B shape -----------------------
 if in_part 2; then
   # ours, then TRL, each alone in a fresh process: its first step on a cold CUDA, its steady step, its peak memory
   step step.txt "step, ours alone" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
@@ -201,7 +201,7 @@ MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-3b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
 )
 MEMORY_SHAPE_FLAGS="--prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8"
-# ---- parts 3 and 4: the profile, the tiny default, the 3B shape, the memory plan against the peak -
+# ---- parts 3 and 4: the profile, the tiny default, the 3B shape, the memory plan against the peak
 if in_part 3; then  # the profile at 64 new tokens: ~0.2M events for key_averages to fold, not 256 tokens' ~0.8M
   step profile.txt "profile" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
     --dtype "$DTYPE" "${STEPS[@]}" --profile torch "${PROFILE[@]}"

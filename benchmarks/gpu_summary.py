@@ -1,8 +1,9 @@
-"""benchmarks/gpu_check.sh's closing table, read back from its output folder: the generate paths side by side (issue
-80: ms and kernels a decode token, decode and step against their floors, the targets that decide the CUDA default),
-each check's verdict (the loop's self-check lines included: what actually ran), each phase of ours alone's step
-against its floor, and issue 63's targets with their measured ratios (or "not measured"; a path whose generate call
-did not run, "refused", never the plain path's numbers as its own).
+"""benchmarks/gpu_check.sh's closing table, read back from its output folder: the generate paths
+side by side (issue 80: ms and kernels a decode token, decode and step against their floors, the targets
+that decide the CUDA default), each check's verdict (the loop's self-check lines included: what
+actually ran), each phase of ours alone's step against its floor, and issue 63's targets with their
+measured ratios (or "not measured"; a path whose generate call did not run, "refused", never the
+plain path's numbers as its own).
 
     python benchmarks/gpu_summary.py runs/gpu_check          # what gpu_check.sh prints last (summary.txt)
 """
@@ -15,7 +16,7 @@ import re
 # ours / TRL, at most)
 TARGETS = [("step / its floor", "step", 8.0), ("decode / its floor", "decode", 10.0),
            ("update / its floor", "update", 4.0)]
-# issue 80's, per generate path at micro-batch 64: (what, its GENERATE numbers' measured / floor keys, at most)
+# issue 80's, per generate path at micro-batch 64: (what, its GENERATE numbers' keys, at most)
 PATH_TARGETS = [("decode / its floor", "decode_s", "decode_floor_s", 10.0),
                 ("step / its floor", "step_s", "step_floor_s", 8.0)]
 
@@ -42,8 +43,9 @@ def sections(folder, name):
 
 
 def verdicts(folder):
-    """[(check, verdict)] from check.txt: the probe, the tiny default's table; then each step's --fast-generate
-    lines (step.txt, more.txt: the loop's self-check verdicts, a refusal or a failure: what its rollout ran)."""
+    """[(check, verdict)] from check.txt: the probe, the tiny default's table; then each step's
+    --fast-generate lines (step.txt, more.txt: the loop's self-check verdicts, a refusal or a
+    failure: what its rollout ran)."""
     text, rows = read(folder, "check.txt"), []
     for line in text.splitlines():
         if line.startswith("probe:"):
@@ -58,38 +60,43 @@ def verdicts(folder):
     for name in ("step.txt", "more.txt"):
         for step, lines in sections(folder, name).items():
             for line in lines:
-                if line.startswith("--fast-generate"):  # the self-check's verdict, a refusal, a failure
+                if line.startswith("--fast-generate"):  # a self-check's verdict, refusal, failure
                     rows.append((step, line.removeprefix("--fast-generate").lstrip(": ")))
-            if step == "generate, loop" and not any(line.startswith("--fast-generate") for line in lines):
-                rows.append((step, "no self-check line (it runs on CUDA only: a CPU's loop is the tests')"))
+            if step == "generate, loop" and not any(line.startswith("--fast-generate")
+                                                    for line in lines):
+                rows.append((step, "no self-check line (it runs on CUDA only: a CPU's loop is the "
+                             "tests')"))
     return rows
 
 
 def generate_paths(folder):
-    """{path: its step's GENERATE numbers (random_model_step.py), None where the step ran without them (it failed:
-    step.txt)} of part 1's "generate, PATH" steps, in the order they ran."""
+    """{path: its step's GENERATE numbers (random_model_step.py), None where the step ran without
+    them (it failed: step.txt)} of part 1's "generate, PATH" steps, in the order they ran."""
     found = {}
     for name, lines in sections(folder, "step.txt").items():
         if name.startswith("generate, "):
-            numbers = [json.loads(line[len("GENERATE "):]) for line in lines if line.startswith("GENERATE ")]
+            numbers = [json.loads(line[len("GENERATE "):]) for line in lines
+                       if line.startswith("GENERATE ")]
             found[name[len("generate, "):]] = numbers[-1] if numbers else None
     return found
 
 
 def path_rows(paths):
-    """[(path, target, measured ratio or None or "refused", limit)]: issue 80's targets of each path that ran."""
+    """[(path, target, measured ratio or None or "refused", limit)]: issue 80's targets of each
+    path that ran."""
     rows = []
     for path, numbers in paths.items():
         for what, measured, floor_s, limit in PATH_TARGETS:
-            value = None if not numbers or not numbers.get(floor_s) or numbers.get(measured) is None else \
-                "refused" if numbers["ran"] != path else numbers[measured] / numbers[floor_s]
+            value = None if not numbers or not numbers.get(floor_s) or \
+                numbers.get(measured) is None else "refused" if numbers["ran"] != path else \
+                numbers[measured] / numbers[floor_s]
             rows.append((path, what, value, limit))
     return rows
 
 
 def faster_path(paths, candidates=("loop", "hf-static")):
-    """The line that decides the CUDA default: the faster step of the decode loop and HF's static path, or why
-    it is not decided (a path that did not run, failed, or ran plain generate instead)."""
+    """The line that decides the CUDA default: the faster step of the decode loop and HF's static
+    path, or why it is not decided (a path that did not run, failed, or ran plain generate)."""
     steps = {}
     for path in candidates:
         numbers = paths.get(path)
@@ -134,8 +141,8 @@ def steady(seconds):
 
 
 def target_rows(numbers):
-    """[(target, measured ratio or None, limit)]: issue 63's, from step.json (ours alone) and step.txt (each side
-    alone: ours / TRL, memory, first step)."""
+    """[(target, measured ratio or None, limit)]: issue 63's, from step.json (ours alone) and
+    step.txt (each side alone: ours / TRL, memory, first step)."""
     folder = numbers.get("_folder", "")
     sides, ratios = numbers.get("sides", {}), numbers.get("ratios", {})
     phases = sides.get("one_pass", {}).get("phases", {})
@@ -174,31 +181,36 @@ def number(value, digits=2):
 
 
 def print_generate_paths(paths):
-    """Issue 80's table: each generate path's step (part 1) side by side, its targets, the decision."""
+    """Issue 80's table: each generate path's step (part 1) side by side, its targets, the
+    decision."""
     shown = next((n for n in paths.values() if n), {})
-    print(f"\ngenerate path (step.txt: {shown.get('rows', '?')} rows x {shown.get('tokens', '?')} tokens, micro-batch "
-          f"{shown.get('micro_batch', '?')}, {shown.get('device', '?')})\n{'path':10s} {'ran':10s} {'ms/token':>8s} "
-          f"{shown.get('launches', 'kernels') + '/token':>14s} {'decode s':>9s} {'x floor':>8s} {'step s':>8s} "
-          f"{'x floor':>8s} {'first s':>8s} {'peak GiB':>9s}")
+    print(f"\ngenerate path (step.txt: {shown.get('rows', '?')} rows x {shown.get('tokens', '?')} "
+          f"tokens, micro-batch {shown.get('micro_batch', '?')}, {shown.get('device', '?')})")
+    launches = shown.get("launches", "kernels") + "/token"
+    print(f"{'path':10s} {'ran':10s} {'ms/token':>8s} {launches:>14s} "
+          f"{'decode s':>9s} {'x floor':>8s} {'step s':>8s} {'x floor':>8s} {'first s':>8s} "
+          f"{'peak GiB':>9s}")
     for path, n in paths.items():
         if not n:
             print(f"{path:10s} failed: no GENERATE line (step.txt)")
             continue
-        ratio = lambda a, b: n[a] / n[b] if n.get(a) is not None and n.get(b) else None  # noqa: E731
-        print(f"{path:10s} {n['ran']:10s} {number(n['ms_per_token']):>8s} {number(n['launches_per_token'], 0):>14s} "
-              f"{number(n['decode_s'], 3):>9s} {number(ratio('decode_s', 'decode_floor_s'), 1):>8s} "
-              f"{number(n['step_s'], 3):>8s} {number(ratio('step_s', 'step_floor_s'), 1):>8s} "
+        decode = n["decode_s"] / n["decode_floor_s"] if n.get("decode_floor_s") else None
+        step = n["step_s"] / n["step_floor_s"] if n.get("step_floor_s") else None
+        print(f"{path:10s} {n['ran']:10s} {number(n['ms_per_token']):>8s} "
+              f"{number(n['launches_per_token'], 0):>14s} {number(n['decode_s'], 3):>9s} "
+              f"{number(decode, 1):>8s} {number(n['step_s'], 3):>8s} {number(step, 1):>8s} "
               f"{number(n['first_step_s'], 1):>8s} {number(n['peak_gib'], 1):>9s}")
     print(f"\n{'target (issue 80, micro-batch 64)':46s} measured   at most  verdict")
     for path, what, value, limit in path_rows(paths):
-        print(f"{path + ': ' + what:46s} {number(value if value != 'refused' else None):>8s} {limit:9.2f}  "
+        shown_value = number(value if value != "refused" else None)
+        print(f"{path + ': ' + what:46s} {shown_value:>8s} {limit:9.2f}  "
               f"{verdict_of(value, limit)}")
     print(f"the faster of the loop and HF's static path (the CUDA default): {faster_path(paths)}")
 
 
 def verdict_of(value, limit):
-    return "not measured" if value is None else "refused: plain generate ran" if value == "refused" else \
-        "met" if value <= limit else "missed"
+    return "not measured" if value is None else "refused: plain generate ran" \
+        if value == "refused" else "met" if value <= limit else "missed"
 
 
 def main(argv=None):

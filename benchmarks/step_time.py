@@ -16,8 +16,9 @@ AdamW lr / weight decay / grad clip, constant lr, micro-batches of --micro-batch
 (TRL: gradient accumulation), fp32 weights (bf16 autocast on GPU), no gradient checkpointing, reward = task.reward.
 The tiny model is warm-started as `python train.py` does it (cached): at random init every reward is 0, and with all
 advantages 0 our update has nothing to do. What the clock covers, per step:
-  ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the training forward (its
-        detached log-probs are pi_old: on-policy), clipped loss, backward; clip; AdamW. Rows with advantage 0 are skipped, as train.py does (zero gradient at beta 0).
+  ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the
+        training forward (its detached log-probs are pi_old: on-policy), clipped loss, backward;
+        clip; AdamW. Rows with advantage 0 are skipped, as train.py does (zero gradient at beta 0).
         AR + Lopti first fixes pi_old with a no-grad forward of the trained rows, then runs forward/backward/step
         once per pass, not the rollout.
   TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per

@@ -161,16 +161,19 @@ def test_recorded_step_hands_the_floor_what_ran(digits_task):
 
 
 def test_prefill_is_timed_apart_one_forward_of_the_rows_prompts(digits_task):
-    """generate prefills inside its call (and a hook there would sit inside HF's compiled forward): prefill_seconds
-    times one no-grad forward of the rollout's rows' prompts [B, P], the last position's logits only, and the
-    decode is the rollout less it (before issue 79 the clock timed the shared prefill, which is gone)."""
+    """generate prefills inside its call (and a hook there would sit inside HF's compiled forward):
+    prefill_seconds times one no-grad forward of the rollout's rows' prompts [B, P], the last
+    position's logits only, and the decode is the rollout less it (before issue 79 the clock timed
+    the shared prefill, which is gone)."""
     tokenizer, model, _ = tiny_policy_and_rollouts()
     config = Config(style="compact", num_generations=4, max_new_tokens=6, micro_batch=4, method="softmax")
     torch.manual_seed(0)
-    rollouts, _, _ = train.collect_rollouts(model, tokenizer, DigitsTask(), DigitsTask().examples("train", 2, 0), config)
+    examples = DigitsTask().examples("train", 2, 0)
+    rollouts, _, _ = train.collect_rollouts(model, tokenizer, DigitsTask(), examples, config)
     seen = []
-    hook = model.register_forward_hook(lambda module, args, kwargs, output: seen.append(
-        (kwargs["input_ids"].shape, output.logits.shape[1], torch.is_grad_enabled())), with_kwargs=True)
+    hook = model.register_forward_hook(lambda module, args, kwargs, output: seen.append((
+        kwargs["input_ids"].shape, output.logits.shape[1], torch.is_grad_enabled())),
+        with_kwargs=True)
     try:
         seconds = floor.prefill_seconds(model, rollouts, "fp32")
     finally:
@@ -183,8 +186,8 @@ def test_prefill_is_timed_apart_one_forward_of_the_rows_prompts(digits_task):
 
 
 def test_update_head_counts_at_the_tf32_rate_under_bf16():
-    # rollout.chunk_logprobs runs the update's head in float32; its floor is TF32's: half the bf16 rate, so under bf16 its
-    # FLOPs count twice. Completions: 7 tokens x 2 x 40 head weights = 560 more FLOPs a forward, x 3 with its backward
+    # rollout.chunk_logprobs runs the update's head in float32, its floor at TF32's rate: half the
+    # bf16 rate, so its FLOPs count twice. Completions: 7 tokens x 2 x 40 head weights = 560 more FLOPs a forward, x 3 with its backward
     import dataclasses
     fp32 = floor.forwards_floor(TINY, WORK, PEAKS, trains=True)
     bf16 = floor.forwards_floor(TINY, dataclasses.replace(WORK, dtype="bf16"), PEAKS, trains=True)

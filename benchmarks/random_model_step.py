@@ -2,6 +2,8 @@
 
     python benchmarks/random_model_step.py --shape qwen2.5-0.5b --device cuda            # 64 prompts x M=8 x 256
     python benchmarks/random_model_step.py --shape test --device cpu --steps 1           # seconds, a smoke test
+    python benchmarks/random_model_step.py --prompts 16 --micro-batch 64 --generate loop \
+        --warmup 2 --per-token                                 # gpu_check.sh's part 1, one path
 
 What a GPU user should expect from the papers' settings without downloading weights: the step's cost depends on the
 shape (layers, width, vocabulary) and the token counts, not on what the weights know. Random weights rarely emit EOS,
@@ -9,10 +11,17 @@ so every completion runs to --max-new-tokens: the worst case for rollout time an
 function of the completion text (so groups differ and every row is trained on, as with a real reward). The step is
 train.collect_rollouts + train.update_policy, exactly as train.py calls them; prints s/step (median), completion
 tokens/s and peak GPU memory (peak RSS on a CPU), then each phase against its floor (benchmarks/floor.py: the GPU's
-datasheet peaks when its name is in floor.KNOWN_GPUS, else a probe).
+datasheet peaks when its name is in floor.KNOWN_GPUS, else a probe; the prefill timed apart).
+--generate picks the rollout's generate call (GENERATE: gpu_check.sh times the three on the same
+shapes); the last line, GENERATE {json}, holds what decides between them: ms a decode token
+(decode s / max_new_tokens), with --per-token the kernels a token, decode and step against their
+floors, the first step, the peak, and the path that really ran (a loop refused by its self-check,
+or a static path generate did not compile, ran plain generate).
 """
 import argparse
+import contextlib
 import functools
+import json
 import os
 import statistics
 import sys
@@ -24,10 +33,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor  # noqa: E402
 from benchmarks.floor import sync, timed  # noqa: E402
-from fast import generate as fast_generate, kv_cache  # noqa: E402
 from harness.config import Config  # noqa: E402
 from harness import policy  # noqa: E402
 
@@ -59,12 +68,6 @@ def build(shape, seed=0, device="cpu"):
         return Qwen2ForCausalLM(config), tokenizer
 
 
-def fast_generate_ran(model):
-    """Whether --fast-generate's compiled path ran on `model`: False when its self-check refused it there (the run
-    then generated with the plain call), True where it passed or was never needed (a tested device)."""
-    return getattr(model, "_fast_self_check", {}).get(True, not fast_generate.untested_device(model))
-
-
 class GradedTask:
     """Prompts of 32 random words; reward = the share of completion words with an even index (graded, in [0, 1])."""
     name, pass_threshold = "graded", 0.5
@@ -81,6 +84,61 @@ class GradedTask:
         return sum(int(w[1:]) % 2 == 0 for w in words) / max(len(words), 1)
 
 
+GENERATE = ("plain", "loop", "hf-static")  # --generate's paths: gpu_check.sh times each
+
+
+@contextlib.contextmanager
+def generate_path(path, model):
+    """The rollout's generate call as --generate picks it: "plain" and "loop" (train.py's
+    --fast-generate: the Config says it) as the trainer runs them; "hf-static", a benchmark-only
+    path: model.generate given Hugging Face's static cache and its compiled forward (on CUDA mode
+    "reduce-overhead": CUDA graphs; on a CPU dynamo's "eager" backend, fullgraph: the trace
+    checked, nothing compiled)."""
+    if path != "hf-static":
+        yield
+        return
+    from transformers import CompileConfig
+    cuda = model.device.type == "cuda"
+    compile_config = CompileConfig(fullgraph=True, dynamic=False,
+                                   backend="inductor" if cuda else "eager",
+                                   mode="reduce-overhead" if cuda else "default")
+    compile_config._compile_all_devices = True  # else transformers compiles on GPUs only
+    generate = model.generate
+    model.generate = lambda *args, **kwargs: generate(
+        *args, **kwargs, cache_implementation="static", compile_config=compile_config)
+    try:
+        yield
+    finally:
+        del model.generate  # the class's method again
+
+
+def path_ran(model, path):
+    """The path that generated: `path`, or "plain" where the loop's self-check turned it off (or it
+    did not apply) or generate did not compile HF's static path."""
+    if path == "loop":
+        return "plain" if model.__dict__.get("_fast_generate", {}).get("off") else path
+    return path if path != "hf-static" or hasattr(model, "_compiled_call") else "plain"
+
+
+def launches_per_token(model, tokenizer, prompts, config, short=8, long=24):
+    """Kernels a decode token on CUDA (the profiler's device events, a CUDA graph's kernels
+    included), aten ops on a CPU: a rollout call of `long` new tokens less one of `short`, over
+    their difference."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    counts = []
+    for tokens in (short, long):
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            with rollout.precision(device, config.dtype):
+                rollout.generate_rollouts(model, tokenizer, prompts, config.num_generations,
+                                          max_new_tokens=tokens, fast_generate=config.fast_generate)
+            sync(device)
+        counts.append(sum(e.device_type == DeviceType.CUDA if cuda else e.name.startswith("aten::")
+                          for e in prof.events()))
+    return (counts[1] - counts[0]) / (long - short)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
@@ -89,24 +147,22 @@ def main(argv=None):
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("-M", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--steps", type=int, default=3, help="measured steps, after one warm-up step")
+    p.add_argument("--steps", type=int, default=3, help="measured steps, after the warm-up steps")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (the loop's "
+                   "self-check: its first two CUDA rollout calls; 2 keeps it out of the measure)")
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--rollout-batch", type=int, default=None)
     p.add_argument("--lopti", action="store_true", help="AR (alpha 0.3) + Lopti (eta 0.5) instead of one pass")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
     p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
-    p.add_argument("--fast-generate", action="store_true", help="static KV cache + the decode loop, a CUDA graph a step on CUDA (fast/generate.py)")
-    p.add_argument("--concatenated-cache", action="store_true",
-                   help="HF's DynamicCache as it is, concatenating every token (before fast/kv_cache.py's roomy_cache)")
-    p.add_argument("--roomy-cache", action="store_true",
-                   help="fast/kv_cache.py's roomy cache on this device too (a CPU's default, not CUDA's)")
+    p.add_argument("--generate", choices=GENERATE, default="plain",
+                   help="plain: rollout.py's generate call; loop: train.py's --fast-generate; "
+                   "hf-static: HF's static cache, compiled (a benchmark only)")
+    p.add_argument("--per-token", action="store_true",
+                   help="also the kernels (a CPU: aten ops) a decode token")
     p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
                    help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
     args = p.parse_args(argv)
-    if args.concatenated_cache:  # the measurement of what roomy_cache saves
-        kv_cache.roomy_cache = kv_cache.concatenating_cache
-    if args.roomy_cache:  # where it is not the default (fast/generate.py's ROOMY_CACHE_DEVICES)
-        fast_generate.ROOMY_CACHE_DEVICES = ("cpu", torch.device(args.device).type)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape, device=args.device)
     model.train()
@@ -114,50 +170,73 @@ def main(argv=None):
     config = Config(style="compact", num_generations=args.M, max_new_tokens=args.max_new_tokens,
                     rollout_batch=args.rollout_batch, method="softmax", tau=0.1, dtype=dtype,
                     micro_batch=args.micro_batch, alpha=0.3 if args.lopti else 0.0,
-                    lopti_eta=0.5 if args.lopti else 0.0, fast_generate=args.fast_generate)
+                    lopti_eta=0.5 if args.lopti else 0.0, fast_generate=args.generate == "loop")
     optimizer = policy.adamw_class(config)(model.parameters(), lr=1e-6, weight_decay=0.01)  # train.py's: fused on CUDA
     device = torch.device(args.device)
     peaks = floor.peaks_for(device, dtype, gpu=args.gpu, tflops=args.peak_tflops, gbps=args.peak_gbps)  # before the run: the probe's tensors are gone by then
-    seconds, tokens, phases, floors = [], [], [], []
-    for step in range(args.steps + 1):
-        clocked = defaultdict(float)
-        clock = functools.partial(timed, clocked, device)
-        sync(device)
-        start = time.perf_counter()
-        with floor.recorded(clock, optimizer) as record:
-            rollouts, rewards, advantages = train.collect_rollouts(model, tokenizer, task,
-                                                                   task.examples("train", args.prompts, step),
-                                                                   config, clock=clock)
-            with clock("update_policy"):
-                stats = train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
-                                           rollouts.completion_mask, advantages, config)
-        sync(device)
-        if step > 0:  # the first step warms up kernels and the allocator
-            seconds.append(time.perf_counter() - start)
-            tokens.append(rollouts.completion_mask.sum().item())
-            phases.append(floor.measured_phases(clocked))
-            floors.append(floor.step_floors(floor.shape_of(model.config),
-                                            floor.workload_of(rollouts, args.M, record, dtype), peaks))
-        compiling = " (warm-up: kernels, allocator" + (", fast generate's graph capture)" if args.fast_generate
-                                                         and fast_generate_ran(model) else ")") if step == 0 else ""
-        print(f"step {step}: {time.perf_counter() - start:.2f} s{compiling}, rollout {clocked['rollout']:.2f} s, "
-              f"reward {rewards.mean():.3f}, optimizer steps {stats['optimizer_steps']}", flush=True)
-        first_rollout = clocked["rollout"] if step == 0 else first_rollout
-    peak = f"peak GPU memory {floor.memory_mib(device)[0] / 1024:.1f} GiB ({torch.cuda.get_device_name()})" \
-        if device.type == "cuda" else f"peak RSS {floor.memory_mib(device)[0] / 1024:.2f} GiB"
+    seconds, tokens, phases, floors, first = [], [], [], [], {}
+    with generate_path(args.generate, model):
+        for step in range(args.warmup + args.steps):
+            clocked = defaultdict(float)
+            clock = functools.partial(timed, clocked, device)
+            sync(device)
+            start = time.perf_counter()
+            with floor.recorded(clock, optimizer) as record:
+                rollouts, rewards, advantages = train.collect_rollouts(
+                    model, tokenizer, task, task.examples("train", args.prompts, step), config,
+                    clock=clock)
+                with clock("update_policy"):
+                    stats = train.update_batch(model, optimizer, rollouts.input_ids,
+                                               rollouts.attention_mask, rollouts.completion_mask,
+                                               advantages, config)
+            sync(device)
+            took = time.perf_counter() - start
+            clocked["prefill"] = floor.prefill_seconds(model, rollouts, dtype)  # apart, after it
+            if step >= args.warmup:  # the warm-up steps: kernels, allocator, a capture, a compile
+                seconds.append(took)
+                tokens.append(rollouts.completion_mask.sum().item())
+                phases.append(floor.measured_phases(clocked))
+                floors.append(floor.step_floors(floor.shape_of(model.config), floor.workload_of(
+                    rollouts, args.M, record, dtype), peaks))
+            first = first or dict(step=took, rollout=clocked["rollout"])
+            print(f"step {step}: {took:.2f} s{' (warm-up)' if step < args.warmup else ''}, rollout "
+                  f"{clocked['rollout']:.2f} s, reward {rewards.mean():.3f}, optimizer steps "
+                  f"{stats['optimizer_steps']}", flush=True)
+        prompts = rollout.render_prompts(tokenizer, task, task.examples("train", args.prompts, 0),
+                                         "compact")
+        per_token = launches_per_token(model, tokenizer, prompts, config) if args.per_token \
+            else None
+    peak = floor.memory_mib(device)[0] / 1024
+    peak_text = f"peak GPU memory {peak:.1f} GiB ({torch.cuda.get_device_name()})" \
+        if device.type == "cuda" else f"peak RSS {peak:.2f} GiB"
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
-    label = " | fast generate" + ("" if fast_generate_ran(model) else " REFUSED by its self-check (plain generate ran)")
-    print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} prompts x M={args.M}"
-          f" x {args.max_new_tokens} tokens | {'AR+Lopti' if args.lopti else 'one pass'}"
-          f"{label if args.fast_generate else ''}"
-          f"{' | concatenated cache' if args.concatenated_cache else ''}{' | roomy cache' if args.roomy_cache else ''} | "
-          f"{statistics.median(seconds):.2f} s/step | {statistics.median(tokens) / statistics.median(seconds):.0f} "
-          f"completion tokens/s | {peak}")
-    print(floor.format_report(floor.median_phases(phases), floor.median_floors(floors), peaks,
-                              title=f"{args.shape} vs floor (median)"))
-    if args.fast_generate and fast_generate_ran(model):  # paid once per run and shape
-        print(f"fast generate's warm-up: {first_rollout - floor.median_phases(phases)['rollout']:.1f} s "
-              "(the warm-up step's rollout minus the median)")
+    ran = path_ran(model, args.generate)
+    method = "AR+Lopti" if args.lopti else "one pass"
+    label = f"generate {args.generate}" + \
+        ("" if ran == args.generate else " REFUSED (plain generate ran)")
+    print(f"RESULT {args.shape} ({n_params:.0f}M params, {dtype}, {args.device}) | {args.prompts} "
+          f"prompts x M={args.M} x {args.max_new_tokens} tokens | micro-batch {args.micro_batch} | "
+          f"{method} | {label} | {statistics.median(seconds):.2f} s/step | "
+          f"{statistics.median(tokens) / statistics.median(seconds):.0f} completion tokens/s | "
+          f"{peak_text}")
+    measured, floored = floor.median_phases(phases), floor.median_floors(floors)
+    print(floor.format_report(measured, floored, peaks, title=f"{args.shape} vs floor (median)"))
+    over = first["rollout"] - measured["rollout"]
+    print(f"first step {first['step']:.1f} s, its rollout {over:.1f} s over the median's (the "
+          "warm-up: kernels, allocator, a capture or a compile)")
+    rows = {name.strip(): (measured_s, floor_s)
+            for name, measured_s, floor_s, _ in floor.report_rows(measured, floored)}
+    numbers = dict(path=args.generate, ran=ran, rows=args.prompts * args.M,
+                   device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                   tokens=args.max_new_tokens, micro_batch=args.micro_batch,
+                   ms_per_token=1e3 * rows["decode"][0] / args.max_new_tokens,
+                   launches_per_token=per_token,
+                   launches="kernels" if device.type == "cuda" else "aten ops",
+                   decode_s=rows["decode"][0], decode_floor_s=rows["decode"][1],
+                   step_s=rows["step"][0], step_floor_s=rows["step"][1],
+                   first_step_s=first["step"], peak_gib=peak)
+    print("GENERATE " + json.dumps(numbers))
+    return numbers
 
 
 if __name__ == "__main__":

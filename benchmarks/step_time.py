@@ -16,9 +16,9 @@ AdamW lr / weight decay / grad clip, constant lr, micro-batches of --micro-batch
 (TRL: gradient accumulation), fp32 weights (bf16 autocast on GPU), no gradient checkpointing, reward = task.reward.
 The tiny model is warm-started as `python train.py` does it (cached): at random init every reward is 0, and with all
 advantages 0 our update has nothing to do. What the clock covers, per step:
-  ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the training forward (each
-        group's prompt once: shared-prompt forward; its detached log-probs are pi_old: on-policy), clipped loss,
-        backward; clip; AdamW. Rows with advantage 0 are skipped, as train.py does (zero gradient at beta 0).
+  ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the
+        training forward (its detached log-probs are pi_old: on-policy), clipped loss, backward;
+        clip; AdamW. Rows with advantage 0 are skipped, as train.py does (zero gradient at beta 0).
         AR + Lopti first fixes pi_old with a no-grad forward of the trained rows, then runs forward/backward/step
         once per pass, not the rollout.
   TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per
@@ -48,7 +48,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from harness import flags  # noqa: E402
 from harness import policy, settle  # noqa: E402
-from fast import logprobs as fast_logprobs  # noqa: E402
 import train  # noqa: E402
 from benchmarks import floor, random_model_step  # noqa: E402
 from benchmarks.floor import sync, timed  # noqa: E402
@@ -166,7 +165,8 @@ def our_step(side, task, examples, device):
         with clock("update+forward"):
             train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask,
                                rollouts.completion_mask, advantages, side["update_config"], clock=clock)
-    clocked = {**seconds, **inner, "update_policy": seconds["update+forward"]}
+    clocked = {**seconds, **inner, "update_policy": seconds["update+forward"],
+               "prefill": floor.prefill_seconds(model, rollouts, side["rollout_config"].dtype)}
     side["floor_measured"].append(floor.measured_phases(clocked))
     side["workloads"].append(floor.workload_of(rollouts, side["rollout_config"].num_generations, record,
                                                side["rollout_config"].dtype))
@@ -320,8 +320,7 @@ def step_numbers(args, sides, trl_clock, trl_skipped):
     return {"preset": args.preset, "steps": args.steps, "warmup": args.warmup, "threads": torch.get_num_threads(),
             "peaks": {"tflops": args.peaks.flops / 1e12, "gbps": args.peaks.bandwidth / 1e9,
                       "source": args.peaks.source},
-            "sides": numbers, "ratios": quoted_ratios(numbers), "trl_skipped": trl_skipped,
-            "head_branches": dict(fast_logprobs.HEAD_BRANCHES)}  # the head's forwards: one chunk or chunks
+            "sides": numbers, "ratios": quoted_ratios(numbers), "trl_skipped": trl_skipped}
 
 
 def measure_memory_in_subprocesses(sides, argv):
@@ -445,7 +444,6 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.manual_seed(args.train.seed)
-    fast_logprobs.HEAD_BRANCHES.clear()  # step.json counts this run's head forwards alone
     task, examples, model, tokenizer = build_workload(args)
     if args.profile != "none":
         return profile_ours(args, task, examples, model, tokenizer)

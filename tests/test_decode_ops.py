@@ -17,10 +17,13 @@ def test_decode_ops_runs_at_a_tiny_shape_and_the_loop_syncs_once_every_k(one_thr
     finally:
         fast_loop.STOP_CHECK_EVERY = every
     out = capsys.readouterr().out
-    assert all(name in out for name in list(results)[:4]) and "x fewer" in out and "graph nodes" in out
+    assert all(name in out for name in list(results)[:3])
+    assert "x fewer" in out and "graph nodes" in out
     assert 20 < results["graph nodes"] < 200 and 0 < results["attention bytes"] < 1e6  # 1 layer, 4 rows
     ops, syncs, _ = results["decode loop, eager"]
     assert syncs <= 1 / 4 and ops > 10  # (12 - 4) / 4 = 2 checks over 8 tokens
     ops, syncs, _ = results["decode loop, one graph a step"]
     assert syncs == 1 / 4 and ops <= 1 + 4 / 4  # one replay + the check's ops (any, where, its read) every 4
-    assert results["plain generate"][1] >= 1 and results["default (roomy cache)"][1] >= 1
+    assert results["plain generate"][1] >= 1
+    assert list(results)[:3] == ["plain generate", "decode loop, eager",
+                                 "decode loop, one graph a step"]

@@ -155,42 +155,39 @@ def test_recorded_step_hands_the_floor_what_ran(digits_task):
     no_grad = [f for f in record["forwards"] if not f.trains]
     assert len(no_grad) == 1 and no_grad[0].completion_lengths == rollouts.completion_mask[active].sum(1).tolist()
     assert len(record["optimizer steps"]) == stats["optimizer_steps"] > 0
-    assert {"prefill", "no-grad forwards", "optimizer step"} <= seconds.keys()
+    assert {"no-grad forwards", "optimizer step"} <= seconds.keys() and "prefill" not in seconds
     work = floor.workload_of(rollouts, 4, record, "fp32")
     assert work.prompt_lengths == rollouts.attention_mask[::4, :-6].sum(1).tolist() and len(work.prompt_lengths) == 2
 
 
-def test_prefill_clock_times_the_rollouts_prefill_only(digits_task):
-    """The "prefill" clock is the rollout's shared prefill: the shared-prompt forward inside each update micro-batch
-    (fast/logprobs.py calls the same kv_cache.prefill_prompt_cache) is counted as the update's, never as prefill (it
-    was, before issue 67: prefill looked ~M x larger and decode smaller)."""
+def test_prefill_is_timed_apart_one_forward_of_the_rows_prompts(digits_task):
+    """generate prefills inside its call (and a hook there would sit inside HF's compiled forward):
+    prefill_seconds times one no-grad forward of the rollout's rows' prompts [B, P], the last
+    position's logits only, and the decode is the rollout less it (before issue 79 the clock timed
+    the shared prefill, which is gone)."""
     tokenizer, model, _ = tiny_policy_and_rollouts()
     config = Config(style="compact", num_generations=4, max_new_tokens=6, micro_batch=4, method="softmax")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    entered = defaultdict(int)
-
-    @contextlib.contextmanager
-    def counting_clock(name):
-        entered[name] += 1
-        yield
-
     torch.manual_seed(0)
-    with floor.recorded(counting_clock, optimizer) as record:
-        with counting_clock("rollout"):
-            rollouts, _, advantages = train.collect_rollouts(model, tokenizer, DigitsTask(), DigitsTask().examples(
-                "train", 2, 0), config)
-        rollout_prefills = entered["prefill"]
-        train.update_batch(model, optimizer, rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask,
-                           advantages, config)
-    assert rollout_prefills == 1  # one rollout batch: its prompts prefilled once
-    assert entered["prefill"] == 1  # the update's shared-prompt forwards on the update's clock, not the prefill's
-    assert record["prefills"] == ["rollout"] + ["update"] * (len(record["prefills"]) - 1)
-    assert len(record["prefills"]) > 1  # (the update's micro-batches did share their prompts' forward)
+    examples = DigitsTask().examples("train", 2, 0)
+    rollouts, _, _ = train.collect_rollouts(model, tokenizer, DigitsTask(), examples, config)
+    seen = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, output: seen.append((
+        kwargs["input_ids"].shape, output.logits.shape[1], torch.is_grad_enabled())),
+        with_kwargs=True)
+    try:
+        seconds = floor.prefill_seconds(model, rollouts, "fp32")
+    finally:
+        hook.remove()
+    prompt_width = rollouts.input_ids.shape[1] - 6
+    assert seconds > 0 and seen == [((8, prompt_width), 1, False)]
+    measured = floor.measured_phases({"rollout": 1.0, "update_policy": 0.5, "prefill": 0.25})
+    assert (measured["prefill"], measured["decode"]) == (0.25, 0.75)
+    assert "decode" not in floor.measured_phases({"rollout": 1.0, "update_policy": 0.5})
 
 
 def test_update_head_counts_at_the_tf32_rate_under_bf16():
-    # fast/logprobs.py runs the update's head in float32 on TF32 tensor cores: half the bf16 rate, so under bf16 its
-    # FLOPs count twice. Completions: 7 tokens x 2 x 40 head weights = 560 more FLOPs a forward, x 3 with its backward
+    # rollout.chunk_logprobs runs the update's head in float32, its floor at TF32's rate: half the
+    # bf16 rate, so its FLOPs count twice. Completions: 7 tokens x 2 x 40 head weights = 560 more FLOPs a forward, x 3 with its backward
     import dataclasses
     fp32 = floor.forwards_floor(TINY, WORK, PEAKS, trains=True)
     bf16 = floor.forwards_floor(TINY, dataclasses.replace(WORK, dtype="bf16"), PEAKS, trains=True)

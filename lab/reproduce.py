@@ -41,6 +41,8 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
 STEPLESS = ("identity", "fig1", "eq4", "timing")  # kinds whose numbers no change of the step's numerics moves
+# kinds that import none of the step's code (their own update): a numerics change moves them where it touched these
+OWN_CODE = {"imagenet-toy": ("experiments/imagenet_toy.py", "tasks/imagenet_toy.py", "softmax_grpo.py")}
 LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its lab/referees.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
@@ -131,10 +133,14 @@ def shipped_rows(name):
 
 
 def shipped_values(name, machine=None):
-    """{metric: value} of a cell's rows whose machine contains `machine`, by default those of the code path a rerun
-    here takes (run_path); {} if none (no fallback: each path has its own trajectories)."""
-    return {row["metric"]: float(row["value"]) for row in shipped_rows(name)
-            if (machine in row["machine"] if machine else row_path(row) == run_path(name))}
+    """{metric: value} of a cell's rows of one machine: the first whose machine contains `machine`, by default one on
+    the code path a rerun here takes (run_path), this CPU kind's first; {} if none (each path has its own
+    trajectories, and two machines' rows are never mixed)."""
+    rows = [row for row in shipped_rows(name) if (machine in row["machine"] if machine else
+                                                  row_path(row) == run_path(name))]
+    kind = cpu_kind(this_machine()) if machine is None else None
+    first = next((row for row in rows if cpu_kind(row["machine"]) == kind), rows[0] if rows else None)
+    return {row["metric"]: float(row["value"]) for row in rows if row["machine"] == first["machine"]}
 
 
 def row_path(row):
@@ -150,22 +156,28 @@ def run_path(name, machine=None, extra=None):
 
 def shipped(name, machine=None, extra=None):
     """{metric: row} of a cell's shipped results on the code path a rerun takes (run_path; `machine` default this
-    one); where none was shipped on it, another path's rows (the first in the file); {} if none shipped at all."""
-    rows = shipped_rows(name)
-    path = run_path(name, machine, extra)
-    mine = [row for row in rows if row_path(row) == path]
-    other = [row for row in rows if row_path(row) == row_path(rows[0])] if rows else []
-    return {row["metric"]: row for row in (mine or other)}
+    one), this CPU kind's where it shipped some; where none was shipped on that path, another path's rows (the first
+    in the file); {} if none shipped at all. One machine's rows, never two mixed."""
+    rows, path = shipped_rows(name), run_path(name, machine, extra)
+    kind = cpu_kind(machine or this_machine())
+    first = (next((row for row in rows if row_path(row) == path and cpu_kind(row["machine"]) == kind), None)
+             or next((row for row in rows if row_path(row) == path), rows[0] if rows else None))
+    return {row["metric"]: row for row in rows if (row["machine"], row["command"]) == (first["machine"],
+                                                                                        first["command"])}
 
 
 @functools.lru_cache(maxsize=None)
-def numerics_since(commit):
+def numerics_since(commit, kind="train"):
     """The changes of the step's numerics (lab/numerics.csv: commit, date, change; a row without a commit names the
     one that added it) that HEAD has and `commit`, a row's, has not: [] where HEAD reproduces the row; None where git
-    cannot tell. A cell of a STEPLESS kind has none."""
+    cannot tell. A cell of a STEPLESS kind has none; of an OWN_CODE kind, only those whose commit touched its code."""
+    if kind in STEPLESS:
+        return []
     rows = read_rows(os.path.join(REPO, "lab", "numerics.csv"))
     for line, row in enumerate(rows, 2):
         row["commit"] = row["commit"] or git("blame", "--porcelain", "-L", f"{line},+1", "lab/numerics.csv")[:7]
+    rows = [row for row in rows if kind not in OWN_CODE or set(OWN_CODE[kind]) & set(
+        git("show", "--name-only", "--format=", row["commit"]).split())]
     head, commit = git("rev-parse", "HEAD"), git("rev-parse", "--verify", "-q", commit.split("-")[0] + "^{commit}")
     return None if not (head and commit) else [row for row in rows if git("merge-base", row["commit"], head) == git(
         "rev-parse", row["commit"]) != git("merge-base", row["commit"], commit)]
@@ -173,7 +185,7 @@ def numerics_since(commit):
 
 def head_reproduces(name, commit):
     """--list's word on whether HEAD reruns a row of the cell made at `commit` (numerics_since)."""
-    since = [] if CELLS[name][0] in STEPLESS else numerics_since(commit)
+    since = numerics_since(commit, CELLS[name][0])
     return "" if since == [] else ", HEAD: unknown (git cannot tell)" if since is None else (
         f", reruns at {commit} (numerics changed at {', '.join(row['commit'] for row in since)})")
 
@@ -490,13 +502,15 @@ def read_rows(path):
 
 
 def ship(name, values, made=None, extra=None):
-    """Write a cell's values as its shipped rows for its code path (replacing that path's old ones) in its results
-    file. extra: the pin the run set beyond the cell's own (the environment's by default): part of the command."""
+    """Write a cell's values as its shipped rows of this CPU kind and code path (replacing those only: another CPU
+    kind's rows stay, on any path) in its results file. extra: the pin the run set beyond the cell's own (the
+    environment's by default): part of the command."""
     path = os.path.join(RESULTS, CELLS[name][2])
     made = {**(made or provenance()), "command": command_text(name, pins(os.environ) if extra is None else extra)}
     with taking_turns(RESULTS):  # another ship's read-and-write of the file is not interleaved with this one's
-        rows = [row for row in ledger_rows(path)  # another path's rows of this cell stay: each has its own trajectory
-                if row["cell"] != name or row_path(row) != row_path(made)]
+        mine = (cpu_kind(made["machine"]), row_path(made))  # another CPU's or path's rows of the cell stay
+        rows = [row for row in ledger_rows(path) if row["cell"] != name or (cpu_kind(row["machine"]),
+                                                                             row_path(row)) != mine]
         rows += [{"cell": name, "metric": metric, "value": value, **made} for metric, value in values.items()]
         write_results(path, sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
 
@@ -550,11 +564,14 @@ def main(argv=None):
         return 0
     if args.list or not args.cell:
         for name, (kind, _, file, minutes, _) in CELLS.items():
-            made = {row_path(row): row for row in shipped_rows(name)}
-            state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (
-                " (this CPU's)" if path == run_path(name) else " (this CPU, pinned)" if can_run(this_machine(), path)
-                else "") + head_reproduces(name, row["commit"]) for path, row in made.items()) or "not shipped"
-            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} {command_text(name)}  [{state}]")
+            made, mine = {(row_path(row), cpu_kind(row["machine"])): row for row in shipped_rows(name)}, (
+                run_path(name), cpu_kind(this_machine()))
+            state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (f" by {by}" if by != path else "")
+                              + (" (this CPU's)" if (path, by) == mine else " (this CPU's path)" if path == mine[0]
+                                 else " (this CPU, pinned)" if can_run(this_machine(), path) else "")
+                              + head_reproduces(name, row["commit"]) for (path, by), row in made.items())
+            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} {command_text(name)}  "
+                  f"[{state or 'not shipped'}]")
         return 0
     if args.cell not in CELLS:
         parser.error(f"no cell {args.cell!r}; --list names them")
@@ -572,7 +589,7 @@ def main(argv=None):
         print(f"note: {args.cell} was never shipped on this CPU's code path ({path}) nor on one it can take; "
               f"comparing with {made['machine']}'s rows ({row_path(made)}): {what_differs(path, row_path(made))} "
               "sums in another order (docs/results.md, 'Determinism'); expect them to differ")
-    since = numerics_since(made["commit"]) if made and not args.ship and CELLS[args.cell][0] not in STEPLESS else []
+    since = numerics_since(made["commit"], CELLS[args.cell][0]) if made and not args.ship else []
     if since:
         print(f"note: the step's numerics changed since {made['commit']}, which made these rows (lab/numerics.csv: "
               + "; ".join(f"{row['commit']}, {row['change'].split(':')[0]}" for row in since)

@@ -96,6 +96,9 @@ CELLS = {
     "step-time-tiny-cpu": ("timing", ["--no-memory"], "performance_step.csv", 3, ONE),
     "step-time-smollm2-cpu": ("timing", ["--preset", "smollm2-cpu", "--steps", "2", "--warmup", "1", "--no-memory",
                                          "--threads", "1"], "performance_step.csv", 8, ONE),
+    # docs/performance.md's log-prob fidelity (bf16 and its heads against fp64) on SmolLM2, its numbers not seconds
+    "logprob-fidelity-smollm2-cpu": ("fidelity", ["--threads", "2", "--prompts", "2", "-M", "2", "--max-new-tokens",
+                                                  "16"], "logprob_fidelity.csv", 3, {}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     "fig1-prompt-weight": ("fig1", ["8", "0.1"], "fig1_prompt_weight.csv", 0, {}),
@@ -251,6 +254,8 @@ def command_text(name, extra=None):
         return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.table3_allocation "
                 f"--checkpoint RUN/latest -M 16 --exact; {prefix}python -m experiments.lopti_token_stats "
                 "--checkpoint RUN/latest")
+    if kind == "fidelity":
+        return prefix + " ".join(["python benchmarks/logprob_fidelity.py", *args, "--ship", name])
     if kind == "fig1":
         return f"experiments.fig1_prompt_weight.prompt_weight_curves(p = 0, 0.5, 1; M={args[0]}, taus=[{args[1]}])"
     if kind == "referee-lopti":
@@ -307,6 +312,11 @@ def rerun(name, folder, extra=None):
         curves = prompt_weight_curves(np.array([0.0, 0.5, 1.0]), int(args[0]), [float(args[1])])
         return {f"{name}_p{p:g}": round(float(value), 6) for name, values in curves.items() if name != "p"
                 for p, value in zip((0.0, 0.5, 1.0), values)}
+    if kind == "fidelity":  # its --ship into a copy of the results file: the rows it writes, the numbers
+        ship_to = os.path.join(folder, "fidelity.csv")
+        run_quietly([sys.executable, "-c", "import sys, benchmarks.logprob_fidelity as b; b.RESULTS = sys.argv[1]; "
+                     "b.main(sys.argv[2:])", ship_to, *args, "--ship", name], environment)
+        return {row["metric"]: float(row["value"]) for row in ledger_rows(ship_to)}
     if kind == "eq4":
         run_quietly([sys.executable, "-m", "experiments.eq4_monte_carlo", "--output-dir", folder], environment)
         return eq4_metrics(read_rows(os.path.join(folder, "eq4_monte_carlo.csv")))

@@ -79,8 +79,9 @@ def warm_start_advice(warm, constant_pass):
     one that moves the stop past what was seen, so following it never gives the same suggestion again:
       stopped at its target   a target above both the constant answer's pass@1 and the old target (the warm start
                               then has to beat the constant answer to stop); none above MAX_TARGET
-      ran out of patience     the default --warm-start-patience where it was lower; a longer one once (from the
-                              default) where its best beat the constant answer; else, or after that, no flag
+      ran out of patience     the default --warm-start-patience where it was lower; a longer
+                              one once (from the default) where its best beat the constant
+                              answer; else, or after that, no flag
       ran out of steps        --warm-start-steps doubled, up to MAX_WARM_STEPS; then no flag
     """
     floor = constant_pass or 0.0
@@ -112,7 +113,8 @@ def warm_start_advice(warm, constant_pass):
                f"{patience * warm['eval_every']} steps (--warm-start-patience {patience}), below its target "
                f"{warm['target']:g}")
     if patience < DEFAULT_PATIENCE:  # no verdict before the default patience was tried (issue 82)
-        return f"{gave_up}; raise --warm-start-patience to {DEFAULT_PATIENCE}, the default, before giving up on it"
+        return (f"{gave_up}; raise --warm-start-patience to {DEFAULT_PATIENCE}, the default, "
+                "before giving up on it")
     if best > floor + TARGET_GRID and patience == DEFAULT_PATIENCE:
         return (f"{gave_up}, yet above the constant answer ({floor:.3f}): raise --warm-start-patience to "
                 f"{4 * patience}, so it trains on while its gains are slow")

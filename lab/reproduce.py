@@ -41,8 +41,10 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
 STEPLESS = ("identity", "fig1", "eq4", "timing")  # kinds whose numbers no change of the step's numerics moves
-# kinds that import none of the step's code (their own update): a numerics change moves them where it touched these
-OWN_CODE = {"imagenet-toy": ("experiments/imagenet_toy.py", "tasks/imagenet_toy.py", "softmax_grpo.py")}
+# kinds that import none of the step's code (their own update): a numerics change moves them
+# only where it touched these files
+OWN_CODE = {"imagenet-toy": ("experiments/imagenet_toy.py", "tasks/imagenet_toy.py",
+                             "softmax_grpo.py")}
 LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its lab/referees.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
@@ -96,9 +98,10 @@ CELLS = {
     "step-time-tiny-cpu": ("timing", ["--no-memory"], "performance_step.csv", 3, ONE),
     "step-time-smollm2-cpu": ("timing", ["--preset", "smollm2-cpu", "--steps", "2", "--warmup", "1", "--no-memory",
                                          "--threads", "1"], "performance_step.csv", 8, ONE),
-    # docs/performance.md's log-prob fidelity (bf16 and its heads against fp64) on SmolLM2, its numbers not seconds
-    "logprob-fidelity-smollm2-cpu": ("fidelity", ["--threads", "2", "--prompts", "2", "-M", "2", "--max-new-tokens",
-                                                  "16"], "logprob_fidelity.csv", 3, {}),
+    # docs/performance.md's log-prob fidelity (bf16, its heads, vs fp64) on SmolLM2: no seconds
+    "logprob-fidelity-smollm2-cpu": ("fidelity", ["--threads", "2", "--prompts", "2", "-M", "2",
+                                                  "--max-new-tokens", "16"],
+                                     "logprob_fidelity.csv", 3, {}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     "fig1-prompt-weight": ("fig1", ["8", "0.1"], "fig1_prompt_weight.csv", 0, {}),
@@ -136,14 +139,15 @@ def shipped_rows(name):
 
 
 def shipped_values(name, machine=None):
-    """{metric: value} of a cell's rows of one machine: the first whose machine contains `machine`, by default one on
-    the code path a rerun here takes (run_path), this CPU kind's first; {} if none (each path has its own
-    trajectories, and two machines' rows are never mixed)."""
-    rows = [row for row in shipped_rows(name) if (machine in row["machine"] if machine else
-                                                  row_path(row) == run_path(name))]
-    kind = cpu_kind(this_machine()) if machine is None else None
-    first = next((row for row in rows if cpu_kind(row["machine"]) == kind), rows[0] if rows else None)
-    return {row["metric"]: float(row["value"]) for row in rows if row["machine"] == first["machine"]}
+    """{metric: value} of a cell's rows of one machine: the first whose machine contains
+    `machine`, by default one on the code path a rerun here takes (run_path), this CPU kind's
+    first; {} if none (each path has its own trajectories; two machines' are never mixed)."""
+    if machine:
+        rows = [row for row in shipped_rows(name) if machine in row["machine"]]
+        return {row["metric"]: float(row["value"]) for row in rows
+                if row["machine"] == rows[0]["machine"]}
+    return {metric: float(row["value"]) for metric, row in shipped(name).items()
+            if row_path(row) == run_path(name)}
 
 
 def row_path(row):
@@ -158,22 +162,23 @@ def run_path(name, machine=None, extra=None):
 
 
 def shipped(name, machine=None, extra=None):
-    """{metric: row} of a cell's shipped results on the code path a rerun takes (run_path; `machine` default this
-    one), this CPU kind's where it shipped some; where none was shipped on that path, another path's rows (the first
-    in the file); {} if none shipped at all. One machine's rows, never two mixed."""
+    """{metric: row} of a cell's shipped results on the code path a rerun takes (run_path;
+    `machine` default this one), this CPU kind's where it shipped some; where none was shipped on
+    that path, another path's rows (the first in the file); {} if none. One machine's rows."""
     rows, path = shipped_rows(name), run_path(name, machine, extra)
     kind = cpu_kind(machine or this_machine())
-    first = (next((row for row in rows if row_path(row) == path and cpu_kind(row["machine"]) == kind), None)
-             or next((row for row in rows if row_path(row) == path), rows[0] if rows else None))
-    return {row["metric"]: row for row in rows if (row["machine"], row["command"]) == (first["machine"],
-                                                                                        first["command"])}
+    on_path = [row for row in rows if row_path(row) == path]
+    first = next((row for row in on_path if cpu_kind(row["machine"]) == kind), (on_path or rows or [{}])[0])
+    return {row["metric"]: row for row in rows
+            if (row["machine"], row["command"]) == (first.get("machine"), first.get("command"))}
 
 
 @functools.lru_cache(maxsize=None)
 def numerics_since(commit, kind="train"):
     """The changes of the step's numerics (lab/numerics.csv: commit, date, change; a row without a commit names the
     one that added it) that HEAD has and `commit`, a row's, has not: [] where HEAD reproduces the row; None where git
-    cannot tell. A cell of a STEPLESS kind has none; of an OWN_CODE kind, only those whose commit touched its code."""
+    cannot tell. A cell of a STEPLESS kind has none; of an OWN_CODE kind, only those whose commit
+    touched its code."""
     if kind in STEPLESS:
         return []
     rows = read_rows(os.path.join(REPO, "lab", "numerics.csv"))
@@ -312,10 +317,11 @@ def rerun(name, folder, extra=None):
         curves = prompt_weight_curves(np.array([0.0, 0.5, 1.0]), int(args[0]), [float(args[1])])
         return {f"{name}_p{p:g}": round(float(value), 6) for name, values in curves.items() if name != "p"
                 for p, value in zip((0.0, 0.5, 1.0), values)}
-    if kind == "fidelity":  # its --ship into a copy of the results file: the rows it writes, the numbers
+    if kind == "fidelity":  # its --ship into a new results file: the rows it writes
         ship_to = os.path.join(folder, "fidelity.csv")
-        run_quietly([sys.executable, "-c", "import sys, benchmarks.logprob_fidelity as b; b.RESULTS = sys.argv[1]; "
-                     "b.main(sys.argv[2:])", ship_to, *args, "--ship", name], environment)
+        run_quietly([sys.executable, "-c", "import sys, benchmarks.logprob_fidelity as b; "
+                     "b.RESULTS = sys.argv[1]; b.main(sys.argv[2:])", ship_to, *args, "--ship", name],
+                    environment)
         return {row["metric"]: float(row["value"]) for row in ledger_rows(ship_to)}
     if kind == "eq4":
         run_quietly([sys.executable, "-m", "experiments.eq4_monte_carlo", "--output-dir", folder], environment)
@@ -512,15 +518,15 @@ def read_rows(path):
 
 
 def ship(name, values, made=None, extra=None):
-    """Write a cell's values as its shipped rows of this CPU kind and code path (replacing those only: another CPU
-    kind's rows stay, on any path) in its results file. extra: the pin the run set beyond the cell's own (the
-    environment's by default): part of the command."""
+    """Write a cell's values as its shipped rows of this CPU kind and code path (replacing those
+    only: another CPU kind's rows stay, on any path) in its results file. extra: the pin the run
+    set beyond the cell's own (the environment's by default): part of the command."""
     path = os.path.join(RESULTS, CELLS[name][2])
     made = {**(made or provenance()), "command": command_text(name, pins(os.environ) if extra is None else extra)}
     with taking_turns(RESULTS):  # another ship's read-and-write of the file is not interleaved with this one's
-        mine = (cpu_kind(made["machine"]), row_path(made))  # another CPU's or path's rows of the cell stay
-        rows = [row for row in ledger_rows(path) if row["cell"] != name or (cpu_kind(row["machine"]),
-                                                                             row_path(row)) != mine]
+        mine = (name, cpu_kind(made["machine"]), row_path(made))  # another CPU's or path's stay
+        rows = [row for row in ledger_rows(path)
+                if (row["cell"], cpu_kind(row["machine"]), row_path(row)) != mine]
         rows += [{"cell": name, "metric": metric, "value": value, **made} for metric, value in values.items()]
         write_results(path, sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
 
@@ -574,14 +580,15 @@ def main(argv=None):
         return 0
     if args.list or not args.cell:
         for name, (kind, _, file, minutes, _) in CELLS.items():
-            made, mine = {(row_path(row), cpu_kind(row["machine"])): row for row in shipped_rows(name)}, (
-                run_path(name), cpu_kind(this_machine()))
-            state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (f" by {by}" if by != path else "")
-                              + (" (this CPU's)" if (path, by) == mine else " (this CPU's path)" if path == mine[0]
-                                 else " (this CPU, pinned)" if can_run(this_machine(), path) else "")
-                              + head_reproduces(name, row["commit"]) for (path, by), row in made.items())
-            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} {command_text(name)}  "
-                  f"[{state or 'not shipped'}]")
+            made = {(row_path(row), cpu_kind(row["machine"])): row for row in shipped_rows(name)}
+            mine = (run_path(name), cpu_kind(this_machine()))
+            state = "; ".join(
+                f"shipped {row['commit']} {row['date']} on {path}" + (f" by {by}" if by != path else "")
+                + (" (this CPU's)" if (path, by) == mine else " (this CPU's path)" if path == mine[0]
+                   else " (this CPU, pinned)" if can_run(this_machine(), path) else "")
+                + head_reproduces(name, row["commit"]) for (path, by), row in made.items())
+            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} "
+                  f"{command_text(name)}  [{state or 'not shipped'}]")
         return 0
     if args.cell not in CELLS:
         parser.error(f"no cell {args.cell!r}; --list names them")

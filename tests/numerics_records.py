@@ -1,13 +1,13 @@
 """The update's numerics, recorded bit for bit: one update of a tiny policy on a fixed batch, per case (the plain and
-the fast path; zero-advantage groups; Lopti's two passes in both orders, each non-empty; AR; the KL term on a pass's
-tokens; the clip, the dual clip and the gradient clip each taken by some tokens or steps; every --loss-agg), reduced
-to a digest of the weights it ends at, one set of digests per CPU kind (lab/ledger.py's code_path: CPU model and
+the fast path; zero-advantage groups; Lopti's two passes in both orders, each non-empty; AR;
+the KL term on a pass's tokens; the clip, the dual clip and the gradient clip each taken by
+some tokens or steps; every --loss-agg), reduced to a digest of the weights it ends at, one set of digests per CPU kind (lab/ledger.py's code_path: CPU model and
 instruction set, since each sums in its own order: docs/results.md, "Determinism").
 
     python -m tests.numerics_records            # this CPU's digests against tests/data/numerics_records.json
-    python -m tests.numerics_records --write    # record every kind this CPU can take: its own and, on an AVX-512
-                                                # x86 CPU, the AVX2 path (ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2),
-                                                # which gives the AVX2-only CPU's digests (both AMD EPYC, 381f0cf)
+    python -m tests.numerics_records --write    # record every kind this CPU takes: its own
+        # and, on an AVX-512 x86 CPU, the AVX2 path (ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2),
+        # which gave the AVX2-only CPU's digests (both AMD EPYC, at 381f0cf)
 
 A change of these digests is a change of the step's numerics: every trained row in lab/results made before it reruns
 at its own commit, not at HEAD (lab.reproduce). So the commit that changes them adds a row to lab/numerics.csv (what
@@ -35,12 +35,13 @@ TABLE = os.path.join(REPO, "lab", "numerics.csv")
 # 4 groups of M = 4: the first and the third all zero (no gradient without the KL term: 200e2ee stopped forwarding
 # such rows, which moved the micro-batches' boundaries); each of the 2 mini-batches opens with one of them
 ADVANTAGES = [0.0, 0.0, 0.0, 0.0, 0.9, -0.3, -0.6, 0.0, 0.0, 0.0, 0.0, 0.0, 1.2, -0.4, -0.4, -0.4]
-# the untrained policy's p_old is 0.014-0.038: eta 0.0185 puts 57 % of the learning tokens in the low pass, and
-# every pass has a step in each mini-batch (at eta 0.5 the high pass was empty: issue 82); the clips are narrow
-# enough that the second epoch clips some tokens, caps some by the dual clip and clips some steps' gradients
+# the untrained policy's p_old is 0.014-0.038: eta 0.0185 puts 57 % of the learning tokens in
+# the low pass, and each pass steps in each mini-batch (at eta 0.5 the high pass was empty: issue
+# 82); the clips are narrow enough that the second epoch clips some tokens, caps some by the dual
+# clip and clips some steps' gradients
 ETA = 0.0185
-AR_LOPTI = dict(alpha=0.3, lopti_eta=ETA, mini_batches=2, ppo_epochs=2, dual_clip=1.1, clip_low=0.15,
-                clip_high=0.2, grad_clip=0.25)
+AR_LOPTI = dict(alpha=0.3, lopti_eta=ETA, mini_batches=2, ppo_epochs=2, dual_clip=1.1,
+                clip_low=0.15, clip_high=0.2, grad_clip=0.25)
 
 
 def cases():
@@ -91,8 +92,8 @@ def update(fast, settings):
                 parameter.add_(0.01 * torch.randn(parameter.shape, generator=draw))
     config = Config(**settings, micro_batch=3, max_new_tokens=6, dtype="fp32", fast=fast)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    stats = train.update_batch(policy, optimizer, input_ids, attention_mask, completion_mask, advantages, config,
-                               ref_model=ref_model)
+    stats = train.update_batch(policy, optimizer, input_ids, attention_mask, completion_mask,
+                               advantages, config, ref_model=ref_model)
     return policy.state_dict(), stats
 
 
@@ -112,7 +113,8 @@ def measure(with_stats=False):
         out = {name: update(fast, settings) for name, (fast, settings) in cases().items()}
     finally:
         torch.set_num_threads(threads)
-    return {name: (digest(state), stats) if with_stats else digest(state) for name, (state, stats) in out.items()}
+    return {name: (digest(state), stats) if with_stats else digest(state)
+            for name, (state, stats) in out.items()}
 
 
 def cpu_kind():
@@ -128,8 +130,8 @@ def table_rows():
 
 
 def table_mark():
-    """What the records name of the table (its row count and its last row's change) and of the fixed cases (a hash
-    of their settings and batch: a new case or batch is recorded again without a table row)."""
+    """What the records name of the table (its row count and its last row's change) and of the
+    fixed cases (a hash of their settings and batch: new cases are recorded without a table row)."""
     rows = table_rows()
     fixture = json.dumps([cases(), ADVANTAGES, inspect.getsource(batch)], sort_keys=True)
     return {"rows": len(rows), "last_change": rows[-1]["change"],
@@ -144,8 +146,9 @@ def read_records():
 
 
 def write(now, kind):
-    """Record `now` as this CPU kind's digests: refused where they differ from its record and neither the table nor
-    the cases changed; a new row or new cases drop the other kinds' records. -> the message to print."""
+    """Record `now` as this CPU kind's digests: refused where they differ from its record and
+    neither the table nor the cases changed; a new row or new cases drop the other kinds' records.
+    -> the message to print."""
     records, mark = read_records(), table_mark()
     old = records["kinds"].get(kind)
     if records["table"] == mark and old is not None and old != now:
@@ -166,9 +169,9 @@ def main(argv=None):
     if argv == ["--write"]:
         print(write(now, kind))
         from lab.ledger import machine_isa, pin_for, pins
-        if machine_isa() == "avx512" and not pins(os.environ):  # the AVX2 path too: an AVX2-only CPU's records
-            subprocess.run([sys.executable, "-m", "tests.numerics_records", "--write"], check=True, cwd=REPO,
-                           env={**os.environ, **pin_for("avx2")})
+        if machine_isa() == "avx512" and not pins(os.environ):  # the AVX2 path's records too
+            subprocess.run([sys.executable, "-m", "tests.numerics_records", "--write"], check=True,
+                           cwd=REPO, env={**os.environ, **pin_for("avx2")})
         return 0
     if argv:
         raise SystemExit("usage: python -m tests.numerics_records [--write]")

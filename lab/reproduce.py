@@ -6,17 +6,12 @@
                                               # (exit 0) or "differs: NAME" (exit 1)
     python -m lab.reproduce smoke-avx2 --ship # rerun at HEAD and write the result as the shipped one (a maintainer)
 
-A cell is one run or one computation with its seed (CELLS: its kind, arguments, results file, minutes, environment;
-rerun says what each kind runs and measures). Its shipped numbers are rows of a small CSV under lab/results/
-(lab/ledger.py), each naming the commit, date, load, machine and command that made it. A rerun uses a new temporary
-folder and reuses nothing. It runs where the row was made: at HEAD, unless a change of the step's numerics
-(lab/numerics.csv, held to tests/numerics_records.py's bit-for-bit records) lies between the row's commit and HEAD;
-then in a git worktree of the row's commit (--at-head: HEAD anyway, expecting other numbers). The numbers rest on the
-torch build, the thread count and the CPU too: torch's kernels and MKL pick their code by the CPU's vendor and vector
-ISA and sum in their own orders (docs/results.md, "Determinism"). So a rerun compares with the rows of its own code
-path (CPU model and ISA), pins this CPU onto a narrower path whose rows exist where it can, and otherwise compares
-with another CPU's rows, naming what differs. Tolerance: 0 for every metric but a timing cell's ratios
-(TIMING_TOLERANCE), whose rows record the load at the rerun's start and end.
+A cell is one run or computation with its seed (CELLS; rerun says what each kind measures). Its shipped numbers are
+rows under lab/results/ (lab/ledger.py) naming the commit, date, load, machine and command; each CPU kind keeps its
+own. A rerun starts from nothing, at HEAD unless a change of the step's numerics (lab/numerics.csv) lies between
+the row's commit and HEAD (then in a git worktree of that commit; --at-head: HEAD anyway). It compares with the
+rows of its code path (CPU model and ISA: docs/results.md, "Determinism"), pinning this CPU onto a narrower path
+where it can, else with another CPU's rows, naming what differs. Tolerance: 0 but for a timing cell's ratios.
 """
 import argparse
 import csv
@@ -61,8 +56,7 @@ CELLS = {
     "default": ("train", [], "default.csv", 3, {}),
     "default-avx2": ("train", [], "default.csv", 3, AVX2),
     "default-avx2-onednn": ("train", [], "default.csv", 3, {**AVX2, "ONEDNN_MAX_CPU_ISA": "AVX2"}),
-    # MKL honours a branch other than AUTO or COMPATIBLE only on Intel CPUs (its documentation; on an AMD CPU this
-    # cell equals "default"); COMPATIBLE (SSE2) with torch's kernels at AVX2 is the one pin both vendors accept
+    # MKL honours this branch on Intel CPUs only; COMPATIBLE with AVX2 kernels: the pin both vendors take
     "default-mkl-avx512": ("train", [], "default.csv", 3, {"MKL_CBWR": "AVX512"}),
     "default-portable": ("train", [], "default.csv", 4, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}),
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
@@ -87,9 +81,7 @@ CELLS = {
     "imagenet-toy-adam": ("imagenet-toy", ["--optimizer", "adam", "--group-sizes", "1024"], "imagenet_toy.csv", 3, ONE),
     # a real model learns on a CPU (docs/results.md, "A real model learns on a CPU"): one seed a cell, ~21 min
     **{f"smollm2-cpu-seed{seed}": ("smollm2", [str(seed)], "smollm2_cpu.csv", 21, ONE) for seed in (0, 1)},
-    # the same with bf16 weights and no fp32 masters (an AdamW step of ~lr = 1e-5 is 0.02 of a bf16 spacing at
-    # SmolLM2's median |weight|, 0.11, and below half a spacing for 98% of its weights: rounding to nearest would
-    # drop nearly every step), and with the step in backward too
+    # the same with bf16 weights, no fp32 masters (docs/performance.md), and the step in backward too
     "smollm2-cpu-bf16-sr-seed0": ("smollm2", ["0", "--param-dtype", "bf16-sr"], "smollm2_cpu.csv", 25, ONE),
     "smollm2-cpu-bf16-sr-step-in-backward-seed0": ("smollm2", ["0", "--param-dtype", "bf16-sr", "--step-in-backward",
                                                                "--grad-clip", "0", "--micro-batch", "32"],
@@ -440,9 +432,9 @@ def compare_metrics(folder, preset, config=None, seed=None):
 
 
 def clip_activity(run_dir):
-    """One run's metrics.jsonl (lab.runs.activity): the clipped token fractions' means over steps, the largest
+    """One run's metrics.jsonl (lab.referee_clipping.activity): the clipped token fractions' means over steps, the largest
     ratio, the k3 KL at steps 50 and the last, and whether every ratio was exactly 1 (1.0 or 0.0)."""
-    from lab.runs import activity, ratio_is_one
+    from lab.referee_clipping import activity, ratio_is_one
     series = activity(os.path.join(run_dir, "metrics.jsonl"))
     kl = dict(series["kl"])
     metrics = {f"{key}_mean": round(sum(v for _, v in series[key]) / len(series[key]), 8)

@@ -60,7 +60,8 @@ def warm_start_advice(warm, constant_pass):
     """What to change when the tiny model's warm start left a degenerate start (docs/tasks.md): a
     suggestion that moves the stop past what was seen, so following it never repeats it. warm: its
     info (tiny.warm_start) with the settings that stopped it, {"steps": 0} for none, None unknown;
-    constant_pass: the pass@1 of the start's most common answer given to every prompt."""
+    constant_pass: the pass@1 of the start's most common answer given to every prompt. Below the
+    default patience, that patience first; never "no flag" before it was tried."""
     floor = constant_pass or 0.0
     if warm is not None and warm.get("steps") == 0:
         return ("give it a warm start (--warm-start-steps 1500), so RL starts from a policy that answers the prompts "
@@ -89,6 +90,9 @@ def warm_start_advice(warm, constant_pass):
     gave_up = (f"the warm start gave up at step {warm['steps']}: its best pass@1 {best:.3f} did not rise for "
                f"{patience * warm['eval_every']} steps (--warm-start-patience {patience}), below its target "
                f"{warm['target']:g}")
+    if patience < DEFAULT_PATIENCE:  # no verdict before the default patience was tried (issue 82)
+        return (f"{gave_up}; raise --warm-start-patience to {DEFAULT_PATIENCE}, the default, "
+                "before giving up on it")
     if best > floor + TARGET_GRID and patience == DEFAULT_PATIENCE:
         return (f"{gave_up}, yet above the constant answer ({floor:.3f}): raise --warm-start-patience to "
                 f"{4 * patience}, so it trains on while its gains are slow")

@@ -84,6 +84,12 @@ def report(by_seed, target):
         first, _, power = difference(diff, target).partition(" | ")
         print(f"| {label} | {text(a)} | {text(b)} | {first} | {p:.3f}, {'survives' if kept else 'does not survive'}"
               f" | {power.replace(' | ', ', ')} |")
+    level = 1 - 0.05 / len(rows)  # Bonferroni: each p below 0.05 / n, its interval at this level
+    print(f"Bonferroni over the {len(rows)} metrics (p < {0.05 / len(rows):.2g}): {level:.0%} "
+          "t-interval, p: " + "; ".join(
+              f"{key.replace('sampled_', '')} {mean:+.3f} [{low:+.3f}, {high:+.3f}] p {p:.2g}"
+              for (key, *_, diff), p in zip(rows, p_values)
+              for mean, _, (low, high) in [mean_se_interval(diff, level)]))
     table3_measured(by_seed, "each trained policy")
 
 

@@ -1,17 +1,9 @@
 """The results ledger: the shipped numbers behind docs/results.md, docs/performance.md and lab/referees.md, read and
-written here only.
-
-A results file is two CSVs under lab/results/. NAME.csv holds the values, one row per metric:
-    cell, made, metric, value
-and NAME.cells.csv, the cell table, says once per cell and CPU how they were made:
-    cell, made, commit, date, load, machine, command
-`made` is a short hash of that provenance, which each value row names. ledger_rows joins the two into rows of FIELDS
-(what every reader uses); write_results splits such rows back into the two files. A recorded command is the one that
-ran at its commit (a module may have moved since); `python -m lab.reproduce --list` shows today's.
-
-Which rows a rerun is compared with: the numbers of a seeded CPU run follow the code path torch's kernels and MKL
-take, which they choose by the CPU's vendor and vector ISA unless ATEN_CPU_CAPABILITY pins it (docs/results.md,
-"Determinism"). code_path names that path for a row (its machine, and the pin its command set) or for this process.
+written here only. A results file is two CSVs under lab/results/: NAME.csv (cell, made, metric, value: one row per
+metric) and NAME.cells.csv (cell, made, commit, date, load, machine, command: once per cell and CPU), `made` a short
+hash of the provenance. ledger_rows joins them into rows of FIELDS; write_results splits such rows back. A seeded
+CPU run's numbers follow the code path torch's kernels and MKL take by the CPU's vendor and vector ISA unless
+ATEN_CPU_CAPABILITY pins it (docs/results.md, "Determinism"): code_path names it for a row or for this process.
 """
 import contextlib
 import csv

@@ -6,26 +6,14 @@ training, and what does the exact Eq. (2) objective give against the clipped rec
     python -m lab.referee_clipping --shipped                    # lab/referees.md's numbers and figure, from
                                                                         # lab/results/referee_clipping_runs.csv
 
-The runs are lab.compare's preset countdown3-eq2 (countdown3's prompts, warm starts and budget; a finished
-run is reused), for GRPO and SoftmaxGRPO (tau 0.1) each:
-  eq2         Eq. (2) exactly: one epoch, one mini-batch, no KL, the clip bounds out of reach (0.999, 1000). With one
-              optimizer step per batch the update is on-policy: train.py takes pi_old as the detached log-probs of
-              the same forward, so the ratio is exactly 1 at the only step (checked below from metrics.jsonl: a
-              token-mean ratio of 1 with a maximum of 1 means every ratio is 1), and a clip can never act.
-  recipe      the papers' clipped, KL-regularised surrogate as SoftmaxGRPO runs it: clip 0.2 / 0.28, k3 KL 1e-3 to the
-              initial policy, one mini-batch (ppo_mini_batch_size = train_batch_size): also on-policy, so on a
-              fp32 CPU its only difference from eq2 is the KL term (on a GPU, rollout-vs-trainer log-prob noise
-              also moves the ratio off 1). The recipe's other settings (its loss aggregation, top-p 0.999) stay
-              at train.py's, as in every countdown3 run.
-  recipe-2mb  the recipe with the AR/Lopti runs' 2 mini-batches: the second optimizer step is off-policy, so the
-              clip can act.
-Printed: per config, over training, the clipped-token fractions (low: A < 0 and ratio < 1 - 0.2; high: A > 0 and
-ratio > 1.28; train.py's metrics.jsonl), the ratio's spread (token-mean ratio and its maximum per step) and the KL;
-the paired differences recipe - eq2 and recipe-2mb - eq2 (same seed: same warm start and prompts) of held-out
-greedy pass@1 and sampled pass@1 / pass@16 with 95% t-intervals; and whether each eq2 run equals, row for row, the
-same seed's countdown3-tuning run with the same method at M 8 (train.py's defaults: the clip bounds are the only
-difference, and they must not matter when the ratio is 1). Writes <output-dir>/countdown3-eq2_activity.csv and,
-with matplotlib, countdown3-eq2_activity.png. Numbers: lab/referees.md.
+The runs are lab.compare's preset countdown3-eq2 for GRPO and SoftmaxGRPO (tau 0.1): eq2 (Eq. (2) exactly: one
+epoch, one mini-batch, no KL, the clip out of reach; on-policy, so every ratio is exactly 1), recipe (clip 0.2 /
+0.28, k3 KL 1e-3, one mini-batch: on a fp32 CPU it differs from eq2 by the KL term only) and recipe-2mb (2
+mini-batches: the second step is off-policy, so the clip can act); lab/referees.md, section 2, says more.
+Printed: per config the clipped-token fractions, the ratio's spread and the KL over training (metrics.jsonl); the
+paired differences recipe - eq2 and recipe-2mb - eq2 of held-out pass@k with 95% t-intervals; whether each eq2 run
+equals, row for row, the same seed's countdown3-tuning run at M 8. Writes <output-dir>/countdown3-eq2_activity.csv
+(and .png with matplotlib).
 """
 import csv
 import os
@@ -35,7 +23,6 @@ from experiments import pyplot, save_figure, write_csv
 
 from lab import compare
 from lab.referee_tuning import METRICS, sweep_parser
-from lab.runs import ACTIVITY, activity, ratio_is_one  # noqa: F401 (this script's API)
 from lab.seed_stats import paired_text
 from harness.metrics import read_metrics
 
@@ -43,6 +30,18 @@ PRESET = "countdown3-eq2"
 FIGURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures", "referee_clipping_activity.png")
 SWEEP_CELL = {"grpo": "grpo-M8", "softmax": "softmax-M8-tau0.1"}  # the same train.py run but the clip bounds
 COMPARED = ("reward_mean", "pass_rate", "zero_var_share", "pg_loss", "grad_norm", "entropy")
+ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
+
+
+def activity(metrics_path):
+    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]} (missing keys: none)."""
+    rows = [r for r in read_metrics(metrics_path) if not r.get("eval")]
+    return {key: [(r["step"], r[key]) for r in rows if key in r] for key in ACTIVITY}
+
+
+def ratio_is_one(series):
+    """Every step's token-mean ratio and maximum ratio are 1 (then every ratio is 1: none above, mean 1)."""
+    return bool(series["ratio_mean"]) and all(v == 1.0 for _, v in series["ratio_mean"] + series["ratio_max"])
 
 
 def read_runs(path):

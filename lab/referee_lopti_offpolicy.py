@@ -3,20 +3,14 @@ the OFF-policy state, where the trust-region indicator can be 0. lab.referee_lop
 batches (its --no-off-policy skips it; --clip-low, --clip-high, --dual-clip set the clip) and writes
 referee_lopti_offpolicy.csv; the batch, the tokens measured, their p_old quartiles and w are that script's docstring's.
 
-On-policy no token can leave the trust region, so this makes the state train.py is in when it scores a batch's
-second mini-batch: a copy of the policy takes train.py's first optimizer step of this batch (train.update_policy on
-the first of train.py's 2 contiguous mini-batches, pi_old the on-policy log-probs; the checkpoint run's clip bounds,
-dual clip, lr, weight decay, grad clip, KL coefficient and clamp, loss aggregation, from its run.json, each
-overridable: --clip-low, --clip-high, --dual-clip; AdamW with the moments saved in the checkpoint's trainer_state.pt
-when it has them, else fresh, as at a run's first step). Then the whole batch is scored again, ratio = pi_new /
-pi_old per token (the first mini-batch's rows as a second PPO epoch would see them, the second's as train.py's second
-step does), and on the same on-policy p_old quartiles it counts the tokens whose trust-region indicator is 0:
-clipped low (A < 0, ratio < 1 - clip_low), clipped high (A > 0, ratio > 1 + clip_high), dual-clipped (A < 0,
-ratio > c, only with a dual clip); and A < 0 tokens with ratio > 1 + clip_high, which the clip does not hold
-(|w| = |A| ratio grows with the ratio). w there is read from autograd of ppo.policy_loss itself (loss_token_weights:
--N d loss / d log pi_t), not from the formula, so "w = 0 where the indicator is 0" is a measurement of the loss's
-gradient: with beta = 0 it must be exactly 0; with beta > 0 the KL part beta (pi_ref / pi - 1) remains. Per
-quartile: those counts, mean |w| on the tokens still inside, max |w| on the clipped ones, the ratio's range.
+On-policy no token leaves the trust region, so a copy of the policy takes train.py's first optimizer step of the
+batch (train.update_policy on its first of 2 mini-batches, with the checkpoint run's settings from run.json, the
+clip's overridable, and AdamW's saved moments where the checkpoint has them); the batch is scored again (ratio =
+pi_new / pi_old per token), and per on-policy p_old quartile it counts the tokens whose trust-region indicator is 0
+(clipped low, clipped high, dual-clipped) and the A < 0 tokens above 1 + clip_high, which the clip does not hold.
+w is read from autograd of ppo.policy_loss itself (loss_token_weights: -N d loss / d log pi_t), so "w = 0 where the
+indicator is 0" is measured: exactly 0 with beta = 0; the KL part beta (pi_ref / pi - 1) remains with beta > 0. Per
+quartile: those counts, mean |w| inside, max |w| on the clipped ones, the ratio's range.
 offpolicy_metrics turns several batches' rows into the numbers a results file ships (lab.reproduce).
 """
 import copy

@@ -4,17 +4,11 @@
     python -m lab.referee_table3 --steps 100,150 --seeds 0,1
     python -m lab.referee_table3 --shipped        # lab/referees.md's numbers and figure, from the shipped rows
 
-The protocol (DESIGN.md section 7 states it): the policies are lab.referee_tuning's countdown3-tuning runs
-of train.py's countdown3 recipe, GRPO (grpo-M8) and SoftmaxGRPO tau 0.1 (softmax-M8-tau0.1), 150 steps of 64
-prompts x M 8 under the unclipped-in-effect on-policy surrogate (one epoch, one mini-batch, no KL); at each step
-their checkpoint-<step> (kept: --keep-checkpoints 0) is scored by experiments.table3_allocation through
-lab.compare.table3_over_runs: 256 held-out prompts x 16 samples at temperature 1, torch seeded with the
-run's seed; p = k / 16; both estimators' advantages (GRPO z-score, SoftmaxGRPO tau 0.1) on the same samples; a
-prompt's budget sum_i |A_i| len_i; a bin's share = its budget / the total. Printed per step, the measured part
-(lab.headline.table3_measured): the prompts of each trained policy per pass-rate bin and each method's
-share on its own policy, mean +- SE over seeds, differences paired by seed with 95% t-intervals. The two estimators'
-shares on the same samples differ by an identity of the formulas (DESIGN.md section 7) and are not compared. A run
-not yet trained (or a step not yet saved) is left out and counted.
+The protocol is DESIGN.md section 7's: lab.referee_tuning's grpo-M8 and softmax-M8-tau0.1 runs, each kept
+checkpoint-<step> scored by lab.compare.table3_over_runs (256 held-out prompts x 16 samples; p = k / 16; a bin's
+share of the budget sum_i |A_i| len_i). Printed per step, the measured part (lab.headline.table3_measured): each
+trained policy's prompts per pass-rate bin and each method's share on its own policy, mean +- SE over seeds,
+differences paired by seed with 95% t-intervals. A run or step not yet there is left out and counted.
 
 Writes <output-dir>/countdown3-tuning_table3_steps.csv (one row per step, policy, seed and bin: both estimators'
 shares) and, with matplotlib, countdown3-tuning_table3_steps.png (the measured part vs step, SE bars).

@@ -6,11 +6,9 @@
                                                           # (lab/results/referee_tuning_runs.csv)
 
 The headline (M, tau) = (8, 0.1) is the best cell of the paper's sweep while GRPO got one configuration. Here both
-get a grid on lab.compare's countdown3 prompts (the tiny model on 3-number Countdown, warm start at ~5%):
-GRPO over M in {4, 8, 16}, SoftmaxGRPO over M in {4, 8, 16} x tau in {0.05, 0.1, 0.3, 1.0}; every cell 150 steps of
-512 samples (512 // M prompts x M), the same lr (train.py's tiny-model default; not swept, for either), the same
-seeds, warm starts and held-out prompts. The runs are lab.compare's preset countdown3-tuning, so a run
-already finished is reused and the grid grows by rerunning the command (or by --seeds 0,1,2,3,4).
+get a grid (lab.compare's preset countdown3-tuning; a finished run is reused): GRPO over M in {4, 8, 16},
+SoftmaxGRPO over M x tau in {0.05, 0.1, 0.3, 1.0}; every cell 150 steps of 512 samples, the same lr, seeds, warm
+starts and held-out prompts.
 
 Per cell: held-out greedy pass@1 (train.py's final eval, 200 prompts) and sampled pass@k from 16 samples per
 held-out prompt for every cell (unbiased estimator), mean +- SE over seeds. Each method's best cell (the highest

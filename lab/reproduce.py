@@ -6,17 +6,12 @@
                                               # (exit 0) or "differs: NAME" (exit 1)
     python -m lab.reproduce smoke-avx2 --ship # rerun at HEAD and write the result as the shipped one (a maintainer)
 
-A cell is one run or one computation with its seed (CELLS: its kind, arguments, results file, minutes, environment;
-rerun says what each kind runs and measures). Its shipped numbers are rows of a small CSV under lab/results/
-(lab/ledger.py), each naming the commit, date, load, machine and command that made it. A rerun uses a new temporary
-folder and reuses nothing. It runs where the row was made: at HEAD, unless a change of the step's numerics
-(lab/numerics.csv, held to tests/numerics_records.py's bit-for-bit records) lies between the row's commit and HEAD;
-then in a git worktree of the row's commit (--at-head: HEAD anyway, expecting other numbers). The numbers rest on the
-torch build, the thread count and the CPU too: torch's kernels and MKL pick their code by the CPU's vendor and vector
-ISA and sum in their own orders (docs/results.md, "Determinism"). So a rerun compares with the rows of its own code
-path (CPU model and ISA), pins this CPU onto a narrower path whose rows exist where it can, and otherwise compares
-with another CPU's rows, naming what differs. Tolerance: 0 for every metric but a timing cell's ratios
-(TIMING_TOLERANCE), whose rows record the load at the rerun's start and end.
+A cell is one run or computation with its seed (CELLS; rerun says what each kind measures). Its shipped numbers are
+rows under lab/results/ (lab/ledger.py) naming the commit, date, load, machine and command; each CPU kind keeps its
+own. A rerun starts from nothing, at HEAD unless a change of the step's numerics (lab/numerics.csv) lies between
+the row's commit and HEAD (then in a git worktree of that commit; --at-head: HEAD anyway). It compares with the
+rows of its code path (CPU model and ISA: docs/results.md, "Determinism"), pinning this CPU onto a narrower path
+where it can, else with another CPU's rows, naming what differs. Tolerance: 0 but for a timing cell's ratios.
 """
 import argparse
 import csv
@@ -41,6 +36,10 @@ SMOKE = ["--steps", "4", "--warm-start-steps", "60", "--eval-size", "20", "--pro
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # torch's and MKL's AVX2 code path (x86)
 ONE = {"OMP_NUM_THREADS": "1"}
 STEPLESS = ("identity", "fig1", "eq4", "timing")  # kinds whose numbers no change of the step's numerics moves
+# kinds that import none of the step's code (their own update): a numerics change moves them
+# only where it touched these files
+OWN_CODE = {"imagenet-toy": ("experiments/imagenet_toy.py", "tasks/imagenet_toy.py",
+                             "softmax_grpo.py")}
 LOPTI_BATCHES = ["--seeds", "0,1,2", "--num-prompts", "64"]  # referee_lopti's 3 batches (its lab/referees.md rows)
 TUNING_CONFIGS = [config for M in (8, 4, 16) for config in [f"grpo-M{M}", *(f"softmax-M{M}-tau{tau}" for tau in
                                                                             (0.1, 0.05, 0.3, 1.0))]]  # compare's grid
@@ -57,8 +56,7 @@ CELLS = {
     "default": ("train", [], "default.csv", 3, {}),
     "default-avx2": ("train", [], "default.csv", 3, AVX2),
     "default-avx2-onednn": ("train", [], "default.csv", 3, {**AVX2, "ONEDNN_MAX_CPU_ISA": "AVX2"}),
-    # MKL honours a branch other than AUTO or COMPATIBLE only on Intel CPUs (its documentation; on an AMD CPU this
-    # cell equals "default"); COMPATIBLE (SSE2) with torch's kernels at AVX2 is the one pin both vendors accept
+    # MKL honours this branch on Intel CPUs only; COMPATIBLE with AVX2 kernels: the pin both vendors take
     "default-mkl-avx512": ("train", [], "default.csv", 3, {"MKL_CBWR": "AVX512"}),
     "default-portable": ("train", [], "default.csv", 4, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}),
     "smoke-avx2": ("train", SMOKE, "default.csv", 1, {**AVX2, **ONE}),
@@ -83,9 +81,7 @@ CELLS = {
     "imagenet-toy-adam": ("imagenet-toy", ["--optimizer", "adam", "--group-sizes", "1024"], "imagenet_toy.csv", 3, ONE),
     # a real model learns on a CPU (docs/results.md, "A real model learns on a CPU"): one seed a cell, ~21 min
     **{f"smollm2-cpu-seed{seed}": ("smollm2", [str(seed)], "smollm2_cpu.csv", 21, ONE) for seed in (0, 1)},
-    # the same with bf16 weights and no fp32 masters (an AdamW step of ~lr = 1e-5 is 0.02 of a bf16 spacing at
-    # SmolLM2's median |weight|, 0.11, and below half a spacing for 98% of its weights: rounding to nearest would
-    # drop nearly every step), and with the step in backward too
+    # the same with bf16 weights, no fp32 masters (docs/performance.md), and the step in backward too
     "smollm2-cpu-bf16-sr-seed0": ("smollm2", ["0", "--param-dtype", "bf16-sr"], "smollm2_cpu.csv", 25, ONE),
     "smollm2-cpu-bf16-sr-step-in-backward-seed0": ("smollm2", ["0", "--param-dtype", "bf16-sr", "--step-in-backward",
                                                                "--grad-clip", "0", "--micro-batch", "32"],
@@ -94,6 +90,10 @@ CELLS = {
     "step-time-tiny-cpu": ("timing", ["--no-memory"], "performance_step.csv", 3, ONE),
     "step-time-smollm2-cpu": ("timing", ["--preset", "smollm2-cpu", "--steps", "2", "--warmup", "1", "--no-memory",
                                          "--threads", "1"], "performance_step.csv", 8, ONE),
+    # docs/performance.md's log-prob fidelity (bf16, its heads, vs fp64) on SmolLM2: no seconds
+    "logprob-fidelity-smollm2-cpu": ("fidelity", ["--threads", "2", "--prompts", "2", "-M", "2",
+                                                  "--max-new-tokens", "16"],
+                                     "logprob_fidelity.csv", 3, {}),
     "table3-identity": ("identity", ["16", "0.1"], "table3_identity.csv", 0, {}),
     "eq4-monte-carlo": ("eq4", [], "eq4_monte_carlo.csv", 1, ONE),
     "fig1-prompt-weight": ("fig1", ["8", "0.1"], "fig1_prompt_weight.csv", 0, {}),
@@ -131,10 +131,15 @@ def shipped_rows(name):
 
 
 def shipped_values(name, machine=None):
-    """{metric: value} of a cell's rows whose machine contains `machine`, by default those of the code path a rerun
-    here takes (run_path); {} if none (no fallback: each path has its own trajectories)."""
-    return {row["metric"]: float(row["value"]) for row in shipped_rows(name)
-            if (machine in row["machine"] if machine else row_path(row) == run_path(name))}
+    """{metric: value} of a cell's rows of one machine: the first whose machine contains
+    `machine`, by default one on the code path a rerun here takes (run_path), this CPU kind's
+    first; {} if none (each path has its own trajectories; two machines' are never mixed)."""
+    if machine:
+        rows = [row for row in shipped_rows(name) if machine in row["machine"]]
+        return {row["metric"]: float(row["value"]) for row in rows
+                if row["machine"] == rows[0]["machine"]}
+    return {metric: float(row["value"]) for metric, row in shipped(name).items()
+            if row_path(row) == run_path(name)}
 
 
 def row_path(row):
@@ -149,23 +154,30 @@ def run_path(name, machine=None, extra=None):
 
 
 def shipped(name, machine=None, extra=None):
-    """{metric: row} of a cell's shipped results on the code path a rerun takes (run_path; `machine` default this
-    one); where none was shipped on it, another path's rows (the first in the file); {} if none shipped at all."""
-    rows = shipped_rows(name)
-    path = run_path(name, machine, extra)
-    mine = [row for row in rows if row_path(row) == path]
-    other = [row for row in rows if row_path(row) == row_path(rows[0])] if rows else []
-    return {row["metric"]: row for row in (mine or other)}
+    """{metric: row} of a cell's shipped results on the code path a rerun takes (run_path;
+    `machine` default this one), this CPU kind's where it shipped some; where none was shipped on
+    that path, another path's rows (the first in the file); {} if none. One machine's rows."""
+    rows, path = shipped_rows(name), run_path(name, machine, extra)
+    kind = cpu_kind(machine or this_machine())
+    on_path = [row for row in rows if row_path(row) == path]
+    first = next((row for row in on_path if cpu_kind(row["machine"]) == kind), (on_path or rows or [{}])[0])
+    return {row["metric"]: row for row in rows
+            if (row["machine"], row["command"]) == (first.get("machine"), first.get("command"))}
 
 
 @functools.lru_cache(maxsize=None)
-def numerics_since(commit):
+def numerics_since(commit, kind="train"):
     """The changes of the step's numerics (lab/numerics.csv: commit, date, change; a row without a commit names the
     one that added it) that HEAD has and `commit`, a row's, has not: [] where HEAD reproduces the row; None where git
-    cannot tell. A cell of a STEPLESS kind has none."""
+    cannot tell. A cell of a STEPLESS kind has none; of an OWN_CODE kind, only those whose commit
+    touched its code."""
+    if kind in STEPLESS:
+        return []
     rows = read_rows(os.path.join(REPO, "lab", "numerics.csv"))
     for line, row in enumerate(rows, 2):
         row["commit"] = row["commit"] or git("blame", "--porcelain", "-L", f"{line},+1", "lab/numerics.csv")[:7]
+    rows = [row for row in rows if kind not in OWN_CODE or set(OWN_CODE[kind]) & set(
+        git("show", "--name-only", "--format=", row["commit"]).split())]
     head, commit = git("rev-parse", "HEAD"), git("rev-parse", "--verify", "-q", commit.split("-")[0] + "^{commit}")
     return None if not (head and commit) else [row for row in rows if git("merge-base", row["commit"], head) == git(
         "rev-parse", row["commit"]) != git("merge-base", row["commit"], commit)]
@@ -173,7 +185,7 @@ def numerics_since(commit):
 
 def head_reproduces(name, commit):
     """--list's word on whether HEAD reruns a row of the cell made at `commit` (numerics_since)."""
-    since = [] if CELLS[name][0] in STEPLESS else numerics_since(commit)
+    since = numerics_since(commit, CELLS[name][0])
     return "" if since == [] else ", HEAD: unknown (git cannot tell)" if since is None else (
         f", reruns at {commit} (numerics changed at {', '.join(row['commit'] for row in since)})")
 
@@ -239,6 +251,8 @@ def command_text(name, extra=None):
         return (f"{prefix}python train.py --output-dir RUN; {prefix}python -m experiments.table3_allocation "
                 f"--checkpoint RUN/latest -M 16 --exact; {prefix}python -m experiments.lopti_token_stats "
                 "--checkpoint RUN/latest")
+    if kind == "fidelity":
+        return prefix + " ".join(["python benchmarks/logprob_fidelity.py", *args, "--ship", name])
     if kind == "fig1":
         return f"experiments.fig1_prompt_weight.prompt_weight_curves(p = 0, 0.5, 1; M={args[0]}, taus=[{args[1]}])"
     if kind == "referee-lopti":
@@ -295,6 +309,12 @@ def rerun(name, folder, extra=None):
         curves = prompt_weight_curves(np.array([0.0, 0.5, 1.0]), int(args[0]), [float(args[1])])
         return {f"{name}_p{p:g}": round(float(value), 6) for name, values in curves.items() if name != "p"
                 for p, value in zip((0.0, 0.5, 1.0), values)}
+    if kind == "fidelity":  # its --ship into a new results file: the rows it writes
+        ship_to = os.path.join(folder, "fidelity.csv")
+        run_quietly([sys.executable, "-c", "import sys, benchmarks.logprob_fidelity as b; "
+                     "b.RESULTS = sys.argv[1]; b.main(sys.argv[2:])", ship_to, *args, "--ship", name],
+                    environment)
+        return {row["metric"]: float(row["value"]) for row in ledger_rows(ship_to)}
     if kind == "eq4":
         run_quietly([sys.executable, "-m", "experiments.eq4_monte_carlo", "--output-dir", folder], environment)
         return eq4_metrics(read_rows(os.path.join(folder, "eq4_monte_carlo.csv")))
@@ -412,9 +432,9 @@ def compare_metrics(folder, preset, config=None, seed=None):
 
 
 def clip_activity(run_dir):
-    """One run's metrics.jsonl (lab.runs.activity): the clipped token fractions' means over steps, the largest
+    """One run's metrics.jsonl (lab.referee_clipping.activity): the clipped token fractions' means over steps, the largest
     ratio, the k3 KL at steps 50 and the last, and whether every ratio was exactly 1 (1.0 or 0.0)."""
-    from lab.runs import activity, ratio_is_one
+    from lab.referee_clipping import activity, ratio_is_one
     series = activity(os.path.join(run_dir, "metrics.jsonl"))
     kl = dict(series["kl"])
     metrics = {f"{key}_mean": round(sum(v for _, v in series[key]) / len(series[key]), 8)
@@ -490,13 +510,15 @@ def read_rows(path):
 
 
 def ship(name, values, made=None, extra=None):
-    """Write a cell's values as its shipped rows for its code path (replacing that path's old ones) in its results
-    file. extra: the pin the run set beyond the cell's own (the environment's by default): part of the command."""
+    """Write a cell's values as its shipped rows of this CPU kind and code path (replacing those
+    only: another CPU kind's rows stay, on any path) in its results file. extra: the pin the run
+    set beyond the cell's own (the environment's by default): part of the command."""
     path = os.path.join(RESULTS, CELLS[name][2])
     made = {**(made or provenance()), "command": command_text(name, pins(os.environ) if extra is None else extra)}
     with taking_turns(RESULTS):  # another ship's read-and-write of the file is not interleaved with this one's
-        rows = [row for row in ledger_rows(path)  # another path's rows of this cell stay: each has its own trajectory
-                if row["cell"] != name or row_path(row) != row_path(made)]
+        mine = (name, cpu_kind(made["machine"]), row_path(made))  # another CPU's or path's stay
+        rows = [row for row in ledger_rows(path)
+                if (row["cell"], cpu_kind(row["machine"]), row_path(row)) != mine]
         rows += [{"cell": name, "metric": metric, "value": value, **made} for metric, value in values.items()]
         write_results(path, sorted(rows, key=lambda row: (row["cell"], row["machine"], row["metric"])))
 
@@ -550,11 +572,15 @@ def main(argv=None):
         return 0
     if args.list or not args.cell:
         for name, (kind, _, file, minutes, _) in CELLS.items():
-            made = {row_path(row): row for row in shipped_rows(name)}
-            state = "; ".join(f"shipped {row['commit']} {row['date']} on {path}" + (
-                " (this CPU's)" if path == run_path(name) else " (this CPU, pinned)" if can_run(this_machine(), path)
-                else "") + head_reproduces(name, row["commit"]) for path, row in made.items()) or "not shipped"
-            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} {command_text(name)}  [{state}]")
+            made = {(row_path(row), cpu_kind(row["machine"])): row for row in shipped_rows(name)}
+            mine = (run_path(name), cpu_kind(this_machine()))
+            state = "; ".join(
+                f"shipped {row['commit']} {row['date']} on {path}" + (f" by {by}" if by != path else "")
+                + (" (this CPU's)" if (path, by) == mine else " (this CPU's path)" if path == mine[0]
+                   else " (this CPU, pinned)" if can_run(this_machine(), path) else "")
+                + head_reproduces(name, row["commit"]) for (path, by), row in made.items())
+            print(f"{name:<30} {kind:<9} ~{minutes:>2} min  lab/results/{file:<22} "
+                  f"{command_text(name)}  [{state or 'not shipped'}]")
         return 0
     if args.cell not in CELLS:
         parser.error(f"no cell {args.cell!r}; --list names them")
@@ -572,7 +598,7 @@ def main(argv=None):
         print(f"note: {args.cell} was never shipped on this CPU's code path ({path}) nor on one it can take; "
               f"comparing with {made['machine']}'s rows ({row_path(made)}): {what_differs(path, row_path(made))} "
               "sums in another order (docs/results.md, 'Determinism'); expect them to differ")
-    since = numerics_since(made["commit"]) if made and not args.ship and CELLS[args.cell][0] not in STEPLESS else []
+    since = numerics_since(made["commit"], CELLS[args.cell][0]) if made and not args.ship else []
     if since:
         print(f"note: the step's numerics changed since {made['commit']}, which made these rows (lab/numerics.csv: "
               + "; ".join(f"{row['commit']}, {row['change'].split(':')[0]}" for row in since)

@@ -1,10 +1,13 @@
 """The update's numerics, recorded bit for bit: one update of a tiny policy on a fixed batch, per case (the plain and
-the fast path; zero-advantage groups; Lopti's two passes in both orders; AR; the KL term; every --loss-agg), reduced
-to a digest of the weights it ends at, one set of digests per CPU kind (lab/ledger.py's code_path: CPU model and
+the fast path; zero-advantage groups; Lopti's two passes in both orders, each non-empty; AR;
+the KL term on a pass's tokens; the clip, the dual clip and the gradient clip each taken by
+some tokens or steps; every --loss-agg), reduced to a digest of the weights it ends at, one set of digests per CPU kind (lab/ledger.py's code_path: CPU model and
 instruction set, since each sums in its own order: docs/results.md, "Determinism").
 
     python -m tests.numerics_records            # this CPU's digests against tests/data/numerics_records.json
-    python -m tests.numerics_records --write    # record them (after a change of the numerics: see below)
+    python -m tests.numerics_records --write    # record every kind this CPU takes: its own
+        # and, on an AVX-512 x86 CPU, the AVX2 path (ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2),
+        # which gave the AVX2-only CPU's digests (both AMD EPYC, at 381f0cf)
 
 A change of these digests is a change of the step's numerics: every trained row in lab/results made before it reruns
 at its own commit, not at HEAD (lab.reproduce). So the commit that changes them adds a row to lab/numerics.csv (what
@@ -18,8 +21,10 @@ change it there and run --write; the digests, not this file, say whether the num
 import copy
 import csv
 import hashlib
+import inspect
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -30,7 +35,13 @@ TABLE = os.path.join(REPO, "lab", "numerics.csv")
 # 4 groups of M = 4: the first and the third all zero (no gradient without the KL term: 200e2ee stopped forwarding
 # such rows, which moved the micro-batches' boundaries); each of the 2 mini-batches opens with one of them
 ADVANTAGES = [0.0, 0.0, 0.0, 0.0, 0.9, -0.3, -0.6, 0.0, 0.0, 0.0, 0.0, 0.0, 1.2, -0.4, -0.4, -0.4]
-AR_LOPTI = dict(alpha=0.3, lopti_eta=0.5, mini_batches=2, ppo_epochs=2, dual_clip=3.0)
+# the untrained policy's p_old is 0.014-0.038: eta 0.0185 puts 57 % of the learning tokens in
+# the low pass, and each pass steps in each mini-batch (at eta 0.5 the high pass was empty: issue
+# 82); the clips are narrow enough that the second epoch clips some tokens, caps some by the dual
+# clip and clips some steps' gradients
+ETA = 0.0185
+AR_LOPTI = dict(alpha=0.3, lopti_eta=ETA, mini_batches=2, ppo_epochs=2, dual_clip=1.1,
+                clip_low=0.15, clip_high=0.2, grad_clip=0.25)
 
 
 def cases():
@@ -44,7 +55,8 @@ def cases():
             if fast or agg != "token-mean-per-micro-batch":
                 out[f"{path}/ar-lopti/{agg}"] = (fast, {**AR_LOPTI, "loss_agg": agg})
         out[f"{path}/ar-lopti-kl"] = (fast, {**AR_LOPTI, "kl_coef": 0.1})
-        out[f"{path}/lopti-high-first-kl"] = (fast, {"lopti_eta": 0.5, "lopti_order": "high-first", "kl_coef": 0.1})
+        out[f"{path}/lopti-high-first-kl"] = (fast, {"lopti_eta": ETA, "lopti_order": "high-first",
+                                                      "kl_coef": 0.1})
     return out
 
 
@@ -65,7 +77,7 @@ def batch():
 
 def update(fast, settings):
     """The call site: one update (train.update_batch) of the tiny policy at seed 0 by AdamW (lr 1e-3), micro-batches
-    of 3 rows, one thread -> its state_dict."""
+    of 3 rows, one thread -> (its state_dict, the update's stats)."""
     import train
     from harness.config import Config
     from harness.tiny import build_tiny_model
@@ -80,9 +92,9 @@ def update(fast, settings):
                 parameter.add_(0.01 * torch.randn(parameter.shape, generator=draw))
     config = Config(**settings, micro_batch=3, max_new_tokens=6, dtype="fp32", fast=fast)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    train.update_batch(policy, optimizer, input_ids, attention_mask, completion_mask, advantages, config,
-                       ref_model=ref_model)
-    return policy.state_dict()
+    stats = train.update_batch(policy, optimizer, input_ids, attention_mask, completion_mask,
+                               advantages, config, ref_model=ref_model)
+    return policy.state_dict(), stats
 
 
 def digest(state):
@@ -93,14 +105,16 @@ def digest(state):
     return hasher.hexdigest()[:16]
 
 
-def measure():
-    """{case: digest} on this CPU, one thread."""
+def measure(with_stats=False):
+    """{case: digest} on this CPU, one thread ({case: (digest, the update's stats)} with_stats)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {name: digest(update(fast, settings)) for name, (fast, settings) in cases().items()}
+        out = {name: update(fast, settings) for name, (fast, settings) in cases().items()}
     finally:
         torch.set_num_threads(threads)
+    return {name: (digest(state), stats) if with_stats else digest(state)
+            for name, (state, stats) in out.items()}
 
 
 def cpu_kind():
@@ -116,9 +130,12 @@ def table_rows():
 
 
 def table_mark():
-    """What the records name of the table: its row count and its last row's change."""
+    """What the records name of the table (its row count and its last row's change) and of the
+    fixed cases (a hash of their settings and batch: new cases are recorded without a table row)."""
     rows = table_rows()
-    return {"rows": len(rows), "last_change": rows[-1]["change"]}
+    fixture = json.dumps([cases(), ADVANTAGES, inspect.getsource(batch)], sort_keys=True)
+    return {"rows": len(rows), "last_change": rows[-1]["change"],
+            "cases": hashlib.sha256(fixture.encode()).hexdigest()[:16]}
 
 
 def read_records():
@@ -129,8 +146,9 @@ def read_records():
 
 
 def write(now, kind):
-    """Record `now` as this CPU kind's digests: refused where they differ from its record and the table has no new
-    row; a new row drops the other kinds' records. -> the message to print."""
+    """Record `now` as this CPU kind's digests: refused where they differ from its record and
+    neither the table nor the cases changed; a new row or new cases drop the other kinds' records.
+    -> the message to print."""
     records, mark = read_records(), table_mark()
     old = records["kinds"].get(kind)
     if records["table"] == mark and old is not None and old != now:
@@ -150,6 +168,10 @@ def main(argv=None):
     kind, now = cpu_kind(), measure()
     if argv == ["--write"]:
         print(write(now, kind))
+        from lab.ledger import machine_isa, pin_for, pins
+        if machine_isa() == "avx512" and not pins(os.environ):  # the AVX2 path's records too
+            subprocess.run([sys.executable, "-m", "tests.numerics_records", "--write"], check=True,
+                           cwd=REPO, env={**os.environ, **pin_for("avx2")})
         return 0
     if argv:
         raise SystemExit("usage: python -m tests.numerics_records [--write]")

@@ -241,3 +241,14 @@ def test_the_resume_hint_is_the_command_that_resumes(tmp_path, capsys):
         == "python train.py --resume 'runs/a b' --inspect-every 5 --steps 9"
     train.main(shlex.split(command)[2:] + ["--steps", "4"])
     assert "resumed from step 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("patience, best", [(5, 0.02), (5, 0.3), (29, 0.02)])
+def test_no_flag_is_never_said_before_the_default_patience_was_tried(patience, best):
+    # issue 82: at --warm-start-patience 5 a run said "no flag is likely to help" after 50 warm-start steps; the same
+    # task at the default patience (30) reached 0.156 by step 150 and RL raised it
+    from harness.watch import warm_start_advice
+    warm = {"pass@1": best, "best": best, "target": 0.1, "max_steps": 1500, "patience": patience, "eval_every": 10,
+            "steps": 50, "stopped": "patience"}
+    note = warm_start_advice(warm, 0.0)
+    assert "no flag" not in note and "raise --warm-start-patience to 30" in note

@@ -90,3 +90,47 @@ def test_the_reader_takes_the_docs_typography_and_the_tools():
                                                                                          "+0.002], 0.557 ± 0.036")
     assert derived("Q2 -0.040 ± 0.013 [-0.076, -0.003]") == {("-0.040", "0.013"), ("-0.040", "-0.076", "-0.003")}
     assert derived("It rose +0.133 [−0.092, +0.359]. Typed: +0.5 [+0.1, +0.9].") == {("0.133", "-0.092", "0.359")}
+
+
+def labelled_numbers(doc):
+    """[(line, sentence, its block, its section)] of the sentences of a doc that say "from the shipped rows" (and
+    not typed, estimated or inferred), each with the decimals the number rule reads in it (test_doc_numbers)."""
+    from tests import test_doc_numbers as rule
+    text = re.sub(r"```.*?```", lambda m: "\n" * m.group().count("\n"), open(os.path.join(ROOT, doc)).read(), flags=re.S)
+    out = []
+    for start, lines in rule.sections(text):
+        for line, text_block in rule.blocks(lines, start):
+            for sentence in [text_block] if text_block.startswith("|") else rule.SENTENCE_END.split(text_block):
+                if "from the shipped rows" in sentence.lower() and not any(x in sentence.lower() for x in TYPED):
+                    plain = re.sub(r"`[^`]*`|\]\([^)]*\)|https?://\S+", " ", sentence)
+                    numbers = [m[1] for m in rule.NUMBER.finditer(plain)
+                               if not rule.NOT_A_CLAIM.search(plain[max(0, m.start() - 16):m.start()])]
+                    out.append((line, sentence, text_block, "\n".join(lines), numbers))
+    return out
+
+
+def named(arguments):
+    """How a doc names a tool of QUOTES: lab.headline, lab.summary PRESET, lab.referee_tuning."""
+    return f"lab.{arguments[0]}" + (f" {arguments[1]}" if arguments[0] == "summary" else "")
+
+
+def test_every_number_a_label_says_comes_from_the_rows_is_its_tools_or_its_rows(printouts):
+    # issue 82 (U3): "from the shipped rows" exempted ~170 decimals that no test checked; each is now, at its printed
+    # precision, printed by the tool whose block quotes it (QUOTES) or that its block or section names, or a row value
+    # its block or section cites (the number rule's); else label it typed with its source
+    from tests import test_doc_numbers as rule
+    table = rule.result_rows()
+    printed = {arguments: [float(x) for x in re.findall(r"\d+\.\d+", text)] for arguments, text in printouts.items()}
+    missing = []
+    for doc in ("README.md", "docs/results.md", "docs/performance.md", "lab/referees.md"):
+        for line, sentence, text_block, section, numbers in labelled_numbers(doc):
+            flat = " ".join(sentence.split())
+            tools = [arguments for arguments, quotes in QUOTES if any(
+                flat in " ".join(block(d, opening).split()) for d, opening in quotes if d == doc)] or [
+                arguments for arguments in printed if named(arguments) in " ".join((text_block + section).split())]
+            values = []
+            for number in numbers:
+                digits = len(number.split(".")[1])
+                if float(number) not in {round(v, digits) for v in values + [x for t in tools for x in printed[t]]}:
+                    missing.append(f"{doc}:{line}: {number}" + ("" if tools else " (its block names no tool)"))
+    assert not missing, "labelled from the shipped rows, printed by no tool (label it typed, with its source):\n" + "\n".join(missing)

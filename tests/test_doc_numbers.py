@@ -19,7 +19,7 @@ NUMBER = re.compile(r"(?<![\w.^/#-])(\d+\.\d+)(?![\w.]*\w)")  # a decimal, not p
 # what a decimal right after these words is: a reference, a version or a default, not a measured claim
 NOT_A_CLAIM = re.compile(r"(arxiv|prop\.|proposition|eq\.|§|section|theorem|lemma|fig\.|figure|table|transformers|"
                          r"torch|torchao|torchvision|verl|python|cuda|version|pin|default)\W{0,3}$"
-                         r"|(^|[^\w])(τ|α|η|β|T|p)( =)? $", re.I)  # and a setting's or an input's value: τ 0.1, p = 0.5
+                         r"|(^|[^\w])(τ|α|η|β|T|p)( =| ≥| ≤)? $", re.I)  # a setting's or an input's value: τ 0.1, p ≥ 0.9
 DEBT = os.path.join(ROOT, "tests", "data", "unrowed_numbers.json")  # the numbers that failed the rule when it came in
 
 
@@ -163,9 +163,12 @@ def test_every_number_in_the_docs_has_its_row_or_its_label():
                                                                          os.path.join(ROOT, "lab", "referees.md")]:
         name = os.path.relpath(path, ROOT)
         found = unrowed(open(path, encoding="utf-8").read(), table, anchors)
-        extra = collections.Counter(number for _, number in found) - collections.Counter(debt.get(name, {}))
+        counted = collections.Counter(number for _, number in found)
+        extra, paid = counted - collections.Counter(debt.get(name, {})), collections.Counter(debt.get(name)) - counted
         if extra:
             over[name] = [f"line {line}: {number}" for line, number in found if number in extra]
+        if paid:  # the debt only shrinks: a number that left lowers its count here
+            over[name + " (lower in tests/data/unrowed_numbers.json)"] = sorted(paid)
     assert not over, ("numbers without a results row or a label (docs/tests.md, 'Numbers in the docs'): "
                       f"{json.dumps(over, indent=1)}")
 

@@ -96,6 +96,15 @@ def test_each_cpu_keeps_its_own_shipped_rows(tmp_path, monkeypatch):
     assert reproduce.shipped("default", "AMD EPYC, avx512, 2 cores")["after_pass@1"]["value"] == "0.58"
     assert reproduce.shipped("default", "Intel Xeon, avx512, 16 cores")["after_pass@1"]["value"] == "0.6"
     assert reproduce.shipped("default", "Some ARM, aarch64, 8 cores")  # none of its own: another CPU's rows
+    # issue 82 (U2): a pinned cell shipped from an AVX2-only CPU kept the AVX-512 one's rows of the same path
+    monkeypatch.setattr(reproduce, "this_machine", lambda: "AMD EPYC, avx512, 2 cores")
+    reproduce.ship("smoke-avx2", {"after_pass@1": 0.25}, {**made, "machine": "AMD EPYC, avx512, 2 cores"})
+    reproduce.ship("smoke-avx2", {"after_pass@1": 0.5}, {**made, "machine": "AMD EPYC, avx2, 2 cores"})
+    reproduce.ship("smoke-avx2", {"after_pass@1": 0.3}, {**made, "machine": "AMD EPYC, avx2, 2 cores"})
+    assert sorted(row["value"] for row in reproduce.shipped_rows("smoke-avx2")) == ["0.25", "0.3"]
+    assert reproduce.shipped("smoke-avx2")["after_pass@1"]["value"] == "0.25"  # this CPU kind's, on its path
+    assert reproduce.shipped_values("smoke-avx2") == {"after_pass@1": 0.25}
+    assert reproduce.shipped_values("smoke-avx2", "AMD EPYC, avx2") == {"after_pass@1": 0.3}
 
 
 def test_the_headline_reads_its_shipped_seeds_and_computes_the_power(tmp_path, monkeypatch, capsys):
@@ -421,6 +430,7 @@ def test_list_says_whether_head_reproduces_a_row_from_the_numerics_changes_since
     ship_default_at(commit)
     assert [row["commit"] for row in reproduce.numerics_since(commit)] == since
     assert reproduce.head_reproduces("table3-identity", commit) == ""  # a formula: no step, no numerics
+    assert reproduce.head_reproduces("imagenet-toy", commit) == ""  # its own update: 200e2ee touched none of it
     assert reproduce.numerics_since("0000000") is None  # git cannot tell
     reproduce.main(["--list"])
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("default "))

@@ -181,3 +181,25 @@ def test_a_byte_that_is_not_utf8_is_reported_at_its_line(ledger):
     with pytest.raises(SystemExit) as exit_info:
         reproduce.main(["--list"])
     assert str(exit_info.value.code).startswith(f"reproduce: error: {ledger}:3: 'utf-8' codec can't decode")
+
+
+
+def test_results_mds_per_machine_tables_are_each_machines_rows():
+    # issue 82 (U2): a column of the table rested on git history once a ship replaced another CPU's rows
+    from lab.ledger import cpu_kind
+    kinds = {"Intel Xeon (AVX-512)": "Intel(R) Xeon(R) Processor, avx512", "AMD EPYC (AVX-512)": "AMD EPYC, avx512",
+             "AMD EPYC (AVX2 only)": "AMD EPYC, avx2"}
+    text = open(os.path.join(reproduce.REPO, "docs", "results.md")).read()
+    lines = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line[:2] == "| "]
+    header = next(cells for cells in lines if cells[0] == "cell")[2:]
+    values = [("default", cells[0], " → ".join(cells[1:])) for cells in lines if cells[0] in kinds and len(cells) == 3]
+    values += [(cells[0].strip("`"), kind, value) for cells in lines if cells[0][:8] in ("`default", "`smoke-a")
+               for kind, value in zip(header, cells[2:])]
+    for cell, kind, value in values:
+        rows = [row for row in reproduce.shipped_rows(cell) if cpu_kind(row["machine"]) == kinds[kind]]
+        if "typed" not in value:
+            assert (value == "not run") == (not rows), (cell, kind, value)
+        if rows and "typed" not in value:
+            made = {row["metric"]: float(row["value"]) for row in rows if row["machine"] == rows[0]["machine"]}
+            assert [float(x) for x in value.split(" → ")] == [made["before_pass@1"], made["after_pass@1"]], (cell, kind)
+    assert len(values) == 3 + 6 * 3

@@ -1,5 +1,5 @@
-"""The update's numerics, recorded bit for bit: one update of a tiny policy on a fixed batch, per case (the plain and
-the fast path; zero-advantage groups; Lopti's two passes in both orders, each non-empty; AR;
+"""The update's numerics, recorded bit for bit: one update of a tiny policy on a fixed batch, per case (zero-advantage
+groups; Lopti's two passes in both orders, each non-empty; AR;
 the KL term on a pass's tokens; the clip, the dual clip and the gradient clip each taken by
 some tokens or steps; every --loss-agg), reduced to a digest of the weights it ends at, one set of digests per CPU kind (lab/ledger.py's code_path: CPU model and
 instruction set, since each sums in its own order: docs/results.md, "Determinism").
@@ -45,18 +45,14 @@ AR_LOPTI = dict(alpha=0.3, lopti_eta=ETA, mini_batches=2, ppo_epochs=2, dual_cli
 
 
 def cases():
-    """{name: (fast, settings)}: GRPO alone; AR + Lopti (low first, both passes) under each loss aggregation; the same
-    with the KL term; Lopti high first; on the plain path and the fast one (token-mean-per-micro-batch: fast only)."""
+    """{name: settings}: GRPO alone; AR + Lopti (low first, both passes) under each loss aggregation; the same with
+    the KL term; Lopti high first; in fp32 and under bf16 autocast (the one update since issue 79)."""
     from ppo import LOSS_AGGS
-    out = {}
-    for path, fast in (("plain", False), ("fast", True)):
-        out[f"{path}/grpo"] = (fast, {})
-        for agg in LOSS_AGGS:
-            if fast or agg != "token-mean-per-micro-batch":
-                out[f"{path}/ar-lopti/{agg}"] = (fast, {**AR_LOPTI, "loss_agg": agg})
-        out[f"{path}/ar-lopti-kl"] = (fast, {**AR_LOPTI, "kl_coef": 0.1})
-        out[f"{path}/lopti-high-first-kl"] = (fast, {"lopti_eta": ETA, "lopti_order": "high-first",
-                                                      "kl_coef": 0.1})
+    out = {"grpo": {}, "bf16/ar-lopti": {**AR_LOPTI, "dtype": "bf16"}}
+    for agg in LOSS_AGGS:
+        out[f"ar-lopti/{agg}"] = {**AR_LOPTI, "loss_agg": agg}
+    out["ar-lopti-kl"] = {**AR_LOPTI, "kl_coef": 0.1}
+    out["lopti-high-first-kl"] = {"lopti_eta": ETA, "lopti_order": "high-first", "kl_coef": 0.1}
     return out
 
 
@@ -75,7 +71,7 @@ def batch():
     return tokenizer, input_ids, attention_mask, completion_mask, torch.tensor(ADVANTAGES)
 
 
-def update(fast, settings):
+def update(settings):
     """The call site: one update (train.update_batch) of the tiny policy at seed 0 by AdamW (lr 1e-3), micro-batches
     of 3 rows, one thread -> (its state_dict, the update's stats)."""
     import train
@@ -90,7 +86,7 @@ def update(fast, settings):
         with torch.no_grad():
             for parameter in ref_model.parameters():
                 parameter.add_(0.01 * torch.randn(parameter.shape, generator=draw))
-    config = Config(**settings, micro_batch=3, max_new_tokens=6, dtype="fp32", fast=fast)
+    config = Config(**{"micro_batch": 3, "max_new_tokens": 6, "dtype": "fp32", **settings})
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     stats = train.update_batch(policy, optimizer, input_ids, attention_mask, completion_mask,
                                advantages, config, ref_model=ref_model)
@@ -110,7 +106,7 @@ def measure(with_stats=False):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        out = {name: update(fast, settings) for name, (fast, settings) in cases().items()}
+        out = {name: update(settings) for name, settings in cases().items()}
     finally:
         torch.set_num_threads(threads)
     return {name: (digest(state), stats) if with_stats else digest(state)

@@ -25,15 +25,13 @@ def test_the_records_name_the_numerics_tables_last_row():
     assert "200e2ee" in [row["commit"] for row in rows] and all(row["change"] for row in rows)
 
 
-def test_the_cases_cover_both_paths_zero_advantage_groups_both_passes_ar_kl_and_every_loss_agg():
-    cases = records.cases()
-    for path, fast in (("plain", False), ("fast", True)):
-        mine = [settings for name, (f, settings) in cases.items() if name.startswith(path + "/") and f == fast]
-        aggs = {settings.get("loss_agg", "token-mean") for settings in mine}
-        assert aggs == set(LOSS_AGGS) - ({"token-mean-per-micro-batch"} if not fast else set())
-        assert any(s.get("lopti_eta") and s.get("alpha") for s in mine)  # AR with Lopti's two passes
-        assert {s.get("lopti_order", "low-first") for s in mine if s.get("lopti_eta")} == {"low-first", "high-first"}
-        assert any(s.get("kl_coef") for s in mine) and any(not s.get("kl_coef") for s in mine)
+def test_the_cases_cover_zero_advantage_groups_both_passes_ar_kl_bf16_and_every_loss_agg():
+    mine = list(records.cases().values())
+    assert {settings.get("loss_agg", "token-mean") for settings in mine} == set(LOSS_AGGS)
+    assert any(s.get("lopti_eta") and s.get("alpha") for s in mine)  # AR with Lopti's two passes
+    assert {s.get("lopti_order", "low-first") for s in mine if s.get("lopti_eta")} == {"low-first", "high-first"}
+    assert any(s.get("kl_coef") for s in mine) and any(not s.get("kl_coef") for s in mine)
+    assert any(s.get("dtype") == "bf16" for s in mine)
     advantages = records.ADVANTAGES
     groups = [advantages[i:i + 4] for i in range(0, 16, 4)]
     assert [not any(group) for group in groups] == [True, False, True, False]  # a zero group opens each mini-batch
@@ -41,7 +39,7 @@ def test_the_cases_cover_both_paths_zero_advantage_groups_both_passes_ar_kl_and_
 
 def test_the_fixed_batch_opens_every_branch_a_setting_opens(measured):
     # issue 82: at eta 0.5 every token sat in the low pass, and 3 changes of the step left every digest as it was
-    for name, (fast, settings) in records.cases().items():
+    for name, settings in records.cases().items():
         stats = measured[name][1]
         if settings.get("lopti_eta"):  # both passes non-empty, each with a step in every mini-batch
             assert 0 < stats["lopti_low_share"] < 1, name
@@ -64,13 +62,12 @@ def mutated(monkeypatch, name, mutation):
     else:  # the KL term on every valid token, not only the pass's
         loss = train.policy_loss
         monkeypatch.setattr(train, "policy_loss", lambda *a, **k: loss(*a, **{**k, "kl_mask": None}))
-    fast, settings = records.cases()[name]
-    return records.digest(records.update(fast, settings)[0])
+    return records.digest(records.update(records.cases()[name])[0])
 
 
-@pytest.mark.parametrize("mutation, name", [("drop the high pass", "plain/ar-lopti/token-mean"),
-                                            ("ignore --lopti-order", "plain/lopti-high-first-kl"),
-                                            ("KL on every token", "fast/ar-lopti-kl")])
+@pytest.mark.parametrize("mutation, name", [("drop the high pass", "ar-lopti/token-mean"),
+                                            ("ignore --lopti-order", "lopti-high-first-kl"),
+                                            ("KL on every token", "ar-lopti-kl")])
 def test_each_change_the_guard_missed_before_moves_a_digest(measured, monkeypatch, mutation, name):
     assert mutated(monkeypatch, name, mutation) != measured[name][0]
 

@@ -301,26 +301,6 @@ def test_adamw8bit_keeps_8bit_moments_tracks_adamw_and_resumes_exactly(tmp_path,
 
 
 # --- bf16 storage: --param-dtype bf16, the optimizer on fp32 master weights ------------------------------------------
-HEAD_UPDATE = ["--steps", "3", "--kl-coef", "0.05", "--alpha", "0.3", "--lopti-eta", "0.5", "--mini-batches", "2",
-               "--micro-batch", "3"]  # KL, AR, Lopti, two mini-batches
-
-
-def test_without_the_new_flags_the_update_is_bit_for_bit_commit_9824049s(tmp_path, digits_task):
-    # tests/data/update_at_9824049/<CPU>.safetensors: the weights after these 3 steps at commit 9824049 (before
-    # --param-dtype), written by the same train.main call there on that CPU (each CPU adds in its own order:
-    # docs/results.md, "Determinism"; the Intel and AMD AVX-512 files differ by up to 5e-7, the AMD AVX-512 and
-    # AVX2-only ones by up to 2.2e-7)
-    from safetensors.torch import load_file
-    from lab.reproduce import cpu_kind, this_machine
-    path = os.path.join(os.path.dirname(__file__), "data", "update_at_9824049", f"{cpu_kind(this_machine())}.safetensors")
-    if not os.path.isfile(path):
-        pytest.skip(f"no update at 9824049 recorded on this CPU ({cpu_kind(this_machine())})")
-    train.main(["--task", "digits", "--output-dir", str(tmp_path), *SMALL, *HEAD_UPDATE])
-    now = AutoModelForCausalLM.from_pretrained(tmp_path / "latest").state_dict()
-    saved = load_file(path)
-    assert saved and all(torch.equal(now[key], value) for key, value in saved.items())
-
-
 def test_master_weights_step_as_adamw_on_fp32_and_keep_the_small_steps():
     from harness.master_weights import MasterWeights
     torch.manual_seed(0)

@@ -3,8 +3,8 @@ its self-check on a CUDA device, and the plain call wherever it does not hold.
 
 The self-check: the loop's tokens equal generate's on this project's CPUs (tests/); on a GPU the
 kept CUDA graphs, the bf16 cache and the card's kernels were never run by a test. So the first
-two CUDA rollouts (before and after the first optimizer step: the graphs then replay on moved
-weights) also run the same call with eager steps, from the same random state, at the real rows,
+CUDA call, and the first after an optimizer step moved the weights (the graphs then replay on
+new weights), also run with eager steps, from the same random state, at the real rows,
 dtype and kernels; on any difference, or an exception of the loop, one line says so and the run
 generates with the plain call from then on.
 """
@@ -12,7 +12,7 @@ import torch
 
 from fast import decode_loop as loop
 
-SELF_CHECKED_CALLS = 2  # CUDA rollouts checked graph against eager: the first, and one after a step
+SELF_CHECKED_CALLS = 2  # CUDA calls checked graph against eager: the first, and one after a step
 
 
 def loop_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, eos_id,
@@ -20,7 +20,7 @@ def loop_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, e
     """Completion ids [rows, T'] from the decode loop, or None where rollout.py's plain generate
     call should run: the loop does not apply (said once), or its self-check or a capture failed on
     this device (said once). input_ids, attention_mask [rows, P]."""
-    verdict = model.__dict__.setdefault("_fast_generate", {"calls": 0, "off": None})
+    verdict = model.__dict__.setdefault("_fast_generate", {"calls": 0, "off": None, "weights": None})
     refusal = loop.decode_loop_refusal(model, generate_kwargs)
     if verdict["off"] is None and refusal:
         verdict["off"] = f"--fast-generate: {refusal}: generating with the plain call"
@@ -29,12 +29,14 @@ def loop_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, e
         return None
     call = dict(max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
                 generate_kwargs=generate_kwargs)
-    checked = untested_device(input_ids.device) and verdict["calls"] < SELF_CHECKED_CALLS
+    weights = next(model.parameters()).detach().flatten()[:256].clone()  # moved by an optimizer step
+    checked = untested_device(input_ids.device) and verdict["calls"] < SELF_CHECKED_CALLS and (
+        verdict["weights"] is None or not torch.equal(weights, verdict["weights"]))
     before = loop.rng_state(input_ids.device)
     try:
         completion_ids = loop.static_decode(model, input_ids, attention_mask, **call)
         if checked:
-            verdict["calls"] += 1
+            verdict["calls"], verdict["weights"] = verdict["calls"] + 1, weights
             after = loop.rng_state(input_ids.device)
             loop.set_rng_state(input_ids.device, before)
             eager = loop.static_decode(model, input_ids, attention_mask, capture=False, **call)

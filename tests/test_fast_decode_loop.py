@@ -321,12 +321,16 @@ def test_decode_loop_captures_once_per_shape_and_replays_across_calls(loop_calls
 @layered
 def test_the_self_check_compares_graphs_with_eager_steps_on_the_first_two_rollouts(forced_check, monkeypatch,
                                                                                      capsys):
-    """On a CUDA device (forced) the first two rollouts also run eager steps from the same random state: a match is
+    """On a CUDA device (forced) the first call and the first after the weights moved also run eager steps from the
+    same random state: a match is
     one line each and changes nothing (the plain call's tokens, the random numbers after it); a graph whose tokens
     differ (a stand-in replay that writes EOS) is one line, and the plain call from then on."""
     tokenizer, model, prompts = tiny_setup()
     cuda = graphs_stood_in(monkeypatch)
-    for seed in range(3):
+    for seed in range(4):  # the second call at the same weights is not checked; the third, after a "step", is
+        if seed == 2:
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
         plain = plain_call(model, tokenizer, prompts, seed)
         after = torch.rand(3)
         assert_same(plain, plain_call(model, tokenizer, prompts, seed, fast_generate=True))

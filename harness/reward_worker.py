@@ -14,7 +14,10 @@ A task registered in tasks.TASKS from Python (the tests' stubs) keeps its calls 
 SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a reward runs inside", says what each side can reach.
 """
 import contextlib
+import fcntl
+import functools
 import json
+import math
 import os
 import pickle
 import re
@@ -33,7 +36,7 @@ import weakref
 
 import tasks
 from harness.console import say
-from harness.files import process_alive, what_is
+from harness.files import RunError, open_nofollow, process_alive, what_is
 from harness.stops import Stopped
 
 STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
@@ -45,6 +48,7 @@ HEADER = struct.Struct(">Q")  # a message: its length, then its pickle (to the w
 MESSAGE_LIMIT, SHOWN = 1 << 28, 4000  # bytes of one message back; characters of an exception's message sent back
 BUILD_S = 120.0  # seconds the worker may take to build the task (a task file's import and make_task()), at least
 SCRATCH, BUILT = "reward-worker-", "its import and make_task()"
+MARK, LOCK = "REWARD_WORKER_SCRATCH", ".lock"  # the keeper's environment: MARK=<its scratch folder>, LOCK in it
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,15 +83,47 @@ def worker_first(config):
     worker = RewardWorker(types.SimpleNamespace(name=recipe["task"]), config.reward_timeout, recipe) \
         if tasks.is_task_file(config.task) else None
     if worker is not None:  # one that fails is said by this process's own build
-        worker.ready = worker.answer(BUILT, lambda k: "", BUILD_S) is not None
-        worker.ready or worker.close()
+        try:
+            worker.ready = worker.answer(BUILT, lambda k: "", BUILD_S) is not None
+        finally:
+            worker.ready or worker.close()
 
     def wrap(task):
         if worker is None:
             return timed_task(task, config.reward_timeout, recipe)
         worker.task = task
         return worker
+    wrap.building = functools.partial(second_build, worker) if worker else contextlib.nullcontext
     return wrap
+
+
+@contextlib.contextmanager
+def second_build(worker):
+    """Around this process's build of the task file that `worker` built first (tasks/custom.py's load): past
+    BUILD_S (or --reward-timeout, if longer), or an error where the worker's build succeeded (a lock, a port,
+    stdin: what the first build holds), one TaskError naming the file and the task built twice."""
+    limit = min(max(worker.seconds, BUILD_S), TIMER_LIMIT)
+    main = threading.current_thread() is threading.main_thread()  # SIGALRM reaches the main thread only
+
+    def expired(signum, frame):
+        raise RewardTimeout(f"ran for more than {limit:g} s")
+    previous = signal.signal(signal.SIGALRM, expired) if main else None
+    main and signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    except (Exception, RewardTimeout) as error:
+        if not worker.ready and not isinstance(error, RewardTimeout):
+            raise  # the worker's build failed as well: the file's own error, as it is
+        happened = str(error) if isinstance(error, RewardTimeout) else \
+            f"raised {type(error).__name__} ({(str(error).strip().splitlines() or [''])[0][:200]})"
+        raise tasks.TaskError(
+            f"{worker.recipe['task']}: {BUILT} {happened} in the trainer: a task file is built twice, in the "
+            "reward worker, then in the trainer, so its import takes no lock, port or stdin that the first build "
+            "keeps, nor waits long; take them in reward()") from None
+    finally:
+        if main:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 def worker_recipe(config):
@@ -249,52 +285,55 @@ class RewardWorker(TimedRewards):
         index = [where.setdefault(id(example), len(where)) for example in examples]
         unique = list({id(example): example for example in examples}.values())
         return self.ask(("rewards", completions, unique, index, style), "reward()",
-                        lambda k: f" on the completion {completions[k][:80]!r}")
+                        lambda k: f" on the completion {completions[k][:80]!r}", len(completions))
 
     def start(self):
-        """The keeper (keep): a fresh interpreter (no fork of this process and its threads), in a scratch folder."""
+        """The keeper (keep): a fresh interpreter (no fork of this process and its threads), in a scratch folder
+        whose LOCK this process holds; it and all below it inherit MARK=<the scratch folder> (end_worker)."""
         remove_dead_scratch()
         self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-")
+        lock = os.open(os.path.join(self.scratch, LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel however this process ends
         requests_read, self.requests = os.pipe()
         self.results, results_write = os.pipe()
+        os.set_blocking(self.requests, False)  # written a block at a time under the clock (read_record)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness.reward_worker "
-                 f"import keep; keep({requests_read}, {results_write}, {os.getpid()}, {self.scratch!r})"],
-                cwd=self.scratch, stdin=subprocess.DEVNULL, pass_fds=(requests_read, results_write),
-                start_new_session=True)
+                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness."
+                 f"reward_worker import keep; keep({requests_read}, {results_write}, {os.getpid()}, "
+                 f"{self.scratch!r})"], cwd=self.scratch, stdin=subprocess.DEVNULL,
+                pass_fds=(requests_read, results_write), start_new_session=True,
+                env={**os.environ, MARK: self.scratch})
         finally:
             os.close(requests_read)
             os.close(results_write)
-        self.buffer = bytearray()
-        self.closed = weakref.finalize(self, end_worker, self.process, self.requests, self.results, self.scratch)
-        write_message(self.requests, pickle.dumps(self.recipe))
-        self.ready = False
+        self.buffer, self.turn, self.ready = bytearray(), 0, False  # turn: the request's number (0: the recipe)
+        self.closed = weakref.finalize(self, end_worker, self.process, (self.requests, self.results, lock),
+                                       self.scratch)
+        self.pending, self.sent = framed(pickle.dumps(self.recipe)), 0  # bytes for the worker; how many went
 
     def close(self):
         self.closed()
         self.process = None
 
-    def ask(self, message, what, detail):
-        """Send one request, read its answer: the value of a call, or a batch's rewards. The time limit runs from
-        the request and from each reward read back; any error ends the worker (a later call starts another)."""
+    def ask(self, message, what, detail, count=None):
+        """Send one request, read its answer: the value of a call, or a batch's `count` rewards. The time limit runs
+        from the request and from each reward read back; any error ends the worker (a later call starts another)."""
         if self.process is None:
             self.start()
         try:
             if not self.ready:
                 self.answer("the task's build in the worker", lambda k: "", BUILD_S)
                 self.ready = True
-            write_message(self.requests, pickle.dumps(message))
-            return self.answer(what, detail)
-        except BrokenPipeError:
-            ended = self.ended()
-            self.close()
-            raise tasks.TaskError(self.ended_line(what, detail(0), ended)) from None
+            self.pending, self.sent, self.turn = framed(pickle.dumps(message)), 0, self.turn + 1
+            return self.answer(what, detail, count=count)
         except BaseException:
             self.close()
             raise
 
-    def answer(self, what, detail, least=0.0):
+    def answer(self, what, detail, least=0.0, count=None):
+        """The answer to the pending request (sent meanwhile), the time limit running from it and from each reward
+        read back: a call's value, else (count: a batch's size) its rewards, each in turn."""
         limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")  # a build: BUILD_S at least
         progress, values = time.monotonic(), []  # the request sent, or the latest reward read back
         while True:
@@ -302,7 +341,6 @@ class RewardWorker(TimedRewards):
             grace = max(progress, TimedRewards.stopped_at) + STOP_GRACE if TimedRewards.stop_signal else deadline
             remaining = min(deadline, grace) - time.monotonic()
             if remaining <= 0:
-                self.close()
                 if grace < deadline:
                     say(stop_grace_line(what, self.task.name))
                     raise Stopped(TimedRewards.stop_signal)
@@ -311,33 +349,42 @@ class RewardWorker(TimedRewards):
             if record is None:
                 continue
             if record is EOFError:
-                ended = self.ended()
-                self.close()
-                raise tasks.TaskError(self.ended_line(what, detail(len(values)), ended))
+                raise tasks.TaskError(self.ended_line(what, detail(len(values))))
             kind, payload = record
-            if kind == "values":
+            if kind == "values" and count is not None and len(values) + len(payload) <= count:
                 values += payload
                 progress = time.monotonic()
-            elif kind == "done":
-                return values if payload is None else payload
-            elif what == BUILT:  # the worker's build of a task file failed: this process's build says how
-                return None
-            else:  # "error": a task's error, raised here; then the worker is ended (ask)
+            elif kind == "done" and (count is None or payload is None and len(values) == count):
+                return payload if count is None and payload is not None else values
+            elif kind == "error":  # a task's error, raised here; then the worker is ended (ask)
+                if what == BUILT:  # the worker's build of a task file failed: this process's build says how
+                    return None
                 raise self.error(payload, what, detail(len(values)))
+            else:
+                raise tasks.TaskError(self.protocol_line(what, f"{kind!r} with {len(values)} of {count} rewards"))
 
     def read_record(self, seconds, what):
-        """The next message (JSON), None if none is whole after one read of at most `seconds`, EOFError once the
-        worker's channel closed or its keeper exited."""
+        """The next message back (JSON), None if none is whole after one wait of at most `seconds` (what is pending
+        written meanwhile, as much as the channel takes), EOFError once the worker's channel closed or its keeper
+        exited."""
         size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
         if len(self.buffer) < HEADER.size + size:
             ready = select.poll()
             ready.register(self.results, select.POLLIN)
-            if ready.poll(seconds * 1000):
+            if self.sent < len(self.pending):
+                ready.register(self.requests, select.POLLOUT)
+            events = dict(ready.poll(seconds * 1000))
+            if events.get(self.requests):
+                try:
+                    self.sent += os.write(self.requests, memoryview(self.pending)[self.sent:])
+                except BrokenPipeError:
+                    return EOFError
+            if events.get(self.results):
                 chunk = os.read(self.results, 1 << 20)
                 if not chunk:
                     return EOFError
                 self.buffer += chunk
-            elif self.process.poll() is not None:  # the worker is gone, whatever still holds its channel
+            elif not events and self.process.poll() is not None:  # gone, whatever still holds its channel
                 return EOFError
             size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
         if size > MESSAGE_LIMIT:
@@ -347,23 +394,30 @@ class RewardWorker(TimedRewards):
         data = bytes(self.buffer[HEADER.size:HEADER.size + size])
         del self.buffer[:HEADER.size + size]
         try:
-            kind, payload = json.loads(data)
+            turn, kind, payload = json.loads(data, parse_constant=finite, parse_float=finite)
         except (ValueError, TypeError, RecursionError) as error:
             raise tasks.TaskError(self.protocol_line(what, f"{type(error).__name__}: {str(error)[:80]}")) from None
-        if kind not in ("values", "done", "error") or kind == "values" and not all(
-                isinstance(value, float) for value in payload) or kind == "error" and not (
-                isinstance(payload, dict) and all(isinstance(value, str) for value in payload.values())):
-            raise tasks.TaskError(self.protocol_line(what, f"{str(kind)[:20]!r} with {str(payload)[:40]!r}"))
+        if turn != self.turn or kind not in ("values", "done", "error") or kind == "values" and not (
+                isinstance(payload, list) and all(isinstance(value, float) for value in payload)) or \
+                kind == "error" and not (isinstance(payload, dict) and all(
+                    isinstance(value, str) for value in payload.values())):
+            raise tasks.TaskError(self.protocol_line(what, f"request {str(turn)[:20]} of {self.turn}: "
+                                                           f"{str(kind)[:20]!r} with {str(payload)[:40]!r}"))
         return kind, payload
 
-    def ended(self):
+    def ended_line(self, what, detail):
+        """What ended the worker, in one line: the task's call, or the keeper killed from outside (-> exit code)."""
         try:
             code = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            return "closed its channel to the trainer"
-        return f"exited with code {code}" if code >= 0 else f"was killed by {signal.Signals(-code).name}"
-
-    def ended_line(self, what, detail, ended):
+            code = None
+        if code is not None and code < 0:  # the keeper itself, which runs no task code, was killed
+            return (f"task {self.task.name}: the reward worker's keeper process {self.process.pid} was killed by "
+                    f"{signal.Signals(-code).name} during a {what} call{detail}, from outside the run; the worker "
+                    "and all it started were ended with it")
+        killed = code is not None and code - 128 in signal.valid_signals()  # by a signal: 128 + its number (keep)
+        ended = "closed its channel to the trainer" if code is None else \
+            f"was killed by {signal.Signals(code - 128).name}" if killed else f"exited with code {code}"
         return (f"task {self.task.name}: the reward worker process {ended} during a {what} call{detail}: a task's "
                 f"call returns a value (or raises an Exception for a bug), never ends its process{self.source_note()}")
 
@@ -393,36 +447,79 @@ class RewardWorker(TimedRewards):
         return error
 
 
-def end_worker(process, requests, results, scratch):
-    """The keeper told to end (it kills the worker and all below it; one stopped or stuck for 10 s is killed with its
-    process group), its pipes closed, the scratch folder gone."""
+def end_worker(process, descriptors, scratch):
+    """The keeper told to end (it kills the worker and all below it); one stopped or stuck for 10 s, or killed, is
+    made up for here: every process marked as this worker's (MARK, inherited whatever session or group) killed.
+    Then the pipes and the lock closed, the scratch folder gone."""
     with contextlib.suppress(ProcessLookupError):
         process.poll() is None and os.kill(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_marked(scratch)
         process.wait()
-    for fd in (requests, results):
+    kill_marked(scratch)  # nothing, unless the keeper was killed before it could end them
+    for fd in descriptors:
         os.close(fd)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
+def kill_marked(scratch):
+    """SIGKILL each process of this user whose environment holds MARK=scratch, until none is left (at most 100
+    rounds: one stuck in the kernel stays)."""
+    mark = f"{MARK}={scratch}".encode()
+    for _ in range(100):
+        found = processes("environ", lambda environ: mark in environ.split(b"\0"))
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not found:
+            return
+        time.sleep(0.01)
+
+
 def remove_dead_scratch():
-    """Remove the scratch folders of this user's trainers that are gone (their keeper was killed with them)."""
+    """Remove this user's scratch folders whose trainer is gone, wherever its PID lives (a container sharing this
+    tempdir): those whose LOCK, which a live trainer holds (start), this process can take; one without a LOCK
+    only when its PID is alive nowhere here."""
     folder = tempfile.gettempdir()
     for name in os.listdir(folder):
         match, path = re.fullmatch(re.escape(SCRATCH) + r"(\d+)-\w+", name), os.path.join(folder, name)
-        if match and not process_alive(int(match.group(1))) and what_is(path) == "a directory" \
-                and os.stat(path).st_uid == os.getuid():
+        if not match or what_is(path) != "a directory" or os.stat(path).st_uid != os.getuid():
+            continue
+        try:
+            fd = open_nofollow(os.path.join(path, LOCK), os.O_RDONLY)
+        except FileNotFoundError:
+            fd = None
+        except (OSError, RunError):  # not a lock of ours: the folder stays
+            continue
+        try:
+            if fd is None and process_alive(int(match.group(1))):
+                continue
+            fd is None or fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(path, ignore_errors=True)
+        except BlockingIOError:  # held: its run is alive
+            continue
+        finally:
+            fd is None or os.close(fd)
+
+
+def framed(data):
+    """A message as it crosses a pipe: its length (HEADER), then its bytes."""
+    return HEADER.pack(len(data)) + data
 
 
 def write_message(fd, data):
-    data = HEADER.pack(len(data)) + data
+    data = framed(data)
     while data:
         data = data[os.write(fd, data):]
+
+
+def finite(text):
+    """JSON's number `text` (NaN, Infinity and 1e999 included) read as a float: a ValueError unless finite."""
+    if not math.isfinite(float(text)):
+        raise ValueError(f"{text[:20]} is no finite number")
+    return float(text)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -438,17 +535,15 @@ def prctl(option, value):
 def keep(requests, results, trainer, scratch):
     """The keeper, a child subreaper running no task code, whose child, the worker, serves the task. When the worker
     ends, the trainer ends the keeper (SIGTERM) or dies (PR_SET_PDEATHSIG), it kills the worker and all below it
-    (each orphan is reparented here), removes the scratch folder and exits as the worker did."""
-    def stop(signum, frame):
-        raise Stopped(signum)
-    signal.signal(signal.SIGTERM, stop)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    (each orphan is reparented here), removes the scratch folder and exits as the worker did (killed by signal N:
+    exit code 128 + N). Its signals are blocked and waited for (sigtimedwait): none interrupts it anywhere."""
+    waited = {signal.SIGTERM, signal.SIGCHLD}
+    signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     prctl(36, 1)
     prctl(1, signal.SIGTERM)
     keeper, worker, status = os.getpid(), os.fork(), None
     if worker == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
         prctl(1, signal.SIGKILL)  # the keeper killed: the worker too
         try:
             os.getppid() == keeper and serve(requests, results)
@@ -458,39 +553,35 @@ def keep(requests, results, trainer, scratch):
         os._exit(0)
     os.close(requests)
     os.close(results)
-    with contextlib.suppress(Stopped):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        while os.getppid() == trainer and status is None:
-            pid, wait_status = os.waitpid(-1, 0)  # the worker, or an orphan below it that ended
+    try:
+        while status is None and os.getppid() == trainer:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)  # the worker, or an orphan below it that ended
             status = wait_status if pid == worker else None
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if status is None:
-        os.kill(worker, signal.SIGKILL)
-    while True:  # each child killed and reaped, until none is left: the worker's orphans become children here
-        for pid in children(keeper):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        status = wait_status if pid == worker else status
-    shutil.rmtree(scratch, ignore_errors=True)
+            if not pid and getattr(signal.sigtimedwait(waited, POLL_S), "si_signo", 0) == signal.SIGTERM:
+                break
+    finally:  # each child killed and reaped, until none is left: the worker's orphans become children here
+        with contextlib.suppress(ProcessLookupError):
+            status is None and os.kill(worker, signal.SIGKILL)
+        while True:
+            for pid in processes("stat", lambda stat: int(stat.rsplit(b")", 1)[1].split()[1]) == keeper):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                pid, wait_status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            status = wait_status if pid == worker else status
+        shutil.rmtree(scratch, ignore_errors=True)
     code = os.waitstatus_to_exitcode(status)
-    if code < 0:  # killed by a signal: the keeper too
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL's handler is no setting
-            signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
-        os.kill(keeper, -code)
-    os._exit(code)
+    os._exit(code if code >= 0 else 128 - code)
 
 
-def children(parent):
-    """The PIDs whose parent is `parent` (/proc; [] without it)."""
+def processes(name, test):
+    """The PIDs whose /proc/PID/name (bytes) passes test ([] without /proc)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat", "rb") as f:
-            if int(f.read().rsplit(b")", 1)[1].split()[1]) == parent:
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/{name}", "rb") as f:
+            if test(f.read()):
                 found.append(int(pid))
     return found
 
@@ -516,9 +607,10 @@ def serve(requests, results):
     if recipe is EOFError:
         return
     sys.path[:] = recipe["sys_path"]
+    turn = 0  # the request's number: each message back names it (RewardWorker.read_record)
 
     def send(message):
-        write_message(results, json.dumps(message).encode())
+        write_message(results, json.dumps([turn, *message]).encode())
 
     def guarded(what, call, *args, **kwargs):
         """call(...) -> (True, value), or (False, the error's report); a child forked inside never returns."""
@@ -542,14 +634,16 @@ def serve(requests, results):
     send(("done", None))
     while True:
         message, buffer = read_message(requests, buffer)
+        turn += 1
         if message is EOFError:
             return
         if message[0] == "call":
             _, method, args, kwargs = message
             ok, value = guarded(f"{method}()", getattr(task, method), *args, **kwargs)
-            if ok:  # a reward as its float; examples() rows as the JSON data the trainer gets (tuples as lists)
+            if ok:  # a reward as its float; examples() rows as the JSON the trainer gets (tuples as lists, no nan)
                 ok, value = guarded(f"{method}()", tasks.reward_number, value, f"task {task.name}", args[0]) \
-                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(json.dumps(v)), value)
+                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(json.dumps(
+                        v, allow_nan=False)), value)
             send(("done", value) if ok else ("error", value))
             continue
         _, completions, examples, index, style = message

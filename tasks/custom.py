@@ -14,6 +14,7 @@ What the object lacks or returns wrong is a TaskError (a ValueError: train.py pr
 checked on two training examples when the task is built and on every reward afterwards. An exception raised
 inside reward() is a bug in the file: its traceback shows, then one line naming the completion (TaskCodeError).
 """
+import contextlib
 import decimal
 import hashlib
 import importlib
@@ -102,8 +103,10 @@ def file_sha256(path):
 
 def load(name, *, data=None, wrap=None, **options):
     """Import the task file or module `name`, call its make_task(data=data, **options) -> a FileTask, or wrap(it)
-    (harness/reward_worker.py's: --reward-timeout, a worker process), its protocol checked through that (check_protocol)."""
-    task = build(name, data=data, **options)
+    (harness/reward_worker.py's: --reward-timeout, a worker process; its `building`, around the build), its
+    protocol checked through that (check_protocol)."""
+    with getattr(wrap, "building", contextlib.nullcontext)():
+        task = build(name, data=data, **options)
     return check_protocol(wrap(task) if wrap else task)
 
 

@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 
-from harness.files import (RunError, as_disk_full, not_data, open_data, open_nofollow, refuse_link,
-                           refuse_unless_file, what_is, write_failed)
+from harness.files import (RunError, as_disk_full, not_data, open_nofollow, refuse_link, refuse_unless_file,
+                           what_is, write_failed)
 from harness.manifest import MANIFEST, file_sha256, verify_manifest, write_manifest
 from harness.model import save_policy
 
@@ -437,8 +437,7 @@ def load_trainer_state(checkpoint_dir):
     import torch
     path, hint = os.path.join(checkpoint_dir, TRAINER_STATE), instead_of(checkpoint_dir)
     try:
-        with open_data(path) as f:  # a FIFO or a /proc file: a RunError naming it, never read
-            state = torch.load(f, weights_only=True)
+        state = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as error:
         if "Weights only load failed" in str(error):
             unsafe = re.search(r"(?:Unsupported global|GLOBAL) ([\w.]+)", str(error))
@@ -550,8 +549,6 @@ def check_weights(checkpoint_dir, dtype, model):
         path = os.path.join(checkpoint_dir, name)
         if not name.endswith(".safetensors"):
             continue
-        if not_data(path):  # never opened: a FIFO would block
-            raise RunError(f"{path} is {not_data(path)}, not a save's weights; {instead_of(checkpoint_dir)}")
         try:
             with safe_open(path, framework="pt") as weights:
                 problems = {key: tensor_problem(weights.get_tensor(key), kept.get(key, dtype))

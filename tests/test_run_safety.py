@@ -68,6 +68,11 @@ def test_a_model_folder_that_ships_python_code_is_refused(finished_run, tmp_path
     (lambda f: (f / "tokenizer_config.json").write_text(json.dumps(
         {**json.loads((f / "tokenizer_config.json").read_text()), "chat_template": "{{ 'x' }}" * 40_000})),
      "its chat template is over"),
+    (lambda f: (os.remove(f / "tokenizer_config.json"), os.symlink("/proc/self/status", f / "tokenizer_config.json")),
+     "tokenizer_config.json is not a regular file of at most"),  # 381f0cf: a /proc file's size is 0
+    (lambda f: (os.remove(f / "model.safetensors"), os.mkfifo(f / "shard"), (f / "model.safetensors.index.json")
+                .write_text('{"weight_map": {"lm_head.weight": "shard"}}')),  # 381f0cf: the loader hung on it
+     "its weights name 'shard', which is a FIFO (named pipe)"),
 ])
 def test_a_model_folder_with_an_endless_or_huge_file_is_refused_at_once(finished_run, tmp_path, capsys, damage,
                                                                         message):

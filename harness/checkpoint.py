@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 
-from harness.files import (RunError, as_disk_full, not_data, open_nofollow, refuse_link, refuse_unless_file,
-                           what_is, write_failed)
+from harness.files import (RunError, as_disk_full, not_data, open_nofollow, refuse_link,
+                           refuse_unless_file, what_is, write_failed)
 from harness.manifest import MANIFEST, file_sha256, verify_manifest, write_manifest
 from harness.model import save_policy
 

@@ -53,9 +53,9 @@ PSEUDO_DEVICES = {os.stat(folder).st_dev for folder in ("/proc", "/sys") if os.p
 
 
 def not_data(path, status=None):
-    """What path is, links followed, when it is no regular file to read: a FIFO or device (which block), a folder,
-    "a file of /proc or /sys" (which may never end: /proc/self/pagemap); None for a regular file or nothing.
-    status: an open descriptor's os.fstat, else os.stat(path)."""
+    """What path is, links followed, when it is no regular file to read: a FIFO or device (they
+    block), a folder, "a file of /proc or /sys" (endless: /proc/self/pagemap); None for a regular
+    file or nothing. status: an open descriptor's os.fstat, else os.stat(path)."""
     try:
         status = status or os.stat(path)
     except OSError:
@@ -66,13 +66,14 @@ def not_data(path, status=None):
 
 
 def open_data(path):
-    """open(path, "rb") of a regular file (links followed), never blocking: anything else (not_data) is a RunError
-    naming it, and is never read."""
+    """open(path, "rb") of a regular file (links followed), never blocking: anything else
+    (not_data) is a RunError naming it, and is never read."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without a writer
     kind = not_data(path, os.fstat(fd))
     if kind:
         os.close(fd)
-        raise RunError(f"{path} is {kind}, where this program reads a file; it reads only regular files")
+        raise RunError(f"{path} is {kind}, where this program reads a file; it reads only "
+                       "regular files")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 

@@ -12,7 +12,8 @@ import os
 import re
 import shutil
 
-from harness.files import RunError, as_disk_full, open_data, process_alive, refuse_link, what_is, write_failed
+from harness.files import (RunError, as_disk_full, open_data, process_alive, refuse_link, what_is,
+                           write_failed)
 
 
 def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
@@ -80,7 +81,7 @@ MANIFEST_LIMIT = 1 << 20  # bytes: a manifest is ~1 KB
 
 
 def file_sha256(path):
-    """The sha256 hex digest of the regular file at path (else a RunError: files.open_data), read by 1 MiB."""
+    """The sha256 hex digest of the regular file at path (files.open_data), read by 1 MiB."""
     digest = hashlib.sha256()
     with open_data(path) as f:
         while block := f.read(1 << 20):
@@ -98,9 +99,9 @@ def write_manifest(folder, known=None):
 
 
 def verify_manifest(folder, hint, names=None):
-    """Check folder's files (names: those only) against its MANIFEST (check_digests) -> True; False when it has
-    none (a save from before it). A MANIFEST that is not a small regular file holding a table of digests named by
-    folder's own file names is a RunError ending with hint."""
+    """Check folder's files (names: those only) against its MANIFEST (check_digests) -> True;
+    False when it has none (a save from before it). A MANIFEST that is not a small regular file
+    holding a table of digests named by folder's own file names is a RunError ending with hint."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.lexists(path):
         return False
@@ -121,9 +122,8 @@ def verify_manifest(folder, hint, names=None):
 
 
 def check_digests(folder, listed, manifest, hint, names=None):
-    """A RunError naming the first file of folder (names: of those) that is not as `listed` ({name: sha256}, read
-    from the file `manifest`, which is left out): missing, changed, not a regular file, or one the save did not
-    write."""
+    """A RunError naming the first file of folder (names: of those) not as `listed` ({name: sha256}
+    read from the file `manifest`, left out): missing, changed, not a regular file, or unlisted."""
     for name in sorted(names or (set(os.listdir(folder)) - {manifest}) | set(listed)):
         file, kind = os.path.join(folder, name), what_is(os.path.join(folder, name))
         if name not in listed:

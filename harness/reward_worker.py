@@ -3,10 +3,12 @@
 A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
 stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
 scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (keep):
-  - the trainer sends a step's completions in one message (a pickle) and reads their rewards back as JSON (floats
-    and strings only, MESSAGE_LIMIT bytes at most, read a block at a time under --reward-timeout's clock);
-  - however the run ends, the keeper, a child subreaper, kills the worker and all below it (setsid or not) and
-    removes the scratch folder (one left by a killed keeper is removed at the next start);
+  - the trainer sends a step's completions in one message (a pickle) and reads their rewards back
+    as JSON (finite floats and strings, of that request, MESSAGE_LIMIT bytes at most), each block
+    sent or read on --reward-timeout's clock;
+  - however the run ends, the keeper, or the trainer if the keeper was killed (end_worker), kills
+    the worker and all below it and removes the scratch folder (else the next start, once its lock
+    is free: remove_dead_scratch);
   - a call past --reward-timeout, that ends the worker, raises SystemExit / KeyboardInterrupt, returns no number,
     or forks a child that returns into the worker: one line naming the task; an Exception: a bug, with the
     worker's traceback (RemoteTraceback). A task file is built in the worker first (worker_first).
@@ -36,7 +38,7 @@ import weakref
 
 import tasks
 from harness.console import say
-from harness.files import RunError, open_nofollow, process_alive, what_is
+from harness.files import RunError, open_nofollow, what_is
 from harness.stops import Stopped
 
 STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
@@ -48,7 +50,7 @@ HEADER = struct.Struct(">Q")  # a message: its length, then its pickle (to the w
 MESSAGE_LIMIT, SHOWN = 1 << 28, 4000  # bytes of one message back; characters of an exception's message sent back
 BUILD_S = 120.0  # seconds the worker may take to build the task (a task file's import and make_task()), at least
 SCRATCH, BUILT = "reward-worker-", "its import and make_task()"
-MARK, LOCK = "REWARD_WORKER_SCRATCH", ".lock"  # the keeper's environment: MARK=<its scratch folder>, LOCK in it
+MARK, LOCK = "REWARD_WORKER_SCRATCH", ".lock"  # the keeper's environment: MARK=<scratch folder>
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -99,11 +101,11 @@ def worker_first(config):
 
 @contextlib.contextmanager
 def second_build(worker):
-    """Around this process's build of the task file that `worker` built first (tasks/custom.py's load): past
-    BUILD_S (or --reward-timeout, if longer), or an error where the worker's build succeeded (a lock, a port,
-    stdin: what the first build holds), one TaskError naming the file and the task built twice."""
+    """Around this process's build of the task file `worker` built first (tasks/custom.py's load):
+    past BUILD_S (or --reward-timeout, if longer), or an error where the worker's build succeeded
+    (a lock, a port, stdin the first holds), one TaskError naming the file and the second build."""
     limit = min(max(worker.seconds, BUILD_S), TIMER_LIMIT)
-    main = threading.current_thread() is threading.main_thread()  # SIGALRM reaches the main thread only
+    main = threading.current_thread() is threading.main_thread()  # SIGALRM reaches it only
 
     def expired(signum, frame):
         raise RewardTimeout(f"ran for more than {limit:g} s")
@@ -117,9 +119,9 @@ def second_build(worker):
         happened = str(error) if isinstance(error, RewardTimeout) else \
             f"raised {type(error).__name__} ({(str(error).strip().splitlines() or [''])[0][:200]})"
         raise tasks.TaskError(
-            f"{worker.recipe['task']}: {BUILT} {happened} in the trainer: a task file is built twice, in the "
-            "reward worker, then in the trainer, so its import takes no lock, port or stdin that the first build "
-            "keeps, nor waits long; take them in reward()") from None
+            f"{worker.recipe['task']}: {BUILT} {happened} in the trainer: a task file is built "
+            "twice, in the reward worker, then in the trainer, so its import takes no lock, port "
+            "or stdin that the first build keeps, nor waits long; take them in reward()") from None
     finally:
         if main:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -288,37 +290,37 @@ class RewardWorker(TimedRewards):
                         lambda k: f" on the completion {completions[k][:80]!r}", len(completions))
 
     def start(self):
-        """The keeper (keep): a fresh interpreter (no fork of this process and its threads), in a scratch folder
-        whose LOCK this process holds; it and all below it inherit MARK=<the scratch folder> (end_worker)."""
+        """The keeper (keep): a fresh interpreter (no fork of this process), in a scratch folder
+        whose LOCK this process holds; it and all below it inherit MARK=<scratch> (end_worker)."""
         remove_dead_scratch()
         self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-")
-        lock = os.open(os.path.join(self.scratch, LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        lock = os.open(os.path.join(self.scratch, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel however this process ends
         requests_read, self.requests = os.pipe()
         self.results, results_write = os.pipe()
-        os.set_blocking(self.requests, False)  # written a block at a time under the clock (read_record)
+        os.set_blocking(self.requests, False)  # written as it drains, on the clock (read_record)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness."
-                 f"reward_worker import keep; keep({requests_read}, {results_write}, {os.getpid()}, "
-                 f"{self.scratch!r})"], cwd=self.scratch, stdin=subprocess.DEVNULL,
+                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from "
+                 f"harness.reward_worker import keep; keep({requests_read}, {results_write}, "
+                 f"{os.getpid()}, {self.scratch!r})"], cwd=self.scratch, stdin=subprocess.DEVNULL,
                 pass_fds=(requests_read, results_write), start_new_session=True,
                 env={**os.environ, MARK: self.scratch})
         finally:
             os.close(requests_read)
             os.close(results_write)
-        self.buffer, self.turn, self.ready = bytearray(), 0, False  # turn: the request's number (0: the recipe)
-        self.closed = weakref.finalize(self, end_worker, self.process, (self.requests, self.results, lock),
-                                       self.scratch)
-        self.pending, self.sent = framed(pickle.dumps(self.recipe)), 0  # bytes for the worker; how many went
+        self.closed = weakref.finalize(self, end_worker, self.process,
+                                       (self.requests, self.results, lock), self.scratch)
+        self.buffer, self.turn, self.ready = bytearray(), 0, False  # turn: 0 the recipe, 1, 2, ...
+        self.pending, self.sent = framed(pickle.dumps(self.recipe)), 0  # to send; how much went
 
     def close(self):
         self.closed()
         self.process = None
 
     def ask(self, message, what, detail, count=None):
-        """Send one request, read its answer: the value of a call, or a batch's `count` rewards. The time limit runs
-        from the request and from each reward read back; any error ends the worker (a later call starts another)."""
+        """Send one request and read its answer (answer); any error ends the worker (a later call
+        starts another)."""
         if self.process is None:
             self.start()
         try:
@@ -332,9 +334,9 @@ class RewardWorker(TimedRewards):
             raise
 
     def answer(self, what, detail, least=0.0, count=None):
-        """The answer to the pending request (sent meanwhile), the time limit running from it and from each reward
-        read back: a call's value, else (count: a batch's size) its rewards, each in turn."""
-        limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")  # a build: BUILD_S at least
+        """The answer to the pending request (sent meanwhile): a call's value, or a batch's `count`
+        rewards; the time limit runs from the request and from each reward read back."""
+        limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")
         progress, values = time.monotonic(), []  # the request sent, or the latest reward read back
         while True:
             deadline = progress + limit
@@ -344,7 +346,8 @@ class RewardWorker(TimedRewards):
                 if grace < deadline:
                     say(stop_grace_line(what, self.task.name))
                     raise Stopped(TimedRewards.stop_signal)
-                raise RewardTimeout(timeout_line(self.task.name, what, limit, detail(len(values)), self.source_note()))
+                raise RewardTimeout(timeout_line(self.task.name, what, limit, detail(len(values)),
+                                                 self.source_note()))
             record = self.read_record(min(remaining, POLL_S), what)
             if record is None:
                 continue
@@ -357,16 +360,17 @@ class RewardWorker(TimedRewards):
             elif kind == "done" and (count is None or payload is None and len(values) == count):
                 return payload if count is None and payload is not None else values
             elif kind == "error":  # a task's error, raised here; then the worker is ended (ask)
-                if what == BUILT:  # the worker's build of a task file failed: this process's build says how
+                if what == BUILT:  # the worker's build of a task file failed: ours says how
                     return None
                 raise self.error(payload, what, detail(len(values)))
             else:
-                raise tasks.TaskError(self.protocol_line(what, f"{kind!r} with {len(values)} of {count} rewards"))
+                raise tasks.TaskError(self.protocol_line(
+                    what, f"{kind!r} with {len(values)} of {count} rewards"))
 
     def read_record(self, seconds, what):
-        """The next message back (JSON), None if none is whole after one wait of at most `seconds` (what is pending
-        written meanwhile, as much as the channel takes), EOFError once the worker's channel closed or its keeper
-        exited."""
+        """The next message back (JSON), None if none is whole after one wait of at most `seconds`
+        (writing what the channel takes of the request meanwhile), EOFError once the worker's
+        channel closed or its keeper exited."""
         size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
         if len(self.buffer) < HEADER.size + size:
             ready = select.poll()
@@ -384,7 +388,7 @@ class RewardWorker(TimedRewards):
                 if not chunk:
                     return EOFError
                 self.buffer += chunk
-            elif not events and self.process.poll() is not None:  # gone, whatever still holds its channel
+            elif not events and self.process.poll() is not None:  # gone, whoever holds the channel
                 return EOFError
             size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
         if size > MESSAGE_LIMIT:
@@ -397,27 +401,29 @@ class RewardWorker(TimedRewards):
             turn, kind, payload = json.loads(data, parse_constant=finite, parse_float=finite)
         except (ValueError, TypeError, RecursionError) as error:
             raise tasks.TaskError(self.protocol_line(what, f"{type(error).__name__}: {str(error)[:80]}")) from None
-        if turn != self.turn or kind not in ("values", "done", "error") or kind == "values" and not (
-                isinstance(payload, list) and all(isinstance(value, float) for value in payload)) or \
+        if turn != self.turn or kind not in ("values", "done", "error") or kind == "values" and \
+                not (isinstance(payload, list) and all(isinstance(v, float) for v in payload)) or \
                 kind == "error" and not (isinstance(payload, dict) and all(
                     isinstance(value, str) for value in payload.values())):
-            raise tasks.TaskError(self.protocol_line(what, f"request {str(turn)[:20]} of {self.turn}: "
-                                                           f"{str(kind)[:20]!r} with {str(payload)[:40]!r}"))
+            raise tasks.TaskError(self.protocol_line(what, f"to request {str(turn)[:20]}, not "
+                                                           f"{self.turn}: {str(kind)[:20]!r} with "
+                                                           f"{str(payload)[:40]!r}"))
         return kind, payload
 
     def ended_line(self, what, detail):
-        """What ended the worker, in one line: the task's call, or the keeper killed from outside (-> exit code)."""
+        """What ended the worker, one line: the task's call, or the keeper killed from outside."""
         try:
             code = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
         if code is not None and code < 0:  # the keeper itself, which runs no task code, was killed
-            return (f"task {self.task.name}: the reward worker's keeper process {self.process.pid} was killed by "
-                    f"{signal.Signals(-code).name} during a {what} call{detail}, from outside the run; the worker "
-                    "and all it started were ended with it")
-        killed = code is not None and code - 128 in signal.valid_signals()  # by a signal: 128 + its number (keep)
+            return (f"task {self.task.name}: the reward worker's keeper process {self.process.pid} "
+                    f"was killed by {signal.Signals(-code).name} during a {what} call{detail}, "
+                    "from outside the run; the worker and all it started were ended with it")
+        killed = code is not None and code - 128 in signal.valid_signals()  # 128 + N: by signal N
         ended = "closed its channel to the trainer" if code is None else \
-            f"was killed by {signal.Signals(code - 128).name}" if killed else f"exited with code {code}"
+            f"was killed by {signal.Signals(code - 128).name}" if killed else \
+            f"exited with code {code}"
         return (f"task {self.task.name}: the reward worker process {ended} during a {what} call{detail}: a task's "
                 f"call returns a value (or raises an Exception for a bug), never ends its process{self.source_note()}")
 
@@ -448,9 +454,9 @@ class RewardWorker(TimedRewards):
 
 
 def end_worker(process, descriptors, scratch):
-    """The keeper told to end (it kills the worker and all below it); one stopped or stuck for 10 s, or killed, is
-    made up for here: every process marked as this worker's (MARK, inherited whatever session or group) killed.
-    Then the pipes and the lock closed, the scratch folder gone."""
+    """The keeper told to end (it kills the worker and all below it); for one stopped or stuck for
+    10 s, or killed, every process marked as this worker's (MARK, whatever its session) is killed
+    here. Then the pipes and the lock closed, the scratch folder gone."""
     with contextlib.suppress(ProcessLookupError):
         process.poll() is None and os.kill(process.pid, signal.SIGTERM)
     try:
@@ -465,8 +471,8 @@ def end_worker(process, descriptors, scratch):
 
 
 def kill_marked(scratch):
-    """SIGKILL each process of this user whose environment holds MARK=scratch, until none is left (at most 100
-    rounds: one stuck in the kernel stays)."""
+    """SIGKILL each process of this user whose environment holds MARK=scratch, until none is left
+    (100 rounds at most: one stuck in the kernel stays)."""
     mark = f"{MARK}={scratch}".encode()
     for _ in range(100):
         found = processes("environ", lambda environ: mark in environ.split(b"\0"))
@@ -479,29 +485,21 @@ def kill_marked(scratch):
 
 
 def remove_dead_scratch():
-    """Remove this user's scratch folders whose trainer is gone, wherever its PID lives (a container sharing this
-    tempdir): those whose LOCK, which a live trainer holds (start), this process can take; one without a LOCK
-    only when its PID is alive nowhere here."""
+    """Remove this user's scratch folders whose trainer is gone, wherever its PID lives (a container
+    sharing this tempdir): those whose LOCK, which a live trainer holds, this process can take."""
     folder = tempfile.gettempdir()
     for name in os.listdir(folder):
-        match, path = re.fullmatch(re.escape(SCRATCH) + r"(\d+)-\w+", name), os.path.join(folder, name)
-        if not match or what_is(path) != "a directory" or os.stat(path).st_uid != os.getuid():
+        path = os.path.join(folder, name)
+        if not re.fullmatch(re.escape(SCRATCH) + r"\d+-\w+", name) or what_is(path) != "a directory" \
+                or os.stat(path).st_uid != os.getuid():
             continue
-        try:
+        with contextlib.suppress(OSError, RunError):  # no LOCK (a run starting), or held: it stays
             fd = open_nofollow(os.path.join(path, LOCK), os.O_RDONLY)
-        except FileNotFoundError:
-            fd = None
-        except (OSError, RunError):  # not a lock of ours: the folder stays
-            continue
-        try:
-            if fd is None and process_alive(int(match.group(1))):
-                continue
-            fd is None or fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(path, ignore_errors=True)
-        except BlockingIOError:  # held: its run is alive
-            continue
-        finally:
-            fd is None or os.close(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
 
 
 def framed(data):
@@ -509,14 +507,8 @@ def framed(data):
     return HEADER.pack(len(data)) + data
 
 
-def write_message(fd, data):
-    data = framed(data)
-    while data:
-        data = data[os.write(fd, data):]
-
-
 def finite(text):
-    """JSON's number `text` (NaN, Infinity and 1e999 included) read as a float: a ValueError unless finite."""
+    """JSON's number `text` (NaN, Infinity, 1e999 too) as a float: a ValueError unless finite."""
     if not math.isfinite(float(text)):
         raise ValueError(f"{text[:20]} is no finite number")
     return float(text)
@@ -535,8 +527,8 @@ def prctl(option, value):
 def keep(requests, results, trainer, scratch):
     """The keeper, a child subreaper running no task code, whose child, the worker, serves the task. When the worker
     ends, the trainer ends the keeper (SIGTERM) or dies (PR_SET_PDEATHSIG), it kills the worker and all below it
-    (each orphan is reparented here), removes the scratch folder and exits as the worker did (killed by signal N:
-    exit code 128 + N). Its signals are blocked and waited for (sigtimedwait): none interrupts it anywhere."""
+    (each orphan is reparented here), removes the scratch folder and exits as the worker did
+    (killed by signal N: 128 + N). Its signals are blocked, waited for: none interrupts it."""
     waited = {signal.SIGTERM, signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     prctl(36, 1)
@@ -555,15 +547,15 @@ def keep(requests, results, trainer, scratch):
     os.close(results)
     try:
         while status is None and os.getppid() == trainer:
-            pid, wait_status = os.waitpid(-1, os.WNOHANG)  # the worker, or an orphan below it that ended
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)  # the worker, or an orphan that ended
             status = wait_status if pid == worker else None
-            if not pid and getattr(signal.sigtimedwait(waited, POLL_S), "si_signo", 0) == signal.SIGTERM:
-                break
-    finally:  # each child killed and reaped, until none is left: the worker's orphans become children here
+            if not pid and getattr(signal.sigtimedwait(waited, POLL_S), "si_signo", 0) == 15:
+                break  # SIGTERM
+    finally:  # each child killed and reaped, until none is left (the worker's orphans come here)
         with contextlib.suppress(ProcessLookupError):
             status is None and os.kill(worker, signal.SIGKILL)
         while True:
-            for pid in processes("stat", lambda stat: int(stat.rsplit(b")", 1)[1].split()[1]) == keeper):
+            for pid in processes("stat", lambda s: int(s.rsplit(b")")[-1].split()[1]) == keeper):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             try:
@@ -580,7 +572,8 @@ def processes(name, test):
     """The PIDs whose /proc/PID/name (bytes) passes test ([] without /proc)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/{name}", "rb") as f:
+        with contextlib.suppress(OSError, ValueError, IndexError), \
+                open(f"/proc/{pid}/{name}", "rb") as f:
             if test(f.read()):
                 found.append(int(pid))
     return found
@@ -610,7 +603,9 @@ def serve(requests, results):
     turn = 0  # the request's number: each message back names it (RewardWorker.read_record)
 
     def send(message):
-        write_message(results, json.dumps([turn, *message]).encode())
+        data = framed(json.dumps([turn, *message]).encode())
+        while data:
+            data = data[os.write(results, data):]
 
     def guarded(what, call, *args, **kwargs):
         """call(...) -> (True, value), or (False, the error's report); a child forked inside never returns."""
@@ -640,10 +635,10 @@ def serve(requests, results):
         if message[0] == "call":
             _, method, args, kwargs = message
             ok, value = guarded(f"{method}()", getattr(task, method), *args, **kwargs)
-            if ok:  # a reward as its float; examples() rows as the JSON the trainer gets (tuples as lists, no nan)
+            if ok:  # a reward as its float; rows as the JSON the trainer gets (lists, no nan)
                 ok, value = guarded(f"{method}()", tasks.reward_number, value, f"task {task.name}", args[0]) \
-                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(json.dumps(
-                        v, allow_nan=False)), value)
+                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(
+                        json.dumps(v, allow_nan=False)), value)
             send(("done", value) if ok else ("error", value))
             continue
         _, completions, examples, index, style = message

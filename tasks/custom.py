@@ -96,15 +96,10 @@ def source_file(name):
     return spec.origin
 
 
-def file_sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def load(name, *, data=None, wrap=None, **options):
-    """Import the task file or module `name`, call its make_task(data=data, **options) -> a FileTask, or wrap(it)
-    (harness/reward_worker.py's: --reward-timeout, a worker process; its `building`, around the build), its
-    protocol checked through that (check_protocol)."""
+    """Import the task file or module `name`, call its make_task(data=data, **options) -> a
+    FileTask, or wrap(it) (harness/reward_worker.py's: a worker process; its `building` around the
+    build), its protocol checked through that (check_protocol)."""
     with getattr(wrap, "building", contextlib.nullcontext)():
         task = build(name, data=data, **options)
     return check_protocol(wrap(task) if wrap else task)

@@ -366,6 +366,7 @@ def test_a_scratch_folder_a_killed_run_left_is_removed_at_the_next_start(tmp_pat
     monkeypatch.setattr(rewards.tempfile, "tempdir", str(tmp_path))
     for name in (f"reward-worker-{gone.pid}-abc", f"reward-worker-{os.getpid()}-abc", "reward-worker-x"):
         (tmp_path / name).mkdir()
+    (tmp_path / f"reward-worker-{gone.pid}-abc" / rewards.LOCK).touch()  # its lock, free
     config = types.SimpleNamespace(task="countdown", data=None, task_options={"num_count": 2})
     timed = rewards.timed_task(tasks.get_task("countdown", num_count=2), 60.0, rewards.worker_recipe(config))
     assert f"reward-worker-{gone.pid}-abc" not in os.listdir(tmp_path)  # 2c9f269: it stayed

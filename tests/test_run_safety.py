@@ -13,6 +13,7 @@ import torch
 
 from harness import checkpoint, files
 from harness import config
+from harness.manifest import file_sha256
 import train
 import tasks
 from tests.run_cli import fails, finished_run, run  # noqa: F401 (finished_run: a fixture)
@@ -113,6 +114,8 @@ def test_a_checkpoints_chat_template_that_fails_is_one_line_naming_the_checkpoin
     checkpoint_dir = os.path.join(finished_run, "checkpoint-4")
     path = os.path.join(checkpoint_dir, "run.json")
     json.dump({**json.load(open(path)), "style": "chat"}, open(path, "w"))  # a chat model's run
+    listed = os.path.join(checkpoint_dir, "manifest.json")  # and its manifest.json says so
+    json.dump({"sha256": {**json.load(open(listed))["sha256"], "run.json": file_sha256(path)}}, open(listed, "w"))
     open(os.path.join(checkpoint_dir, "chat_template.jinja"), "w").write(template)
     before = open(os.path.join(finished_run, "metrics.jsonl")).read()
     started = time.time()

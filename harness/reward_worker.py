@@ -2,7 +2,8 @@
 
 A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
 stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
-scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (keep):
+scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code
+(harness/reward_keeper.py):
   - the trainer sends a step's completions in one message (a pickle) and reads their rewards back
     as JSON (finite floats and strings, of that request, MESSAGE_LIMIT bytes at most), each block
     sent or read on --reward-timeout's clock;
@@ -26,28 +27,23 @@ import re
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import types
 import weakref
 
 import tasks
 from harness.console import say
 from harness.files import RunError, open_nofollow, what_is
+from harness.reward_keeper import HEADER, POLL_S, first_argument, framed, processes
 from harness.stops import Stopped
 
 STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
-FLUSH_S = 0.05  # the worker sends a batch's rewards back at least this often (the trainer's clock reads them)
-POLL_S = 0.5  # the trainer looks at its clock, a stop signal and the keeper at least this often while it waits
 TIMER_LIMIT = 1e8  # seconds: a longer --reward-timeout is no limit for SIGALRM (setitimer overflows near 1e300)
-FORKED = 86  # the exit code of a worker's child that returned from a task's call: it ends there
-HEADER = struct.Struct(">Q")  # a message: its length, then its pickle (to the worker) or its JSON (back)
-MESSAGE_LIMIT, SHOWN = 1 << 28, 4000  # bytes of one message back; characters of an exception's message sent back
+MESSAGE_LIMIT = 1 << 28  # bytes of one message back
 BUILD_S = 120.0  # seconds the worker may take to build the task (a task file's import and make_task()), at least
 SCRATCH, BUILT = "reward-worker-", "its import and make_task()"
 MARK, LOCK = "REWARD_WORKER_SCRATCH", ".lock"  # the keeper's environment: MARK=<scratch folder>
@@ -248,13 +244,6 @@ def base_exception_line(name, what, kind, shown, detail, source):
             f"returns, or raises an Exception for a bug{source}")
 
 
-def first_argument(error):  # '(its repr, cut)', or '' (none, or one without a repr)
-    try:
-        return f"({repr(error.args[0])[:40]})" if error.args else ""
-    except Exception:  # noqa: BLE001 -- a __repr__ that raises, args that are no tuple
-        return ""
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The worker, seen from the trainer
 # ---------------------------------------------------------------------------------------------------------------
@@ -302,7 +291,7 @@ class RewardWorker(TimedRewards):
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from "
-                 f"harness.reward_worker import keep; keep({requests_read}, {results_write}, "
+                 f"harness.reward_keeper import keep; keep({requests_read}, {results_write}, "
                  f"{os.getpid()}, {self.scratch!r})"], cwd=self.scratch, stdin=subprocess.DEVNULL,
                 pass_fds=(requests_read, results_write), start_new_session=True,
                 env={**os.environ, MARK: self.scratch})
@@ -502,181 +491,8 @@ def remove_dead_scratch():
                 os.close(fd)
 
 
-def framed(data):
-    """A message as it crosses a pipe: its length (HEADER), then its bytes."""
-    return HEADER.pack(len(data)) + data
-
-
 def finite(text):
     """JSON's number `text` (NaN, Infinity, 1e999 too) as a float: a ValueError unless finite."""
     if not math.isfinite(float(text)):
         raise ValueError(f"{text[:20]} is no finite number")
     return float(text)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The keeper and the worker process
-# ---------------------------------------------------------------------------------------------------------------
-def prctl(option, value):
-    """Linux's prctl(2): 1 = PR_SET_PDEATHSIG, 36 = PR_SET_CHILD_SUBREAPER (elsewhere the worker ends alone)."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-def keep(requests, results, trainer, scratch):
-    """The keeper, a child subreaper running no task code, whose child, the worker, serves the task. When the worker
-    ends, the trainer ends the keeper (SIGTERM) or dies (PR_SET_PDEATHSIG), it kills the worker and all below it
-    (each orphan is reparented here), removes the scratch folder and exits as the worker did
-    (killed by signal N: 128 + N). Its signals are blocked, waited for: none interrupts it."""
-    waited = {signal.SIGTERM, signal.SIGCHLD}
-    signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-    prctl(36, 1)
-    prctl(1, signal.SIGTERM)
-    keeper, worker, status = os.getpid(), os.fork(), None
-    if worker == 0:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
-        prctl(1, signal.SIGKILL)  # the keeper killed: the worker too
-        try:
-            os.getppid() == keeper and serve(requests, results)
-        except BaseException:  # noqa: BLE001 -- a bug here: its traceback, then the worker ends
-            traceback.print_exc()
-            os._exit(1)
-        os._exit(0)
-    os.close(requests)
-    os.close(results)
-    try:
-        while status is None and os.getppid() == trainer:
-            pid, wait_status = os.waitpid(-1, os.WNOHANG)  # the worker, or an orphan that ended
-            status = wait_status if pid == worker else None
-            if not pid and getattr(signal.sigtimedwait(waited, POLL_S), "si_signo", 0) == 15:
-                break  # SIGTERM
-    finally:  # each child killed and reaped, until none is left (the worker's orphans come here)
-        with contextlib.suppress(ProcessLookupError):
-            status is None and os.kill(worker, signal.SIGKILL)
-        while True:
-            for pid in processes("stat", lambda s: int(s.rsplit(b")")[-1].split()[1]) == keeper):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            try:
-                pid, wait_status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-            status = wait_status if pid == worker else status
-        shutil.rmtree(scratch, ignore_errors=True)
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(code if code >= 0 else 128 - code)
-
-
-def processes(name, test):
-    """The PIDs whose /proc/PID/name (bytes) passes test ([] without /proc)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        with contextlib.suppress(OSError, ValueError, IndexError), \
-                open(f"/proc/{pid}/{name}", "rb") as f:
-            if test(f.read()):
-                found.append(int(pid))
-    return found
-
-
-def read_message(fd, buffer):
-    """-> (message, rest of buffer), or (EOFError, b"") when the trainer closed the channel."""
-    while len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack_from(buffer)[0]:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return EOFError, b""
-        buffer += chunk
-    size = HEADER.unpack_from(buffer)[0]
-    return pickle.loads(buffer[HEADER.size:HEADER.size + size]), buffer[HEADER.size + size:]
-
-
-def serve(requests, results):
-    """The worker's loop: build the task (the recipe, first message), then answer each request."""
-    for fd in (requests, results):  # a program a reward starts (os.system('x &')) never holds the channel
-        os.set_inheritable(fd, False)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer's Ctrl-C is the trainer's
-    pid, buffer = os.getpid(), b""
-    recipe, buffer = read_message(requests, buffer)
-    if recipe is EOFError:
-        return
-    sys.path[:] = recipe["sys_path"]
-    turn = 0  # the request's number: each message back names it (RewardWorker.read_record)
-
-    def send(message):
-        data = framed(json.dumps([turn, *message]).encode())
-        while data:
-            data = data[os.write(results, data):]
-
-    def guarded(what, call, *args, **kwargs):
-        """call(...) -> (True, value), or (False, the error's report); a child forked inside never returns."""
-        try:
-            return True, call(*args, **kwargs)
-        except BaseException as error:  # noqa: B036 (everything the task raises is reported to the trainer)
-            if os.getpid() != pid:
-                raise
-            return False, report(error)
-        finally:
-            if os.getpid() != pid:  # a child the call forked, back in the worker's code: it ends here
-                try:
-                    send(("error", {"kind": "forked", "what": what}))
-                finally:
-                    os._exit(FORKED)
-
-    ok, task = guarded("build", build_task, recipe)
-    if not ok:  # it was built in the trainer: a TaskError here is the task's (its data changed), else a bug
-        send(("error", task))
-        return
-    send(("done", None))
-    while True:
-        message, buffer = read_message(requests, buffer)
-        turn += 1
-        if message is EOFError:
-            return
-        if message[0] == "call":
-            _, method, args, kwargs = message
-            ok, value = guarded(f"{method}()", getattr(task, method), *args, **kwargs)
-            if ok:  # a reward as its float; rows as the JSON the trainer gets (lists, no nan)
-                ok, value = guarded(f"{method}()", tasks.reward_number, value, f"task {task.name}", args[0]) \
-                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(
-                        json.dumps(v, allow_nan=False)), value)
-            send(("done", value) if ok else ("error", value))
-            continue
-        _, completions, examples, index, style = message
-        values, flushed = [], time.monotonic()
-        for completion, i in zip(completions, index):
-            ok, value = guarded("reward()", task.reward, completion, examples[i], style=style)
-            if ok:
-                ok, value = guarded("reward()", tasks.reward_number, value, f"task {task.name}", completion)
-            if not ok:
-                send(("values", values))
-                send(("error", value))
-                break
-            values.append(value)
-            if time.monotonic() - flushed >= FLUSH_S:
-                send(("values", values))
-                values, flushed = [], time.monotonic()
-        else:
-            send(("values", values))
-            send(("done", None))
-
-
-def report(error):
-    """An exception raised by a task's call, as the trainer rebuilds it (RewardWorker.error): strings only, the
-    message cut to SHOWN characters and the traceback to its last 10 x SHOWN."""
-    if not isinstance(error, Exception):
-        return {"kind": "base", "type": type(error).__name__, "shown": first_argument(error)}
-    try:
-        message = str(error)[:SHOWN]
-    except Exception:  # noqa: BLE001
-        message = f"(a {type(error).__name__} whose message cannot be shown)"
-    return {"kind": "exception", "type": type(error).__name__, "module": str(type(error).__module__),
-            "message": message, "traceback": "".join(traceback.format_exception(
-                type(error), error, error.__traceback__))[-10 * SHOWN:]}
-
-
-def build_task(recipe):
-    """The run's task, as settle() built it (tasks.get_task; a task file's protocol was checked there)."""
-    name, data, options = recipe["task"], recipe["data"], recipe["options"]
-    if name not in tasks.TASKS and tasks.is_task_file(name):
-        return tasks.custom.build(name, data=data, **options)
-    return tasks.get_task(name, data=data, **options)

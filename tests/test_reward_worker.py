@@ -415,7 +415,7 @@ def test_a_huge_exception_message_is_cut_and_a_huge_message_refused(tmp_path):
 # --- the keeper cannot crash, and whatever ends it, all below it ends (issue 81) -------------------------------------
 KEEPER = """
 import os, signal, sys
-from harness import reward_worker
+from harness import reward_keeper
 reaped = os.waitpid
 
 def waitpid(pid, options):  # the trainer's SIGTERM arrives just after the worker was reaped
@@ -426,7 +426,7 @@ def waitpid(pid, options):  # the trainer's SIGTERM arrives just after the worke
 os.waitpid = waitpid
 requests, trainer_end = os.pipe()
 os.close(trainer_end)  # the trainer gone: the worker reads EOF and exits 0
-reward_worker.keep(requests, os.pipe()[1], os.getppid(), sys.argv[1])
+reward_keeper.keep(requests, os.pipe()[1], os.getppid(), sys.argv[1])
 """
 
 

@@ -2,14 +2,10 @@
 
 A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
 stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
-scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code
-(harness/reward_keeper.py):
-  - the trainer sends a step's completions in one message (a pickle) and reads their rewards back
-    as JSON (finite floats and strings, of that request, MESSAGE_LIMIT bytes at most), each block
-    sent or read on --reward-timeout's clock;
-  - however the run ends, the keeper, or the trainer if the keeper was killed (end_worker), kills
-    the worker and all below it and removes the scratch folder (else the next start, once its lock
-    is free: remove_dead_scratch);
+scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (reward_keeper.py):
+  - a request (a pickle), its answer back as JSON naming it (finite floats, strings; MESSAGE_LIMIT bytes at
+    most), each block sent or read on --reward-timeout's clock;
+  - however the run ends, the keeper (were it killed, end_worker) ends all below it; the scratch folder goes;
   - a call past --reward-timeout, that ends the worker, raises SystemExit / KeyboardInterrupt, returns no number,
     or forks a child that returns into the worker: one line naming the task; an Exception: a bug, with the
     worker's traceback (RemoteTraceback). A task file is built in the worker first (worker_first).

@@ -8,6 +8,7 @@
     stops.py       what stops a run: a signal, a stop before the first step, steps that learn nothing
     console.py     what a run prints: lines beside the progress bar, the bar's numbers, eval samples
     reward_worker.py where a task's reward runs: a worker process (--reward-timeout kills it), one round trip a step
+    reward_keeper.py the worker's own side: its keeper (which ends all below it) and the task's build and calls
     prompts.py     the training prompts of each step: fresh draws, or --epochs over a fixed set; their context check
     checkpoint.py  the run folder and its checkpoints: one run at a time, a kill's leftovers put right, --resume
     manifest.py    a model folder written whole, its files bound into one set by their sha256 (manifest.json)

@@ -27,7 +27,8 @@ import time
 
 import numpy as np
 
-from harness.files import RunError, as_disk_full, open_nofollow, refuse_link, refuse_unless_file, what_is, write_failed
+from harness.files import (RunError, as_disk_full, not_data, open_nofollow, refuse_link,
+                           refuse_unless_file, what_is, write_failed)
 from harness.manifest import MANIFEST, file_sha256, verify_manifest, write_manifest
 from harness.model import save_policy
 
@@ -416,7 +417,7 @@ def load_run_settings(checkpoint_dir):
     """The settings saved in run.json (a dict; config.Config checks its keys and values)."""
     path = os.path.join(checkpoint_dir, RUN_SETTINGS)
     try:
-        if not os.path.isfile(path) or os.path.getsize(path) > RUN_SETTINGS_LIMIT:
+        if not_data(path) or not os.path.isfile(path) or os.path.getsize(path) > RUN_SETTINGS_LIMIT:
             raise ValueError(f"not a regular file of at most {RUN_SETTINGS_LIMIT} bytes")
         with open(path) as f:
             settings = json.load(f)

@@ -49,6 +49,35 @@ def what_is(path, status=None):
     return kind or ("a file" if stat.S_ISREG(mode) else "not a regular file")
 
 
+PSEUDO_DEVICES = {os.stat(folder).st_dev for folder in ("/proc", "/sys") if os.path.isdir(folder)}
+
+
+def not_data(path, status=None):
+    """What path is, links followed, when it is no regular file to read: a FIFO or device (they
+    block), a folder, "a file of /proc or /sys" (endless: /proc/self/pagemap); None for a regular
+    file or nothing. status: an open descriptor's os.fstat, else os.stat(path)."""
+    try:
+        status = status or os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISREG(status.st_mode):
+        return "a file of /proc or /sys" if status.st_dev in PSEUDO_DEVICES else None
+    return what_is(path, status)
+
+
+def open_data(path):
+    """open(path, "rb") of a regular file (links followed), never blocking: anything else
+    (not_data) is a RunError naming it, and is never read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without a writer
+    kind = not_data(path, os.fstat(fd))
+    if kind:
+        os.close(fd)
+        raise RunError(f"{path} is {kind}, where this program reads a file; it reads only "
+                       "regular files")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def refuse_unless_file(path, status=None, *, links=False):
     """path, when nothing stands there or a regular file with one name (a file this program may write, truncate or
     replace); links=True: a symbolic link too (a rename replaces the link, never what it points to). Anything else is

@@ -12,7 +12,8 @@ import os
 import re
 import shutil
 
-from harness.files import RunError, as_disk_full, process_alive, refuse_link, what_is, write_failed
+from harness.files import (RunError, as_disk_full, open_data, process_alive, refuse_link, what_is,
+                           write_failed)
 
 
 def save_policy_atomically(model, tokenizer, folder, info=None, *, cache=False):
@@ -80,9 +81,9 @@ MANIFEST_LIMIT = 1 << 20  # bytes: a manifest is ~1 KB
 
 
 def file_sha256(path):
-    """The sha256 hex digest of the file at path, read in blocks of 1 MiB."""
+    """The sha256 hex digest of the regular file at path (files.open_data), read by 1 MiB."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_data(path) as f:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
@@ -97,10 +98,10 @@ def write_manifest(folder, known=None):
         json.dump({"sha256": {**digests, **known}}, f, indent=1, sort_keys=True)
 
 
-def verify_manifest(folder, hint):
-    """Check folder's files against its MANIFEST (check_digests) -> True; False when it has none (a save from before
-    it). A MANIFEST that is not a small regular file holding a table of digests named by folder's own file names is
-    a RunError ending with hint."""
+def verify_manifest(folder, hint, names=None):
+    """Check folder's files (names: those only) against its MANIFEST (check_digests) -> True;
+    False when it has none (a save from before it). A MANIFEST that is not a small regular file
+    holding a table of digests named by folder's own file names is a RunError ending with hint."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.lexists(path):
         return False
@@ -116,15 +117,14 @@ def verify_manifest(folder, hint):
     stray = next((name for name in listed if name in ("", ".", "..") or "/" in name or "\0" in name), None)
     if stray is not None:  # /proc/self/pagemap, ../x: never opened (only the folder's own files are hashed)
         raise RunError(f"{path} lists {stray[:80]!r}, which is no file name of its folder; {hint}")
-    check_digests(folder, listed, MANIFEST, hint)
+    check_digests(folder, listed, MANIFEST, hint, names)
     return True
 
 
-def check_digests(folder, listed, manifest, hint):
-    """A RunError naming the first file of folder that is not as `listed` ({name: sha256}, read from the file
-    `manifest`, which is left out): missing, changed, not a regular file, or one the save did not write."""
-    found = set(os.listdir(folder)) - {manifest}
-    for name in sorted(found | set(listed)):
+def check_digests(folder, listed, manifest, hint, names=None):
+    """A RunError naming the first file of folder (names: of those) not as `listed` ({name: sha256}
+    read from the file `manifest`, left out): missing, changed, not a regular file, or unlisted."""
+    for name in sorted(names or (set(os.listdir(folder)) - {manifest}) | set(listed)):
         file, kind = os.path.join(folder, name), what_is(os.path.join(folder, name))
         if name not in listed:
             raise RunError(f"{file}: a file its save did not write (not in {manifest}); move it away, or {hint}")

@@ -13,10 +13,11 @@ import contextlib
 import os
 import sys
 
-from harness.checkpoint import LOCK, RESUME_NOTES, holds_a_run, resolve_checkpoint, run_owns, verify_checkpoint
+from harness.checkpoint import (LOCK, RESUME_NOTES, RUN_SETTINGS, holds_a_run, instead_of,
+                                resolve_checkpoint, run_owns, verify_checkpoint)
 from harness.files import RunError
 from harness.flags import saved_config
-from harness.manifest import save_policy_atomically
+from harness.manifest import save_policy_atomically, verify_manifest
 
 
 def main(argv=None):
@@ -40,6 +41,7 @@ def main(argv=None):
         if not settings.initial_policy:
             raise RunError(f"{checkpoint}/run.json: no initial_policy (the base weights the adapters belong to)")
         from harness.model import base_changed, load_adapters, load_policy, load_tokenizer, merge_adapters
+        verify_manifest(checkpoint, instead_of(checkpoint), names=[RUN_SETTINGS])  # first
         changed = base_changed(settings, f"{checkpoint}/run.json")
         if changed:
             raise RunError(changed)

@@ -13,11 +13,15 @@ import socket
 import stat
 from urllib.parse import urlparse
 
+from harness.files import not_data
+
 MIB = 1 << 20
 FOLDER_FILE_LIMITS = {  # bytes: the small files of a model folder, each read whole (weights are memory-mapped)
     "config.json": MIB, "generation_config.json": MIB, "special_tokens_map.json": MIB, "added_tokens.json": 16 * MIB,
     "tokenizer_config.json": 16 * MIB, "chat_template.jinja": MIB // 4, "chat_template.json": MIB // 4,
-    "tokenizer.json": 256 * MIB, "vocab.json": 64 * MIB, "merges.txt": 64 * MIB, "tokenizer.model": 64 * MIB}
+    "tokenizer.json": 256 * MIB, "vocab.json": 64 * MIB, "merges.txt": 64 * MIB,
+    "tokenizer.model": 64 * MIB, "model.safetensors.index.json": 64 * MIB,
+    "pytorch_model.bin.index.json": 64 * MIB}
 MAX_CHAT_TEMPLATE = MIB // 4  # characters: real templates are 1-20 K; a huge one is a denial of service
 
 
@@ -55,6 +59,7 @@ def model_source(model_arg):
     if os.path.isdir(path):
         bounded_files(path, model_arg)
         no_remote_code(path, model_arg)
+        weight_files(path, model_arg)
     if path.endswith(".gguf"):
         missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
         if missing:
@@ -133,23 +138,48 @@ def bounded_files(folder, model_arg):
                                          os.listdir(extra)] if os.path.isdir(extra) else [])
     for name in names:
         path, limit = os.path.join(folder, name), FOLDER_FILE_LIMITS.get(name, MAX_CHAT_TEMPLATE)
-        if os.path.lexists(path) and (not os.path.isfile(path) or os.path.getsize(path) > limit):
+        if os.path.lexists(path) and (not_data(path) or not os.path.isfile(path)
+                                      or os.path.getsize(path) > limit):
             raise ValueError(f"{model_arg}: {name} is not a regular file of at most {limit} bytes; this project "
                              "reads only bounded files from a model folder")
+
+
+def folder_json(folder, name, model_arg):
+    """The JSON in folder/name (bounded_files checked its size), None if none; else a ValueError."""
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: deeply nested JSON
+        raise ValueError(f"{model_arg}: {name} is not readable JSON ({type(error).__name__})") \
+            from None
+
+
+def weight_files(folder, model_arg):
+    """A ValueError naming it when a weight file of folder, or a shard its *.index.json names, is
+    no regular file of the folder (a FIFO, a device, a /proc file: files.not_data)."""
+    names = [name for name in os.listdir(folder) if name.endswith(WEIGHT_FILES)]
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        shards = folder_json(folder, index, model_arg) or {}
+        shards = shards.get("weight_map", {}) if isinstance(shards, dict) else shards
+        names += shards.values() if isinstance(shards, dict) else [shards]
+    for name in names:
+        plain = isinstance(name, str) and "/" not in name
+        kind = not_data(os.path.join(folder, name)) if plain else "no file name"
+        if kind:
+            raise ValueError(f"{model_arg}: its weights name {str(name)[:80]!r}, which is {kind}; "
+                             "this project loads weights only from a model folder's regular files")
 
 
 def no_remote_code(folder, model_arg):
     """A ValueError when the folder's config or tokenizer config asks transformers to import its own Python files
     (an `auto_map`): this project runs no code from a checkpoint or model folder."""
     for name in ("config.json", "tokenizer_config.json"):
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            continue  # bounded_files has checked the size of what is there
-        try:
-            with open(path, encoding="utf-8") as f:
-                settings = json.load(f)
-        except (OSError, ValueError, RecursionError) as error:  # RecursionError: deeply nested JSON
-            raise ValueError(f"{model_arg}: {name} is not readable JSON ({type(error).__name__})") from None
+        settings = folder_json(folder, name, model_arg)
+        if settings is None:
+            continue
         if isinstance(settings, dict) and settings.get("auto_map"):
             raise ValueError(f"{model_arg}: {name} names its own Python code (auto_map); this project never runs "
                              "code from a model folder (trust_remote_code is off)")
@@ -402,7 +432,6 @@ def lora_config(rank, alpha, targets):
                       bias="none")
 
 
-ADAPTER_CONFIG_LIMIT = 1 << 20  # bytes: a PEFT adapter_config.json is ~1 KB
 UNCHECKED_ADAPTER_KEYS = {"peft_version", "base_model_name_or_path", "revision", "inference_mode", "task_type"}
 
 
@@ -414,7 +443,7 @@ def check_adapter_files(folder, expected, model):
     from safetensors import safe_open
     path = os.path.join(folder, "adapter_config.json")
     try:
-        if not os.path.isfile(path) or os.path.getsize(path) > ADAPTER_CONFIG_LIMIT:
+        if not_data(path) or not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:  # ~1 KB
             raise ValueError("not a regular file of at most 1 MiB")
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)

@@ -2,11 +2,10 @@
 
 A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
 stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
-scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (keep):
-  - the trainer sends a step's completions in one message (a pickle) and reads their rewards back as JSON (floats
-    and strings only, MESSAGE_LIMIT bytes at most, read a block at a time under --reward-timeout's clock);
-  - however the run ends, the keeper, a child subreaper, kills the worker and all below it (setsid or not) and
-    removes the scratch folder (one left by a killed keeper is removed at the next start);
+scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (reward_keeper.py):
+  - a request (a pickle), its answer back as JSON naming it (finite floats, strings; MESSAGE_LIMIT bytes at
+    most), each block sent or read on --reward-timeout's clock;
+  - however the run ends, the keeper (were it killed, end_worker) ends all below it; the scratch folder goes;
   - a call past --reward-timeout, that ends the worker, raises SystemExit / KeyboardInterrupt, returns no number,
     or forks a child that returns into the worker: one line naming the task; an Exception: a bug, with the
     worker's traceback (RemoteTraceback). A task file is built in the worker first (worker_first).
@@ -14,37 +13,36 @@ A task registered in tasks.TASKS from Python (the tests' stubs) keeps its calls 
 SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a reward runs inside", says what each side can reach.
 """
 import contextlib
+import fcntl
+import functools
 import json
+import math
 import os
 import pickle
 import re
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import types
 import weakref
 
 import tasks
 from harness.console import say
-from harness.files import process_alive, what_is
+from harness.files import RunError, open_nofollow, what_is
+from harness.reward_keeper import HEADER, POLL_S, first_argument, framed, processes
 from harness.stops import Stopped
 
 STOP_GRACE = 5.0  # seconds a reward call under way when a stop signal arrives may still take to return
-FLUSH_S = 0.05  # the worker sends a batch's rewards back at least this often (the trainer's clock reads them)
-POLL_S = 0.5  # the trainer looks at its clock, a stop signal and the keeper at least this often while it waits
 TIMER_LIMIT = 1e8  # seconds: a longer --reward-timeout is no limit for SIGALRM (setitimer overflows near 1e300)
-FORKED = 86  # the exit code of a worker's child that returned from a task's call: it ends there
-HEADER = struct.Struct(">Q")  # a message: its length, then its pickle (to the worker) or its JSON (back)
-MESSAGE_LIMIT, SHOWN = 1 << 28, 4000  # bytes of one message back; characters of an exception's message sent back
+MESSAGE_LIMIT = 1 << 28  # bytes of one message back
 BUILD_S = 120.0  # seconds the worker may take to build the task (a task file's import and make_task()), at least
 SCRATCH, BUILT = "reward-worker-", "its import and make_task()"
+MARK, LOCK = "REWARD_WORKER_SCRATCH", ".lock"  # the keeper's environment: MARK=<scratch folder>
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,15 +77,47 @@ def worker_first(config):
     worker = RewardWorker(types.SimpleNamespace(name=recipe["task"]), config.reward_timeout, recipe) \
         if tasks.is_task_file(config.task) else None
     if worker is not None:  # one that fails is said by this process's own build
-        worker.ready = worker.answer(BUILT, lambda k: "", BUILD_S) is not None
-        worker.ready or worker.close()
+        try:
+            worker.ready = worker.answer(BUILT, lambda k: "", BUILD_S) is not None
+        finally:
+            worker.ready or worker.close()
 
     def wrap(task):
         if worker is None:
             return timed_task(task, config.reward_timeout, recipe)
         worker.task = task
         return worker
+    wrap.building = functools.partial(second_build, worker) if worker else contextlib.nullcontext
     return wrap
+
+
+@contextlib.contextmanager
+def second_build(worker):
+    """Around this process's build of the task file `worker` built first (tasks/custom.py's load):
+    past BUILD_S (or --reward-timeout, if longer), or an error where the worker's build succeeded
+    (a lock, a port, stdin the first holds), one TaskError naming the file and the second build."""
+    limit = min(max(worker.seconds, BUILD_S), TIMER_LIMIT)
+    main = threading.current_thread() is threading.main_thread()  # SIGALRM reaches it only
+
+    def expired(signum, frame):
+        raise RewardTimeout(f"ran for more than {limit:g} s")
+    previous = signal.signal(signal.SIGALRM, expired) if main else None
+    main and signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    except (Exception, RewardTimeout) as error:
+        if not worker.ready and not isinstance(error, RewardTimeout):
+            raise  # the worker's build failed as well: the file's own error, as it is
+        happened = str(error) if isinstance(error, RewardTimeout) else \
+            f"raised {type(error).__name__} ({(str(error).strip().splitlines() or [''])[0][:200]})"
+        raise tasks.TaskError(
+            f"{worker.recipe['task']}: {BUILT} {happened} in the trainer: a task file is built "
+            "twice, in the reward worker, then in the trainer, so its import takes no lock, port "
+            "or stdin that the first build keeps, nor waits long; take them in reward()") from None
+    finally:
+        if main:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 def worker_recipe(config):
@@ -210,13 +240,6 @@ def base_exception_line(name, what, kind, shown, detail, source):
             f"returns, or raises an Exception for a bug{source}")
 
 
-def first_argument(error):  # '(its repr, cut)', or '' (none, or one without a repr)
-    try:
-        return f"({repr(error.args[0])[:40]})" if error.args else ""
-    except Exception:  # noqa: BLE001 -- a __repr__ that raises, args that are no tuple
-        return ""
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The worker, seen from the trainer
 # ---------------------------------------------------------------------------------------------------------------
@@ -249,95 +272,108 @@ class RewardWorker(TimedRewards):
         index = [where.setdefault(id(example), len(where)) for example in examples]
         unique = list({id(example): example for example in examples}.values())
         return self.ask(("rewards", completions, unique, index, style), "reward()",
-                        lambda k: f" on the completion {completions[k][:80]!r}")
+                        lambda k: f" on the completion {completions[k][:80]!r}", len(completions))
 
     def start(self):
-        """The keeper (keep): a fresh interpreter (no fork of this process and its threads), in a scratch folder."""
+        """The keeper (keep): a fresh interpreter (no fork of this process), in a scratch folder
+        whose LOCK this process holds; it and all below it inherit MARK=<scratch> (end_worker)."""
         remove_dead_scratch()
         self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-")
+        lock = os.open(os.path.join(self.scratch, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel however this process ends
         requests_read, self.requests = os.pipe()
         self.results, results_write = os.pipe()
+        os.set_blocking(self.requests, False)  # written as it drains, on the clock (read_record)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from harness.reward_worker "
-                 f"import keep; keep({requests_read}, {results_write}, {os.getpid()}, {self.scratch!r})"],
-                cwd=self.scratch, stdin=subprocess.DEVNULL, pass_fds=(requests_read, results_write),
-                start_new_session=True)
+                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {REPOSITORY!r}; from "
+                 f"harness.reward_keeper import keep; keep({requests_read}, {results_write}, "
+                 f"{os.getpid()}, {self.scratch!r})"], cwd=self.scratch, stdin=subprocess.DEVNULL,
+                pass_fds=(requests_read, results_write), start_new_session=True,
+                env={**os.environ, MARK: self.scratch})
         finally:
             os.close(requests_read)
             os.close(results_write)
-        self.buffer = bytearray()
-        self.closed = weakref.finalize(self, end_worker, self.process, self.requests, self.results, self.scratch)
-        write_message(self.requests, pickle.dumps(self.recipe))
-        self.ready = False
+        self.closed = weakref.finalize(self, end_worker, self.process,
+                                       (self.requests, self.results, lock), self.scratch)
+        self.buffer, self.turn, self.ready = bytearray(), 0, False  # turn: 0 the recipe, 1, 2, ...
+        self.pending, self.sent = framed(pickle.dumps(self.recipe)), 0  # to send; how much went
 
     def close(self):
         self.closed()
         self.process = None
 
-    def ask(self, message, what, detail):
-        """Send one request, read its answer: the value of a call, or a batch's rewards. The time limit runs from
-        the request and from each reward read back; any error ends the worker (a later call starts another)."""
+    def ask(self, message, what, detail, count=None):
+        """Send one request and read its answer (answer); any error ends the worker (a later call
+        starts another)."""
         if self.process is None:
             self.start()
         try:
             if not self.ready:
                 self.answer("the task's build in the worker", lambda k: "", BUILD_S)
                 self.ready = True
-            write_message(self.requests, pickle.dumps(message))
-            return self.answer(what, detail)
-        except BrokenPipeError:
-            ended = self.ended()
-            self.close()
-            raise tasks.TaskError(self.ended_line(what, detail(0), ended)) from None
+            self.pending, self.sent, self.turn = framed(pickle.dumps(message)), 0, self.turn + 1
+            return self.answer(what, detail, count=count)
         except BaseException:
             self.close()
             raise
 
-    def answer(self, what, detail, least=0.0):
-        limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")  # a build: BUILD_S at least
+    def answer(self, what, detail, least=0.0, count=None):
+        """The answer to the pending request (sent meanwhile): a call's value, or a batch's `count`
+        rewards; the time limit runs from the request and from each reward read back."""
+        limit = max(self.seconds, least) if self.seconds > 0 else least or float("inf")
         progress, values = time.monotonic(), []  # the request sent, or the latest reward read back
         while True:
             deadline = progress + limit
             grace = max(progress, TimedRewards.stopped_at) + STOP_GRACE if TimedRewards.stop_signal else deadline
             remaining = min(deadline, grace) - time.monotonic()
             if remaining <= 0:
-                self.close()
                 if grace < deadline:
                     say(stop_grace_line(what, self.task.name))
                     raise Stopped(TimedRewards.stop_signal)
-                raise RewardTimeout(timeout_line(self.task.name, what, limit, detail(len(values)), self.source_note()))
+                raise RewardTimeout(timeout_line(self.task.name, what, limit, detail(len(values)),
+                                                 self.source_note()))
             record = self.read_record(min(remaining, POLL_S), what)
             if record is None:
                 continue
             if record is EOFError:
-                ended = self.ended()
-                self.close()
-                raise tasks.TaskError(self.ended_line(what, detail(len(values)), ended))
+                raise tasks.TaskError(self.ended_line(what, detail(len(values))))
             kind, payload = record
-            if kind == "values":
+            if kind == "values" and count is not None and len(values) + len(payload) <= count:
                 values += payload
                 progress = time.monotonic()
-            elif kind == "done":
-                return values if payload is None else payload
-            elif what == BUILT:  # the worker's build of a task file failed: this process's build says how
-                return None
-            else:  # "error": a task's error, raised here; then the worker is ended (ask)
+            elif kind == "done" and (count is None or payload is None and len(values) == count):
+                return payload if count is None and payload is not None else values
+            elif kind == "error":  # a task's error, raised here; then the worker is ended (ask)
+                if what == BUILT:  # the worker's build of a task file failed: ours says how
+                    return None
                 raise self.error(payload, what, detail(len(values)))
+            else:
+                raise tasks.TaskError(self.protocol_line(
+                    what, f"{kind!r} with {len(values)} of {count} rewards"))
 
     def read_record(self, seconds, what):
-        """The next message (JSON), None if none is whole after one read of at most `seconds`, EOFError once the
-        worker's channel closed or its keeper exited."""
+        """The next message back (JSON), None if none is whole after one wait of at most `seconds`
+        (writing what the channel takes of the request meanwhile), EOFError once the worker's
+        channel closed or its keeper exited."""
         size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
         if len(self.buffer) < HEADER.size + size:
             ready = select.poll()
             ready.register(self.results, select.POLLIN)
-            if ready.poll(seconds * 1000):
+            if self.sent < len(self.pending):
+                ready.register(self.requests, select.POLLOUT)
+            events = dict(ready.poll(seconds * 1000))
+            if events.get(self.requests):
+                try:
+                    self.sent += os.write(self.requests, memoryview(self.pending)[self.sent:])
+                except BrokenPipeError:
+                    return EOFError
+            if events.get(self.results):
                 chunk = os.read(self.results, 1 << 20)
                 if not chunk:
                     return EOFError
                 self.buffer += chunk
-            elif self.process.poll() is not None:  # the worker is gone, whatever still holds its channel
+            elif not events and self.process.poll() is not None:  # gone, whoever holds the channel
                 return EOFError
             size = HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else 0
         if size > MESSAGE_LIMIT:
@@ -347,23 +383,32 @@ class RewardWorker(TimedRewards):
         data = bytes(self.buffer[HEADER.size:HEADER.size + size])
         del self.buffer[:HEADER.size + size]
         try:
-            kind, payload = json.loads(data)
+            turn, kind, payload = json.loads(data, parse_constant=finite, parse_float=finite)
         except (ValueError, TypeError, RecursionError) as error:
             raise tasks.TaskError(self.protocol_line(what, f"{type(error).__name__}: {str(error)[:80]}")) from None
-        if kind not in ("values", "done", "error") or kind == "values" and not all(
-                isinstance(value, float) for value in payload) or kind == "error" and not (
-                isinstance(payload, dict) and all(isinstance(value, str) for value in payload.values())):
-            raise tasks.TaskError(self.protocol_line(what, f"{str(kind)[:20]!r} with {str(payload)[:40]!r}"))
+        if turn != self.turn or kind not in ("values", "done", "error") or kind == "values" and \
+                not (isinstance(payload, list) and all(isinstance(v, float) for v in payload)) or \
+                kind == "error" and not (isinstance(payload, dict) and all(
+                    isinstance(value, str) for value in payload.values())):
+            raise tasks.TaskError(self.protocol_line(what, f"to request {str(turn)[:20]}, not "
+                                                           f"{self.turn}: {str(kind)[:20]!r} with "
+                                                           f"{str(payload)[:40]!r}"))
         return kind, payload
 
-    def ended(self):
+    def ended_line(self, what, detail):
+        """What ended the worker, one line: the task's call, or the keeper killed from outside."""
         try:
             code = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            return "closed its channel to the trainer"
-        return f"exited with code {code}" if code >= 0 else f"was killed by {signal.Signals(-code).name}"
-
-    def ended_line(self, what, detail, ended):
+            code = None
+        if code is not None and code < 0:  # the keeper itself, which runs no task code, was killed
+            return (f"task {self.task.name}: the reward worker's keeper process {self.process.pid} "
+                    f"was killed by {signal.Signals(-code).name} during a {what} call{detail}, "
+                    "from outside the run; the worker and all it started were ended with it")
+        killed = code is not None and code - 128 in signal.valid_signals()  # 128 + N: by signal N
+        ended = "closed its channel to the trainer" if code is None else \
+            f"was killed by {signal.Signals(code - 128).name}" if killed else \
+            f"exited with code {code}"
         return (f"task {self.task.name}: the reward worker process {ended} during a {what} call{detail}: a task's "
                 f"call returns a value (or raises an Exception for a bug), never ends its process{self.source_note()}")
 
@@ -393,201 +438,57 @@ class RewardWorker(TimedRewards):
         return error
 
 
-def end_worker(process, requests, results, scratch):
-    """The keeper told to end (it kills the worker and all below it; one stopped or stuck for 10 s is killed with its
-    process group), its pipes closed, the scratch folder gone."""
+def end_worker(process, descriptors, scratch):
+    """The keeper told to end (it kills the worker and all below it); for one stopped or stuck for
+    10 s, or killed, every process marked as this worker's (MARK, whatever its session) is killed
+    here. Then the pipes and the lock closed, the scratch folder gone."""
     with contextlib.suppress(ProcessLookupError):
         process.poll() is None and os.kill(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_marked(scratch)
         process.wait()
-    for fd in (requests, results):
+    kill_marked(scratch)  # nothing, unless the keeper was killed before it could end them
+    for fd in descriptors:
         os.close(fd)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def remove_dead_scratch():
-    """Remove the scratch folders of this user's trainers that are gone (their keeper was killed with them)."""
-    folder = tempfile.gettempdir()
-    for name in os.listdir(folder):
-        match, path = re.fullmatch(re.escape(SCRATCH) + r"(\d+)-\w+", name), os.path.join(folder, name)
-        if match and not process_alive(int(match.group(1))) and what_is(path) == "a directory" \
-                and os.stat(path).st_uid == os.getuid():
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def write_message(fd, data):
-    data = HEADER.pack(len(data)) + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The keeper and the worker process
-# ---------------------------------------------------------------------------------------------------------------
-def prctl(option, value):
-    """Linux's prctl(2): 1 = PR_SET_PDEATHSIG, 36 = PR_SET_CHILD_SUBREAPER (elsewhere the worker ends alone)."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-def keep(requests, results, trainer, scratch):
-    """The keeper, a child subreaper running no task code, whose child, the worker, serves the task. When the worker
-    ends, the trainer ends the keeper (SIGTERM) or dies (PR_SET_PDEATHSIG), it kills the worker and all below it
-    (each orphan is reparented here), removes the scratch folder and exits as the worker did."""
-    def stop(signum, frame):
-        raise Stopped(signum)
-    signal.signal(signal.SIGTERM, stop)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    prctl(36, 1)
-    prctl(1, signal.SIGTERM)
-    keeper, worker, status = os.getpid(), os.fork(), None
-    if worker == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        prctl(1, signal.SIGKILL)  # the keeper killed: the worker too
-        try:
-            os.getppid() == keeper and serve(requests, results)
-        except BaseException:  # noqa: BLE001 -- a bug here: its traceback, then the worker ends
-            traceback.print_exc()
-            os._exit(1)
-        os._exit(0)
-    os.close(requests)
-    os.close(results)
-    with contextlib.suppress(Stopped):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        while os.getppid() == trainer and status is None:
-            pid, wait_status = os.waitpid(-1, 0)  # the worker, or an orphan below it that ended
-            status = wait_status if pid == worker else None
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if status is None:
-        os.kill(worker, signal.SIGKILL)
-    while True:  # each child killed and reaped, until none is left: the worker's orphans become children here
-        for pid in children(keeper):
+def kill_marked(scratch):
+    """SIGKILL each process of this user whose environment holds MARK=scratch, until none is left
+    (100 rounds at most: one stuck in the kernel stays)."""
+    mark = f"{MARK}={scratch}".encode()
+    for _ in range(100):
+        found = processes("environ", lambda environ: mark in environ.split(b"\0"))
+        for pid in found:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        status = wait_status if pid == worker else status
-    shutil.rmtree(scratch, ignore_errors=True)
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:  # killed by a signal: the keeper too
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL's handler is no setting
-            signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
-        os.kill(keeper, -code)
-    os._exit(code)
-
-
-def children(parent):
-    """The PIDs whose parent is `parent` (/proc; [] without it)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat", "rb") as f:
-            if int(f.read().rsplit(b")", 1)[1].split()[1]) == parent:
-                found.append(int(pid))
-    return found
-
-
-def read_message(fd, buffer):
-    """-> (message, rest of buffer), or (EOFError, b"") when the trainer closed the channel."""
-    while len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack_from(buffer)[0]:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return EOFError, b""
-        buffer += chunk
-    size = HEADER.unpack_from(buffer)[0]
-    return pickle.loads(buffer[HEADER.size:HEADER.size + size]), buffer[HEADER.size + size:]
-
-
-def serve(requests, results):
-    """The worker's loop: build the task (the recipe, first message), then answer each request."""
-    for fd in (requests, results):  # a program a reward starts (os.system('x &')) never holds the channel
-        os.set_inheritable(fd, False)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer's Ctrl-C is the trainer's
-    pid, buffer = os.getpid(), b""
-    recipe, buffer = read_message(requests, buffer)
-    if recipe is EOFError:
-        return
-    sys.path[:] = recipe["sys_path"]
-
-    def send(message):
-        write_message(results, json.dumps(message).encode())
-
-    def guarded(what, call, *args, **kwargs):
-        """call(...) -> (True, value), or (False, the error's report); a child forked inside never returns."""
-        try:
-            return True, call(*args, **kwargs)
-        except BaseException as error:  # noqa: B036 (everything the task raises is reported to the trainer)
-            if os.getpid() != pid:
-                raise
-            return False, report(error)
-        finally:
-            if os.getpid() != pid:  # a child the call forked, back in the worker's code: it ends here
-                try:
-                    send(("error", {"kind": "forked", "what": what}))
-                finally:
-                    os._exit(FORKED)
-
-    ok, task = guarded("build", build_task, recipe)
-    if not ok:  # it was built in the trainer: a TaskError here is the task's (its data changed), else a bug
-        send(("error", task))
-        return
-    send(("done", None))
-    while True:
-        message, buffer = read_message(requests, buffer)
-        if message is EOFError:
+        if not found:
             return
-        if message[0] == "call":
-            _, method, args, kwargs = message
-            ok, value = guarded(f"{method}()", getattr(task, method), *args, **kwargs)
-            if ok:  # a reward as its float; examples() rows as the JSON data the trainer gets (tuples as lists)
-                ok, value = guarded(f"{method}()", tasks.reward_number, value, f"task {task.name}", args[0]) \
-                    if method == "reward" else guarded(f"{method}()", lambda v: json.loads(json.dumps(v)), value)
-            send(("done", value) if ok else ("error", value))
+        time.sleep(0.01)
+
+
+def remove_dead_scratch():
+    """Remove this user's scratch folders whose trainer is gone, wherever its PID lives (a container
+    sharing this tempdir): those whose LOCK, which a live trainer holds, this process can take."""
+    folder = tempfile.gettempdir()
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if not re.fullmatch(re.escape(SCRATCH) + r"\d+-\w+", name) or what_is(path) != "a directory" \
+                or os.stat(path).st_uid != os.getuid():
             continue
-        _, completions, examples, index, style = message
-        values, flushed = [], time.monotonic()
-        for completion, i in zip(completions, index):
-            ok, value = guarded("reward()", task.reward, completion, examples[i], style=style)
-            if ok:
-                ok, value = guarded("reward()", tasks.reward_number, value, f"task {task.name}", completion)
-            if not ok:
-                send(("values", values))
-                send(("error", value))
-                break
-            values.append(value)
-            if time.monotonic() - flushed >= FLUSH_S:
-                send(("values", values))
-                values, flushed = [], time.monotonic()
-        else:
-            send(("values", values))
-            send(("done", None))
+        with contextlib.suppress(OSError, RunError):  # no LOCK (a run starting), or held: it stays
+            fd = open_nofollow(os.path.join(path, LOCK), os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
 
 
-def report(error):
-    """An exception raised by a task's call, as the trainer rebuilds it (RewardWorker.error): strings only, the
-    message cut to SHOWN characters and the traceback to its last 10 x SHOWN."""
-    if not isinstance(error, Exception):
-        return {"kind": "base", "type": type(error).__name__, "shown": first_argument(error)}
-    try:
-        message = str(error)[:SHOWN]
-    except Exception:  # noqa: BLE001
-        message = f"(a {type(error).__name__} whose message cannot be shown)"
-    return {"kind": "exception", "type": type(error).__name__, "module": str(type(error).__module__),
-            "message": message, "traceback": "".join(traceback.format_exception(
-                type(error), error, error.__traceback__))[-10 * SHOWN:]}
-
-
-def build_task(recipe):
-    """The run's task, as settle() built it (tasks.get_task; a task file's protocol was checked there)."""
-    name, data, options = recipe["task"], recipe["data"], recipe["options"]
-    if name not in tasks.TASKS and tasks.is_task_file(name):
-        return tasks.custom.build(name, data=data, **options)
-    return tasks.get_task(name, data=data, **options)
+def finite(text):
+    """JSON's number `text` (NaN, Infinity, 1e999 too) as a float: a ValueError unless finite."""
+    if not math.isfinite(float(text)):
+        raise ValueError(f"{text[:20]} is no finite number")
+    return float(text)

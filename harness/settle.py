@@ -20,11 +20,12 @@ import torch
 import tasks
 from harness import memory, tiny
 from harness.advice import eval_size_note
-from harness.checkpoint import existing_copy
+from harness.checkpoint import RUN_SETTINGS, existing_copy, instead_of
 from harness.config import InputError
 from harness.console import say
 from harness.files import RunError, what_is
 from harness.flags import check_libraries, fixed_paths
+from harness.manifest import file_sha256, verify_manifest
 from harness.model import base_changed, load_tokenizer
 from harness.policy import policy_load_errors
 from harness.prompts import epoch_steps, training_prompts
@@ -59,8 +60,10 @@ def settle(config):
     --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name. The run's
     folders are absolute from here on (flags.fixed_paths), whatever a task does to the working directory."""
     config = hardware(fixed_paths(config, ("output_dir", "warm_start_cache", "resume")))
+    if config.resume:  # run.json as its save wrote it, before anything it names is opened
+        verify_manifest(config.resume, instead_of(config.resume), names=[RUN_SETTINGS])
     run_folders(config)
-    changed = base_changed(config, f"{config.resume}/run.json") if config.resume else None
+    changed = base_changed(config, f"{config.resume}/{RUN_SETTINGS}") if config.resume else None
     if changed:  # a resumed LoRA run loads its base from initial_policy: the one its adapters trained on
         raise RunError(changed)
     if not config.dry_run:
@@ -121,7 +124,7 @@ def task_file(config):
     with --task again (flags.named_task); when that file is not the one the run started with, a note says so."""
     if not tasks.is_task_file(config.task):
         return config
-    digest = tasks.custom.file_sha256(tasks.custom.source_file(config.task))
+    digest = file_sha256(tasks.custom.source_file(config.task))
     if config.resume and digest != config.task_file_sha256:
         say(f"note: {config.task} is not the file this run started with (sha256 {str(config.task_file_sha256)[:12]}"
             f"..., now {digest[:12]}...); resuming with it, as --task asks")

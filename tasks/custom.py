@@ -14,6 +14,7 @@ What the object lacks or returns wrong is a TaskError (a ValueError: train.py pr
 checked on two training examples when the task is built and on every reward afterwards. An exception raised
 inside reward() is a bug in the file: its traceback shows, then one line naming the completion (TaskCodeError).
 """
+import contextlib
 import decimal
 import hashlib
 import importlib
@@ -95,15 +96,12 @@ def source_file(name):
     return spec.origin
 
 
-def file_sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def load(name, *, data=None, wrap=None, **options):
-    """Import the task file or module `name`, call its make_task(data=data, **options) -> a FileTask, or wrap(it)
-    (harness/reward_worker.py's: --reward-timeout, a worker process), its protocol checked through that (check_protocol)."""
-    task = build(name, data=data, **options)
+    """Import the task file or module `name`, call its make_task(data=data, **options) -> a
+    FileTask, or wrap(it) (harness/reward_worker.py's: a worker process; its `building` around the
+    build), its protocol checked through that (check_protocol)."""
+    with getattr(wrap, "building", contextlib.nullcontext)():
+        task = build(name, data=data, **options)
     return check_protocol(wrap(task) if wrap else task)
 
 

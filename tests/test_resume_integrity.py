@@ -362,3 +362,21 @@ def test_merge_lora_refuses_a_changed_base(tmp_path, capsys):
     assert "--resume" not in err
     err = fails(capsys, ["--resume", str(out), "--steps", "2"])  # a resume loads that base too
     assert "not the base this LoRA run trained on" in err
+
+
+def test_a_base_in_run_json_is_read_only_once_its_manifest_vouches_and_never_from_proc(tmp_path, capsys):
+    # 381f0cf hashed run.json's initial_policy before checking the manifest: /proc/self/pagemap hung both
+    pytest.importorskip("peft")
+    from harness.merge_lora import main as export
+    out = tmp_path / "run"
+    run(out, "--steps", "1", "--lora-rank", "2")
+    path = out / "checkpoint-1" / checkpoint.RUN_SETTINGS
+    path.write_text(json.dumps({**json.loads(path.read_text()), "initial_policy": "/proc/self/pagemap"}))
+    for vouched in (False, True):  # the manifest untouched; then rewritten to match
+        message = "/proc/self/pagemap is a file of /proc or /sys" if vouched else \
+            f"{path}: not the file its save wrote (its sha256 differs from the one in manifest.json"
+        with pytest.raises(SystemExit):
+            export([str(out / "latest"), str(tmp_path / "merged")])
+        assert message in capsys.readouterr().err
+        assert message in fails(capsys, ["--resume", str(out), "--steps", "2"])
+        listing(out / "checkpoint-1", checkpoint.RUN_SETTINGS, manifest_module.file_sha256(path))

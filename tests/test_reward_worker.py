@@ -366,6 +366,7 @@ def test_a_scratch_folder_a_killed_run_left_is_removed_at_the_next_start(tmp_pat
     monkeypatch.setattr(rewards.tempfile, "tempdir", str(tmp_path))
     for name in (f"reward-worker-{gone.pid}-abc", f"reward-worker-{os.getpid()}-abc", "reward-worker-x"):
         (tmp_path / name).mkdir()
+    (tmp_path / f"reward-worker-{gone.pid}-abc" / rewards.LOCK).touch()  # its lock, free
     config = types.SimpleNamespace(task="countdown", data=None, task_options={"num_count": 2})
     timed = rewards.timed_task(tasks.get_task("countdown", num_count=2), 60.0, rewards.worker_recipe(config))
     assert f"reward-worker-{gone.pid}-abc" not in os.listdir(tmp_path)  # 2c9f269: it stayed
@@ -409,3 +410,150 @@ def test_a_huge_exception_message_is_cut_and_a_huge_message_refused(tmp_path):
                                    timeout=90)
     assert code == 2 and not left and "the reward worker sent what is no message of its own (a message of " \
         f"{1 << 40} bytes" in last_line(err), err
+
+
+# --- the keeper cannot crash, and whatever ends it, all below it ends (issue 81) -------------------------------------
+KEEPER = """
+import os, signal, sys
+from harness import reward_keeper
+reaped = os.waitpid
+
+def waitpid(pid, options):  # the trainer's SIGTERM arrives just after the worker was reaped
+    found = reaped(pid, options)
+    if found[0]:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return found
+os.waitpid = waitpid
+requests, trainer_end = os.pipe()
+os.close(trainer_end)  # the trainer gone: the worker reads EOF and exits 0
+reward_keeper.keep(requests, os.pipe()[1], os.getppid(), sys.argv[1])
+"""
+
+
+def test_a_sigterm_just_after_the_worker_was_reaped_is_no_crash(tmp_path):
+    # 381f0cf: os.kill(worker) raised ProcessLookupError, a traceback, and the scratch folder stayed
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    keeper = subprocess.run([sys.executable, "-c", KEEPER, str(scratch)], cwd=REPO, capture_output=True,
+                            text=True, timeout=30)
+    assert (keeper.returncode, keeper.stderr) == (0, "") and not scratch.exists()
+
+
+def worker_of(path, seconds=60.0):
+    """A RewardWorker of the task file at path, built."""
+    config = types.SimpleNamespace(task=path, data=None, task_options={})
+    worker = rewards.RewardWorker(types.SimpleNamespace(name="my_task", source=path), seconds,
+                                  rewards.worker_recipe(config))
+    worker.answer(rewards.BUILT, lambda k: "", rewards.BUILD_S)
+    worker.ready = True
+    return worker
+
+
+def running(pid):
+    """Whether pid is a process that has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def test_a_killed_keeper_is_named_and_nothing_below_it_lives_on(tmp_path):
+    # 381f0cf: the reward's children lived on under init, and the line blamed the worker and the task
+    pids = tmp_path / "pids"
+    path = task_file(tmp_path, f"""
+        import subprocess
+        kids = [subprocess.Popen(["sleep", "300"], start_new_session=new) for new in (False, True)]
+        open({str(pids)!r}, "w").write(" ".join(str(kid.pid) for kid in kids))""", after=0)
+    worker = worker_of(path)
+    assert worker.rewards(["1"], [{"prompt": "1>"}], style="chat") == [1.0]
+    kids = [int(pid) for pid in pids.read_text().split()]
+    os.kill(worker.process.pid, signal.SIGKILL)
+    with pytest.raises(tasks.TaskError, match=f"the reward worker's keeper process {worker.process.pid} was "
+                                              "killed by SIGKILL during a reward"):
+        worker.rewards(["1"], [{"prompt": "1>"}], style="chat")
+    assert not [pid for pid in kids if running(pid)]
+
+
+def test_a_sweep_removes_no_scratch_folder_whose_lock_is_held(tmp_path, monkeypatch):
+    # 381f0cf removed each folder whose PID was not alive here: a live run in another PID namespace lost its own
+    import fcntl
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a PID no process has here
+    monkeypatch.setattr(rewards.tempfile, "tempdir", str(tmp_path))
+    locks = {}
+    for name in ("held", "free"):
+        (tmp_path / f"reward-worker-{gone.pid}-{name}").mkdir()
+        locks[name] = os.open(tmp_path / f"reward-worker-{gone.pid}-{name}" / rewards.LOCK, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(locks["held"], fcntl.LOCK_EX)  # as the live run's trainer holds it
+    rewards.remove_dead_scratch()
+    assert os.listdir(tmp_path) == [f"reward-worker-{gone.pid}-held"]
+    for fd in locks.values():
+        os.close(fd)
+
+
+# --- every write to the worker is on the clock; the channel takes only the worker's own answers ----------------------
+def stopped(worker):
+    """worker, its worker process stopped (SIGSTOP): it reads nothing more."""
+    [pid] = rewards.processes("stat", lambda stat: int(stat.rsplit(b")", 1)[1].split()[1]) == worker.process.pid)
+    os.kill(pid, signal.SIGSTOP)
+    return worker
+
+
+@pytest.mark.parametrize("ending", ["the reward timeout", "a stop signal"])
+def test_a_request_the_worker_never_reads_ends_on_the_clock(tmp_path, monkeypatch, ending):
+    # 381f0cf wrote the request with a blocking os.write: stuck for good, and the first Ctrl-C did nothing
+    monkeypatch.setattr(rewards, "STOP_GRACE", 0.5)
+    path = task_file(tmp_path, "pass", after=10**9)
+    worker = stopped(worker_of(path, seconds=1.0 if ending == "the reward timeout" else 0))
+    if ending == "a stop signal":
+        monkeypatch.setattr(rewards.TimedRewards, "stop_signal", signal.SIGINT)
+        monkeypatch.setattr(rewards.TimedRewards, "stopped_at", time.monotonic())
+    start = time.monotonic()
+    with pytest.raises((rewards.RewardTimeout, rewards.Stopped)):
+        worker.rewards(["x" * 4_000_000], [{"prompt": "1>"}], style="chat")  # far more than a pipe holds
+    assert time.monotonic() - start < 5 and worker.process is None
+
+
+FORGES = {"a nan": '[1, "values", [NaN]]', "a reward too many": '[1, "values", [1.0, 1.0]]',
+          "a reply to another request": '[0, "done", null]', "a batch done early": '[1, "done", null]'}
+
+
+@pytest.mark.parametrize("forged", list(FORGES))
+def test_the_channel_takes_no_message_but_the_workers_answer(tmp_path, forged):
+    # 381f0cf took the reward's own ["values", [NaN]]: a ValueError traceback, and the channel out of step
+    path = task_file(tmp_path, f"""
+        import stat, struct
+        data = {FORGES[forged]!r}.encode()
+        for fd in range(3, 64):
+            try:
+                if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                    os.write(fd, struct.pack('>Q', len(data)) + data)
+            except OSError:
+                pass""", after=0)
+    worker = worker_of(path)
+    with pytest.raises(tasks.TaskError, match="the reward worker sent what is no message of its own"):
+        worker.rewards(["1"], [{"prompt": "1>"}], style="chat")
+
+
+# --- a task file's second build, in the trainer, is bounded and named ------------------------------------------------
+HOLDS = {"a lock": "import fcntl\nheld = open(__file__ + '.lock', 'w')\nfcntl.flock(held, fcntl.LOCK_EX)\n",
+         "a port": "import socket\nheld = socket.socket()\nheld.bind(('127.0.0.1', PORT))\n"}
+
+
+@pytest.mark.parametrize("hold", list(HOLDS))
+def test_what_a_task_file_holds_at_import_is_one_line_naming_the_second_build(tmp_path, monkeypatch, hold):
+    # 381f0cf: the trainer's import waited for the worker's lock for good; a port was "Address already in use"
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = task_file(tmp_path, "pass")
+    (tmp_path / "my_task.py").write_text(HOLDS[hold].replace("PORT", str(port)) + open(path).read())
+    monkeypatch.setattr(rewards, "BUILD_S", 1.0)
+    config = types.SimpleNamespace(task=path, data=None, task_options={}, reward_timeout=0.0)
+    wrap = rewards.worker_first(config)
+    with pytest.raises(tasks.TaskError, match=f"{path}: its import and make_task\\(\\) .* in the trainer: a task "
+                                              "file is built twice, in the reward worker, then in the trainer"):
+        tasks.get_task(path, wrap=wrap)
+    wrap(None).close()

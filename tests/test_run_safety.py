@@ -13,6 +13,7 @@ import torch
 
 from harness import checkpoint, files
 from harness import config
+from harness.manifest import file_sha256
 import train
 import tasks
 from tests.run_cli import fails, finished_run, run  # noqa: F401 (finished_run: a fixture)
@@ -68,6 +69,11 @@ def test_a_model_folder_that_ships_python_code_is_refused(finished_run, tmp_path
     (lambda f: (f / "tokenizer_config.json").write_text(json.dumps(
         {**json.loads((f / "tokenizer_config.json").read_text()), "chat_template": "{{ 'x' }}" * 40_000})),
      "its chat template is over"),
+    (lambda f: (os.remove(f / "tokenizer_config.json"), os.symlink("/proc/self/status", f / "tokenizer_config.json")),
+     "tokenizer_config.json is not a regular file of at most"),  # 381f0cf: a /proc file's size is 0
+    (lambda f: (os.remove(f / "model.safetensors"), os.mkfifo(f / "shard"), (f / "model.safetensors.index.json")
+                .write_text('{"weight_map": {"lm_head.weight": "shard"}}')),  # 381f0cf: the loader hung on it
+     "its weights name 'shard', which is a FIFO (named pipe)"),
 ])
 def test_a_model_folder_with_an_endless_or_huge_file_is_refused_at_once(finished_run, tmp_path, capsys, damage,
                                                                         message):
@@ -108,6 +114,8 @@ def test_a_checkpoints_chat_template_that_fails_is_one_line_naming_the_checkpoin
     checkpoint_dir = os.path.join(finished_run, "checkpoint-4")
     path = os.path.join(checkpoint_dir, "run.json")
     json.dump({**json.load(open(path)), "style": "chat"}, open(path, "w"))  # a chat model's run
+    listed = os.path.join(checkpoint_dir, "manifest.json")  # and its manifest.json says so
+    json.dump({"sha256": {**json.load(open(listed))["sha256"], "run.json": file_sha256(path)}}, open(listed, "w"))
     open(os.path.join(checkpoint_dir, "chat_template.jinja"), "w").write(template)
     before = open(os.path.join(finished_run, "metrics.jsonl")).read()
     started = time.time()

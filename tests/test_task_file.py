@@ -11,6 +11,7 @@ import time
 import pytest
 
 from harness import checkpoint, metrics
+from harness.manifest import file_sha256
 import tasks
 import train
 from tests.run_cli import fails
@@ -60,7 +61,7 @@ def test_the_template_trains_on_the_tiny_model(tmp_path, task):
     rows = [json.loads(line) for line in open(result["metrics_path"])]
     assert [r["step"] for r in rows if not r.get("eval")] == [1, 2] and 0 <= result["after"]["pass@1"] <= 1
     saved = json.load(open(tmp_path / "run" / "checkpoint-2" / "run.json"))
-    assert saved["task"] == (TEMPLATE if task.endswith(".py") else task) and saved["task_file_sha256"] == tasks.custom.file_sha256(TEMPLATE)
+    assert saved["task"] == (TEMPLATE if task.endswith(".py") else task) and saved["task_file_sha256"] == file_sha256(TEMPLATE)
 
 
 def test_the_template_reward_by_hand_and_as_a_trl_reward_function():
@@ -160,7 +161,7 @@ def test_the_dry_run_checks_a_task_file(tmp_path, capsys):
     train.main(["--task", path, "--dry-run", *SMALL])
     out = capsys.readouterr().out
     shown = json.loads(out[out.index("{"):])
-    assert shown["task"] == path and shown["task_file_sha256"] == tasks.custom.file_sha256(path)
+    assert shown["task"] == path and shown["task_file_sha256"] == file_sha256(path)
     broken = task_file(tmp_path, "def make_task(data=None):\n    return 3\n", name="broken.py")
     assert "has no reward" in one_line(capsys, ["--task", broken, "--dry-run"])
 
@@ -214,7 +215,7 @@ def test_a_handed_over_run_folder_never_imports_a_task_file_of_its_choosing(tmp_
                         name="planted.py")
     settings_path = out / "checkpoint-2" / "run.json"
     settings = json.load(open(settings_path))
-    settings.update(task=planted, task_file_sha256=tasks.custom.file_sha256(planted))
+    settings.update(task=planted, task_file_sha256=file_sha256(planted))
     settings_path.write_text(json.dumps(settings))
     before = sorted(os.listdir(out)), open(out / "metrics.jsonl").read()
     command = [sys.executable, "train.py", "--resume", str(out), "--steps", "3"] + (["--dry-run"] if dry_run else [])

@@ -556,8 +556,6 @@ def main(argv=None):
     p.add_argument("--gpu", choices=sorted(KNOWN_GPUS), default=None, help="datasheet peaks (default: probe here)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for the probe")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16")
-    p.add_argument("--tflops", type=float, default=None, help="override the FLOP peak")
-    p.add_argument("--gbps", type=float, default=None, help="override the bandwidth peak (GB/s)")
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("-M", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=32)
@@ -566,7 +564,7 @@ def main(argv=None):
     p.add_argument("--lopti", action="store_true", help="two passes and a pi_old forward (AR + Lopti)")
     args = p.parse_args(argv)
     shape = shape_of(args.shape)
-    peaks = peaks_for(args.device, args.dtype, gpu=args.gpu, tflops=args.tflops, gbps=args.gbps)
+    peaks = peaks_for(args.device, args.dtype, gpu=args.gpu)
     work = uniform_workload(args.prompts, args.M, args.prompt_tokens, args.completion_tokens, args.dtype,
                             passes=2 if args.lopti else 1, micro_batch=args.micro_batch, pi_old=args.lopti)
     print(f"{args.shape}: {shape.params / 1e6:.0f}M params | {args.prompts} prompts x M {args.M} | prompt "

@@ -10,10 +10,7 @@
     python benchmarks/step_time.py --json step.json   # the numbers also as data (lab.reproduce's timing cells)
     pip install -r requirements-bench.txt             # the TRL side (optional: without it only ours is timed)
 
-Our configuration is flags.parse_args(...) itself, and TRL gets the same values: the same initial weights (separate
-copies), prompts in the same order, M, max_new_tokens, temperature, top_p, top_k off, beta = 0 (no reference model),
-AdamW lr / weight decay / grad clip, constant lr, micro-batches of --micro-batch rows and one optimizer step per batch
-(TRL: gradient accumulation), fp32 weights (bf16 autocast on GPU), no gradient checkpointing, reward = task.reward.
+Our configuration is flags.parse_args(...) itself, and TRL gets the same values (the list: docs/performance.md).
 The tiny model is warm-started as `python train.py` does it (cached): at random init every reward is 0, and with all
 advantages 0 our update has nothing to do. What the clock covers, per step:
   ours  rollouts (HF generate + decode), rewards, group advantages, then per micro-batch the
@@ -23,10 +20,7 @@ advantages 0 our update has nothing to do. What the clock covers, per step:
         once per pass, not the rollout.
   TRL   GRPOTrainer.train() from on_step_begin to on_step_end: generate, decode, reward, advantages, metrics, per
         micro-batch forward (with entropy) + backward, clip, AdamW, scheduler, zero_grad.
-Timings alternate in one process (TRL step k, our step k, our Lopti step k, ...), medians after warm-up; peak memory
-is measured for each side in a fresh subprocess (--only ours / --only trl): a process's peak RSS only grows. On a GPU
-gpu_check.sh times each side alone that way (--only ours --json: our side's report and numbers; --only trl), so that
-each first step runs on a cold CUDA.
+How the sides are timed and their memory measured: docs/performance.md, "Step time and memory".
 """
 import argparse
 import copy

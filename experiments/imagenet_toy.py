@@ -9,7 +9,7 @@ against cross-entropy as the reference; only the gradient estimator differs betw
 are the paper's (SGD lr 0.1, momentum 0.9, weight decay 1e-4, 10% warm-up then cosine, tau 0.2, M up
 to 1024); the policy starts uniform (zero last layer). Data: a synthetic 1000-class problem
 (Gaussian clusters, 32-d, one-hidden-layer MLP) or `--features FILE` (.pt dict/tuple or .npz with
-`features` [N, D], `labels` [N]). Real images: imagenet_real.py.
+`features` [N, D], `labels` [N]).
 
 Run:  python -m experiments.imagenet_toy                      (~4 CPU-minutes, one thread)
 Writes <output-dir>/curves.csv (per eval: top1, pass@1 = E[pi(y*|x)], pass@128, entropy,

@@ -6,14 +6,9 @@
     python -m lab.compare --seeds 0,1 --steps 100 --prompts-per-step 32   # extra flags -> train.py
 
 Every run is `train.main([...])` in this process with --task, --seed, --output-dir <output-dir>/<preset>/<config>-
-seed<s>, then the preset's shared flags, then the config's flags, then your extra flags (last wins). The score is
-the final greedy pass@1 on the --eval-size held-out prompts ("after"); "before" is the same evaluation of the
-starting policy, identical across configs of a seed. The table gives mean +- sample std over seeds, and each
-config's paired difference to the preset's first config (same seed = same warm start, same prompts).
-After each run, the final policy (<run>/latest) is also sampled: M = --num-generations completions per held-out
-prompt at the training temperature, scored with the unbiased pass@k estimator (Chen et al. 2021) for k = 1, 2, 4,
-.. M (--pass-k; 'off' skips it). A second table gives mean +- standard error over seeds and the paired difference
-to the first config with its 95% t-interval (n - 1 df), for greedy pass@1 and each sampled pass@k.
+seed<s>, then the preset's shared flags, then the config's flags, then your extra flags (last wins). What is scored
+and how seeds are paired (greedy pass@1 before and after, sampled pass@k for k = 1, 2, 4, .. M; --pass-k off skips
+it): DESIGN.md §7, "Over seeds".
 
 Presets (PRESETS below: a task, the flags its configs share, each config's flags; the rest is train.py's default):
 countdown3 (the default: 3-number Countdown, where the warm start stops at ~5% held-out pass@1 and SoftmaxGRPO's
@@ -33,11 +28,7 @@ deterministic in the seed, so reusing it changes nothing but the time.
 The kk preset with the tiny model is a smoke test of the pipeline, not evidence about AR/Lopti: its warm start
 stays near chance (docs/results.md); `--task-option people=3` keeps it short.
 
-GPU-size settings (one H100/H200; hours, not minutes), e.g.
-  --preset countdown --seeds 0,1,2 --model Qwen/Qwen2.5-1.5B-Instruct --steps 200 --prompts-per-step 64
-      --max-new-tokens 1024 --kl-coef 1e-3 --lr 1e-6 --eval-size 500 --micro-batch 16        (SoftmaxGRPO paper)
-  --preset kk --seeds 0,1,2 --model Qwen/Qwen2.5-3B-Instruct --steps 300 --prompts-per-step 64
-      --max-new-tokens 2048 --kl-coef 1e-3 --lr 1e-6 --eval-size 500 --micro-batch 8         (Lopti paper)
+The papers' GPU-size flags: recipes/ (extra flags here go to train.py).
 Writes <output-dir>/<preset>_runs.csv (one row per run), <output-dir>/<preset>_summary.csv (mean, std, SE, paired
 differences with 95% intervals) and <output-dir>/<preset>.png (pass@k vs k per config with SE bars; needs
 matplotlib, else skipped with a note).

@@ -52,8 +52,8 @@ def test_a_heading_gets_githubs_anchor():
         "grpo-vs-ar-vs-lopti-vs-arlopti-on-the-same-hard-prompts-5-seeds"
     assert anchor("5-7. Lopti's token weights and gradients per probability quartile") == \
         "5-7-loptis-token-weights-and-gradients-per-probability-quartile"
-    assert anchor("Real ImageNet (`python -m experiments.imagenet_real`)") == \
-        "real-imagenet-python--m-experimentsimagenet_real"
+    assert anchor("SoftmaxGRPO vs GRPO on many hard prompts (`python -m lab.compare --preset countdown3`)") == \
+        "softmaxgrpo-vs-grpo-on-many-hard-prompts-python--m-labcompare---preset-countdown3"
     assert anchors("# A\n```\n# not a heading\n```\n## A\n") == {"a", "a-1"}
 
 

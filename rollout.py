@@ -6,6 +6,7 @@ completion being the last T columns. `completion_mask` [B, T] marks the generate
 including the first EOS; the log-prob tensors [B, T] line up with it column for column.
 """
 import contextlib
+import inspect
 import math
 import statistics
 from dataclasses import dataclass
@@ -229,10 +230,7 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     micro_batch = micro_batch or max(len(input_ids), 1)
     for start in range(0, len(input_ids), micro_batch):
         ids, mask = input_ids[start:start + micro_batch], attention_mask[start:start + micro_batch]
-        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # 0 on the left padding
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask,
-                                     position_ids=position_ids).last_hidden_state
-        hidden = hidden[:, -T - 1:-1].reshape(-1, hidden.shape[-1])  # P+t-1 predicts column P+t
+        hidden = completion_hidden_states(model, ids, mask, T)  # [b*T, H]
         targets = ids[:, -T:].reshape(-1)
         recompute = torch.is_grad_enabled() and len(targets) > logit_chunk
         for first in range(0, len(targets), logit_chunk):
@@ -246,6 +244,39 @@ def token_logprobs(model, input_ids, attention_mask, completion_mask, *, tempera
     if not with_entropy:
         return logprobs
     return logprobs, torch.cat([entropy for _, entropy in parts] or empty).view(shape)
+
+
+def completion_hidden_states(model, input_ids, attention_mask, T):
+    """The body's last hidden states that predict the last T columns -> [b*T, H] (position P+t-1
+    predicts column P+t; positions as generate's: 0 on the left padding). Rows that repeat a
+    prompt (a group's M) run it once: its keys and values, with gradients, serve each row's T
+    positions (the same values up to rounding, the prompt's work M-fold smaller; the plain forward
+    where no two rows share one, or under activation checkpointing, which drops the cache)."""
+    decoder, P = model.get_decoder(), input_ids.shape[1] - T
+    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    prompts, row_prompt = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], dim=1),
+                                       dim=0, return_inverse=True)  # a prompt: its ids and mask
+    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"  # transformers 5, 4
+    checkpointing = torch.is_grad_enabled() and getattr(model, flag, False)
+    cache = None
+    if len(prompts) < len(input_ids) and P > 1 and not checkpointing \
+            and model._supports_default_dynamic_cache():  # each prompt once (not Mamba's state)
+        name = "cache" if "cache" in inspect.signature(decoder.forward).parameters \
+            else "past_key_values"  # the KV cache's argument and field (renamed in transformers 5)
+        prompt_mask = prompts[:, P:]
+        cache = getattr(decoder(input_ids=prompts[:, :P - 1], attention_mask=prompt_mask[:, :-1],
+                                position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0)[:, :-1],
+                                use_cache=True), name)
+    if cache is None or any(getattr(cache, "is_linear", ())):  # no plain KV cache: the plain forward
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids).last_hidden_state[:, -T - 1:-1]
+    else:  # columns P-1 .. P+T-2 of every row on its prompt's keys and values (columns 0 .. P-2)
+        cache.batch_select_indices(row_prompt)
+        hidden = decoder(input_ids=input_ids[:, P - 1:-1], attention_mask=attention_mask[:, :-1],
+                         position_ids=position_ids[:, P - 1:-1], use_cache=True,
+                         **{name: cache}).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1])
 
 
 # Gemma 2, Cohere, Granite: logits rescaled or soft-capped after the head

@@ -196,9 +196,14 @@ def memory_plan(shape, config, prompt_length):
     # under autocast the linears' bf16 copies of the 2 norm outputs; q, attention output, o_proj's input (3q),
     # k and v (2kv), the MLP's gate, SiLU, up and their product (4I), in the compute dtype.
     per_token_layer = 16 * H + (4 * H if compute == 2 else 0) + compute * (3 * q + 2 * kv + 4 * I)
-    tokens = micro * (P + T)  # the forward: every row's P + T tokens (checkpointed: each layer keeps its input)
-    layer_activations = 4 * H * tokens * L + per_token_layer * tokens if config.gradient_checkpointing else \
-        L * per_token_layer * tokens  # checkpointed: + one layer recomputed in backward
+    shared = not config.gradient_checkpointing and micro > 1 and P > 1  # rollout.completion_hidden_states
+    if not shared:  # the plain forward: every row's P + T tokens (checkpointed: each layer keeps its input)
+        tokens = micro * (P + T)
+        layer_activations = 4 * H * tokens * L + per_token_layer * tokens if config.gradient_checkpointing \
+            else L * per_token_layer * tokens  # checkpointed: + one layer recomputed in backward
+    else:  # shared prompts: each distinct prompt's P tokens once, every row's T, each row's K, V over P + T
+        tokens = math.ceil(micro / M) * P + micro * T
+        layer_activations = L * (per_token_layer * tokens + compute * 2 * kv * micro * P)
     # GQA: transformers' repeat_kv copies each layer's K and V to every query head before SDPA, which saves the
     # copies (measured on SmolLM2: [rows, 9, P + T - 1, 64] x 2 per layer); (q - kv) per token more than counted
     gqa_copies = compute * 2 * (q - kv) * micro * (P + T) * (1 if config.gradient_checkpointing else L)
@@ -534,8 +539,8 @@ def step_phases(shape, config, prompt_length, peaks):
     decode = sum(floor(2 * weights * n + attention(n * (P + t)), weights * b + n * (P + t) * kv_bytes)
                  for n in calls for t in range(T))
     head = 2 if config.dtype in ("bf16", "fp16") else 1  # the head on TF32: half the 16-bit rate (floor.HEAD_COST)
-    forward = sum(n * (2 * body * (P - 1) + attention(causal(P - 1, 1))  # every row its P + T positions
-                       + 2 * (body + head * shape.vocab * shape.hidden) * T + attention(causal(T, P)))
+    forward = sum(-(-n // M) * (2 * body * (P - 1) + attention(causal(P - 1, 1)))  # a prompt once
+                  + n * (2 * (body + head * shape.vocab * shape.hidden) * T + attention(causal(T, P)))
                   for n in chunks)
     passes = config.ppo_epochs * (2 if config.lopti_eta > 0 else 1)
     work = passes * (4 / 3 if config.gradient_checkpointing else 1) * (2 / 3 if config.lora_rank else 1) \

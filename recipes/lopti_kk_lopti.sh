@@ -6,7 +6,7 @@
 # 5 epochs over Logic-RL's 3-7 people set (4 500 puzzles, prompts over 400 tokens left out): here 5 epochs over
 # 4 500 generated puzzles, 350 steps (or the official files themselves with --data).
 #   bash recipes/lopti_kk_lopti.sh            # (--dry-run: print the resolved settings and exit)
-# Memory (its plan: --dry-run --device cuda): peak 268.6 GB as written; fits 80 GB with --gradient-checkpointing --micro-batch 2 --param-dtype bf16 --rollout-batch 64; 24 GB with --gradient-checkpointing --lora-rank 16 --micro-batch 1 --rollout-batch 32
+# Memory (its plan: --dry-run --device cuda): peak 254.1 GB as written; fits 80 GB with --gradient-checkpointing --micro-batch 2 --param-dtype bf16 --rollout-batch 64; 24 GB with --gradient-checkpointing --lora-rank 16 --micro-batch 1 --rollout-batch 32
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=(

@@ -5,7 +5,7 @@
 #   bash recipes/softmaxgrpo_countdown.sh                 # train
 #   bash recipes/softmaxgrpo_countdown.sh --dry-run       # print the resolved settings and exit
 # Any flag after the script's name overrides the recipe's (argparse: the last one wins).
-# Memory (its plan: --dry-run --device cuda): peak 54.9 GB as written; fits 80 GB as written; 24 GB with --micro-batch 1 --optimizer-offload --param-dtype bf16 --rollout-batch 256
+# Memory (its plan: --dry-run --device cuda): peak 50.6 GB as written; fits 80 GB as written; 24 GB with --micro-batch 2 --optimizer-offload --param-dtype bf16 --rollout-batch 256
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=(

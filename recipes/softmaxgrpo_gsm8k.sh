@@ -3,7 +3,7 @@
 # Qwen2.5-1.5B (base), tau 0.1, 64 prompts x 8 rollouts, 256 response tokens, 1000 steps, math-verify rewards.
 # Data: GSM8K as JSONL with question/answer ("#### n"), or a folder with train.jsonl and test.jsonl:
 #   GSM8K_DATA=data/gsm8k bash recipes/softmaxgrpo_gsm8k.sh          # (--dry-run: print the settings and exit)
-# Memory (its plan: --dry-run --device cuda): peak 54.9 GB as written; fits 80 GB as written; 24 GB with --micro-batch 1 --optimizer-offload --param-dtype bf16 --rollout-batch 256
+# Memory (its plan: --dry-run --device cuda): peak 50.6 GB as written; fits 80 GB as written; 24 GB with --micro-batch 2 --optimizer-offload --param-dtype bf16 --rollout-batch 256
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=(

@@ -10,7 +10,7 @@
 # Not expressible here, so not copied: max_prompt_length 2048 (longer prompts are not filtered out), the held-out
 # split (official: at most 10% / 500 distinct prompts, hash-ranked; ours: 1 row in 10 by a hash of the prompt),
 # 2 nodes with vLLM.
-# Memory (its plan: --dry-run --device cuda): peak 147.7 GB as written; fits 80 GB with --micro-batch 1 --rollout-batch 128; 24 GB with --gradient-checkpointing --micro-batch 2 --optimizer-offload --param-dtype bf16 --rollout-batch 32
+# Memory (its plan: --dry-run --device cuda): peak 128.2 GB as written; fits 80 GB with --micro-batch 1 --rollout-batch 128; 24 GB with --gradient-checkpointing --micro-batch 2 --optimizer-offload --param-dtype bf16 --rollout-batch 32
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=(

@@ -13,7 +13,7 @@
 # (problem + "Please reason step by step ... \boxed{}."; ours, answer_style=boxed: the same user turn after the
 # official system line of the other configs), validation on AIME25 and MATH-500 with 32 samples at temperature
 # 0.6 / top_p 0.95 (ours: greedy on held-out rows), 4 nodes with vLLM.
-# Memory (its plan: --dry-run --device cuda): peak 178.3 GB as written; fits 80 GB with --micro-batch 1 --rollout-batch 64; 24 GB with --gradient-checkpointing --micro-batch 2 --optimizer-offload --param-dtype bf16 --rollout-batch 16
+# Memory (its plan: --dry-run --device cuda): peak 178.3 GB as written; fits 80 GB with --micro-batch 2 --rollout-batch 64; 24 GB with --gradient-checkpointing --micro-batch 2 --optimizer-offload --param-dtype bf16 --rollout-batch 16
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=(

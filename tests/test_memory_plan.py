@@ -55,13 +55,13 @@ def test_the_plan_by_hand():
     # KV cache: 2 (k, v) x 2 layers x 1 kv head x 4 dims x 2 rows x (3 + 2) positions x 4 bytes
     assert plan["kv_cache"] == 2 * 2 * 4 * 2 * 5 * 4 == 640
     # per token and layer: 16 H fp32 + 4 bytes x (3 x 8 (q) + 2 x 4 (k, v) + 4 x 16 (MLP)) = 128 + 384 = 512 bytes;
-    # every row's 3 + 2 positions: 10 tokens per layer; the final norm's input and output: 8 H bytes x the same 10
-    # tokens; GQA (2 query heads on 1 KV head): K and V repeated to both heads, (8 - 4) x 2 x 4 bytes per row's 5
-    # positions, per layer
+    # shared prompt: 1 prompt x 3 + 2 rows x 2 = 7 tokens per layer, and each row's k, v over the prompt
+    # (4 bytes x 2 x 4 x 2 rows x 3); the final norm's input and output: 8 H bytes x the same 7 tokens; GQA (2 query
+    # heads on 1 KV head): K and V repeated to both heads, (8 - 4) x 2 x 4 bytes per row's 5 positions, per layer
     gqa = 2 * (4 * 2 * (8 - 4) * 2 * 5)
-    assert gqa == 640 and plan["activations"] == 2 * 512 * 10 + 8 * 8 * 10 + gqa == 11520
-    # one layer's backward: 2 [tokens, I] and 2 [tokens, H] gradients, 4 bytes each, over the forward's 10 tokens
-    assert plan["backward"] == (2 * 4 * 16 + 2 * 4 * 8) * 10 == 1920
+    assert gqa == 640 and plan["activations"] == 2 * (512 * 7 + 4 * 2 * 4 * 2 * 3) + 8 * 8 * 7 + gqa == 8640
+    # one layer's backward: 2 [tokens, I] and 2 [tokens, H] gradients, 4 bytes each, over the forward's 7 tokens
+    assert plan["backward"] == (2 * 4 * 16 + 2 * 4 * 8) * 7 == 1344
     assert plan["logit_chunk"] == 3 * 4 * 10 * 4
     checkpointed = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, gradient_checkpointing=True), 3)
     # every row's 5 tokens: each layer's input (4 H bytes) kept, one layer's 512 bytes per token (and GQA's copies)
@@ -77,7 +77,7 @@ def test_the_plan_by_hand():
     # one micro-batch per mini-batch: zero_grad (set_to_none) leaves no gradients in its forward; the rollout (fp32
     # weights, stepped in place) still holds them
     assert plan["rollout_peak"] == 16 * N + 640 + plan["sampling_logits"]
-    assert plan["update_peak"] == 12 * N + 11520 + 1920 + plan["logit_chunk"] + 640
+    assert plan["update_peak"] == 12 * N + 8640 + 1344 + plan["logit_chunk"] + 640
     two = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, micro_batch=1), 3)  # 2 micro-batches: held
     assert two["update_peak"] == 16 * N + two["activations"] + two["backward"] + two["logit_chunk"] + 640
     bf16 = memory.memory_plan(SMALL_SHAPE, dataclasses.replace(config, param_dtype="bf16", dtype="bf16"), 3)
@@ -87,7 +87,7 @@ def test_the_plan_by_hand():
 
 def test_the_planned_activations_are_the_tensors_autograd_saves(one_thread):
     # Count the bytes of every tensor autograd keeps for backward (each storage once, weights left out) in a
-    # training forward of the tiny model, with and without activation checkpointing; the plan's formula within 15%.
+    # training forward of the tiny model, with and without shared prompts; the plan's formula within 15%.
     from harness.tiny import build_char_tokenizer, build_tiny_model
     model = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2).train()
     shape = memory.shape_from_config(model.config)
@@ -528,10 +528,12 @@ def test_plan_states_each_cards_step_time_as_estimated_and_settings_no_gpu_ran(c
     config = Config(model="Qwen/Qwen2.5-0.5B", device="cuda", dtype="bf16", prompts_per_step=16, num_generations=8,
                     max_new_tokens=256, micro_batch=16)
     shape = memory.QWEN25["qwen2.5-0.5b"]
-    # every row prefills and scores its own prompt (one path: no shared prefill), as 128 distinct prompts do
-    work = floor.uniform_workload(128, 1, 33, 256, "bf16", micro_batch=16)
-    peaks = floor.Peaks(989e12, 4.8e12, "H200")
-    by_floor = sum(f.seconds for f in floor.step_floors(floor.shape_of("qwen2.5-0.5b"), work, peaks).values())
+    # generate prefills every row's prompt (as 128 distinct prompts); the update's forwards share a group's prompt
+    peaks, qwen = floor.Peaks(989e12, 4.8e12, "H200"), floor.shape_of("qwen2.5-0.5b")
+    work = floor.uniform_workload(16, 8, 33, 256, "bf16", micro_batch=16)
+    rows = floor.uniform_workload(128, 1, 33, 256, "bf16", micro_batch=16)
+    by_floor = sum(f.seconds for name, f in floor.step_floors(qwen, work, peaks).items() if name != "prefill") \
+        + floor.prefill_floor(qwen, rows, peaks).seconds
     phases = memory.step_phases(shape, config, 33, memory.GPU_PEAKS["H200"])
     assert sum(device for device, _ in phases.values()) * memory.EFFICIENCY == pytest.approx(by_floor, rel=1e-9)
     line = memory.step_time_text(shape, config, 33)

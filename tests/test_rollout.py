@@ -293,7 +293,35 @@ def test_token_logprobs_chunked_equal_unchunked_values_and_gradients(tiny):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_rows_that_share_a_prompt_run_it_once_with_the_plain_forwards_values_and_gradients(tiny):
+    # a group's M rows run their prompt once (its keys and values, with gradients, indexed out to the rows), then
+    # only their completion positions: the same log-probs and gradients up to float rounding, fewer positions
+    model, tokenizer = tiny
+    prompts = [tokenizer("12 5>7:")["input_ids"], tokenizer("3>9:")["input_ids"], tokenizer("8 1 1>9:")["input_ids"]]
+    torch.manual_seed(3)
+    r = generate_rollouts(model, tokenizer, prompts, 4, max_new_tokens=8)
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(0))  # a group's rows need not be adjacent
+    batch = [r.input_ids[order], r.attention_mask[order], r.completion_mask[order]]
+    positions = []  # tokens through the embedding, per forward
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: positions.append(args[0].numel()))
+    results = {}
+    for name, rows in (("shared", batch), ("plain", [torch.cat([x, x[:1]]) for x in batch])):
+        positions.clear()  # "plain": one more row, the first again, in its own micro-batch: no two rows share there
+        logprobs = token_logprobs(model, *rows, micro_batch=6 if name == "shared" else 1)[:12]
+        gradients = torch.autograd.grad((logprobs * batch[2]).sum(), list(model.parameters()))
+        results[name] = logprobs.detach(), gradients, sum(positions)
+    hook.remove()
+    torch.testing.assert_close(results["shared"][0], results["plain"][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(results["shared"][1], results["plain"][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    P, T = r.input_ids.shape[1] - r.completion_mask.shape[1], r.completion_mask.shape[1]
+    distinct_per_micro_batch = sum(len(set(r.prompt_index[order][k:k + 6].tolist())) for k in (0, 6))
+    assert results["plain"][2] == 13 * (P + T)
+    assert results["shared"][2] == distinct_per_micro_batch * (P - 1) + 12 * T < 12 * (P + T)
+
+
 def test_token_logprobs_under_activation_checkpointing_give_the_same_values_and_gradients():
+    # checkpointed layers drop the KV cache: the plain forward over every row's P + T positions, the same values
     _, model, r = tiny_policy_and_rollouts()
     batch = (r.input_ids, r.attention_mask, r.completion_mask)
     model.train()

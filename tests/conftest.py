@@ -23,14 +23,16 @@ def one_thread():
 
 # The lesson's own tests (`python -m pytest -m lesson`): every lesson file's (softmax_grpo: advantages and theory;
 # lopti, ppo, rollout, train's update), their shape, the pasted update. README.md names the command beside the full
-# suite's. The docs-number linter (test_doc_numbers.py) is the full suite's.
+# suite's. The docs-number linter (test_doc_numbers.py) and the lesson's sizes (test_file_sizes.py: a line a learner
+# adds must not turn the lesson red) are the full suite's; a slow test of a lesson file is `-m slow`'s alone (`-m
+# lesson` replaces pytest.ini's `-m "not slow"`, so a slow test marked lesson would run there).
 LESSON_TESTS = ("test_advantages.py", "test_theory.py", "test_lopti.py", "test_ppo.py", "test_rollout.py",
                 "test_update.py", "test_lesson_shape.py")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in LESSON_TESTS:
+        if item.path.name in LESSON_TESTS and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.lesson)
 
 

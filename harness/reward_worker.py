@@ -1,16 +1,11 @@
 """Where a task's code runs during a run: a worker process, out of the trainer's reach.
 
-A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
-stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
-scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (reward_keeper.py):
-  - a request (a pickle), its answer back as JSON naming it (finite floats, strings; MESSAGE_LIMIT bytes at
-    most), each block sent or read on --reward-timeout's clock;
-  - however the run ends, the keeper (were it killed, end_worker) ends all below it; the scratch folder goes;
-  - a call past --reward-timeout, that ends the worker, raises SystemExit / KeyboardInterrupt, returns no number,
-    or forks a child that returns into the worker: one line naming the task; an Exception: a bug, with the
-    worker's traceback (RemoteTraceback). A task file is built in the worker first (worker_first).
-A task registered in tasks.TASKS from Python (the tests' stubs) keeps its calls in the trainer's process under
-SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a reward runs inside", says what each side can reach.
+A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit or
+never return. It runs in one worker process, in a scratch folder, below a keeper that runs no task code
+(reward_keeper.py): a request goes as a pickle, its answer comes back as JSON (finite floats, strings; at most
+MESSAGE_LIMIT bytes), each on --reward-timeout's clock; however the run ends, the keeper (or end_worker) ends all
+below it. A task registered from Python (the tests' stubs) runs in the trainer under SIGALRM (TimedRewards).
+docs/tasks.md, "What a reward runs inside", says what each side can reach.
 """
 import contextlib
 import fcntl

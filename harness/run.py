@@ -7,11 +7,8 @@
             if state.end_of_step(step):                     # eval and checkpoint when due; True after Ctrl-C
                 break
 
-The rooms beside it: settle (harness/settle.py: every setting, decided before), build_policy (policy.py), what stops
-a run (stops.py), the lines it prints (console.py). Every file is written atomically (files.py, checkpoint.py), so a
-kill, a full disk or a read-only folder never loses what was there. Problems a user can act on are one line: a
-RunError (the run's files: exit 1) or an InputError (a flag, the model, the task or its data: exit 2), all raised
-before the first step except the disk's. A reader of the RL algorithm can skip this file.
+Problems a user can act on are one line: a RunError (the run's files: exit 1) or an InputError (a flag, the
+model, the task or its data: exit 2), all raised before the first step except the disk's.
 """
 import contextlib
 import dataclasses

@@ -4,9 +4,7 @@
         f.write(text)
     fd = open_nofollow(path, flags)   # an append or a lock: a regular file with one name, else a RunError naming it
 
-A run's files (harness/checkpoint.py, metrics.py), its loggers (report.py), the step pages, the ledger and the
-figure scripts all write through these. Problems a user can act on raise RunError: one line that names the file and
-what to do (train.py exits with code 1). No torch here.
+Problems a user can act on raise RunError: one line that names the file and what to do (exit 1). No torch here.
 """
 import contextlib
 import errno

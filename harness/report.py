@@ -1,11 +1,8 @@
 """--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
 
-metrics.jsonl stays the source of truth; each row written to it goes here too (`train/<key>`,
-`eval/<key>`, at the row's step), with a table of the first held-out prompts' greedy completions at
-each eval (`eval/samples`). Each logger is imported only when asked for (flags.check_libraries);
-a W&B login or network failure is one line. tensorboard writes <output-dir>/tensorboard (a resumed
-run's purge_step hides the replaced steps); wandb a run in <output-dir>/wandb that a resume
-continues (run.json's wandb_run_id; WANDB_MODE=offline without a network). Details: docs/runs.md.
+metrics.jsonl stays the source of truth; each row goes here too (`train/<key>`, `eval/<key>`), with the held-out
+greedy samples at each eval (`eval/samples`). A resume continues both (tensorboard's purge_step, run.json's
+wandb_run_id). Details: docs/runs.md.
 """
 import errno
 import functools

@@ -1,10 +1,8 @@
 """The tiny offline default: a ~2M-parameter Llama with a character tokenizer, its CPU defaults, its warm start.
 
-`python train.py` needs no download: `build_tiny_model` builds a real `LlamaForCausalLM` from a
-`LlamaConfig` with a character-level tokenizer made with `tokenizers` and wrapped as a `PreTrainedTokenizerFast`,
-so generate / save_pretrained / from_pretrained are the ordinary Hugging Face code paths. Before RL it is
-warm-started by a short supervised phase on the task's own solutions (`warm_start`), stopped while its held-out
-pass@1 is still low so that RL has room to improve it. A reader of the RL code can skip this file.
+A real `LlamaForCausalLM` and a `PreTrainedTokenizerFast`, so generate / save_pretrained / from_pretrained are the
+ordinary Hugging Face paths; warm-started on the task's own solutions (`warm_start`) while held-out pass@1 is
+still low, so that RL has room to improve it.
 """
 import dataclasses
 import json

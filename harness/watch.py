@@ -1,9 +1,6 @@
 """Whether the run learns, said in words: the notes a run prints at its evals and in its end table.
 
-Each check reads the held-out greedy eval (pass@1 with its standard error, the greedy answers) and
-the train rows' reward: a degenerate start, a pass@1 that fell, a flat run, collapsed answers; what
-each note means, what it cannot see, and its advice: docs/tasks.md, "When a run says it learns
-nothing".
+What each note means, what it cannot see, and its advice: docs/tasks.md, "When a run says it learns nothing".
 """
 import collections
 import math

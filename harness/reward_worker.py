@@ -116,9 +116,8 @@ def second_build(worker):
 
 
 def worker_recipe(config):
-    """What the worker needs to build the run's task again: the task's name or its file's absolute path, --data
-    (absolute where it is a path here), --task-option, and this process's import path (the working directory
-    made absolute: a task module importable from here is importable there)."""
+    """What the worker needs to build the run's task again: the task's name or file, --data, --task-option and this
+    process's import path, each path made absolute."""
     task = tasks.custom.source_file(config.task) if config.task.endswith(".py") else config.task
     data = os.path.abspath(config.data) if config.data and os.path.exists(config.data) else config.data
     return dict(task=task, data=data, options=dict(config.task_options),
@@ -136,12 +135,9 @@ def rebuildable(name):
 
 
 class TimedRewards:
-    """The task, each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout one line
-    naming the task; after a stop signal (start()'s handler calls stop()), past STOP_GRACE, so that Ctrl-C still ends
-    a run whose reward never returns, while one whose rewards return finishes its step and saves. Each reward comes
-    back as a float (tasks.reward_number). A task file's examples() and solution() (TIMED_CALLS) run under the same
-    limit. A BaseException that is no Exception (but a real Ctrl-C's) is a TaskError naming the task and the call.
-    In this process only for a task the worker cannot rebuild (RewardWorker)."""
+    """The task, each reward(), examples() and solution() call under SIGALRM (main thread only): past
+    --reward-timeout, or after a stop signal past STOP_GRACE (so Ctrl-C ends a run whose reward never returns), one
+    line naming the task. For a task the worker cannot rebuild (RewardWorker)."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
     stopped_at = 0.0  # when it came (time.monotonic())

@@ -215,9 +215,8 @@ KL_COST = (" (its cost: a reference model's forward, and every row trained, a ti
 
 
 def flags_to_try(settings, kind):
-    """The flags a note of harness/watch.py advises, each with a value computed from the run's settings (the settled
-    Config) and only where it changes something: "fell" and "collapsed" (a smaller step, a pull to the start),
-    "flat" (a larger step, more varied groups). -> "; try ..." text, or "" when no flag is left to move."""
+    """The flags a note of harness/watch.py advises, valued from the run's settings, only where they change
+    something. -> "; try ..." text, or "" when no flag is left to move."""
     lr, kl, generations, temperature = settings.lr, settings.kl_coef, settings.num_generations, settings.temperature
     advice = []
     if kind in ("fell", "collapsed"):

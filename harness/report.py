@@ -155,11 +155,9 @@ class TensorBoard:
 
 
 class WandB:
-    """A W&B run in folder. A write there that fails (a full disk) stops the run in one line (Reporters), however W&B
-    meets it: its tables' files raise here; its log file (debug.log) is written by a handler of the `wandb` logger
-    that would print a traceback for each failed write, so the first error is kept instead (failed_write) and raised
-    after the row; its own process (wandb-core: the run's .wandb file) tells this one of none, so after each row a
-    disk with no room under folder is taken as its error (no_room)."""
+    """A W&B run in folder. A write there that fails stops the run in one line (Reporters), however W&B meets it:
+    its tables raise here, its debug.log handler's first error is kept (failed_write) and raised after the row,
+    and wandb-core's silence is checked as a disk with no room (no_room)."""
 
     def __init__(self, wandb, run, folder):
         self.wandb, self.run, self.folder = wandb, run, folder

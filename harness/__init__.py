@@ -30,8 +30,9 @@ config.py, flags.py and their imports load no torch, so `--help` answers without
 """
 import logging
 
-# Library noise at import (torchao's kernels built for another Python or CUDA; its Enums on torch's pytree), each
-# dropped by its own message on its own logger: every other warning still shows (tests/test_run_feedback.py).
+# Library noise at import (torchao's kernels built for another Python or CUDA; its Enums on torch's
+# pytree), each dropped by its own message on its own logger: every other warning still shows
+# (tests/test_run_feedback.py).
 LIBRARY_NOISE = {"torchao": ("Failed to load ",),
                  "torch.utils._pytree": ("%s is an Enum subclass and is now natively supported",)}
 

@@ -1,14 +1,15 @@
-"""What a run tells its user after its evals: the verdict on whether RL changed the policy, what its noise needs
-to decide more (prompts_needed, rows_needed), the flags its notes advise (flags_to_try) and the command that
-resumes (docs/tasks.md, "When a run says it learns nothing", says each rule in words).
+"""What a run tells its user after its evals: the verdict on whether RL changed the policy, what its
+noise needs to decide more (prompts_needed, rows_needed), the flags its notes advise (flags_to_try)
+and the command that resumes (docs/tasks.md, "When a run says it learns nothing", in words).
 
 The verdict, decided here and nowhere else, each piece of evidence against its own noise:
 
-  held-out  each eval's pass@1 against step 0's: d, noise m = 2 sqrt(se_0^2 + se^2); a gain (loss) is resolved
-            at CONFIRM evals in a row beyond m, and holds until CONFIRM evals come back within m / 2 (hysteresis).
-  train     the least-squares slope b of reward_mean against step, se_b = s / sqrt(sum (step - mean)^2); a rise
-            (fall) when b > 2 se_b (b < -2 se_b), from MIN_TREND_ROWS rows on.
-  verdict   a resolved held-out change; else the train trend; else neither moved. A NaN is no verdict.
+  held-out  each eval's pass@1 against step 0's: d, noise m = 2 sqrt(se_0^2 + se^2); a gain (loss)
+            is resolved at CONFIRM evals in a row beyond m, and holds until CONFIRM evals come back
+            within m / 2 (hysteresis).
+  train     the least-squares slope b of reward_mean against step, se_b = s / sqrt(sum (step -
+            mean)^2); a rise (fall) when b > 2 se_b (b < -2 se_b), from MIN_TREND_ROWS rows on.
+  verdict   a resolved held-out change; else the train trend; else neither moved. NaN: no verdict.
 """
 import math
 import shlex
@@ -215,8 +216,8 @@ KL_COST = (" (its cost: a reference model's forward, and every row trained, a ti
 
 
 def flags_to_try(settings, kind):
-    """The flags a note of harness/watch.py advises, valued from the run's settings, only where they change
-    something. -> "; try ..." text, or "" when no flag is left to move."""
+    """The flags a note of harness/watch.py advises, valued from the run's settings, only where they
+    change something. -> "; try ..." text, or "" when no flag is left to move."""
     lr, kl, generations, temperature = settings.lr, settings.kl_coef, settings.num_generations, settings.temperature
     advice = []
     if kind in ("fell", "collapsed"):

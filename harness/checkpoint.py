@@ -5,9 +5,10 @@
     <output-dir>/latest -> checkpoint-<step> switched only once the checkpoint folder is complete
     <output-dir>/.lock                       flocked by the run writing here (one run per folder): host, PID, start
 
-Every write goes to a temporary name renamed into place; what a kill leaves (a `checkpoint-<step>.tmp` holding the
-save's mark) is put right at the next start, and a copy without that mark is a user's, and stays. Checkpoints load
-no code: trainer_state.pt is read with `torch.load(weights_only=True)`. torch is imported only where needed.
+Every write goes to a temporary name renamed into place; what a kill leaves (a
+`checkpoint-<step>.tmp` holding the save's mark) is put right at the next start, and a copy without
+that mark is a user's, and stays. Checkpoints load no code: trainer_state.pt is read with
+`torch.load(weights_only=True)`. torch is imported only where needed.
 """
 import contextlib
 import filecmp
@@ -55,9 +56,10 @@ def run_owns(name):
 
 
 def refuse_planted_links(output_dir):
-    """A RunError naming the first entry of output_dir that the run owns (run_owns) and that is a link, except
-    `latest` (or a kill's latest.tmp) linking to a checkpoint-<step> beside it; also an odd `latest`
-    (refuse_odd_latest) and anything but a one-name regular file where the run keeps a file (OWN_FILES)."""
+    """A RunError naming the first entry of output_dir that the run owns (run_owns) and that is a
+    link, except `latest` (or a kill's latest.tmp) linking to a checkpoint-<step> beside it; also an
+    odd `latest` (refuse_odd_latest) and anything but a one-name regular file where the run keeps a
+    file (OWN_FILES)."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
         if os.path.islink(path) and run_owns(name) and not (
@@ -74,9 +76,9 @@ def refuse_planted_links(output_dir):
 # ---------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def locked(output_dir):
-    """Hold <output_dir>/.lock for the block: an exclusive flock, released by the kernel however the process ends
-    (no stale lock). The file says who holds it; a second run is a RunError naming them. The file stays: removing
-    it would let two runs lock two different files."""
+    """Hold <output_dir>/.lock for the block: an exclusive flock, released by the kernel however the
+    process ends (no stale lock). The file says who holds it; a second run is a RunError naming
+    them. The file stays: removing it would let two runs lock two different files."""
     import fcntl  # POSIX only, like the rest of the run's files
     path = os.path.join(output_dir, LOCK)
     try:
@@ -115,8 +117,9 @@ def lock_holder(output_dir):
 
 
 def refuse_live_run(path):
-    """A RunError naming the process when the run folder of --resume PATH is locked by a run still going, which
-    saves and prunes checkpoints meanwhile (one that has saved none yet: resolve_checkpoint says so)."""
+    """A RunError naming the process when the run folder of --resume PATH is locked by a run still
+    going, which saves and prunes checkpoints meanwhile (one that has saved none yet:
+    resolve_checkpoint says so)."""
     real = os.path.realpath(path)
     for folder in (real, os.path.dirname(real)):
         holder = lock_holder(folder)
@@ -166,9 +169,10 @@ def is_complete(folder):
 
 
 def recover(output_dir, log=print):
-    """Put right what a kill during a save or prune left: a complete marked checkpoint-N.tmp without checkpoint-N
-    becomes it, other marked .tmp folders and interrupted prunes go, and a `latest` pointing nowhere is pointed at
-    the newest complete checkpoint. Unmarked folders stay; links are never followed."""
+    """Put right what a kill during a save or prune left: a complete marked checkpoint-N.tmp without
+    checkpoint-N becomes it, other marked .tmp folders and interrupted prunes go, and a `latest`
+    pointing nowhere is pointed at the newest complete checkpoint. Unmarked folders stay; links are
+    never followed."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
         interrupted = re.fullmatch(r"checkpoint-\d+" + re.escape(PRUNING), name) or (
@@ -204,7 +208,8 @@ def recover(output_dir, log=print):
 
 
 def empty_save_folder(output_dir, name):
-    """Whether output_dir/name is an empty checkpoint-<step>.tmp folder (not a link): a kill's, before SAVE_MARK."""
+    """Whether output_dir/name is an empty checkpoint-<step>.tmp folder (not a link): a kill's,
+    before SAVE_MARK."""
     path = os.path.join(output_dir, name)
     return re.fullmatch(r"checkpoint-\d+\.tmp", name) is not None and os.path.isdir(path) and \
         not os.path.islink(path) and not os.listdir(path)
@@ -245,9 +250,10 @@ def later_checkpoints(output_dir, step):
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
 def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings, *, keep=2, log=print):
-    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, MANIFEST, then run.json), point `latest` at
-    it, and keep the newest `keep` up to this step (0 = all; later ones, a replaced timeline, go). Any failure
-    removes the partial folder, leaves `latest` as it was, and is one RunError."""
+    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, MANIFEST, then run.json),
+    point `latest` at it, and keep the newest `keep` up to this step (0 = all; later ones, a
+    replaced timeline, go). Any failure removes the partial folder, leaves `latest` as it was, and
+    is one RunError."""
     import torch
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
@@ -293,8 +299,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
 
 
 def prune(folder, log=print):
-    """Delete a checkpoint folder: renamed to <folder>.pruning first, so a kill midway leaves no half-deleted
-    checkpoint; a deletion that fails is one note, and the run goes on."""
+    """Delete a checkpoint folder: renamed to <folder>.pruning first, so a kill midway leaves no
+    half-deleted checkpoint; a deletion that fails is one note, and the run goes on."""
     doomed = folder + PRUNING
     try:
         if os.path.isdir(doomed) and not os.path.islink(doomed):
@@ -313,7 +319,8 @@ def prune(folder, log=print):
 
 
 def then_resume(output_dir):
-    """What to do after fixing what stopped a run: --resume when it has saved a checkpoint, else run it again."""
+    """What to do after fixing what stopped a run: --resume when it has saved a checkpoint, else run
+    it again."""
     saved = os.path.lexists(os.path.join(output_dir, "latest")) or checkpoint_steps(output_dir)
     return ", then continue with --resume" if saved else ", then run the command again (no checkpoint saved yet)"
 
@@ -334,7 +341,8 @@ def checkpoint_steps(output_dir):
 
 
 def copied_latest(run_dir, log=print):
-    """The checkpoint-<step> a `latest` folder (a run copied with cp -rL) copies (latest_twin); RunError if none."""
+    """The checkpoint-<step> a `latest` folder (a run copied with cp -rL) copies (latest_twin);
+    RunError if none."""
     step = latest_twin(run_dir)
     if step is not None:
         log(f"note: {run_dir}/latest is a folder, not a link (a copied run): resuming from checkpoint-{step}, "

@@ -4,7 +4,8 @@
         f.write(text)
     fd = open_nofollow(path, flags)   # an append or a lock: a regular file with one name, else a RunError naming it
 
-Problems a user can act on raise RunError: one line that names the file and what to do (exit 1). No torch here.
+Problems a user can act on raise RunError: one line that names the file and what to do (exit 1). No
+torch here.
 """
 import contextlib
 import errno
@@ -77,8 +78,9 @@ def open_data(path):
 
 
 def refuse_unless_file(path, status=None, *, links=False):
-    """path, when nothing stands there or a regular file with one name; links=True: a symbolic link too (a rename
-    replaces the link, never its target). Anything else (a hard link, FIFO, device, folder) is a RunError naming it."""
+    """path, when nothing stands there or a regular file with one name; links=True: a symbolic link
+    too (a rename replaces the link, never its target). Anything else (a hard link, FIFO, device,
+    folder) is a RunError naming it."""
     kind = what_is(path, status)
     if kind in (None, "a file") or (links and kind.startswith("a link")):
         return path
@@ -136,10 +138,11 @@ def process_alive(pid):
 
 @contextlib.contextmanager
 def replaced_file(path, mode="w", *, tmp=None):
-    """A file object whose contents replace path once the block ends: written to a new file beside it (tmp, else
-    .NAME.tmp-PID-XXXXXXXX; O_EXCL | O_NOFOLLOW), flushed and renamed over path (keeping its mode), so a kill
-    leaves the old file whole. What refuse_unless_file(links=True) refuses at path is a RunError before anything is
-    written. Other OSErrors are the caller's to word."""
+    """A file object whose contents replace path once the block ends: written to a new file beside
+    it (tmp, else .NAME.tmp-PID-XXXXXXXX; O_EXCL | O_NOFOLLOW), flushed and renamed over path
+    (keeping its mode), so a kill leaves the old file whole. What refuse_unless_file(links=True)
+    refuses at path is a RunError before anything is written. Other OSErrors are the caller's to
+    word."""
     refuse_unless_file(path, links=True)
     folder, name = os.path.split(path)
     if tmp is None:

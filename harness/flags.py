@@ -117,8 +117,8 @@ PATH_SETTINGS = ("output_dir", "warm_start_cache")  # folders a run writes to as
 
 
 def fixed_paths(config, keys=PATH_SETTINGS):
-    """config with the folders `keys` names made absolute, once, where the run starts: a task that changes the
-    working directory (os.chdir in a reward) then moves none of the run's files."""
+    """config with the folders `keys` names made absolute, once, where the run starts: a task that
+    changes the working directory (os.chdir in a reward) then moves none of the run's files."""
     changes = {key: os.path.abspath(getattr(config, key)) for key in keys
                if getattr(config, key) is not None and getattr(config, key) != os.path.abspath(getattr(config, key))}
     return dataclasses.replace(config, **changes) if changes else config
@@ -201,8 +201,9 @@ def named_task(saved, config, path):
 
 
 def resumed(config, log=print):
-    """The saved run's settings with the flags given now merged in: a resumable() flag takes the new value, any
-    other must equal the saved one (else a RunError). A task file is imported only when --task names it again."""
+    """The saved run's settings with the flags given now merged in: a resumable() flag takes the new
+    value, any other must equal the saved one (else a RunError). A task file is imported only when
+    --task names it again."""
     if not config.dry_run:  # a live run prunes its checkpoints as it saves: nothing read from it would hold
         refuse_live_run(config.resume)
     if not os.path.exists(config.resume):
@@ -248,9 +249,9 @@ def resumed(config, log=print):
 
 
 def check_wandb_login(config):
-    """--report-to wandb online needs an API key where W&B looks for one, looked up as wandb.init does but without
-    its prompt (which would ask at a terminal, or fail after the model loaded): none is an InputError naming the
-    ways out."""
+    """--report-to wandb online needs an API key where W&B looks for one, looked up as wandb.init
+    does but without its prompt (which would ask at a terminal, or fail after the model loaded):
+    none is an InputError naming the ways out."""
     import wandb
     try:  # W&B's own lookup (wandb 0.31); a W&B without it: wandb.init decides, as before
         from wandb.sdk import wandb_setup

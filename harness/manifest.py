@@ -1,8 +1,8 @@
 """A model folder written whole, its files bound into one set by their sha256.
 
-save_policy_atomically writes a folder beside its place and renames it there; manifest.json (every file's sha256)
-is written before the file that completes a folder, and verify_manifest makes a file changed, missing, added or
-copied in from another save one RunError naming it.
+save_policy_atomically writes a folder beside its place and renames it there; manifest.json (every
+file's sha256) is written before the file that completes a folder, and verify_manifest makes a file
+changed, missing, added or copied in from another save one RunError naming it.
 """
 import errno
 import hashlib

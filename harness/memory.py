@@ -196,9 +196,11 @@ def memory_plan(shape, config, prompt_length):
     tokens = micro * (P + T)  # the forward: every row's P + T tokens (checkpointed: each layer keeps its input)
     layer_activations = 4 * H * tokens * L + per_token_layer * tokens if config.gradient_checkpointing else \
         L * per_token_layer * tokens  # checkpointed: + one layer recomputed in backward
-    # GQA: transformers' repeat_kv copies K and V to every query head, and SDPA saves the copies (measured)
+    # GQA: transformers' repeat_kv copies K and V to every query head, and SDPA saves the copies
+    # (measured)
     gqa_copies = compute * 2 * (q - kv) * micro * (P + T) * (1 if config.gradient_checkpointing else L)
-    # one layer's backward on top: its MLP's 2 [tokens, I] input gradients, the residual's 2 [tokens, H]
+    # one layer's backward on top: its MLP's 2 [tokens, I] input gradients, the residual's 2
+    # [tokens, H]
 
     backward = (2 * compute * I + 2 * stored * H) * tokens
     # the tokens whose float32 logits, scaling and softmax exist at once (rollout.token_logprobs): "logit_chunk"
@@ -246,8 +248,9 @@ def memory_plan(shape, config, prompt_length):
     # a checkpoint: the weights as stored (LoRA: its adapters; a tied head once), masters, moments
     checkpoint = stored * (trained if config.lora_rank else shape.parameters()) + masters + moments
     held = sum(plan[name] for name in HELD)
-    # gradients live from the first backward to the next zero_grad: in the step, the later micro-batches' forward
-    # and (fp32 in place only) the rollout; --step-in-backward: one at a time, on top of the backward's peak
+    # gradients live from the first backward to the next zero_grad: in the step, the later
+    # micro-batches' forward and (fp32 in place only) the rollout; --step-in-backward: one at a
+    # time, on top of the backward's peak
     micro_batches = math.ceil(math.ceil(rows / config.mini_batches) / micro)  # per mini-batch
     grads_in_forward = plan["gradients"] if micro_batches > 1 and not in_backward else 0
     grads_in_rollout = plan["gradients"] if stored == 4 and not offload and not lean else 0
@@ -380,8 +383,9 @@ NOT_AVAILABLE = "not tried: --kl-coef 0 (drops the reference copy: another objec
 STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "stochastic_rounding",
          "step_in_backward", "lora_rank", "base_dtype")  # the memory switches, in OPTIONS' order
 OBJECTIVE_STEPS = ("kl_coef",)  # switches that change the objective: tried only when `allowed` names them
-# Why: offload (same update) before bf16-sr (a random walk costs more than masters' rounding); step-in-backward
-# before LoRA (a rank-16 subspace); a combination config.py refuses is never tried (consistent)
+# Why: offload (same update) before bf16-sr (a random walk costs more than masters' rounding);
+# step-in-backward before LoRA (a rank-16 subspace); a combination config.py refuses is never tried
+# (consistent)
 
 
 def consistent(config, combo):
@@ -486,13 +490,14 @@ GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datashe
     "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
 }  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
 EFFICIENCY = 0.4  # the share of a card's datasheet peaks its kernels reach: a guess, a round figure
-# Host seconds at 24 layers per generate call, decode token, micro-batch and optimizer step, fitted to
-# the one GPU log (H200, 16 prompts x 8 x 256, micro-batch 16; head in IEEE fp32: an upper bound)
+# Host seconds at 24 layers per generate call, decode token, micro-batch and optimizer step, fitted
+# to the one GPU log (H200, 16 prompts x 8 x 256, micro-batch 16; head in IEEE fp32: an upper bound)
 HOST, HOST_SOURCE = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132), \
     "lab/logs/gpu-h200-27cee0c/r2-concat.txt"
-FAST_DECODE = 3.1e-3  # --fast-generate's decode token at 24 layers: a guess (~1 200 graphed kernels x 2.5 us)
+FAST_DECODE = 3.1e-3  # --fast-generate's decode token at 24 layers: a guess (~1 200 kernels x 2.5 us)
 CPU_ADAMW, PCIE = 10e9, 25e9  # --optimizer-offload: bytes/s of a CPU's AdamW and of the card's link (typed)
-# The settings no GPU has finished a step with (lab/logs/gpu-h200-27cee0c ran the default step alone)
+# The settings no GPU has finished a step with (lab/logs/gpu-h200-27cee0c ran the default step
+# alone)
 NEVER_ON_GPU = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "stochastic_rounding",
                 "step_in_backward", "lora_rank", "base_dtype", "fast_generate")
 

@@ -2,9 +2,10 @@
 
     python -m harness.merge_lora runs/default/latest merged/    # then: AutoModelForCausalLM.from_pretrained("merged")
 
-A LoRA checkpoint holds the adapters only; its run.json names the base (`initial_policy`). The merged folder is an
-ordinary save_pretrained model with the run's tokenizer (no peft needed). A --base-dtype nf4 run's adapters are
-folded into the base it trained on: each frozen linear quantized to NF4 and back (the policy that ran).
+A LoRA checkpoint holds the adapters only; its run.json names the base (`initial_policy`). The
+merged folder is an ordinary save_pretrained model with the run's tokenizer (no peft needed). A
+--base-dtype nf4 run's adapters are folded into the base it trained on: each frozen linear quantized
+to NF4 and back (the policy that ran).
 """
 import argparse
 import contextlib

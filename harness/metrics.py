@@ -1,8 +1,9 @@
 """A run's metrics.jsonl: one JSON object per line with an integer "step" (train rows, and eval rows marked "eval").
 
-Appended a row at a time; read a line at a time (at most MAX_METRICS_LINE); rewritten only through a temporary file
-renamed into place (a resume's cut back). A half-written last line (a kill's) is dropped with a warning; a bad
-line elsewhere is a RunError naming it. Each line is strict JSON: nan or inf is written as null.
+Appended a row at a time; read a line at a time (at most MAX_METRICS_LINE); rewritten only through a
+temporary file renamed into place (a resume's cut back). A half-written last line (a kill's) is
+dropped with a warning; a bad line elsewhere is a RunError naming it. Each line is strict JSON: nan
+or inf is written as null.
 """
 import json
 import math

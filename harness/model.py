@@ -78,8 +78,8 @@ POLICY_FILES = r"config\.json|.+\.safetensors|.+\.bin|.+\.safetensors\.index\.js
 
 
 def policy_digest(model_arg):
-    """The sha256 over the names and sha256s of model_arg's weight files: a LoRA run's record of its base
-    (initial_policy_sha256, base_changed). None for a hub id."""
+    """The sha256 over the names and sha256s of model_arg's weight files: a LoRA run's record of its
+    base (initial_policy_sha256, base_changed). None for a hub id."""
     import hashlib
     import re
     from harness.manifest import file_sha256
@@ -96,7 +96,8 @@ def policy_digest(model_arg):
 
 
 def base_changed(settings, where):
-    """One line when a LoRA run's base is not the one it recorded (policy_digest), else None. where: its run.json."""
+    """One line when a LoRA run's base is not the one it recorded (policy_digest), else None. where:
+    its run.json."""
     if not settings.lora_rank or settings.initial_policy_sha256 is None:
         return None
     now = policy_digest(settings.initial_policy) if os.path.exists(os.path.expanduser(settings.initial_policy)) or \
@@ -199,8 +200,9 @@ WEIGHT_FILES = (".safetensors", ".bin")
 
 
 def check_config_sizes(settings, folder, model_arg):
-    """A ValueError naming the field when a folder's config.json asks for a size outside CONFIG_SIZE_LIMITS (or its
-    CONFIG_SIZE_ALIASES), or for far more weights than its files hold (which would build for minutes, then fail)."""
+    """A ValueError naming the field when a folder's config.json asks for a size outside
+    CONFIG_SIZE_LIMITS (or its CONFIG_SIZE_ALIASES), or for far more weights than its files hold
+    (which would build for minutes, then fail)."""
     if not isinstance(settings, dict):
         raise ValueError(f"{model_arg}: config.json is not a JSON object")
     sizes = {}  # each size by its Llama name, whichever name the config gives it
@@ -233,9 +235,10 @@ def weights_dtype(dtype):
 
 
 def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
-    """-> (model, tokenizer). `model_arg`: "smollm2" (smollm2_gguf), a save_pretrained folder, a .gguf file
-    (dequantized), or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless given. Errors are
-    one-line ValueErrors, including weight files that lack some of the model's (untied) tensors.
+    """-> (model, tokenizer). `model_arg`: "smollm2" (smollm2_gguf), a save_pretrained folder, a
+    .gguf file (dequantized), or a hub id (a folder named smollm2 is ./smollm2). dtype: float32
+    unless given. Errors are one-line ValueErrors, including weight files that lack some of the
+    model's (untied) tensors.
     """
     import torch  # here, not at the top: config.py imports this file before torch is needed
     from transformers import AutoModelForCausalLM
@@ -336,8 +339,8 @@ def check_lora_targets(model, targets):
 
 
 def model_skeleton(model_arg):
-    """The modules of `model_arg` on the meta device (nothing allocated), from its config alone. Errors: ValueError,
-    OSError."""
+    """The modules of `model_arg` on the meta device (nothing allocated), from its config alone.
+    Errors: ValueError, OSError."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     path, kwargs = model_source(model_arg)
@@ -463,8 +466,8 @@ def check_adapter_files(folder, expected, model):
 
 
 def load_adapters(model, folder, settings):
-    """save_adapters' folder into the base `model`, trainable, in place -> model; its files must agree with the
-    run's settings (check_adapter_files). One-line ValueErrors."""
+    """save_adapters' folder into the base `model`, trainable, in place -> model; its files must
+    agree with the run's settings (check_adapter_files). One-line ValueErrors."""
     require_peft()
     from peft import inject_adapter_in_model, set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -482,8 +485,8 @@ def load_adapters(model, folder, settings):
 
 
 def without_adapters(model):
-    """The base model inside a LoRA policy, each LoRA layer replaced by the layer it wraps, sharing its tensors:
-    --kl-coef's frozen reference, free."""
+    """The base model inside a LoRA policy, each LoRA layer replaced by the layer it wraps, sharing
+    its tensors: --kl-coef's frozen reference, free."""
     import copy
 
     from peft.tuners.lora import LoraLayer

@@ -101,8 +101,9 @@ def storage_dtype(config):
 
 
 def adamw_class(config):
-    """torch.optim.AdamW, or torchao's AdamW8bit (--optimizer adamw8bit; compiled: minutes at its first step on a
-    CPU); on fp32 masters under --param-dtype bf16 (MasterWeights); LeanAdamW for bf16-sr or --step-in-backward."""
+    """torch.optim.AdamW, or torchao's AdamW8bit (--optimizer adamw8bit; compiled: minutes at its
+    first step on a CPU); on fp32 masters under --param-dtype bf16 (MasterWeights); LeanAdamW for
+    bf16-sr or --step-in-backward."""
     if config.param_dtype == "bf16-sr" or config.step_in_backward:
         return finite_steps(functools.partial(LeanAdamW, moments="8bit" if config.optimizer == "adamw8bit" else
                                               "fp32", seed=config.seed, step_in_backward=config.step_in_backward))
@@ -114,9 +115,10 @@ def adamw_class(config):
 
 
 def finite_steps(make_optimizer):
-    """make_optimizer(params, **options) -> a function building the same optimizer, whose step() is skipped while a
-    gradient holds a nan or inf, counted in optimizer.skipped_steps (RunState.log says so). --step-in-backward
-    leaves step() no gradient to check; save_checkpoint still refuses a weight that is not finite."""
+    """make_optimizer(params, **options) -> a function building the same optimizer, whose step() is
+    skipped while a gradient holds a nan or inf, counted in optimizer.skipped_steps (RunState.log
+    says so). --step-in-backward leaves step() no gradient to check; save_checkpoint still refuses a
+    weight that is not finite."""
     def build(params, **options):
         params = list(params)
         optimizer = make_optimizer(params, **options)
@@ -206,8 +208,9 @@ def check_master_weights(optimizer, model, saved, checkpoint_dir):
 
 
 def restore_trainer_state(checkpoint_dir, model, optimizer):
-    """--resume: the optimizer's and the RNGs' states of checkpoint_dir/trainer_state.pt, each checked against this
-    run's settings and parameters before use (a RunError naming the file) -> the saved trainer state (step, evals)."""
+    """--resume: the optimizer's and the RNGs' states of checkpoint_dir/trainer_state.pt, each
+    checked against this run's settings and parameters before use (a RunError naming the file) ->
+    the saved trainer state (step, evals)."""
     saved = load_trainer_state(checkpoint_dir)
     check_optimizer_settings(optimizer, saved["optimizer"], checkpoint_dir)
     check_master_weights(optimizer, model, saved["optimizer"], checkpoint_dir)

@@ -62,8 +62,8 @@ def training_prompts(task, tokenizer, config):
 
 
 def within_context(prompts, eval_examples, model, tokenizer, task, config):
-    """prompts(step), each batch checked as it is drawn (the held-out one now): each prompt must leave
-    --max-new-tokens positions of the model's context, else one InputError naming it."""
+    """prompts(step), each batch checked as it is drawn (the held-out one now): each prompt must
+    leave --max-new-tokens positions of the model's context, else one InputError naming it."""
     context = getattr(model.config, "max_position_embeddings", None)
 
     def check(examples, where):
@@ -87,9 +87,9 @@ def within_context(prompts, eval_examples, model, tokenizer, task, config):
 
 
 def rendered_lengths(tokenizer, task, examples, config, where):
-    """The token lengths of the examples' prompts, rendered under a time limit (a looping chat template is
-    stopped); a template that fails is one line naming its folder: an InputError for --model's, a RunError for
-    a resumed checkpoint's."""
+    """The token lengths of the examples' prompts, rendered under a time limit (a looping chat
+    template is stopped); a template that fails is one line naming its folder: an InputError for
+    --model's, a RunError for a resumed checkpoint's."""
     source, fault = (config.resume, RunError) if config.resume else (config.model, InputError)
     seconds = RENDER_SECONDS + 0.01 * len(examples)
     try:

@@ -1,8 +1,8 @@
 """--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
 
-metrics.jsonl stays the source of truth; each row goes here too (`train/<key>`, `eval/<key>`), with the held-out
-greedy samples at each eval (`eval/samples`). A resume continues both (tensorboard's purge_step, run.json's
-wandb_run_id). Details: docs/runs.md.
+metrics.jsonl stays the source of truth; each row goes here too (`train/<key>`, `eval/<key>`), with
+the held-out greedy samples at each eval (`eval/samples`). A resume continues both (tensorboard's
+purge_step, run.json's wandb_run_id). Details: docs/runs.md.
 """
 import errno
 import functools
@@ -155,9 +155,10 @@ class TensorBoard:
 
 
 class WandB:
-    """A W&B run in folder. A write there that fails stops the run in one line (Reporters), however W&B meets it:
-    its tables raise here, its debug.log handler's first error is kept (failed_write) and raised after the row,
-    and wandb-core's silence is checked as a disk with no room (no_room)."""
+    """A W&B run in folder. A write there that fails stops the run in one line (Reporters), however
+    W&B meets it: its tables raise here, its debug.log handler's first error is kept (failed_write)
+    and raised after the row, and wandb-core's silence is checked as a disk with no room
+    (no_room)."""
 
     def __init__(self, wandb, run, folder):
         self.wandb, self.run, self.folder = wandb, run, folder

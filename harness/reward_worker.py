@@ -1,11 +1,12 @@
 """Where a task's code runs during a run: a worker process, out of the trainer's reach.
 
-A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit or
-never return. It runs in one worker process, in a scratch folder, below a keeper that runs no task code
-(reward_keeper.py): a request goes as a pickle, its answer comes back as JSON (finite floats, strings; at most
-MESSAGE_LIMIT bytes), each on --reward-timeout's clock; however the run ends, the keeper (or end_worker) ends all
-below it. A task registered from Python (the tests' stubs) runs in the trainer under SIGALRM (TimedRewards).
-docs/tasks.md, "What a reward runs inside", says what each side can reach.
+A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir,
+fork, exit or never return. It runs in one worker process, in a scratch folder, below a keeper that
+runs no task code (reward_keeper.py): a request goes as a pickle, its answer comes back as JSON
+(finite floats, strings; at most MESSAGE_LIMIT bytes), each on --reward-timeout's clock; however the
+run ends, the keeper (or end_worker) ends all below it. A task registered from Python (the tests'
+stubs) runs in the trainer under SIGALRM (TimedRewards). docs/tasks.md, "What a reward runs inside",
+says what each side can reach.
 """
 import contextlib
 import fcntl
@@ -116,8 +117,8 @@ def second_build(worker):
 
 
 def worker_recipe(config):
-    """What the worker needs to build the run's task again: the task's name or file, --data, --task-option and this
-    process's import path, each path made absolute."""
+    """What the worker needs to build the run's task again: the task's name or file, --data,
+    --task-option and this process's import path, each path made absolute."""
     task = tasks.custom.source_file(config.task) if config.task.endswith(".py") else config.task
     data = os.path.abspath(config.data) if config.data and os.path.exists(config.data) else config.data
     return dict(task=task, data=data, options=dict(config.task_options),
@@ -135,9 +136,10 @@ def rebuildable(name):
 
 
 class TimedRewards:
-    """The task, each reward(), examples() and solution() call under SIGALRM (main thread only): past
-    --reward-timeout, or after a stop signal past STOP_GRACE (so Ctrl-C ends a run whose reward never returns), one
-    line naming the task. For a task the worker cannot rebuild (RewardWorker)."""
+    """The task, each reward(), examples() and solution() call under SIGALRM (main thread only):
+    past --reward-timeout, or after a stop signal past STOP_GRACE (so Ctrl-C ends a run whose reward
+    never returns), one line naming the task. For a task the worker cannot rebuild
+    (RewardWorker)."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
     stopped_at = 0.0  # when it came (time.monotonic())

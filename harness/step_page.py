@@ -1,9 +1,10 @@
 """One RL step, seen: a self-contained HTML page of what the step did to a handful of its groups (--inspect-every;
 the command: experiments/inspect_step.py).
 
-What it shows: docs/runs.md, "See one step". Every number comes from the lesson's functions (softmax_grpo, lopti,
-ppo.clip_masks, update_policy's stats): a view, not a second implementation. No script, no link: it opens
-offline, a few hundred KB at most (TOKENS_SHOWN; longer completions are cut, visibly).
+What it shows: docs/runs.md, "See one step". Every number comes from the lesson's functions
+(softmax_grpo, lopti, ppo.clip_masks, update_policy's stats): a view, not a second implementation.
+No script, no link: it opens offline, a few hundred KB at most (TOKENS_SHOWN; longer completions are
+cut, visibly).
 """
 import dataclasses
 import html

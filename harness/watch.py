@@ -1,6 +1,7 @@
 """Whether the run learns, said in words: the notes a run prints at its evals and in its end table.
 
-What each note means, what it cannot see, and its advice: docs/tasks.md, "When a run says it learns nothing".
+What each note means, what it cannot see, and its advice: docs/tasks.md, "When a run says it learns
+nothing".
 """
 import collections
 import math
@@ -54,9 +55,9 @@ def target_above(value):
 
 
 def warm_start_advice(warm, constant_pass):
-    """What to change when the tiny model's warm start left a degenerate start (docs/tasks.md), moving the stop
-    past what was seen. warm: tiny.warm_start's info ({"steps": 0} for none, None unknown); constant_pass: the
-    pass@1 of the most common answer given to every prompt."""
+    """What to change when the tiny model's warm start left a degenerate start (docs/tasks.md),
+    moving the stop past what was seen. warm: tiny.warm_start's info ({"steps": 0} for none, None
+    unknown); constant_pass: the pass@1 of the most common answer given to every prompt."""
     floor = constant_pass or 0.0
     if warm is not None and warm.get("steps") == 0:
         return ("give it a warm start (--warm-start-steps 1500), so RL starts from a policy that answers the prompts "

@@ -494,7 +494,7 @@ EFFICIENCY = 0.4  # the share of a card's datasheet peaks its kernels reach: a g
 # to the one GPU log (H200, 16 prompts x 8 x 256, micro-batch 16; head in IEEE fp32: an upper bound)
 HOST, HOST_SOURCE = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132), \
     "lab/logs/gpu-h200-27cee0c/r2-concat.txt"
-FAST_DECODE = 3.1e-3  # --fast-generate's decode token at 24 layers: a guess (~1 200 kernels, 2.5 us)
+FAST_DECODE = 3.1e-3  # --fast-generate's 24-layer decode token: a guess (~1 200 kernels, 2.5 us)
 CPU_ADAMW, PCIE = 10e9, 25e9  # --optimizer-offload: bytes/s of a CPU's AdamW and of the card's link (typed)
 # The settings no GPU has finished a step with (lab/logs/gpu-h200-27cee0c ran the default step
 # alone)

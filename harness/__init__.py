@@ -25,18 +25,14 @@
     master_weights.py  --param-dtype bf16: the optimizer's fp32 master copies of bf16 weights
     lean_optimizer.py  --param-dtype bf16-sr and --step-in-backward: AdamW on bf16, no masters
 
-The lesson files (softmax_grpo, lopti, ppo, rollout, train's step functions collect_rollouts and update_policy)
-import nothing from here (tests/test_train.py checks the step functions); train.py's loop and
-`main` do. config.py, flags.py and what they import load no torch: flags.load alone answers
-`--help` and a bad flag without it (train.py imports torch first).
+The lesson files import nothing from here (tests/test_train.py); train.py's loop and `main` do.
+config.py, flags.py and their imports load no torch, so `--help` answers without it.
 """
 import logging
 
-# Library noise at import, silenced where it starts: transformers imports an installed torchao, whose compiled
-# kernels built for another Python or CUDA fail to load ("Failed to load ..._C_*.so", on the logger "torchao"), and
-# torchao registers its Enums with torch's pytree, which warns that Enums are supported natively now (the W-lines
-# of "torch.utils._pytree"). Each is dropped by its own message on its own logger, before any import of theirs:
-# their other warnings, and every warning of this project, still show (tests/test_run_feedback.py).
+# Library noise at import (torchao's kernels built for another Python or CUDA; its Enums on torch's
+# pytree), each dropped by its own message on its own logger: every other warning still shows
+# (tests/test_run_feedback.py).
 LIBRARY_NOISE = {"torchao": ("Failed to load ",),
                  "torch.utils._pytree": ("%s is an Enum subclass and is now natively supported",)}
 

@@ -1,26 +1,15 @@
-"""What a run tells its user after its evals: the verdict on whether RL changed the policy, what the run's noise
-needs to decide more, the held-out split's size, the flags its notes advise (flags_to_try), and the command that
-resumes (docs/tasks.md, "When a run says it learns nothing"). Every number comes from the run's own evals and train
-rows; every flag advised is one the run may take.
+"""What a run tells its user after its evals: the verdict on whether RL changed the policy, what its
+noise needs to decide more (prompts_needed, rows_needed), the flags its notes advise (flags_to_try)
+and the command that resumes (docs/tasks.md, "When a run says it learns nothing", in words).
 
-The verdict, decided here and nowhere else, from two pieces of evidence, each against its own noise:
+The verdict, decided here and nowhere else, each piece of evidence against its own noise:
 
-  held-out  each eval's greedy pass@1 against the step-0 eval's: the change d and its noise m = 2 sqrt(se_0^2 + se^2)
-            (se: the standard error over the held-out prompts). A gain (loss) is resolved at CONFIRM evals in a row
-            beyond m on that side (a run with one eval after the start: that eval); once resolved it holds until
-            CONFIRM evals in a row come back within m / 2, or a loss (gain) is resolved. So no single eval, such as
-            the one a run happens to end on, flips the verdict either way (hysteresis).
-  train     the train rows' reward_mean against their step: the least-squares slope b and its standard error
-            se_b = s / sqrt(sum (step - mean step)^2), s the rows' residual standard deviation (their spread about
-            the line); a rise (fall) when b > 2 se_b (b < -2 se_b), from MIN_TREND_ROWS rows on.
-
-  verdict   a resolved held-out gain or loss is the verdict; else a train reward that rose or fell beyond its noise
-            is ("the policy learns the train reward; held-out pass@1 moved within its noise"); else neither moved
-            beyond its noise. A pass@1 or se that is not a number is no verdict, and says so.
-
-What the noise needs, from the same numbers: the held-out prompts that would resolve the last change
-(prompts_needed, within the task's split: a resume keeps --eval-size), and the train rows that would resolve the
-slope (rows_needed, as the --steps a resume runs to).
+  held-out  each eval's pass@1 against step 0's: d, noise m = 2 sqrt(se_0^2 + se^2); a gain (loss)
+            is resolved at CONFIRM evals in a row beyond m, and holds until CONFIRM evals come back
+            within m / 2 (hysteresis).
+  train     the least-squares slope b of reward_mean against step, se_b = s / sqrt(sum (step -
+            mean)^2); a rise (fall) when b > 2 se_b (b < -2 se_b), from MIN_TREND_ROWS rows on.
+  verdict   a resolved held-out change; else the train trend; else neither moved. NaN: no verdict.
 """
 import math
 import shlex
@@ -227,9 +216,8 @@ KL_COST = (" (its cost: a reference model's forward, and every row trained, a ti
 
 
 def flags_to_try(settings, kind):
-    """The flags a note of harness/watch.py advises, each with a value computed from the run's settings (the settled
-    Config) and only where it changes something: "fell" and "collapsed" (a smaller step, a pull to the start),
-    "flat" (a larger step, more varied groups). -> "; try ..." text, or "" when no flag is left to move."""
+    """The flags a note of harness/watch.py advises, valued from the run's settings, only where they
+    change something. -> "; try ..." text, or "" when no flag is left to move."""
     lr, kl, generations, temperature = settings.lr, settings.kl_coef, settings.num_generations, settings.temperature
     advice = []
     if kind in ("fell", "collapsed"):

@@ -5,13 +5,10 @@
     <output-dir>/latest -> checkpoint-<step> switched only once the checkpoint folder is complete
     <output-dir>/.lock                       flocked by the run writing here (one run per folder): host, PID, start
 
-Every write goes to a temporary name first and is renamed into place (`os.replace` is atomic on one file system;
-one file's safe writing is harness/files.py); what a kill leaves behind (a `checkpoint-<step>.tmp` holding the
-save's mark) is put right at the next start; a `.tmp` or `.old` copy without that mark is a user's, and stays.
-Checkpoints load no code: trainer_state.pt holds tensors and plain Python values only and is read with
-`torch.load(weights_only=True)`. Problems a user can act on raise RunError (files.py): one line that names the file
-and what to do. torch is imported only by the functions that need it, so reading a run's settings (config.py)
-needs no torch.
+Every write goes to a temporary name renamed into place; what a kill leaves (a
+`checkpoint-<step>.tmp` holding the save's mark) is put right at the next start, and a copy without
+that mark is a user's, and stays. Checkpoints load no code: trainer_state.pt is read with
+`torch.load(weights_only=True)`. torch is imported only where needed.
 """
 import contextlib
 import filecmp
@@ -59,16 +56,15 @@ def run_owns(name):
 
 
 def refuse_planted_links(output_dir):
-    """A RunError naming the first entry of output_dir that the run owns (run_owns) and that is a link; `latest`
-    may be one, to a checkpoint-<step> beside it (the link each save writes), and so may latest.tmp (that link
-    before its rename, which a kill left: recover() removes it). A `latest` that is neither such a
-    link nor a folder copying one of the checkpoints (refuse_odd_latest), and anything but a regular file with one
-    name where the run keeps a file (OWN_FILES), are refused too."""
+    """A RunError naming the first entry of output_dir that the run owns (run_owns) and that is a
+    link, except `latest` (or a kill's latest.tmp) linking to a checkpoint-<step> beside it; also an
+    odd `latest` (refuse_odd_latest) and anything but a one-name regular file where the run keeps a
+    file (OWN_FILES)."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
         if os.path.islink(path) and run_owns(name) and not (
                 name in ("latest", "latest.tmp") and re.fullmatch(r"checkpoint-\d+", os.readlink(path))):
-            refuse_link(path)  # latest.tmp: point_latest's link, left by a kill before its rename (recover removes it)
+            refuse_link(path)
     refuse_unless_file(os.path.join(output_dir, "latest.tmp"), links=True)  # a folder or FIFO: not the run's
     for name in OWN_FILES:  # a hard link, FIFO, device or folder where the run keeps a file of its own
         refuse_unless_file(os.path.join(output_dir, name))
@@ -80,10 +76,9 @@ def refuse_planted_links(output_dir):
 # ---------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def locked(output_dir):
-    """Hold <output_dir>/.lock for the block: an exclusive flock on its open descriptor, which the kernel gives to one
-    process at a time and releases when that process ends, however it ends (a kill -9 leaves no stale lock, and a
-    recycled PID means nothing). The file says who holds it (host, PID, start time); a second run is a RunError
-    naming them. The file itself stays: removing it would let two runs lock two different files."""
+    """Hold <output_dir>/.lock for the block: an exclusive flock, released by the kernel however the
+    process ends (no stale lock). The file says who holds it; a second run is a RunError naming
+    them. The file stays: removing it would let two runs lock two different files."""
     import fcntl  # POSIX only, like the rest of the run's files
     path = os.path.join(output_dir, LOCK)
     try:
@@ -122,10 +117,9 @@ def lock_holder(output_dir):
 
 
 def refuse_live_run(path):
-    """A RunError naming the process when the run folder that --resume PATH names (PATH, or the folder holding the
-    checkpoint PATH) is locked by a run still going: checked before anything is read from it, since such a run
-    saves and prunes checkpoints meanwhile (a checkpoint it had just pruned was reported as a missing model path).
-    A live run that has saved no checkpoint yet is left to resolve_checkpoint, which says so."""
+    """A RunError naming the process when the run folder of --resume PATH is locked by a run still
+    going, which saves and prunes checkpoints meanwhile (one that has saved none yet:
+    resolve_checkpoint says so)."""
     real = os.path.realpath(path)
     for folder in (real, os.path.dirname(real)):
         holder = lock_holder(folder)
@@ -175,11 +169,10 @@ def is_complete(folder):
 
 
 def recover(output_dir, log=print):
-    """Put right what a kill during a save left: a complete checkpoint-N.tmp of a save whose checkpoint-N is missing
-    becomes checkpoint-N, any other save's .tmp is removed, and a `latest` that points nowhere is pointed at the
-    newest complete checkpoint; a prune that a kill interrupted (checkpoint-N.pruning, or before such renames a
-    marked checkpoint-N left incomplete) is finished. Folders no save of this program marked are left alone, and
-    links are never followed (refuse_planted_links)."""
+    """Put right what a kill during a save or prune left: a complete marked checkpoint-N.tmp without
+    checkpoint-N becomes it, other marked .tmp folders and interrupted prunes go, and a `latest`
+    pointing nowhere is pointed at the newest complete checkpoint. Unmarked folders stay; links are
+    never followed."""
     for name in sorted(os.listdir(output_dir)):
         path = os.path.join(output_dir, name)
         interrupted = re.fullmatch(r"checkpoint-\d+" + re.escape(PRUNING), name) or (
@@ -215,8 +208,8 @@ def recover(output_dir, log=print):
 
 
 def empty_save_folder(output_dir, name):
-    """Whether output_dir/name is an empty checkpoint-<step>.tmp folder (not a link): what a kill between a save's
-    mkdir and its first file (SAVE_MARK) leaves. Nothing is in it, so nothing is lost when it goes."""
+    """Whether output_dir/name is an empty checkpoint-<step>.tmp folder (not a link): a kill's,
+    before SAVE_MARK."""
     path = os.path.join(output_dir, name)
     return re.fullmatch(r"checkpoint-\d+\.tmp", name) is not None and os.path.isdir(path) and \
         not os.path.islink(path) and not os.listdir(path)
@@ -257,11 +250,10 @@ def later_checkpoints(output_dir, step):
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
 def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings, *, keep=2, log=print):
-    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, MANIFEST: the sha256 of each of its files,
-    run.json's too, then run.json), point `latest` at it, and keep the newest `keep` checkpoints up to this step
-    (0 = all); checkpoints after this step belong to a timeline a resumed run replaces, and go (a deletion that
-    fails is said, log). Any failure (a full disk raises OSError, safetensors' SafetensorError or torch's
-    RuntimeError) removes the partial folder, leaves `latest` as it was, and is one RunError."""
+    """Write checkpoint-<step> (weights, tokenizer, trainer_state.pt, MANIFEST, then run.json),
+    point `latest` at it, and keep the newest `keep` up to this step (0 = all; later ones, a
+    replaced timeline, go). Any failure removes the partial folder, leaves `latest` as it was, and
+    is one RunError."""
     import torch
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp, latest = final + ".tmp", os.path.join(output_dir, "latest")
@@ -307,9 +299,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, trainer_state, settings,
 
 
 def prune(folder, log=print):
-    """Delete a checkpoint folder: renamed to <folder>.pruning first (atomic), then removed, so a kill midway leaves
-    no half-deleted checkpoint-<step> but a .pruning folder that recover() removes. A deletion that fails (a folder
-    not writable) is said now, in one note naming what is left; the run goes on."""
+    """Delete a checkpoint folder: renamed to <folder>.pruning first, so a kill midway leaves no
+    half-deleted checkpoint; a deletion that fails is one note, and the run goes on."""
     doomed = folder + PRUNING
     try:
         if os.path.isdir(doomed) and not os.path.islink(doomed):
@@ -328,8 +319,8 @@ def prune(folder, log=print):
 
 
 def then_resume(output_dir):
-    """What to do after fixing what stopped a run: continue it with --resume when it has saved a checkpoint, else
-    start it again (there is nothing to resume yet)."""
+    """What to do after fixing what stopped a run: --resume when it has saved a checkpoint, else run
+    it again."""
     saved = os.path.lexists(os.path.join(output_dir, "latest")) or checkpoint_steps(output_dir)
     return ", then continue with --resume" if saved else ", then run the command again (no checkpoint saved yet)"
 
@@ -350,8 +341,8 @@ def checkpoint_steps(output_dir):
 
 
 def copied_latest(run_dir, log=print):
-    """The checkpoint-<step> a `latest` folder is a copy of (a run copied with cp -rL or scp -r turns the link into
-    a folder): the one whose trainer_state.pt is byte for byte the same. RunError if none is."""
+    """The checkpoint-<step> a `latest` folder (a run copied with cp -rL) copies (latest_twin);
+    RunError if none."""
     step = latest_twin(run_dir)
     if step is not None:
         log(f"note: {run_dir}/latest is a folder, not a link (a copied run): resuming from checkpoint-{step}, "

@@ -3,11 +3,10 @@
     python train.py --help                       # the command line (flags.py), from the fields below
     config = Config(method="grpo", alpha=0.3)    # the same settings from Python (benchmarks, experiments)
 
-A field's default is the value `python train.py` runs with; `paper` is what the papers' runs used (DESIGN.md
-section 8 lists every recipe's official values, and tests/test_recipes.py checks them). The tiny offline model
-changes four defaults for a CPU (tiny.CPU_DEFAULTS), only where the command line left them open. A Config is frozen:
-settle decides every remaining setting once, before the run starts, and nothing changes it after (a changed copy
-is dataclasses.replace). This file imports no torch, so `--help` and a bad flag answer at once.
+A field's default is what `python train.py` runs with; `paper` is what the papers' runs used
+(DESIGN.md section 8). The tiny model changes four defaults for a CPU where the command line left
+them open (tiny.CPU_DEFAULTS). A Config is frozen: settle decides every remaining setting once,
+before the run. No torch here, so `--help` answers at once.
 """
 import ast
 import dataclasses

@@ -4,9 +4,8 @@
         f.write(text)
     fd = open_nofollow(path, flags)   # an append or a lock: a regular file with one name, else a RunError naming it
 
-A run's files (harness/checkpoint.py, metrics.py), its loggers (report.py), the step pages, the ledger and the
-figure scripts all write through these. Problems a user can act on raise RunError: one line that names the file and
-what to do (train.py exits with code 1). No torch here.
+Problems a user can act on raise RunError: one line that names the file and what to do (exit 1). No
+torch here.
 """
 import contextlib
 import errno
@@ -79,10 +78,9 @@ def open_data(path):
 
 
 def refuse_unless_file(path, status=None, *, links=False):
-    """path, when nothing stands there or a regular file with one name (a file this program may write, truncate or
-    replace); links=True: a symbolic link too (a rename replaces the link, never what it points to). Anything else is
-    a RunError naming path and what it is: a hard link would write another name's file, a FIFO or device would
-    block or be written to, a folder is not ours to delete."""
+    """path, when nothing stands there or a regular file with one name; links=True: a symbolic link
+    too (a rename replaces the link, never its target). Anything else (a hard link, FIFO, device,
+    folder) is a RunError naming it."""
     kind = what_is(path, status)
     if kind in (None, "a file") or (links and kind.startswith("a link")):
         return path
@@ -140,13 +138,11 @@ def process_alive(pid):
 
 @contextlib.contextmanager
 def replaced_file(path, mode="w", *, tmp=None):
-    """A file object whose contents replace path once the block ends: written first to a new file beside it (tmp,
-    else .NAME.tmp-PID-XXXXXXXX, which .gitignore names; O_EXCL | O_NOFOLLOW), flushed to disk and renamed over
-    path (keeping its mode; a new file's is 0o644), so a kill or a full disk leaves the old file whole. At path:
-    nothing, a regular file with one name, or a symbolic link (the rename replaces the link, never what it points
-    to); anything else (a hard link, a FIFO, a device, a folder) is a RunError naming it, before anything is
-    written. The temporary never outlives the block; one that a killed process left is removed first. Other
-    OSErrors (a full disk, a read-only folder) are the caller's to word."""
+    """A file object whose contents replace path once the block ends: written to a new file beside
+    it (tmp, else .NAME.tmp-PID-XXXXXXXX; O_EXCL | O_NOFOLLOW), flushed and renamed over path
+    (keeping its mode), so a kill leaves the old file whole. What refuse_unless_file(links=True)
+    refuses at path is a RunError before anything is written. Other OSErrors are the caller's to
+    word."""
     refuse_unless_file(path, links=True)
     folder, name = os.path.split(path)
     if tmp is None:

@@ -117,10 +117,8 @@ PATH_SETTINGS = ("output_dir", "warm_start_cache")  # folders a run writes to as
 
 
 def fixed_paths(config, keys=PATH_SETTINGS):
-    """config with the folders `keys` names made absolute, once, where the run starts (parse_args; settle, with
-    --resume, which load has made a real path already): a task that changes the working directory (os.chdir in a
-    reward, as sandboxing verifiers do) then moves none of the run's files (its lock, checkpoints, `latest`,
-    metrics, warm-start cache)."""
+    """config with the folders `keys` names made absolute, once, where the run starts: a task that
+    changes the working directory (os.chdir in a reward) then moves none of the run's files."""
     changes = {key: os.path.abspath(getattr(config, key)) for key in keys
                if getattr(config, key) is not None and getattr(config, key) != os.path.abspath(getattr(config, key))}
     return dataclasses.replace(config, **changes) if changes else config
@@ -203,10 +201,9 @@ def named_task(saved, config, path):
 
 
 def resumed(config, log=print):
-    """The saved run's settings (run.json of the checkpoint config.resume names) with the flags given now merged in:
-    a flag a resumed run may change (resumable()) takes the new value, any other must equal the saved one (else a
-    RunError). The run continues in the checkpoint's own folder. Saved settings pass the same checks as flags; a
-    task file or module is imported only when --task names it again (named_task)."""
+    """The saved run's settings with the flags given now merged in: a resumable() flag takes the new
+    value, any other must equal the saved one (else a RunError). A task file is imported only when
+    --task names it again."""
     if not config.dry_run:  # a live run prunes its checkpoints as it saves: nothing read from it would hold
         refuse_live_run(config.resume)
     if not os.path.exists(config.resume):
@@ -252,11 +249,9 @@ def resumed(config, log=print):
 
 
 def check_wandb_login(config):
-    """--report-to wandb online (W&B's own settings say so: WANDB_MODE, `wandb offline`) needs an API key where W&B
-    itself looks for one (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the netrc entry of its server, its settings
-    files), looked up as wandb.init does but without its prompt: none is an InputError naming the ways out. Called
-    before torch loads (flags.check_libraries) and before wandb.init, which would otherwise ask at a terminal (EOF
-    there: a KeyboardInterrupt) or, without one, fail only after the model loaded."""
+    """--report-to wandb online needs an API key where W&B looks for one, looked up as wandb.init
+    does but without its prompt (which would ask at a terminal, or fail after the model loaded):
+    none is an InputError naming the ways out."""
     import wandb
     try:  # W&B's own lookup (wandb 0.31); a W&B without it: wandb.init decides, as before
         from wandb.sdk import wandb_setup

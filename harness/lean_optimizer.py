@@ -5,20 +5,13 @@ stochastically rounded to bf16, optionally stepped inside backward (harness/poli
     optimizer = LeanAdamW(trained, lr=1e-6, weight_decay=0.01, seed=0, step_in_backward=True)  # + --step-in-backward
     loss.backward(); optimizer.step()   # step-in-backward: backward already stepped every weight; step() finds none
 
-What each option does, why, and what is tested: docs/performance.md (--param-dtype bf16-sr,
---step-in-backward). Stochastic rounding (stochastic_round_bf16) keeps on average an AdamW step
-below half a bf16 spacing, which rounding to nearest drops every time. The step is
-torch.optim.AdamW's (single-tensor formula, in fp32), in chunks of CHUNK elements, with fp32 moments
-or (moments="8bit") torchao's 8-bit block codes, stepped here: not compiled, and the rounding noise
-of a tensor's step a function of (seed, its index, its step count) alone, so backward's order and
-step()'s give the same weights and a resume continues the stream with no RNG state to carry.
-
---step-in-backward (register_post_accumulate_grad_hook): each weight is stepped once backward has
-made its whole gradient, which is then freed. A weight changes only after the one autograd node that
-reads it has run (this rests on harness/model.py's non-reentrant checkpointing: a reentrant one
-would run a shared weight's hook once per segment), so the update is a plain step's, bit for bit;
-one backward is one step (one micro-batch a mini-batch) and --grad-clip must be 0; grad_norm()
-reports the norm the clip would have read. step() is then a no-op in effect.
+What each option does and why: docs/performance.md. The step is torch.optim.AdamW's single-tensor
+formula in fp32, CHUNK elements at a time, with fp32 or torchao's 8-bit moments; a tensor's rounding
+noise is a function of (seed, its index, its step count) alone, so backward's order and step()'s
+agree and a resume carries no RNG state. --step-in-backward steps each weight in its
+post-accumulate-grad hook (this rests on harness/model.py's non-reentrant checkpointing: a
+reentrant one would run a shared weight's hook once per segment); grad_norm() reports the norm the
+clip would have read.
 """
 import torch
 

@@ -1,9 +1,8 @@
 """A model folder written whole, its files bound into one set by their sha256.
 
-save_policy_atomically writes a folder beside its place and renames it there (a kill or a full disk never leaves a
-half-written one; the warm-start cache, merge_lora's output); a save writes manifest.json, every file's sha256, before
-the file that completes the folder, and a load checks each file against it (verify_manifest), so a file changed,
-missing, added or copied in from another save is one RunError naming it. A checkpoint's: harness/checkpoint.py.
+save_policy_atomically writes a folder beside its place and renames it there; manifest.json (every
+file's sha256) is written before the file that completes a folder, and verify_manifest makes a file
+changed, missing, added or copied in from another save one RunError naming it.
 """
 import errno
 import hashlib

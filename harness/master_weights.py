@@ -3,12 +3,9 @@
     optimizer = MasterWeights(trained, torch.optim.AdamW, lr=1e-6, weight_decay=0.01)
     loss.backward(); optimizer.step()   # bf16 grads -> fp32 on the masters, the inner AdamW steps them, rounded back
 
-The masters accumulate in fp32 the AdamW steps of lr ~1e-6 that rounding a bf16 weight to nearest
-would drop; the bf16 weights follow them (docs/performance.md; harness/lean_optimizer.py: no
-masters).
---optimizer-offload (a CUDA run; GRPO-Zero's way): state_device="cpu" keeps an fp32 master of every
-trained weight and AdamW's moments in CPU memory, stepping one gradient at a time there; the card
-holds only the weights and gradients, and the update is bit for bit plain AdamW's on fp32 masters.
+The masters keep the AdamW steps of lr ~1e-6 that rounding a bf16 weight to nearest would drop
+(docs/performance.md). --optimizer-offload: state_device="cpu" keeps the masters and moments in CPU
+memory, stepping one gradient at a time there; the update is bit for bit AdamW's on fp32 masters.
 """
 import torch
 

@@ -4,10 +4,8 @@
     plan = memory_plan(shape, config, prompt_length)
     print(plan_text(plan))                         # --dry-run prints it; --memory-budget adds fitting_settings()
 
-Every formula is here, once (docs/performance.md, "What fits a card", measures them against peak
-RSS); what a run holds and when: memory_plan's docstring. Simplifications, each one line below:
-attention saves no [S, S] matrix, every completion runs to --max-new-tokens, the prompt length is
---max-prompt-length or a guess.
+Every formula is here, once (docs/performance.md measures them against peak RSS). Assumed: no
+[S, S] attention matrix, every completion to --max-new-tokens, --max-prompt-length or a guess.
 """
 import dataclasses
 import json
@@ -177,8 +175,7 @@ def memory_plan(shape, config, prompt_length):
     P, T, M = prompt_length, config.max_new_tokens, config.num_generations
     rows = config.prompts_per_step * M
     generate_rows = min(config.rollout_batch or rows, rows) // M * M  # whole groups per generate call
-    # the held-out eval's greedy generate calls (rollout.evaluate): --eval-size rows, at most EVAL_BATCH (or
-    # --rollout-batch) a call; the rollout phase's cache is the larger of the two
+    # the held-out eval's generate calls: at most EVAL_BATCH (or --rollout-batch) rows each
     eval_rows = min(config.eval_size, config.rollout_batch or EVAL_BATCH)
     micro = min(config.micro_batch, rows)
     trained = shape.trained_parameters(config)
@@ -204,12 +201,12 @@ def memory_plan(shape, config, prompt_length):
     else:  # shared prompts: each distinct prompt's P tokens once, every row's T, each row's K, V over P + T
         tokens = math.ceil(micro / M) * P + micro * T
         layer_activations = L * (per_token_layer * tokens + compute * 2 * kv * micro * P)
-    # GQA: transformers' repeat_kv copies each layer's K and V to every query head before SDPA, which saves the
-    # copies (measured on SmolLM2: [rows, 9, P + T - 1, 64] x 2 per layer); (q - kv) per token more than counted
+    # GQA: transformers' repeat_kv copies K and V to every query head, and SDPA saves the copies
+    # (measured)
     gqa_copies = compute * 2 * (q - kv) * micro * (P + T) * (1 if config.gradient_checkpointing else L)
-    # one layer's backward, on top of what is saved: its MLP's input gradients (2 [tokens, I] in the compute dtype)
-    # and the residual stream's gradient and its sum (2 [tokens, H]: fp32, or bf16 under bf16 storage); tokens as
-    # the forward's (measured: the checkpointed tiny runs missed ~50-90 MiB of it)
+    # one layer's backward on top: its MLP's 2 [tokens, I] input gradients, the residual's 2
+    # [tokens, H]
+
     backward = (2 * compute * I + 2 * stored * H) * tokens
     # the tokens whose float32 logits, scaling and softmax exist at once (rollout.token_logprobs): "logit_chunk"
     at_once = min(config.logit_chunk, micro * T)
@@ -220,9 +217,8 @@ def memory_plan(shape, config, prompt_length):
     # (master_weights.py; bf16-sr and --step-in-backward keep none)
     moments = int((2 * (1 + 4 / 256) if config.optimizer == "adamw8bit" else 8) * trained)  # AdamW's moments:
     # fp32, or 8-bit codes with a float32 scale per block of 256 (torchao: tensors of >= 4096 weights)
-    # --fast-generate keeps its static cache and, on CUDA, its graphs' pool on the model between
-    # calls (fast/decode_loop.py), so through the update: under bf16 autocast the pool holds bf16
-    # copies of the fp32 trained weights (autocast's cast cache) and 4 float32 [rows, V]
+    # --fast-generate keeps its static cache and CUDA graphs' pool (autocast's bf16 weight copies,
+    # 4 float32 [rows, V]) on the model between calls (fast/decode_loop.py), so through the update
     fast, cuda, rows_kv = config.fast_generate, config.device.startswith("cuda"), \
         compute * 2 * L * kv * max(generate_rows, eval_rows)  # a position's K and V, all rows
     plan = {
@@ -257,13 +253,9 @@ def memory_plan(shape, config, prompt_length):
     # a checkpoint: the weights as stored (LoRA: its adapters; a tied head once), masters, moments
     checkpoint = stored * (trained if config.lora_rank else shape.parameters()) + masters + moments
     held = sum(plan[name] for name in HELD)
-    if any(value < 0 for value in plan.values()):  # cannot happen after check_inputs; a plan never "fits" by it
-        raise ValueError(f"memory plan: a negative part {min(plan, key=plan.get)}")
-    # the gradients exist from the first backward to the next mini-batch's zero_grad (set_to_none), so only while
-    # the optimizer steps and, with several micro-batches a mini-batch, in the later ones' forward; MasterWeights
-    # (bf16 storage, offload) sets each to None after its step, so the rollout holds them only for fp32 in place
-    # (and LeanAdamW too). --step-in-backward: one gradient at a time, each stepped inside backward (config.py
-    # enforces one micro-batch a step), so the step's gradient and temporaries sit on top of the backward's peak
+    # gradients live from the first backward to the next zero_grad: in the step, the later
+    # micro-batches' forward and (fp32 in place only) the rollout; --step-in-backward: one at a
+    # time, on top of the backward's peak
     micro_batches = math.ceil(math.ceil(rows / config.mini_batches) / micro)  # per mini-batch
     grads_in_forward = plan["gradients"] if micro_batches > 1 and not in_backward else 0
     grads_in_rollout = plan["gradients"] if stored == 4 and not offload and not lean else 0
@@ -396,9 +388,9 @@ NOT_AVAILABLE = "not tried: --kl-coef 0 (drops the reference copy: another objec
 STEPS = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "stochastic_rounding",
          "step_in_backward", "lora_rank", "base_dtype")  # the memory switches, in OPTIONS' order
 OBJECTIVE_STEPS = ("kl_coef",)  # switches that change the objective: tried only when `allowed` names them
-# Why this order: offload (the same update, more time) before bf16-sr (its random walk is a larger precision cost
-# than masters' round-to-nearest and 8-bit moments), and step-in-backward (more optimizer steps a batch) before LoRA
-# (a rank-16 subspace); a combination config.py refuses is never tried (consistent)
+# Why: offload (same update) before bf16-sr (a random walk costs more than masters' rounding);
+# step-in-backward before LoRA (a rank-16 subspace); a combination config.py refuses is never tried
+# (consistent)
 
 
 def consistent(config, combo):
@@ -503,17 +495,14 @@ GPU_PEAKS = {  # dense (no sparsity) tensor-core peaks from the vendors' datashe
     "RTX 4090": dict(bf16=165e12, fp16=165e12, fp32=82.6e12, bandwidth=1.008e12),  # bf16 with fp32 accumulate
 }  # (benchmarks/floor.py's KNOWN_GPUS: the floor of each phase)
 EFFICIENCY = 0.4  # the share of a card's datasheet peaks its kernels reach: a guess, a round figure
-# Host seconds at 24 layers per generate call, decode token, micro-batch's forward + backward and
-# optimizer step, fitted to the one GPU log of the step (H200, HF's cache; 16 prompts x 8 x 256,
-# micro-batch 16; each phase 20-80x its floor; its head ran IEEE fp32, TF32 since: an upper bound)
+# Host seconds at 24 layers per generate call, decode token, micro-batch and optimizer step, fitted
+# to the one GPU log (H200, 16 prompts x 8 x 256, micro-batch 16; head in IEEE fp32: an upper bound)
 HOST, HOST_SOURCE = dict(prefill=0.304, decode=5.0 / 256, update=2.016 / 8, optimizer=0.0132), \
     "lab/logs/gpu-h200-27cee0c/r2-concat.txt"
-FAST_DECODE = 3.1e-3  # --fast-generate's decode token at 24 layers: a guess no GPU has measured (a
-# source read's inference: ~1 200 kernels a token in one CUDA graph at ~2.5 us each)
+FAST_DECODE = 3.1e-3  # --fast-generate's 24-layer decode token: a guess (~1 200 kernels, 2.5 us)
 CPU_ADAMW, PCIE = 10e9, 25e9  # --optimizer-offload: bytes/s of a CPU's AdamW and of the card's link (typed)
-# The settings no GPU has finished a step with: the one GPU run (lab/logs/gpu-h200-27cee0c) ran the default step
-# (fp32 weights, bf16 autocast); its --gradient-checkpointing runs and the 24 GB plan's bf16-sr + 8-bit moments +
-# step in backward started and did not finish; --fast-generate crashed (fixed since, on a CPU)
+# The settings no GPU has finished a step with (lab/logs/gpu-h200-27cee0c ran the default step
+# alone)
 NEVER_ON_GPU = ("gradient_checkpointing", "param_dtype", "optimizer", "optimizer_offload", "stochastic_rounding",
                 "step_in_backward", "lora_rank", "base_dtype", "fast_generate")
 

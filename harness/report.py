@@ -1,11 +1,8 @@
 """--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
 
-metrics.jsonl stays the source of truth; each row written to it goes here too (`train/<key>`,
-`eval/<key>`, at the row's step), with a table of the first held-out prompts' greedy completions at
-each eval (`eval/samples`). Each logger is imported only when asked for (flags.check_libraries);
-a W&B login or network failure is one line. tensorboard writes <output-dir>/tensorboard (a resumed
-run's purge_step hides the replaced steps); wandb a run in <output-dir>/wandb that a resume
-continues (run.json's wandb_run_id; WANDB_MODE=offline without a network). Details: docs/runs.md.
+metrics.jsonl stays the source of truth; each row goes here too (`train/<key>`, `eval/<key>`), with
+the held-out greedy samples at each eval (`eval/samples`). A resume continues both (tensorboard's
+purge_step, run.json's wandb_run_id). Details: docs/runs.md.
 """
 import errno
 import functools
@@ -158,11 +155,10 @@ class TensorBoard:
 
 
 class WandB:
-    """A W&B run in folder. A write there that fails (a full disk) stops the run in one line (Reporters), however W&B
-    meets it: its tables' files raise here; its log file (debug.log) is written by a handler of the `wandb` logger
-    that would print a traceback for each failed write, so the first error is kept instead (failed_write) and raised
-    after the row; its own process (wandb-core: the run's .wandb file) tells this one of none, so after each row a
-    disk with no room under folder is taken as its error (no_room)."""
+    """A W&B run in folder. A write there that fails stops the run in one line (Reporters), however
+    W&B meets it: its tables raise here, its debug.log handler's first error is kept (failed_write)
+    and raised after the row, and wandb-core's silence is checked as a disk with no room
+    (no_room)."""
 
     def __init__(self, wandb, run, folder):
         self.wandb, self.run, self.folder = wandb, run, folder

@@ -43,9 +43,8 @@ def prctl(option, value):
 
 def keep(requests, results, trainer, scratch):
     """The keeper, a child subreaper running no task code, whose child, the worker, serves the task. When the worker
-    ends, the trainer ends the keeper (SIGTERM) or dies (PR_SET_PDEATHSIG), it kills the worker and all below it
-    (each orphan is reparented here), removes the scratch folder and exits as the worker did
-    (killed by signal N: 128 + N). Its signals are blocked, waited for: none interrupts it."""
+    ends, the trainer ends it (SIGTERM) or dies, it kills all below it, removes the scratch folder
+    and exits as the worker did. Its signals are blocked, waited for: none interrupts it."""
     waited = {signal.SIGTERM, signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     prctl(36, 1)

@@ -1,16 +1,12 @@
 """Where a task's code runs during a run: a worker process, out of the trainer's reach.
 
-A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir, fork, exit, close
-stdout, seed torch, install signal handlers, or never return. During a run it runs in one worker process, in a
-scratch folder (tempdir/reward-worker-<trainer PID>-*), below a keeper that runs no task code (reward_keeper.py):
-  - a request (a pickle), its answer back as JSON naming it (finite floats, strings; MESSAGE_LIMIT bytes at
-    most), each block sent or read on --reward-timeout's clock;
-  - however the run ends, the keeper (were it killed, end_worker) ends all below it; the scratch folder goes;
-  - a call past --reward-timeout, that ends the worker, raises SystemExit / KeyboardInterrupt, returns no number,
-    or forks a child that returns into the worker: one line naming the task; an Exception: a bug, with the
-    worker's traceback (RemoteTraceback). A task file is built in the worker first (worker_first).
-A task registered in tasks.TASKS from Python (the tests' stubs) keeps its calls in the trainer's process under
-SIGALRM (TimedRewards), as a note says. docs/tasks.md, "What a reward runs inside", says what each side can reach.
+A task's reward() (and a task file's examples() and solution()) is the user's code: it may chdir,
+fork, exit or never return. It runs in one worker process, in a scratch folder, below a keeper that
+runs no task code (reward_keeper.py): a request goes as a pickle, its answer comes back as JSON
+(finite floats, strings; at most MESSAGE_LIMIT bytes), each on --reward-timeout's clock; however the
+run ends, the keeper (or end_worker) ends all below it. A task registered from Python (the tests'
+stubs) runs in the trainer under SIGALRM (TimedRewards). docs/tasks.md, "What a reward runs inside",
+says what each side can reach.
 """
 import contextlib
 import fcntl
@@ -121,9 +117,8 @@ def second_build(worker):
 
 
 def worker_recipe(config):
-    """What the worker needs to build the run's task again: the task's name or its file's absolute path, --data
-    (absolute where it is a path here), --task-option, and this process's import path (the working directory
-    made absolute: a task module importable from here is importable there)."""
+    """What the worker needs to build the run's task again: the task's name or file, --data,
+    --task-option and this process's import path, each path made absolute."""
     task = tasks.custom.source_file(config.task) if config.task.endswith(".py") else config.task
     data = os.path.abspath(config.data) if config.data and os.path.exists(config.data) else config.data
     return dict(task=task, data=data, options=dict(config.task_options),
@@ -141,12 +136,10 @@ def rebuildable(name):
 
 
 class TimedRewards:
-    """The task, each reward() call under a time limit (SIGALRM, main thread only): past --reward-timeout one line
-    naming the task; after a stop signal (start()'s handler calls stop()), past STOP_GRACE, so that Ctrl-C still ends
-    a run whose reward never returns, while one whose rewards return finishes its step and saves. Each reward comes
-    back as a float (tasks.reward_number). A task file's examples() and solution() (TIMED_CALLS) run under the same
-    limit. A BaseException that is no Exception (but a real Ctrl-C's) is a TaskError naming the task and the call.
-    In this process only for a task the worker cannot rebuild (RewardWorker)."""
+    """The task, each reward(), examples() and solution() call under SIGALRM (main thread only):
+    past --reward-timeout, or after a stop signal past STOP_GRACE (so Ctrl-C ends a run whose reward
+    never returns), one line naming the task. For a task the worker cannot rebuild
+    (RewardWorker)."""
     running = False   # a reward call is under way
     stop_signal = 0   # the stop signal received, if any (reset by start())
     stopped_at = 0.0  # when it came (time.monotonic())

@@ -7,11 +7,8 @@
             if state.end_of_step(step):                     # eval and checkpoint when due; True after Ctrl-C
                 break
 
-The rooms beside it: settle (harness/settle.py: every setting, decided before), build_policy (policy.py), what stops
-a run (stops.py), the lines it prints (console.py). Every file is written atomically (files.py, checkpoint.py), so a
-kill, a full disk or a read-only folder never loses what was there. Problems a user can act on are one line: a
-RunError (the run's files: exit 1) or an InputError (a flag, the model, the task or its data: exit 2), all raised
-before the first step except the disk's. A reader of the RL algorithm can skip this file.
+Problems a user can act on are one line: a RunError (the run's files: exit 1) or an InputError (a
+flag, the model, the task or its data: exit 2), all raised before the first step except the disk's.
 """
 import contextlib
 import dataclasses
@@ -49,9 +46,8 @@ TIMING_KEYS = ("rollout_s", "update_s", "tokens_per_s")  # the only metrics that
 @dataclasses.dataclass
 class RunState:
     """What the loop reads and calls: step (the last finished step), initial_eval, begin(), log(), end_of_step(),
-    final_eval(), clock (a phase timer for collect_rollouts / update_policy), stopped (0, or the number of the
-    signal that stopped the run: Ctrl-C's SIGINT, or SIGTERM / SIGHUP from a scheduler, `docker stop`, a closed
-    terminal)."""
+    final_eval(), clock (a phase timer), stopped (0, or the number of the signal that stopped the
+    run)."""
     config: Config
     model: object = None
     tokenizer: object = None
@@ -86,11 +82,10 @@ class RunState:
         return os.path.join(self.config.output_dir, "metrics.jsonl")
 
     def begin(self, model, tokenizer, optimizer, evaluate, task=None, eval_examples=()):
-        """Fresh: the loggers opened (a W&B login or network failure is one line here, before any file), then
-        metrics.jsonl begun with the held-out eval at step 0. Resumed: the optimizer, RNG states and step from the
-        checkpoint; only then, and only when there is a step to train, are the metrics rows written after it dropped
-        and `latest` pointed at it (a refused or empty resume changes nothing in the folder). task, eval_examples:
-        the held-out examples, for the loggers' samples tables and the notes on learning (harness/watch.py)."""
+        """Fresh: the loggers opened, then metrics.jsonl begun with the held-out eval at step 0.
+        Resumed: the optimizer, RNG states and step from the checkpoint; only when there is a step
+        to train are later metrics rows dropped and `latest` pointed at it (a refused or empty
+        resume changes nothing)."""
         self.model, self.tokenizer, self.optimizer, self.evaluate = model, tokenizer, optimizer, evaluate
         self.task, self.eval_examples = task, list(eval_examples)
         self.eval_prompts = [report.prompt_text(task.prompt(example, self.config.style)) for example in eval_examples]
@@ -284,9 +279,9 @@ UNSAVED_METRICS = "unsaved-metrics.jsonl"  # where set_aside_unsaved_metrics kee
 
 
 def set_aside_unsaved_metrics(output_dir):
-    """A fresh start in a folder whose only run file is metrics.jsonl (a run that stopped before its first
-    checkpoint: an error, a kill; an empty one from before the W&B check moved ahead of it): nothing there can be
-    resumed, so nothing claims the folder. The file is renamed to UNSAVED_METRICS, with a note, and the run starts."""
+    """A fresh start in a folder whose only run file is metrics.jsonl (a run stopped before its
+    first checkpoint): nothing can be resumed, so the file is renamed to UNSAVED_METRICS, with a
+    note, and the run starts."""
     if holds_a_run(output_dir) != ["metrics.jsonl"]:
         return
     path = os.path.join(output_dir, "metrics.jsonl")
@@ -312,8 +307,8 @@ def start(config):
     """Own the output folder for the block: a lock (one run per folder), what a kill left put right, and either a
     fresh start (refused where a run already is, unless --overwrite) or a resumed one (the checkpoints after the one
     resumed are discarded, with a note). Yields the RunState; call its begin() once the policy is built. Ctrl-C,
-    SIGTERM or SIGHUP inside: the step finishes, a checkpoint is saved, the loop stops (train.py then exits with
-    128 + the signal's number, as the shell reports a process the signal ended); a second signal aborts at once."""
+    SIGTERM or SIGHUP: the step finishes, a checkpoint is saved, the run exits 128 + N; a second
+    signal aborts."""
     try:
         os.makedirs(config.output_dir, exist_ok=True)
     except OSError as error:

@@ -54,11 +54,10 @@ def input_errors():
 def settle(config):
     """Every setting the run needs, decided once and frozen -> (config, tokenizer, task, prompts(step)).
 
-    Decided here: --device/--dtype auto for this machine; for a fresh run, the prompt style from the tokenizer
-    (compact for the tiny character vocabulary, which then gets tiny.CPU_DEFAULTS where the flags left them open),
-    the task's reward rules and where the initial (reference) weights live; the step count of --epochs. With
-    --dry-run nothing is loaded: (config, None, None, None), the style judged from the model's name. The run's
-    folders are absolute from here on (flags.fixed_paths), whatever a task does to the working directory."""
+    Decided here: --device/--dtype auto; for a fresh run, the prompt style from the tokenizer
+    (compact for the tiny vocabulary, with tiny.CPU_DEFAULTS), the task's reward rules, where the
+    initial weights live; --epochs' step count. --dry-run loads nothing: (config, None, None, None).
+    The run's folders are absolute from here on."""
     config = hardware(fixed_paths(config, ("output_dir", "warm_start_cache", "resume")))
     if config.resume:  # run.json as its save wrote it, before anything it names is opened
         verify_manifest(config.resume, instead_of(config.resume), names=[RUN_SETTINGS])
@@ -135,11 +134,9 @@ SAVE_MINUTES = 30.0  # --save-minutes on CUDA: a crash costs at most this much o
 
 
 def hardware(config):
-    """A copy of config with --device and --dtype "auto" decided for this machine: bf16 on a CUDA card with bf16
-    (Ampere and newer) or under --param-dtype bf16, else fp32. A card without it (a T4, Colab's free card, or a
-    V100) gets fp32, not fp16 with a loss scaler: one precision path, no overflow to guard, at fp32's speed (a note
-    says so). A dry run may name a device this machine lacks (--dry-run --device cuda on a laptop): it plans for a
-    bf16 card."""
+    """A copy of config with --device and --dtype "auto" decided: bf16 on a CUDA card with bf16 or
+    under --param-dtype bf16, else fp32 (a T4 or V100: fp32, not fp16 with a loss scaler; a note
+    says so). A dry run for a device this machine lacks plans for a bf16 card."""
     device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available() and not config.dry_run:
         raise InputError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); "

@@ -1,13 +1,10 @@
 """One RL step, seen: a self-contained HTML page of what the step did to a handful of its groups (--inspect-every;
 the command: experiments/inspect_step.py).
 
-For a few groups (the hardest with a signal, a mixed one, the easiest, one without signal): each completion with its
-reward and advantages (the run's method, GRPO's, SoftmaxGRPO's), each token coloured by p_old (AR's weight, Lopti's
-pass, the ratio after the step on hover; boxed where the clip holds it); per group k of M, omega_{M,tau}(k/M) and the
-budget share; for the step, the pass shares, clip fractions and an advantage histogram (docs/runs.md, "See one
-step"). Every number comes from the lesson's functions (softmax_grpo, lopti, ppo.clip_masks, update_policy's stats):
-a view of the step, not a second implementation. No script, no link: it opens offline, a few hundred KB at most
-(TOKENS_SHOWN; longer completions are cut, visibly).
+What it shows: docs/runs.md, "See one step". Every number comes from the lesson's functions
+(softmax_grpo, lopti, ppo.clip_masks, update_policy's stats): a view, not a second implementation.
+No script, no link: it opens offline, a few hundred KB at most (TOKENS_SHOWN; longer completions are
+cut, visibly).
 """
 import dataclasses
 import html

@@ -1,10 +1,8 @@
 """The tiny offline default: a ~2M-parameter Llama with a character tokenizer, its CPU defaults, its warm start.
 
-`python train.py` needs no download: `build_tiny_model` builds a real `LlamaForCausalLM` from a
-`LlamaConfig` with a character-level tokenizer made with `tokenizers` and wrapped as a `PreTrainedTokenizerFast`,
-so generate / save_pretrained / from_pretrained are the ordinary Hugging Face code paths. Before RL it is
-warm-started by a short supervised phase on the task's own solutions (`warm_start`), stopped while its held-out
-pass@1 is still low so that RL has room to improve it. A reader of the RL code can skip this file.
+A real `LlamaForCausalLM` and a `PreTrainedTokenizerFast`, so generate / save_pretrained /
+from_pretrained are the ordinary Hugging Face paths; warm-started on the task's own solutions
+(`warm_start`) while held-out pass@1 is still low, so that RL has room to improve it.
 """
 import dataclasses
 import json
@@ -107,11 +105,9 @@ def warm_start_settings(config):
 
 
 def warm_start_dir(cache_root, settings):
-    """<cache_root>/warm_start-<task>-h<H>-l<L>-<crc32 of settings>: the warm start's cache folder.
-
-    settings: a JSON-able dict of everything the warm start depends on (warm_start_settings). Any change gives a
-    new folder, so a 3-number Countdown run never loads a 2-number warm start.
-    """
+    """<cache_root>/warm_start-<task>-h<H>-l<L>-<crc32 of settings>: the warm start's cache folder;
+    settings (warm_start_settings) holds everything it depends on, so any change gives a new
+    folder."""
     tag = f"{zlib.crc32(json.dumps(settings, sort_keys=True, default=str).encode()):08x}"
     task = re.sub(r"\W", "_", os.path.splitext(os.path.basename(settings["task"]))[0])  # a task file: its name
     name = f"warm_start-{task}-h{settings['tiny_hidden']}-l{settings['tiny_layers']}-{tag}"
@@ -121,15 +117,11 @@ def warm_start_dir(cache_root, settings):
 def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=1500, batch_size=64, lr=3e-3,
                target_pass=0.1, eval_every=WARM_START_EVAL_EVERY, patience=DEFAULT_PATIENCE, max_new_tokens=12,
                seed=0, log=print):
-    """Supervised warm start; returns (model, info). Stops at the first eval with pass@1 >= target_pass, or when
-    `patience` evals in a row did not raise the best pass@1 (the target is out of reach: say so), or after
-    max_steps; the model then holds the weights of its best eval, not the last (info["pass@1"] is theirs).
-    info["stopped"] says which ("target", "patience", "steps"), info["best"] the best pass@1: the degenerate-start
-    note's advice reads them (harness/watch.py, warm_start_advice).
-
-    Trains on (compact prompt, task.solution) pairs with cross-entropy on the solution tokens and EOS only.
-    Every `eval_every` steps: greedy pass@1 on `eval_examples` (held out). The result is saved to `cache_dir`
-    (a save_pretrained folder + warm_start.json); when that folder exists, it is loaded instead of trained.
+    """Supervised warm start on (compact prompt, task.solution) pairs, cross-entropy on the solution
+    and EOS; returns (model, info). Stops at the first eval (greedy pass@1 on `eval_examples`, every
+    `eval_every` steps) with pass@1 >= target_pass, after `patience` evals without a new best, or
+    after max_steps, holding its best eval's weights; info["stopped"] says which ("target",
+    "patience", "steps"). Cached in `cache_dir`.
     """
     info_path = os.path.join(cache_dir, "warm_start.json")
     if os.path.exists(info_path):  # complete by construction: the folder is renamed into place when done
@@ -180,11 +172,9 @@ def warm_start(model, tokenizer, task, *, cache_dir, eval_examples, max_steps=15
 
 
 def load_warm_start(cache_dir, info, model, log=print):
-    """The cached warm start in cache_dir, checked as a checkpoint is: its files those its save wrote (their sha256
-    in its manifest.json; a cache from before it: a note), every tensor of `model` in it (from_pretrained would draw
-    a missing one at random), each finite. Loaded first as any model folder: its small files bounded, no code of its
-    own, the sizes it may ask for, weights that fail to load (truncated, empty) one line. Else a RunError naming the
-    file or the tensor."""
+    """The cached warm start in cache_dir, checked as a checkpoint is (manifest, every tensor of
+    `model` present and finite) and loaded as any model folder is; else a RunError naming the file
+    or the tensor."""
     from harness.model import model_source, one_line_load_errors, weights_dtype
     hint = "delete that warm-start folder (the run trains it again)"
     try:

@@ -1,8 +1,6 @@
 """Whether the run learns, said in words: the notes a run prints at its evals and in its end table.
 
-Each check reads the held-out greedy eval (pass@1 with its standard error, the greedy answers) and
-the train rows' reward: a degenerate start, a pass@1 that fell, a flat run, collapsed answers; what
-each note means, what it cannot see, and its advice: docs/tasks.md, "When a run says it learns
+What each note means, what it cannot see, and its advice: docs/tasks.md, "When a run says it learns
 nothing".
 """
 import collections
@@ -57,11 +55,9 @@ def target_above(value):
 
 
 def warm_start_advice(warm, constant_pass):
-    """What to change when the tiny model's warm start left a degenerate start (docs/tasks.md): a
-    suggestion that moves the stop past what was seen, so following it never repeats it. warm: its
-    info (tiny.warm_start) with the settings that stopped it, {"steps": 0} for none, None unknown;
-    constant_pass: the pass@1 of the start's most common answer given to every prompt. Below the
-    default patience, that patience first; never "no flag" before it was tried."""
+    """What to change when the tiny model's warm start left a degenerate start (docs/tasks.md),
+    moving the stop past what was seen. warm: tiny.warm_start's info ({"steps": 0} for none, None
+    unknown); constant_pass: the pass@1 of the most common answer given to every prompt."""
     floor = constant_pass or 0.0
     if warm is not None and warm.get("steps") == 0:
         return ("give it a warm start (--warm-start-steps 1500), so RL starts from a policy that answers the prompts "

@@ -20,7 +20,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 650
-HOUSE_LINES = 19_400  # the budget: 19 423 when it was set (issue 74); lower it as the house shrinks, never raise it
+# the budget, lines and bytes (bytes: so that wrapping a line costs nothing): 19 423 lines when set (issue 74),
+# 19 390 lines and 1.14 MB before issue 79; lower them as the house shrinks, never raise them
+HOUSE_LINES, HOUSE_BYTES = 18_000, 1_050_000
 FOLDERS = ("harness", "fast", "tasks", "tests", "experiments", "lab", "benchmarks", "integrations", "recipes")
 
 
@@ -42,12 +44,14 @@ def test_the_house_is_read_in_files_of_at_most_650_lines():
     assert not over, f"over {MAX_LINES} lines (split by concept): {over}"
 
 
-def test_the_house_keeps_to_its_budget_of_python_lines():
-    """The same count as `git ls-files '*.py' | grep -v '^tests/' | xargs cat | wc -l` in a clean checkout."""
+def test_the_house_keeps_to_its_budget_of_python_lines_and_bytes():
+    """The same counts as `git ls-files '*.py' | grep -v '^tests/' | xargs cat | wc -lc` in a clean checkout."""
     files = [path for path in python_files() if not path.startswith("tests/")]
     total = sum(sum(1 for _ in open(os.path.join(ROOT, path))) for path in files)
-    assert total <= HOUSE_LINES, f"{total} lines of Python outside tests/, over the budget of {HOUSE_LINES}: " \
-        "pay for what was added (dead code, a duplicated helper, an over-long docstring)"
+    size = sum(os.path.getsize(os.path.join(ROOT, path)) for path in files)
+    assert total <= HOUSE_LINES and size <= HOUSE_BYTES, \
+        f"{total} lines, {size} bytes of Python outside tests/, over the budget of {HOUSE_LINES} lines, " \
+        f"{HOUSE_BYTES} bytes: pay for what was added (dead code, a duplicated helper, an over-long docstring)"
 
 
 # --- the lesson in one sitting -----------------------------------------------------------------------------------
@@ -104,9 +108,10 @@ def test_train_py_reads_in_under_300_lines():
     assert len(open(os.path.join(ROOT, "train.py")).read().splitlines()) < 300
 
 
-def test_the_lesson_reads_in_at_most_1000_lines_the_surrogate_in_170_the_update_in_50():
+def test_the_lesson_reads_in_at_most_1100_lines_the_surrogate_in_170_the_update_in_65():
     lines = {name: len(open(os.path.join(ROOT, name)).read().splitlines()) for name in LESSON}
-    assert sum(lines.values()) <= 1050 and lines["ppo.py"] <= 170, lines  # 1000 until the stats moved in (79)
+    # 1000 until issue 79 moved in the update's statistics and the shared-prompt forward (from harness/, fast/)
+    assert sum(lines.values()) <= 1100 and lines["ppo.py"] <= 170, lines
     tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
     update = next(node for node in tree.body if getattr(node, "name", "") == "update_policy")
     assert update.end_lineno - update.lineno + 1 <= 65  # Algorithm 1: pi_old, AR, Lopti's passes, the steps, its stats (50 before 79)

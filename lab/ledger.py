@@ -229,3 +229,19 @@ def provenance(load=None):
                                                                      "--", "*.py") else "")  # code, not results files
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load": load_average() if load is None else load, "machine": this_machine()}
+
+
+# --- one run's clip, ratio and KL activity (lab.referee_clipping, reproduce's clipping cells) ---
+ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
+
+
+def activity(metrics_path):
+    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]} (missing keys: none)."""
+    from harness.metrics import read_metrics
+    rows = [r for r in read_metrics(metrics_path) if not r.get("eval")]
+    return {key: [(r["step"], r[key]) for r in rows if key in r] for key in ACTIVITY}
+
+
+def ratio_is_one(series):
+    """Every step's token-mean ratio and maximum ratio are 1 (then every ratio is 1: none above, mean 1)."""
+    return bool(series["ratio_mean"]) and all(v == 1.0 for _, v in series["ratio_mean"] + series["ratio_max"])

@@ -22,6 +22,7 @@ import statistics
 from experiments import pyplot, save_figure, write_csv
 
 from lab import compare
+from lab.ledger import ACTIVITY, activity, ratio_is_one
 from lab.referee_tuning import METRICS, sweep_parser
 from lab.seed_stats import paired_text
 from harness.metrics import read_metrics
@@ -30,18 +31,6 @@ PRESET = "countdown3-eq2"
 FIGURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures", "referee_clipping_activity.png")
 SWEEP_CELL = {"grpo": "grpo-M8", "softmax": "softmax-M8-tau0.1"}  # the same train.py run but the clip bounds
 COMPARED = ("reward_mean", "pass_rate", "zero_var_share", "pg_loss", "grad_norm", "entropy")
-ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
-
-
-def activity(metrics_path):
-    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]} (missing keys: none)."""
-    rows = [r for r in read_metrics(metrics_path) if not r.get("eval")]
-    return {key: [(r["step"], r[key]) for r in rows if key in r] for key in ACTIVITY}
-
-
-def ratio_is_one(series):
-    """Every step's token-mean ratio and maximum ratio are 1 (then every ratio is 1: none above, mean 1)."""
-    return bool(series["ratio_mean"]) and all(v == 1.0 for _, v in series["ratio_mean"] + series["ratio_max"])
 
 
 def read_runs(path):

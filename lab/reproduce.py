@@ -432,9 +432,9 @@ def compare_metrics(folder, preset, config=None, seed=None):
 
 
 def clip_activity(run_dir):
-    """One run's metrics.jsonl (lab.referee_clipping.activity): the clipped token fractions' means over steps, the largest
+    """One run's metrics.jsonl (lab.ledger.activity): the clipped token fractions' means over steps, the largest
     ratio, the k3 KL at steps 50 and the last, and whether every ratio was exactly 1 (1.0 or 0.0)."""
-    from lab.referee_clipping import activity, ratio_is_one
+    from lab.ledger import activity, ratio_is_one
     series = activity(os.path.join(run_dir, "metrics.jsonl"))
     kl = dict(series["kl"])
     metrics = {f"{key}_mean": round(sum(v for _, v in series[key]) / len(series[key]), 8)

@@ -334,7 +334,6 @@ def test_step_time_writes_its_numbers_and_without_trl_leaves_trls_ratios_out(tmp
     step_time.main([*CHEAP_STEP_TIME, "--json", str(tmp_path / "step.json")])
     numbers = json.loads((tmp_path / "step.json").read_text())
     assert numbers["trl_skipped"] == step_time.NO_TRL and set(numbers["sides"]) == {"one_pass", "lopti"}
-    assert set(numbers["head_branches"]) <= {"chunks"}  # a CPU's head: logit_chunk tokens at a time (if any trained)
     assert numbers["peaks"] == {"tflops": 0.05, "gbps": 5.0, "source": "given"}
     one_pass = numbers["sides"]["one_pass"]
     assert list(one_pass["phases"])[-1] == "step" and one_pass["phases"]["decode"]["part"]

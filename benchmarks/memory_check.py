@@ -6,13 +6,9 @@
     python benchmarks/memory_check.py --model qwen2.5-0.5b --device cuda --prompts 64 -M 8 --max-new-tokens 256
     python benchmarks/memory_check.py --cards                      # docs' per-card table of the recipes (planned)
 
-Models: tiny (tiny.py's Llama at --tiny-hidden/--tiny-layers, random init), smollm2 (the real weights), or a random
-model with a Qwen2.5 shape (benchmarks/random_model_step.py's). Prompts are --prompt-digits random digits (words for
-the Qwen shapes); the reward is graded, so every row trains. The step is train.collect_rollouts + update_policy, as
-train.py runs them, after one warm-up step (so AdamW's state exists, as in every step but the first). Measured: on
-CUDA, torch's peak allocated memory per phase; on a CPU, the peak RSS per phase (/proc/self/clear_refs resets it)
-minus the RSS of the process before its weights (the RSS after loading them, malloc_trim'med, less their bytes).
-Predicted: memory_plan with the measured prompt width and --max-new-tokens.
+Models: tiny (random init), smollm2, or a random Qwen2.5 shape (random_model_step.py's); a graded
+reward, so every row trains. One step after a warm-up one; measured: CUDA's peak allocated memory or a
+CPU's peak RSS per phase, less the RSS before the weights; predicted: memory_plan. docs/performance.md.
 """
 import argparse
 import ctypes
@@ -101,9 +97,8 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
 }
 
 
-# glibc's default raises its mmap threshold as big blocks are freed, so freed tensors then stay in the heap and the
-# RSS counts them; a fixed threshold maps each big tensor on its own, and the RSS follows the live tensors (what the
-# plan counts, and what torch.cuda.max_memory_allocated reports on a GPU). Set before the process starts.
+# a fixed mmap threshold (glibc's default rises as big blocks are freed, which then stay in the RSS):
+# the RSS follows the live tensors, as the plan counts them. Set before the process starts.
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
@@ -149,7 +144,6 @@ def peak(device, baseline):
 
 
 def build(args, config):
-    """-> (model with the run's memory options, tokenizer, task)."""
     from harness import tiny
     if args.model == "tiny":
         tokenizer = tiny.build_char_tokenizer()
@@ -195,7 +189,6 @@ def step_config(args, **fields):
 
 
 def measure(args):
-    """One setting in this process -> a dict of predicted and measured bytes (printed as JSON)."""
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -240,8 +233,7 @@ def measure(args):
 
 
 def plan_only(args):
-    """The plan of one setting without building the model (a random Qwen2.5 shape's prompts: 32 words, 32 tokens),
-    in GiB as gpu_check.sh prints the measured peaks."""
+    """The plan of one setting, no model built (a Qwen2.5 shape's prompts: 32 tokens), in GiB."""
     from transformers import Qwen2Config
 
     from benchmarks.random_model_step import SHAPES
@@ -276,7 +268,6 @@ def parser():
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--table", choices=sorted(TABLES), help="run the docs' settings, each in a fresh process")
-    p.add_argument("--skip", type=int, default=0, help="with --table: start at this setting (0 = the first)")
     p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
     p.add_argument("--targets", action="store_true", help="print what the plan says of docs' per-card targets")
@@ -296,8 +287,7 @@ def recipe_paths():
 
 
 def recipe_config(path):
-    """A recipe's settings (recipes/*.sh: the flags of its args=( ... ) block, as tests/test_recipes.py reads them)
-    on a CUDA card in bf16."""
+    """A recipe's args=( ... ) flags (as tests/test_recipes.py reads them) on a CUDA card in bf16."""
     import re
     import shlex
     from harness.flags import parse_args
@@ -311,8 +301,7 @@ MEMORY_LINE = "# Memory (its plan"
 
 
 def recipe_memory_line(path, cards=(80, 24)):
-    """The comment line each recipe carries (tests/test_recipes.py keeps it equal to this): the plan's peak for the
-    recipe as written on one CUDA card, and what fits each of `cards` (memory.fit_text, shortened)."""
+    """Each recipe's comment line: the plan's peak as written on one CUDA card, what fits `cards`."""
     config = recipe_config(path)
     shape = memory.model_shape(config)
     P = config.max_prompt_length or memory.PROMPT_GUESS["chat"]
@@ -332,16 +321,13 @@ SHORT = {"gradient_checkpointing": "ckpt", "param_dtype": "bf16", "optimizer": "
 
 
 def short_names(changes):
-    """The table's names of the switches in `changes` (bf16-sr for stochastic rounding)."""
     return [("bf16-sr" if key == "param_dtype" and changes[key] == "bf16-sr" else short)
             for key, short in SHORT.items() if key in changes]
 
 
 def card_table(cards=(24, 48, 80)):
-    """docs/performance.md's per-card table: for each paper recipe's shape, the largest Qwen2.5 size the plan fits
-    on each card (with its headroom), full-parameter and LoRA (rank 16), with the least costly change
-    fitting_settings finds (micro-batch and rollout batch not shown; checkpointing, bf16 storage, 8-bit states
-    named)."""
+    """docs/performance.md's per-card table: per recipe, the largest Qwen2.5 the plan fits on each
+    card, full and LoRA 16, with the least costly change fitting_settings finds."""
     recipes = recipe_paths()
     print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
         f"{card} GB full | {card} GB LoRA" for card in cards) + " |")
@@ -373,8 +359,7 @@ TARGETS = [("qwen2.5-3b", False, 24, NO_OFFLOAD),  # issue 41's: 3B full without
 
 
 def targets():
-    """The per-card targets (docs/performance.md): each Qwen2.5 size on the countdown recipe's shape (64 x 8,
-    1024 + 256, KL 1e-3), full-parameter (no LoRA tried) or LoRA 16, on its card: what fits, or by how much not."""
+    """docs/performance.md's per-card targets on the countdown recipe: what fits, or by how much not."""
     config = recipe_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes",
                                         "softmaxgrpo_countdown.sh"))
     probes = [(*target, {}) for target in TARGETS] + [  # why 3B full misses 24 GB: each held term taken away
@@ -451,7 +436,7 @@ def main(argv=None):
     print("| setting | planned peak (rollout / update), MiB | measured peak (rollout / update), MiB | plan error "
           "| s: rollout + update |")
     print("|---|---|---|---|---|")
-    for setting in settings[args.skip:]:
+    for setting in settings:
         command = [sys.executable, os.path.abspath(__file__), *base, *setting, *extra, "--device", args.device,
                    "--setting=" + (" ".join(setting) or "base")]
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC})
@@ -466,8 +451,7 @@ def main(argv=None):
 
 
 def log_row(result, command):
-    """A measured row as MEMORY_CHECK_LOG keeps it: the result, and the commit, date, load and machine that made it
-    (lab.reproduce.provenance) with its command, so that a reused row names its code."""
+    """A measured row as MEMORY_CHECK_LOG keeps it: with its provenance and command."""
     from lab.reproduce import provenance
     return {**result, **provenance(), "command": " ".join(command[1:])}
 

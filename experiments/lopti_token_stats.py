@@ -1,16 +1,10 @@
 """Lopti paper (Yang et al., arXiv 2505.12929) Fig. 1(d) and Fig. 3 on rollouts of one checkpoint.
 
-Both look at the tokens that get a gradient (completion tokens of rows with A != 0) grouped by
-p_old, the sampled token's probability under the sampling policy: "quantile" (default, four
-equal-count quartiles, ties by position) or "fixed" (p_old in [0,.25) [.25,.5) [.5,.75) [.75,1]).
-
-Fig. 1(d): the logit-level gradient norm of A log pi(o), |A| * ||onehot(o) - softmax(z)|| = |A|
-sqrt(1 - 2 pi_o + sum_j pi_j^2) (Prop. 4.2: between sqrt(N/(N-1)) (1-pi_o) and sqrt(2) (1-pi_o)),
-per group; --param-grad adds the parameter-gradient norm of each group's part of (1/N) sum_t A_t log
-pi_t. Fig. 3: from the SAME rollouts and weights, one train.update_batch each for GRPO, AR (alpha
-0.3), Lopti (eta 0.5) and AR+Lopti (fresh AdamW, or --optimizer sgd for a plain gradient step; give
-it a larger --lr), then per group the share of A > 0 tokens whose probability rose and of A < 0
-tokens whose probability fell.
+The tokens with a gradient (rows with A != 0), grouped by p_old (--groups: quartiles or fixed
+ranges). Fig. 1(d): per group the logit-level gradient norm |A| * ||onehot(o) - softmax(z)||
+(--param-grad: also the parameter-gradient norm). Fig. 3: from the same rollouts and weights, one
+update each for GRPO, AR, Lopti and AR+Lopti, then per group the share of A > 0 tokens whose
+probability rose and of A < 0 tokens whose probability fell.
 
     python -m experiments.lopti_token_stats --checkpoint runs/default/latest                  # tiny, CPU, ~1 min
     python -m experiments.lopti_token_stats --task countdown --task-option num_count=3 --seeds 0,1,2,3,4 \\
@@ -101,9 +95,7 @@ def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperat
 # Fig. 3: one update as train.py does it, then which probabilities rose
 def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
                clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
-    """train.py's update (train.update_batch: one PPO epoch, no KL, fp32) on `model` in place;
-    pi_old = old_logprobs [B, T]; batch = (input_ids [B, P+T], attention_mask, completion_mask
-    [B, T]); advantages [B]; optimizer "adamw" (train.py's) or "sgd" (a plain gradient step)."""
+    """train.update_batch (one PPO epoch, no KL, fp32) on `model` in place, pi_old = old_logprobs"""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
     config = Config(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
@@ -131,8 +123,7 @@ def rise_rows(method, old_logprobs, new_logprobs, advantages, groups):
 
 
 def sampled_batch(model, tokenizer, style, task, args, *, seed, max_new_tokens):
-    """One seed's batch: args.num_prompts held-out prompts x args.M samples -> ((input_ids, attention_mask,
-    completion_mask) on the model's device, the sequence advantages [rows])."""
+    """One seed's held-out prompts x M samples -> ((ids, attention, completion mask), advantages)"""
     device = next(model.parameters()).device
     torch.manual_seed(seed)
     examples = task.examples("test", args.num_prompts, seed=seed)
@@ -145,8 +136,7 @@ def sampled_batch(model, tokenizer, style, task, args, *, seed, max_new_tokens):
 
 
 def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, clip_high):
-    """One seed's rollouts from `model` -> (fig1d rows, fig3 rows, tokens with A != 0); None when every group has
-    equal rewards (nothing to measure)."""
+    """One seed -> (fig1d rows, fig3 rows, tokens with A != 0); None when every advantage is 0."""
     batch, advantages = sampled_batch(model, tokenizer, style, task, args, seed=seed, max_new_tokens=max_new_tokens)
     with torch.no_grad():  # p_old, computed exactly as the post-update log-probs below (same code, same batches)
         old_logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
@@ -189,9 +179,8 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
 
 
 def over_seeds(fig3):
-    """Fig. 3 averaged over seeds: per (method, group) the mean, sample std and standard error of each share, and of
-    the share minus GRPO's on the same seed (the same rollouts and groups: a paired difference). A seed whose group
-    has no such token is left out of that cell."""
+    """Fig. 3 over seeds: per (method, group) each share's mean, sd and SE, and of the share minus
+    GRPO's on the same seed (paired); a seed whose group has no such token is left out of it."""
     def cell(method, q, key):
         return {r["seed"]: r[key] for r in fig3 if r["method"] == method and r["group"] == q
                 and not math.isnan(r[key])}
@@ -223,8 +212,7 @@ def write_csv(path, rows):
 
 
 def plot(output_dir, fig1d, summary, seeds):
-    """Fig. 1(d) (mean over seeds per group) and Fig. 3 (mean share per method and group, with the sample std over
-    seeds as error bars when there are several)."""
+    """Fig. 1(d) and Fig. 3 (mean over seeds, std bars) as PNGs."""
     plt = pyplot("the PNGs; the CSVs have the numbers")
     if plt is None:
         return []

@@ -23,7 +23,7 @@ def read(folder, name):
 
 
 def sections(folder, name):
-    """{step name: its output lines} of one of gpu_check.sh's files ("=== [N s] NAME: ..." to "=== ")."""
+    """{step name: its output lines} of a gpu_check.sh file ("=== [N s] NAME: ..." to "=== ")."""
     found, current = {}, None
     for line in read(folder, name).splitlines():
         header = re.match(r"^=== \[\d+ s\] (.+?): ", line)
@@ -102,7 +102,7 @@ def faster_path(paths, candidates=("loop", "hf-static")):
 
 
 def alone_runs(folder):
-    """{side: {"peak", "before_step": MiB, "seconds": [s per step]}} of step.txt's "step, SIDE alone"."""
+    """{side: {"peak", "before_step": MiB, "seconds": [s]}} of step.txt's "step, SIDE alone"."""
     runs = {}
     for name, lines in sections(folder, "step.txt").items():
         side = re.match(r"^(?:step|memory), (\w+) alone$", name)

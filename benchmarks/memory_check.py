@@ -7,8 +7,8 @@
     python benchmarks/memory_check.py --cards                      # docs' per-card table of the recipes (planned)
 
 Models: tiny (random init), smollm2, or a random Qwen2.5 shape (random_model_step.py's); a graded
-reward, so every row trains. One step after a warm-up one; measured: CUDA's peak allocated memory or a
-CPU's peak RSS per phase, less the RSS before the weights; predicted: memory_plan. docs/performance.md.
+reward, so every row trains. One step after a warm-up one; measured: CUDA's peak allocated memory
+or a CPU's peak RSS per phase less the RSS before the weights; predicted: memory_plan (docs/).
 """
 import argparse
 import ctypes
@@ -97,7 +97,7 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
 }
 
 
-# a fixed mmap threshold (glibc's default rises as big blocks are freed, which then stay in the RSS):
+# a fixed mmap threshold (glibc's default rises as big blocks are freed, which stay in the RSS):
 # the RSS follows the live tensors, as the plan counts them. Set before the process starts.
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
@@ -287,7 +287,7 @@ def recipe_paths():
 
 
 def recipe_config(path):
-    """A recipe's args=( ... ) flags (as tests/test_recipes.py reads them) on a CUDA card in bf16."""
+    """A recipe's args=( ... ) flags (as tests/test_recipes.py reads them), CUDA, bf16."""
     import re
     import shlex
     from harness.flags import parse_args
@@ -301,7 +301,7 @@ MEMORY_LINE = "# Memory (its plan"
 
 
 def recipe_memory_line(path, cards=(80, 24)):
-    """Each recipe's comment line: the plan's peak as written on one CUDA card, what fits `cards`."""
+    """Each recipe's comment line: the plan's peak as written on a CUDA card, what fits `cards`."""
     config = recipe_config(path)
     shape = memory.model_shape(config)
     P = config.max_prompt_length or memory.PROMPT_GUESS["chat"]
@@ -359,7 +359,7 @@ TARGETS = [("qwen2.5-3b", False, 24, NO_OFFLOAD),  # issue 41's: 3B full without
 
 
 def targets():
-    """docs/performance.md's per-card targets on the countdown recipe: what fits, or by how much not."""
+    """docs/performance.md's per-card targets (countdown recipe): what fits, or by how much not."""
     config = recipe_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes",
                                         "softmaxgrpo_countdown.sh"))
     probes = [(*target, {}) for target in TARGETS] + [  # why 3B full misses 24 GB: each held term taken away

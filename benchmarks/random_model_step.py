@@ -7,8 +7,8 @@
 
 The step's cost depends on the shape and the token counts, not on what the weights know; random
 weights rarely emit EOS, so every completion runs to --max-new-tokens (the worst case). The step is
-train.py's; prints s/step, tokens/s, the peak memory, each phase against its floor (benchmarks/floor.py),
-and last GENERATE {json}: what decides between the --generate paths, and the path that really ran.
+train.py's; prints s/step, tokens/s, the peak memory, each phase against its floor (floor.py), and
+last GENERATE {json}: what decides between the --generate paths, and the path that really ran.
 """
 import argparse
 import contextlib
@@ -45,7 +45,7 @@ SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "te
 
 
 def build(shape, seed=0, device="cpu"):
-    """A random Qwen2 model of `shape`, drawn on `device`, and a word-level tokenizer of its vocabulary."""
+    """A random Qwen2 of `shape`, drawn on `device`, and a word-level tokenizer of its vocab."""
     vocab = {"<pad>": 0, "<eos>": 1, " ": 2, **{f"w{i}": i + 3 for i in range(SHAPES[shape]["vocab_size"] - 3)}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -101,7 +101,7 @@ def generate_path(path, model):
 
 
 def path_ran(model, path):
-    """`path`, or "plain" where the loop's self-check refused it or HF's static path did not compile."""
+    """`path`, or "plain" where the loop's self-check refused it or HF's static path failed."""
     if path == "loop":
         return "plain" if model.__dict__.get("_fast_generate", {}).get("off") else path
     return path if path != "hf-static" or hasattr(model, "_compiled_call") else "plain"

@@ -1,10 +1,8 @@
 """One RL step, seen: a self-contained HTML page of what the step did to a handful of its groups (--inspect-every;
 the command: experiments/inspect_step.py).
 
-What it shows: docs/runs.md, "See one step". Every number comes from the lesson's functions
-(softmax_grpo, lopti, ppo.clip_masks, update_policy's stats): a view, not a second implementation.
-No script, no link: it opens offline, a few hundred KB at most (TOKENS_SHOWN; longer completions are
-cut, visibly).
+What it shows: docs/runs.md, "See one step". Every number comes from the lesson's functions: a
+view, not a second implementation. No script, no link: it opens offline (TOKENS_SHOWN bounds it).
 """
 import dataclasses
 import html
@@ -80,8 +78,7 @@ def sampled_logprobs(model, rollouts, config):
 
 
 def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, due=None, source=""):
-    """The step's record before its update (p_old is the weights before it), or None when --inspect-every does not
-    ask for this step (`due` overrides). rollouts, rewards: collect_rollouts'."""
+    """The step's record before its update; None when --inspect-every skips it (`due` overrides)."""
     if not (due if due is not None else config.inspect_every and step % config.inspect_every == 0):
         return None
     M = config.num_generations
@@ -110,9 +107,8 @@ def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, du
 
 
 def after_update(record, model, stats, *, path=None):
-    """Finish the record with the weights after the update (ratio = pi_after / pi_old, the tokens beyond the clip)
-    and update_policy's stats, then write the page -> its path (default <output-dir>/inspect/step-<N>.html).
-    None in, None out (a step --inspect-every skips)."""
+    """Finish the record after the update (ratio, tokens beyond the clip, stats), write the page
+    -> its path (default <output-dir>/inspect/step-<N>.html). None in, None out."""
     if record is None:
         return None
     new_logprobs = sampled_logprobs(model, record.rollouts, record.config)
@@ -127,8 +123,7 @@ def after_update(record, model, stats, *, path=None):
 
 
 def write_page(path, text):
-    """Write the page atomically (replaced_file: never through a link, a hard link or a FIFO; a link at path is
-    replaced, not followed); a failure is one RunError."""
+    """Write the page atomically (never through a link); a failure is one RunError."""
     folder = os.path.dirname(os.path.abspath(path))
     if what_is(folder) not in (None, "a directory"):  # planted during the run: named, not "File exists"
         raise RunError(f"{folder} is {what_is(folder)}, where the step's pages go; move it away")
@@ -153,11 +148,10 @@ def chosen_groups(rewards, pass_threshold):
              ("mixed", min(with_signal, key=lambda g: (abs(passed[g] - 0.5), -mean[g]))),
              ("easiest", max(groups, key=lambda g: (passed[g], mean[g])))]
     picks += [("no signal", g) for g in groups if not signal[g]][:1]
-    chosen = []
+    first = {}
     for role, g in picks:
-        if g not in [c for _, c in chosen]:
-            chosen.append((role, g))
-    return chosen[:GROUPS_SHOWN]
+        first.setdefault(g, role)  # each group once
+    return [(role, g) for g, role in first.items()][:GROUPS_SHOWN]
 
 
 # The page
@@ -248,8 +242,7 @@ def budget_shares(record):
 
 
 def learning_low_share(record):
-    """The low pass's share of the tokens of the rows that can learn: rows with a non-zero advantage of the run's
-    method, or every row under the KL term (train.update_policy's lopti_low_share counts these)."""
+    """The low pass's share of the learning rows' tokens (as update_policy's lopti_low_share)."""
     mask = record.mask.bool()
     active = (record.advantages[record.config.method].flatten() != 0) | (record.config.kl_coef > 0)
     return float(record.low[active].sum() / mask[active].sum().clamp_min(1))
@@ -258,9 +251,7 @@ def learning_low_share(record):
 def step_section(record):
     """The step's summary: settings, rewards, Lopti's pass shares, the loss's clip fractions, the histogram."""
     config, stats, mask = record.config, record.stats or {}, record.mask.bool()
-    valid = int(mask.sum())
-    low = int(record.low.sum())
-    beyond = int(record.clipped.sum())
+    valid, low, beyond = int(mask.sum()), int(record.low.sum()), int(record.clipped.sum())
     G, M = record.rewards.shape
     passing = float((record.rewards >= record.pass_threshold).float().mean())
     ar = f"AR α = {config.alpha:g}" if config.alpha else f"AR off (weights shown at α = {SHOWN_ALPHA:g})"
@@ -339,8 +330,7 @@ def group_section(record, role, g, shares, per_completion):
 
 
 def prompt_format(record):
-    """One line on the compact prompt format, once a page, when the run uses it: the task's own words for it (its
-    compact_wording), else one of the step's prompts as the example."""
+    """The compact prompt format, if the run uses it: the task's compact_wording or an example."""
     if record.config.style != "compact":
         return ""
     example = record.prompts[0] if record.prompts else ""

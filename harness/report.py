@@ -1,8 +1,7 @@
 """--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
 
-metrics.jsonl stays the source of truth; each row goes here too (`train/<key>`, `eval/<key>`), with
-the held-out greedy samples at each eval (`eval/samples`). A resume continues both (tensorboard's
-purge_step, run.json's wandb_run_id). Details: docs/runs.md.
+metrics.jsonl stays the source of truth; each row goes here too, with the held-out greedy samples at
+each eval. Details: docs/runs.md.
 """
 import errno
 import functools
@@ -56,8 +55,7 @@ def open_reporters(config, first_step):
 
 
 def no_room(folder):
-    """An OSError (ENOSPC or EROFS) when statvfs says folder's filesystem is read-only or has no free block left (one
-    that reports no size, f_blocks 0, is never taken as full), else None."""
+    """An OSError (EROFS, ENOSPC) if folder's filesystem is read-only or full (f_blocks 0: never)"""
     stats = os.statvfs(folder)
     code = errno.EROFS if stats.f_flag & os.ST_RDONLY else errno.ENOSPC if stats.f_blocks and not stats.f_bavail \
         else None
@@ -68,8 +66,7 @@ PROBE_BYTES = 64 * 1024  # check_writable's test write: about what W&B writes as
 
 
 def check_writable(folder):
-    """Make folder if missing, then write PROBE_BYTES to a file there and delete it: a full disk, a read-only folder or
-    a file in its place raises its OSError now, before the run's folder changes."""
+    """Write PROBE_BYTES to a file in folder and delete it: a full disk raises its OSError now."""
     os.makedirs(folder, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix=".write-test-", dir=folder)  # a new file (O_EXCL, O_NOFOLLOW)
     try:
@@ -82,17 +79,15 @@ def check_writable(folder):
 
 
 def prompt_text(prompt):
-    """A task's prompt as one text for the samples tables: a compact prompt as it is, a chat prompt's last user
-    message."""
+    """A task's prompt as one text: a compact prompt as it is, a chat prompt's last user message."""
     if isinstance(prompt, str):
         return prompt
     return next((message["content"] for message in reversed(prompt) if message.get("role") == "user"), "")
 
 
 class Reporters:
-    """Fan-out of metrics rows and eval samples to the open loggers. A logger that cannot write its folder (a full
-    disk) stops the run in one line, a RunError, like metrics.jsonl's own writes; closing never raises (every row
-    is in metrics.jsonl): a failure there is a note."""
+    """Fan-out of rows and eval samples to the loggers. A failed write stops the run in one line (a
+    RunError); closing never raises (every row is in metrics.jsonl): a failure there is a note."""
 
     def __init__(self, writers):
         self.writers = writers
@@ -127,8 +122,7 @@ class Reporters:
 
 
 def quiet_writer_thread(args, previous=threading.excepthook):
-    """threading.excepthook without the traceback of TensorBoard's writer thread failing to write (a full disk): its
-    writer raises that error again in the main thread, where Reporters makes it one line."""
+    """threading.excepthook, quiet on TensorBoard's writer thread's OSError (raised again later)."""
     if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
         return
     previous(args)
@@ -155,10 +149,8 @@ class TensorBoard:
 
 
 class WandB:
-    """A W&B run in folder. A write there that fails stops the run in one line (Reporters), however
-    W&B meets it: its tables raise here, its debug.log handler's first error is kept (failed_write)
-    and raised after the row, and wandb-core's silence is checked as a disk with no room
-    (no_room)."""
+    """A W&B run in folder. A failed write there stops the run (Reporters), however W&B meets it:
+    its log handler's first error is kept (failed_write) and raised after a row, else no_room's."""
 
     def __init__(self, wandb, run, folder):
         self.wandb, self.run, self.folder = wandb, run, folder

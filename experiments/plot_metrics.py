@@ -1,19 +1,11 @@
 """Plot a train.py metrics.jsonl: reward, pass rate, clip fractions, KL, entropy, length vs step.
 
-The SoftmaxGRPO review asks how active clipping and the KL penalty are during training; this answers
-it for any run. Rows with "eval": true are held-out evaluations, drawn as markers with their
-standard errors. The keys each panel looks for are PANELS' (first match wins; case, '-' vs '_' and a
-'train/' or 'eval/' prefix ignored); a panel with nothing to show says so; `--extra a,b` adds panels
-for other keys (e.g. zero_var_share, grad_norm). Several files overlay runs (one colour per file,
-labelled by its folder); a run folder stands for its metrics.jsonl, and a run still going can be
-drawn (its half-written last line is left out).
+Eval rows are markers with their standard errors; each panel's keys are PANELS' (first match wins;
+case, '-' vs '_' and a 'train/' or 'eval/' prefix ignored). Several runs overlay; a run still going
+is drawn (its half-written last line left out). Prints a summary of every series. docs/runs.md.
 
-Run:  python -m experiments.plot_metrics runs/default [other-run-folder or metrics.jsonl ...] [--output PNG]
-      [--panels reward,pass,length] [--smooth 5]
-Prints a first/last/min/max summary of every series; writes the PNG (with matplotlib): --output,
-else beside one run's metrics.jsonl, or for several runs metrics.png in the current folder.
+Run:  python -m experiments.plot_metrics runs/default [other runs ...] [--output PNG] [--smooth 5]
 """
-
 import argparse
 import json
 import math
@@ -51,8 +43,8 @@ def metrics_file(path):
 
 
 def read_metrics(path):
-    """metrics.jsonl (or a run folder) -> (train_rows, eval_rows), lists of dicts; bad lines raise ValueError
-    naming file:line, except a last line without its newline: a run still going is writing it, so it is left out."""
+    """metrics.jsonl (or a run folder) -> (train_rows, eval_rows); a bad line raises ValueError
+    naming file:line, but for a last line without its newline (being written): left out."""
     path = metrics_file(path)
     if not os.path.isfile(path):
         kind = what_is(os.path.realpath(path))
@@ -113,8 +105,7 @@ def moving_average(values, window):
 
 
 def collect(paths, extra_keys=()):
-    """-> list of (panel title, list of (run label, series label, is_eval, key, steps, values, errors)); errors: the
-    eval rows' <key>_se (train.py's held-out standard errors), None when absent."""
+    """-> [(panel title, [(run label, series label, is_eval, key, steps, values, <key>_se)])]."""
     runs = [(os.path.basename(os.path.dirname(os.path.abspath(metrics_file(p)))) or p, *read_metrics(p))
             for p in paths]
     panels = PANELS + [(key, [(key, (key,), (key,))]) for key in extra_keys]
@@ -183,8 +174,7 @@ def plot(panels, path, smooth=1, multiple_runs=False):
 
 
 def default_output(paths):
-    """Where the PNG goes without --output: beside the one run's metrics.jsonl, or for several runs the current
-    folder's metrics.png."""
+    """The PNG without --output: beside one run's metrics.jsonl, else metrics.png here."""
     if len(paths) > 1:
         return os.path.abspath("metrics.png")
     return os.path.join(os.path.dirname(os.path.abspath(metrics_file(paths[0]))), "metrics.png")

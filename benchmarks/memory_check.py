@@ -28,73 +28,69 @@ from experiments import output_file  # noqa: E402
 from harness import memory, policy  # noqa: E402
 from harness.config import Config  # noqa: E402
 
+TINY = "--model tiny --tiny-hidden 512 --tiny-layers 6 --prompts 16 -M 8 --prompt-digits 48 "
+SMOLLM2 = "--model smollm2 --prompts 4 -M 4 --prompt-digits 64 --max-new-tokens 32 --micro-batch 16"
 TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a card"): flags on top of the base
-    "tiny-cpu": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
-                  "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64"],
-                 [[], ["--gradient-checkpointing"], ["--micro-batch", "16"], ["--lora-rank", "16", "--kl-coef", "0.01"],
-                  ["-M", "16", "--prompts", "8"], ["--kl-coef", "0.01"]]),
-    "smollm2-cpu": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                     "--max-new-tokens", "32", "--micro-batch", "16"],
-                    [[], ["--gradient-checkpointing"], ["--micro-batch", "4"], ["--max-new-tokens", "64"],
-                     ["-M", "8", "--prompts", "2"], ["--lora-rank", "16", "--kl-coef", "0.01"], ["--kl-coef", "0.01"],
-                     ["--rollout-batch", "4"]]),
+    "tiny-cpu": (TINY + "--max-new-tokens 48 --micro-batch 64",
+                 ["", "--gradient-checkpointing", "--micro-batch 16",
+                  "--lora-rank 16 --kl-coef 0.01", "-M 16 --prompts 8", "--kl-coef 0.01"]),
+    "smollm2-cpu": (SMOLLM2, ["", "--gradient-checkpointing", "--micro-batch 4",
+                              "--max-new-tokens 64", "-M 8 --prompts 2",
+                              "--lora-rank 16 --kl-coef 0.01", "--kl-coef 0.01",
+                              "--rollout-batch 4"]),
     # --param-dtype bf16 (issue 41): bf16 storage alone, with checkpointing, with the reference copy, with LoRA
-    "tiny-cpu-bf16": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
-                       "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64", "--param-dtype",
-                       "bf16"],
-                      [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"], ["--lora-rank", "16", "--kl-coef",
-                                                                                 "0.01"]]),
-    "smollm2-cpu-bf16": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                          "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
-                         [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"],
-                          ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
+    "tiny-cpu-bf16": (TINY + "--max-new-tokens 48 --micro-batch 64 --param-dtype bf16",
+                      ["", "--gradient-checkpointing", "--kl-coef 0.01",
+                       "--lora-rank 16 --kl-coef 0.01"]),
+    "smollm2-cpu-bf16": (SMOLLM2 + " --param-dtype bf16",
+                         ["", "--gradient-checkpointing", "--kl-coef 0.01",
+                          "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing"]),
     # issue 41's options: a 4-bit base (NF4) under LoRA and 8-bit moments, with and without checkpointing, on bf16
     # storage (the plan frozen at a commit before they were measured: docs/performance.md)
-    "tiny-cpu-41": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
-                     "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64", "--param-dtype", "bf16"],
-                    [["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4"],
-                     ["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4", "--gradient-checkpointing"],
-                     ["--optimizer", "adamw8bit"], ["--optimizer", "adamw8bit", "--gradient-checkpointing"]]),
-    "smollm2-cpu-41": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                        "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
-                       [["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4"],
-                        ["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4", "--gradient-checkpointing"],
-                        ["--optimizer", "adamw8bit"], ["--lora-rank", "16", "--kl-coef", "0.01"],
-                        ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
+    "tiny-cpu-41": (TINY + "--max-new-tokens 48 --micro-batch 64 --param-dtype bf16",
+                    ["--lora-rank 16 --kl-coef 0.01 --base-dtype nf4",
+                     "--lora-rank 16 --kl-coef 0.01 --base-dtype nf4 --gradient-checkpointing",
+                     "--optimizer adamw8bit", "--optimizer adamw8bit --gradient-checkpointing"]),
+    "smollm2-cpu-41": (SMOLLM2 + " --param-dtype bf16",
+                       ["--lora-rank 16 --kl-coef 0.01 --base-dtype nf4",
+                        "--lora-rank 16 --kl-coef 0.01 --base-dtype nf4 --gradient-checkpointing",
+                        "--optimizer adamw8bit", "--lora-rank 16 --kl-coef 0.01",
+                        "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing"]),
     # issue 38 item 7: the plan out of sample, frozen at a commit before these were measured (docs/performance.md):
     # a tiny model of another width, other lengths, M, micro-batch, rollout batch, LoRA with checkpointing
-    "tiny-cpu-oos": (["--model", "tiny", "--tiny-hidden", "384", "--tiny-layers", "4", "--prompts", "16", "-M", "8",
-                      "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64"],
-                     [[], ["-M", "4", "--prompts", "32"], ["--prompt-digits", "96", "--max-new-tokens", "24"],
-                      ["--micro-batch", "8"], ["--rollout-batch", "32"],
-                      ["--lora-rank", "8", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
+    "tiny-cpu-oos": ("--model tiny --tiny-hidden 384 --tiny-layers 4 --prompts 16 -M 8 "
+                     "--prompt-digits 48 --max-new-tokens 48 --micro-batch 64",
+                     ["", "-M 4 --prompts 32", "--prompt-digits 96 --max-new-tokens 24",
+                      "--micro-batch 8", "--rollout-batch 32",
+                      "--lora-rank 8 --kl-coef 0.01 --gradient-checkpointing"]),
     # issue 38 item 7, LoRA: the plan frozen at the commit of its GQA, backward and gradient terms (mem-lora), before
     # these were measured: a tiny model of yet another width and depth, LoRA ranks 4, 32, 16, with and without
     # checkpointing, another micro-batch, M and length
-    "tiny-cpu-oos-lora": (["--model", "tiny", "--tiny-hidden", "256", "--tiny-layers", "8", "--prompts", "8", "-M", "8",
-                           "--prompt-digits", "40", "--max-new-tokens", "40", "--micro-batch", "32"],
-                          [["--lora-rank", "4", "--kl-coef", "0.01"], ["--lora-rank", "32", "--gradient-checkpointing"],
-                           ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing", "--micro-batch", "16",
-                            "-M", "4", "--prompts", "16"]]),
+    "tiny-cpu-oos-lora": ("--model tiny --tiny-hidden 256 --tiny-layers 8 --prompts 8 -M 8 "
+                          "--prompt-digits 40 --max-new-tokens 40 --micro-batch 32",
+                          ["--lora-rank 4 --kl-coef 0.01",
+                           "--lora-rank 32 --gradient-checkpointing",
+                           "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing "
+                           "--micro-batch 16 -M 4 --prompts 16"]),
     # the same, on SmolLM2 (GQA: 9 query heads on 3 KV heads), the plan frozen at 634e2db
-    "smollm2-cpu-oos-lora": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                              "--max-new-tokens", "32", "--micro-batch", "16"],
-                             [["--lora-rank", "8", "--kl-coef", "0.01", "--prompts", "2", "-M", "8", "--max-new-tokens",
-                               "48"],
-                              ["--lora-rank", "32", "--micro-batch", "8", "--prompt-digits", "32"]]),
+    "smollm2-cpu-oos-lora": (SMOLLM2,
+                             ["--lora-rank 8 --kl-coef 0.01 --prompts 2 -M 8 --max-new-tokens 48",
+                              "--lora-rank 32 --micro-batch 8 --prompt-digits 32"]),
     # issue 52's options, out of sample (a tiny width never measured before, and SmolLM2): bf16 without masters
     # (stochastic rounding), the step in backward (one micro-batch per optimizer step), 8-bit moments, the reference
-    "tiny-cpu-52": (["--model", "tiny", "--tiny-hidden", "448", "--tiny-layers", "5", "--prompts", "16", "-M", "8",
-                     "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "128"],
-                    [["--param-dtype", "bf16-sr"], ["--param-dtype", "bf16-sr", "--step-in-backward"],
-                     ["--step-in-backward"], ["--param-dtype", "bf16-sr", "--step-in-backward", "--kl-coef", "0.01"],
-                     ["--param-dtype", "bf16-sr", "--step-in-backward", "--optimizer", "adamw8bit",
-                      "--gradient-checkpointing"]]),
-    "smollm2-cpu-52": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                        "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16-sr"],
-                       [[], ["--step-in-backward"], ["--step-in-backward", "--optimizer", "adamw8bit",
-                                                     "--gradient-checkpointing"]]),
+    "tiny-cpu-52": ("--model tiny --tiny-hidden 448 --tiny-layers 5 --prompts 16 -M 8 "
+                    "--prompt-digits 48 --max-new-tokens 48 --micro-batch 128",
+                    ["--param-dtype bf16-sr", "--param-dtype bf16-sr --step-in-backward",
+                     "--step-in-backward",
+                     "--param-dtype bf16-sr --step-in-backward --kl-coef 0.01",
+                     "--param-dtype bf16-sr --step-in-backward --optimizer adamw8bit "
+                     "--gradient-checkpointing"]),
+    "smollm2-cpu-52": (SMOLLM2 + " --param-dtype bf16-sr",
+                       ["", "--step-in-backward",
+                        "--step-in-backward --optimizer adamw8bit --gradient-checkpointing"]),
 }
+TABLES = {name: (base.split(), [setting.split() for setting in settings])
+          for name, (base, settings) in TABLES.items()}  # each a list of argv words
 
 
 # a fixed mmap threshold (glibc's default rises as big blocks are freed, which stay in the RSS):

@@ -34,11 +34,9 @@ UPDATES = {"grpo": dict(alpha=0.0, eta=0.0), "ar": dict(alpha=0.3, eta=0.0),  # 
 NUM_GROUPS = 4
 
 
-# Token statistics: p_old, ||onehot - softmax||, quartile groups
 @torch.no_grad()
 def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=64):
-    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 = sqrt(1 - 2 pi_o + sum pi_j^2)
-    for every completion token (full-vocabulary softmax, [micro_batch, T, V] floats at a time)."""
+    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)|| of every completion token."""
     width = completion_mask.shape[1]
     norm_chunks = []
     for start in range(0, input_ids.shape[0], micro_batch):
@@ -92,7 +90,6 @@ def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperat
     return norms
 
 
-# Fig. 3: one update as train.py does it, then which probabilities rose
 def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
                clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
     """train.update_batch (one PPO epoch, no KL, fp32) on `model` in place, pi_old = old_logprobs"""
@@ -146,8 +143,6 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
         return None
     old_probs = old_logprobs.exp()
     groups = probability_groups(old_probs.cpu(), token_mask.cpu(), args.groups).to(advantages.device)
-
-    # --- Fig. 1(d) -------------------------------------------------------------------------------------------
     weighted = advantages.abs()[:, None] * norms
     total = weighted[token_mask].sum().item()
     grad_norms = [None] * NUM_GROUPS
@@ -164,8 +159,6 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
                       "mean_norm": norms[in_group].mean().item(), "mean_adv_x_norm": weighted[in_group].mean().item(),
                       "share_of_sum": weighted[in_group].sum().item() / total,
                       "param_grad_norm": "" if grad_norms[q] is None else grad_norms[q]})
-
-    # --- Fig. 3 ---------------------------------------------------------------------------------------------
     fig3 = []
     for method, setting in UPDATES.items():
         updated = one_update(copy.deepcopy(model), batch, advantages, old_logprobs, lr=lr, temperature=args.temperature,
@@ -203,7 +196,6 @@ def over_seeds(fig3):
     return rows
 
 
-# Output
 def write_csv(path, rows):
     with output_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -27,13 +27,9 @@ PROMPT_CHARS = 400                 # characters shown of a prompt
 NAMES = {"softmax": "SoftmaxGRPO", "grpo": "GRPO"}
 
 
-# The step's numbers, from the lesson's functions
 @dataclasses.dataclass
 class StepRecord:
-    """What the page shows of one step. Tensors on the CPU: rewards, lengths [G, M]; advantages: estimator name ->
-    [G, M]; old_logprobs, token_advantages, ar_weight [B, T] float; low [B, T] bool; completion_ids, mask [B, T];
-    filled after the update: ratio [B, T], clipped [B, T] bool, stats (update_policy's). Token texts are decoded
-    when the page is drawn, for the tokens it shows only."""
+    """What the page shows of one step (on the CPU); ratio, clipped, stats: after the update."""
     config: object
     step: int
     pass_threshold: float
@@ -135,7 +131,6 @@ def write_page(path, text):
         raise RunError(write_failed(f"the step's page {path}", error, otherwise="", elsewhere="")) from None
 
 
-# Which groups
 def chosen_groups(rewards, pass_threshold):
     """[(role, group index)] for the page: the hardest group with a signal (lowest pass rate, then mean reward),
     a mixed one (pass rate nearest 1/2), the easiest, and one without signal (all rewards equal), each once."""
@@ -154,7 +149,6 @@ def chosen_groups(rewards, pass_threshold):
     return [(role, g) for g, role in first.items()][:GROUPS_SHOWN]
 
 
-# The page
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:18px 28px;color:#1d1d1f;max-width:1340px}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 4px}

@@ -45,8 +45,7 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
     "smollm2-cpu-bf16": (SMOLLM2 + " --param-dtype bf16",
                          ["", "--gradient-checkpointing", "--kl-coef 0.01",
                           "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing"]),
-    # issue 41's options: a 4-bit base (NF4) under LoRA and 8-bit moments, with and without checkpointing, on bf16
-    # storage (the plan frozen at a commit before they were measured: docs/performance.md)
+    # issue 41's options: NF4 base under LoRA, 8-bit moments (plan frozen before: docs/)
     "tiny-cpu-41": (TINY + "--max-new-tokens 48 --micro-batch 64 --param-dtype bf16",
                     ["--lora-rank 16 --kl-coef 0.01 --base-dtype nf4",
                      "--lora-rank 16 --kl-coef 0.01 --base-dtype nf4 --gradient-checkpointing",
@@ -56,16 +55,13 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
                         "--lora-rank 16 --kl-coef 0.01 --base-dtype nf4 --gradient-checkpointing",
                         "--optimizer adamw8bit", "--lora-rank 16 --kl-coef 0.01",
                         "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing"]),
-    # issue 38 item 7: the plan out of sample, frozen at a commit before these were measured (docs/performance.md):
-    # a tiny model of another width, other lengths, M, micro-batch, rollout batch, LoRA with checkpointing
+    # issue 38 item 7: the plan out of sample (frozen before these were measured: docs/)
     "tiny-cpu-oos": ("--model tiny --tiny-hidden 384 --tiny-layers 4 --prompts 16 -M 8 "
                      "--prompt-digits 48 --max-new-tokens 48 --micro-batch 64",
                      ["", "-M 4 --prompts 32", "--prompt-digits 96 --max-new-tokens 24",
                       "--micro-batch 8", "--rollout-batch 32",
                       "--lora-rank 8 --kl-coef 0.01 --gradient-checkpointing"]),
-    # issue 38 item 7, LoRA: the plan frozen at the commit of its GQA, backward and gradient terms (mem-lora), before
-    # these were measured: a tiny model of yet another width and depth, LoRA ranks 4, 32, 16, with and without
-    # checkpointing, another micro-batch, M and length
+    # issue 38 item 7, LoRA: the plan frozen at mem-lora, before these were measured
     "tiny-cpu-oos-lora": ("--model tiny --tiny-hidden 256 --tiny-layers 8 --prompts 8 -M 8 "
                           "--prompt-digits 40 --max-new-tokens 40 --micro-batch 32",
                           ["--lora-rank 4 --kl-coef 0.01",
@@ -76,8 +72,7 @@ TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a c
     "smollm2-cpu-oos-lora": (SMOLLM2,
                              ["--lora-rank 8 --kl-coef 0.01 --prompts 2 -M 8 --max-new-tokens 48",
                               "--lora-rank 32 --micro-batch 8 --prompt-digits 32"]),
-    # issue 52's options, out of sample (a tiny width never measured before, and SmolLM2): bf16 without masters
-    # (stochastic rounding), the step in backward (one micro-batch per optimizer step), 8-bit moments, the reference
+    # issue 52's options out of sample: bf16 without masters, the step in backward, 8-bit moments
     "tiny-cpu-52": ("--model tiny --tiny-hidden 448 --tiny-layers 5 --prompts 16 -M 8 "
                     "--prompt-digits 48 --max-new-tokens 48 --micro-batch 128",
                     ["--param-dtype bf16-sr", "--param-dtype bf16-sr --step-in-backward",

@@ -249,8 +249,7 @@ def plot(output_dir, fig1d, summary, seeds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Lopti Fig. 1(d) (gradient norm by p_old) and Fig. 3 (which "
-                                                 "probabilities rose after one update).")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_checkpoint_arguments(parser)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("-M", "--num-generations", dest="M", type=int, default=8)
@@ -259,16 +258,14 @@ def main(argv=None):
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: train.py's (tiny or not)")
     parser.add_argument("--lr", type=float, default=None, help="default: train.py's (3e-4 tiny, 1e-6 otherwise)")
-    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"), help="Fig. 3's update (train.py: "
-                        "adamw; sgd shows the raw gradient's effect, give it a larger --lr)")
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     parser.add_argument("--clip-high", type=float, default=None, help="default: train.py's")
     parser.add_argument("--groups", default="quantile", choices=("quantile", "fixed"))
     parser.add_argument("--param-grad", action="store_true", help="Fig. 1(d): parameter-gradient norm per group")
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: --seed): one measurement each "
-                        "(its prompts and samples; a {seed} in --checkpoint picks that seed's checkpoint), then Fig. "
-                        "3 averaged over them")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: --seed), "
+                        "Fig. 3 over them; a {seed} in --checkpoint picks each seed's checkpoint")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default="runs/lopti_stats")
     args = parser.parse_args(argv)

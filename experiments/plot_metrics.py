@@ -182,14 +182,11 @@ def default_output(paths):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Plot train.py metrics.jsonl files (reward, pass rate, clip, KL, ...).")
-    parser.add_argument("metrics", nargs="+", help="one or more run folders or metrics.jsonl files, finished or "
-                        "still running (several = overlay)")
-    parser.add_argument("--output", default=None, help="PNG path (default: one run: metrics.png in its folder; "
-                        "several: metrics.png in the current folder)")
+    parser.add_argument("metrics", nargs="+", help="run folders or metrics.jsonl files")
+    parser.add_argument("--output", default=None, help="PNG path (default: docstring)")
     parser.add_argument("--extra", default="", help="comma list of further keys to plot, e.g. zero_var_share,grad_norm")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window for training rows")
-    parser.add_argument("--panels", default="", help="comma list of the panels to draw, by the start of their "
-                        "title (e.g. reward,pass,length); default: all")
+    parser.add_argument("--panels", default="", help="panels to draw (titles' starts)")
     args = parser.parse_args(argv)
     if args.smooth < 1:
         parser.error("--smooth must be >= 1")

@@ -133,20 +133,16 @@ def main(argv=None):
     p.add_argument("-M", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--steps", type=int, default=3, help="measured steps, after the warm-up steps")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (the loop's "
-                   "self-check: its first two CUDA rollout calls; 2 keeps it out of the measure)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--rollout-batch", type=int, default=None)
     p.add_argument("--lopti", action="store_true", help="AR (alpha 0.3) + Lopti (eta 0.5) instead of one pass")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
     p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
-    p.add_argument("--generate", choices=GENERATE, default="plain",
-                   help="plain: rollout.py's generate call; loop: train.py's --fast-generate; "
+    p.add_argument("--generate", choices=GENERATE, default="plain", help="loop: --fast-generate; "
                    "hf-static: HF's static cache, compiled (a benchmark only)")
-    p.add_argument("--per-token", action="store_true",
-                   help="also the kernels (a CPU: aten ops) a decode token")
-    p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
-                   help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
+    p.add_argument("--per-token", action="store_true", help="also the kernels a decode token")
+    p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None, help="its datasheet")
     args = p.parse_args(argv)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape, device=args.device)

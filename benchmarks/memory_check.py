@@ -262,10 +262,8 @@ def parser():
     p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
     p.add_argument("--targets", action="store_true", help="print what the plan says of docs' per-card targets")
-    p.add_argument("--recipe-lines", action="store_true", help="write each recipe's memory comment line (planned; "
-                   "the line before `set -euo pipefail`)")
-    p.add_argument("--plan-only", action="store_true", help="print the plan of this setting and exit (no model: a "
-                   "Qwen2.5 shape's prompts are 32 words, tokens; gpu_check.sh --dry-run)")
+    p.add_argument("--recipe-lines", action="store_true", help="write the recipes' memory lines")
+    p.add_argument("--plan-only", action="store_true", help="print this setting's plan")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
     return p
 

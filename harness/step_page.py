@@ -59,7 +59,6 @@ def shown_alpha_eta(config):
 
 
 def estimators(method):
-    """The run's advantage method first, then GRPO and SoftmaxGRPO unless it is one of them."""
     return [method] + [name for name in ("grpo", "softmax") if name != method]
 
 
@@ -119,7 +118,6 @@ def after_update(record, model, stats, *, path=None):
 
 
 def write_page(path, text):
-    """Write the page atomically (never through a link); a failure is one RunError."""
     folder = os.path.dirname(os.path.abspath(path))
     if what_is(folder) not in (None, "a directory"):  # planted during the run: named, not "File exists"
         raise RunError(f"{folder} is {what_is(folder)}, where the step's pages go; move it away")
@@ -171,7 +169,6 @@ def esc(text):
 
 
 def number(value, digits=3):
-    """A signed number, coloured by its sign."""
     kind = "pos" if value > 0 else "neg" if value < 0 else ""
     return f'<span class="{kind}">{value:+.{digits}f}</span>'
 
@@ -337,7 +334,6 @@ def prompt_format(record):
 
 
 def page_html(record):
-    """The whole page as one string: inline CSS and SVG, no script, no link."""
     chosen = chosen_groups(record.rewards, record.pass_threshold)
     shown_rows = sum(min(record.rewards.shape[1], COMPLETIONS_SHOWN) for _ in chosen)
     per_completion = tokens_shown_per_completion(shown_rows)

@@ -169,7 +169,6 @@ def number(value, digits=2):
 
 
 def print_generate_paths(paths):
-    """Issue 80's table: each generate path's step, its targets, the decision."""
     shown = next((n for n in paths.values() if n), {})
     print(f"\ngenerate path (step.txt: {shown.get('rows', '?')} rows x {shown.get('tokens', '?')} "
           f"tokens, micro-batch {shown.get('micro_batch', '?')}, {shown.get('device', '?')})")

@@ -38,7 +38,6 @@ def normalize_key(key):
 
 
 def metrics_file(path):
-    """A run folder (its metrics.jsonl) or a metrics file."""
     return os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
 
 
@@ -174,7 +173,6 @@ def plot(panels, path, smooth=1, multiple_runs=False):
 
 
 def default_output(paths):
-    """The PNG without --output: beside one run's metrics.jsonl, else metrics.png here."""
     if len(paths) > 1:
         return os.path.abspath("metrics.png")
     return os.path.join(os.path.dirname(os.path.abspath(metrics_file(paths[0]))), "metrics.png")

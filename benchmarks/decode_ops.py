@@ -126,7 +126,6 @@ def paths(model, prompts, rows):
 
 
 def per_token(run, short, long):
-    """(ops, syncs) per decode token of run(tokens, counter): the difference of two lengths."""
     counts = []
     for tokens in (short, long):
         with OpCounter() as counter:
@@ -136,7 +135,6 @@ def per_token(run, short, long):
 
 
 def ms_per_token(run, short, long, repeats):
-    """Median seconds of run at `long` tokens minus at `short`, per token, in ms."""
     def seconds(tokens):
         times = []
         for _ in range(repeats):

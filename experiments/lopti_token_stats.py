@@ -204,7 +204,6 @@ def write_csv(path, rows):
 
 
 def plot(output_dir, fig1d, summary, seeds):
-    """Fig. 1(d) and Fig. 3 (mean over seeds, std bars) as PNGs."""
     plt = pyplot("the PNGs; the CSVs have the numbers")
     if plt is None:
         return []

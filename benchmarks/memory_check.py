@@ -224,7 +224,6 @@ def measure(args):
 
 
 def plan_only(args):
-    """The plan of one setting, no model built (a Qwen2.5 shape's prompts: 32 tokens), in GiB."""
     from transformers import Qwen2Config
 
     from benchmarks.random_model_step import SHAPES
@@ -440,7 +439,6 @@ def main(argv=None):
 
 
 def log_row(result, command):
-    """A measured row as MEMORY_CHECK_LOG keeps it: with its provenance and command."""
     from lab.reproduce import provenance
     return {**result, **provenance(), "command": " ".join(command[1:])}
 

@@ -66,7 +66,6 @@ PROBE_BYTES = 64 * 1024  # check_writable's test write: about what W&B writes as
 
 
 def check_writable(folder):
-    """Write PROBE_BYTES to a file in folder and delete it: a full disk raises its OSError now."""
     os.makedirs(folder, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix=".write-test-", dir=folder)  # a new file (O_EXCL, O_NOFOLLOW)
     try:
@@ -168,7 +167,6 @@ class WandB:
         self.error = self.error or error
 
     def raise_failed_write(self):
-        """Raise, once, the kept OSError of W&B's log file, else no_room's."""
         error = self.error or no_room(self.folder)
         if error is not None and not self.reported:
             self.reported = True

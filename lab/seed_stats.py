@@ -17,7 +17,6 @@ def pass_at_k(n, c, k):
 
 
 def pass_ks(M):
-    """k = 1, 2, 4, ... up to M samples per prompt (M itself included)."""
     ks = [2 ** i for i in range(M.bit_length()) if 2 ** i <= M]
     return ks + ([M] if ks[-1] != M else [])
 
@@ -83,7 +82,6 @@ def seeds_for_half_width(sd, target, level=0.95, most=1000):
 
 
 def mean_se(values):
-    """'mean +- SE'; a single value has no SE."""
     mean, se, _ = mean_se_interval(values)
     return f"{mean:.3f}" if se is None else f"{mean:.3f} +- {se:.3f}"
 
@@ -101,7 +99,6 @@ def paired_text(values):
 
 
 def mean_std(values):
-    """'mean +- std' with the sample std (n - 1); a single value has no std."""
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"

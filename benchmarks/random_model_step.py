@@ -45,7 +45,6 @@ SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "te
 
 
 def build(shape, seed=0, device="cpu"):
-    """A random Qwen2 of `shape`, drawn on `device`, and a word-level tokenizer of its vocab."""
     vocab = {"<pad>": 0, "<eos>": 1, " ": 2, **{f"w{i}": i + 3 for i in range(SHAPES[shape]["vocab_size"] - 3)}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

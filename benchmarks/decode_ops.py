@@ -53,7 +53,6 @@ class OpCounter(TorchDispatchMode):
 
 
 def step_counts(model, rows, cache_length, prompt=32):
-    """(nodes, attention bytes written per layer) of one bf16 decode step of `rows` rows."""
     ids = torch.randint(3, 500, (rows, prompt), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -74,7 +73,6 @@ def step_counts(model, rows, cache_length, prompt=32):
 
 
 def one_op(function, counter):
-    """function, counted as one host op by `counter` (what a graph launch costs the host)."""
     def call(*args, **kwargs):
         counter.ops, counter.paused, was = counter.ops + (not counter.paused), True, counter.paused
         result = function(*args, **kwargs)
@@ -94,7 +92,6 @@ def skinny_model(layers, seed=0, hidden=56):
 
 
 def paths(model, prompts, rows):
-    """name -> function(tokens, counter) running one call of `rows` completions of `tokens`."""
     ids = torch.randint(3, 500, (prompts, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :5] = 0  # some left padding

@@ -23,7 +23,6 @@ def read(folder, name):
 
 
 def sections(folder, name):
-    """{step name: its output lines} of a gpu_check.sh file ("=== [N s] NAME: ..." to "=== ")."""
     found, current = {}, None
     for line in read(folder, name).splitlines():
         header = re.match(r"^=== \[\d+ s\] (.+?): ", line)
@@ -38,8 +37,6 @@ def sections(folder, name):
 
 
 def verdicts(folder):
-    """[(check, verdict)]: check.txt's probe and tiny default, then step.txt's and more.txt's
-    --fast-generate lines (what each rollout ran)."""
     text, rows = read(folder, "check.txt"), []
     for line in text.splitlines():
         if line.startswith("probe:"):
@@ -64,7 +61,6 @@ def verdicts(folder):
 
 
 def generate_paths(folder):
-    """{path: the GENERATE numbers of step.txt's "generate, PATH" step, None where it failed}."""
     found = {}
     for name, lines in sections(folder, "step.txt").items():
         if name.startswith("generate, "):
@@ -75,7 +71,6 @@ def generate_paths(folder):
 
 
 def path_rows(paths):
-    """[(path, target, measured ratio or None or "refused", limit)]: issue 80's targets."""
     rows = []
     for path, numbers in paths.items():
         for what, measured, floor_s, limit in PATH_TARGETS:
@@ -87,7 +82,6 @@ def path_rows(paths):
 
 
 def faster_path(paths, candidates=("loop", "hf-static")):
-    """The CUDA default's line: the faster step of `candidates`, or why it is not decided."""
     steps = {}
     for path in candidates:
         numbers = paths.get(path)
@@ -102,7 +96,6 @@ def faster_path(paths, candidates=("loop", "hf-static")):
 
 
 def alone_runs(folder):
-    """{side: {"peak", "before_step": MiB, "seconds": [s]}} of step.txt's "step, SIDE alone"."""
     runs = {}
     for name, lines in sections(folder, "step.txt").items():
         side = re.match(r"^(?:step|memory), (\w+) alone$", name)
@@ -115,7 +108,6 @@ def alone_runs(folder):
 
 
 def step_rows(numbers):
-    """[(row, measured, floor, ratio)] of the one-pass side, then each side's s/step and the quoted ratios."""
     rows, sides = [], numbers.get("sides", {})
     for name, phase in sides.get("one_pass", {}).get("phases", {}).items():
         rows.append(("  " * phase["part"] + name, phase["measured_s"], phase["floor_s"], phase["ratio"]))
@@ -131,7 +123,6 @@ def steady(seconds):
 
 
 def target_rows(numbers):
-    """[(target, measured ratio or None, limit)]: issue 63's, from step.json and step.txt."""
     folder = numbers.get("_folder", "")
     sides, ratios = numbers.get("sides", {}), numbers.get("ratios", {})
     phases = sides.get("one_pass", {}).get("phases", {})
@@ -151,7 +142,6 @@ def target_rows(numbers):
 
 
 def memory_rows(folder):
-    """[(setting, planned GiB, measured GiB, s/step)] from memory.txt's RESULT lines and its PLAN lines (a dry run)."""
     rows = []
     for line in read(folder, "memory.txt").splitlines():
         if line.startswith("RESULT "):

@@ -160,7 +160,6 @@ def tensor_bytes(tensor):
 
 
 def reference_of(model, config):
-    """As policy.build_policy: the adapters-off view (LoRA) or a frozen copy with --kl-coef, else None."""
     if config.kl_coef <= 0:
         return None
     import copy
@@ -169,7 +168,6 @@ def reference_of(model, config):
 
 
 def step_config(args, **fields):
-    """The step's Config from the command line (--step-in-backward: nothing clips, --grad-clip 0)."""
     lean = {"step_in_backward": True, "grad_clip": 0.0} if args.step_in_backward else {}
     return Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
                   max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch,
@@ -314,8 +312,6 @@ def short_names(changes):
 
 
 def card_table(cards=(24, 48, 80)):
-    """docs/performance.md's per-card table: per recipe, the largest Qwen2.5 the plan fits on each
-    card, full and LoRA 16, with the least costly change fitting_settings finds."""
     recipes = recipe_paths()
     print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
         f"{card} GB full | {card} GB LoRA" for card in cards) + " |")

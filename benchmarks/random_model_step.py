@@ -79,8 +79,6 @@ GENERATE = ("plain", "loop", "hf-static")  # --generate's paths: gpu_check.sh ti
 
 @contextlib.contextmanager
 def generate_path(path, model):
-    """The rollout's generate call: "plain" and "loop" (the Config's fast_generate) as train.py runs
-    them; "hf-static": HF's static cache and compiled forward (CUDA graphs; a CPU: traced only)."""
     if path != "hf-static":
         yield
         return
@@ -100,7 +98,6 @@ def generate_path(path, model):
 
 
 def path_ran(model, path):
-    """`path`, or "plain" where the loop's self-check refused it or HF's static path failed."""
     if path == "loop":
         return "plain" if model.__dict__.get("_fast_generate", {}).get("off") else path
     return path if path != "hf-static" or hasattr(model, "_compiled_call") else "plain"

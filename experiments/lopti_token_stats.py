@@ -69,7 +69,6 @@ def probability_groups(old_probs, token_mask, how="quantile"):
 
 
 def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperature, micro_batch):
-    """L2 norm of grad (1/N) sum_{tokens in group q} A log pi, for q = 0..3 -> list of 4 floats."""
     input_ids, attention_mask, completion_mask = batch
     params = [p for p in model.parameters() if p.requires_grad]
     norms = []
@@ -103,7 +102,6 @@ def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temper
 
 
 def rise_rows(method, old_logprobs, new_logprobs, advantages, groups):
-    """Per group: share of A > 0 tokens with new log-prob > old, and of A < 0 tokens with new < old (nan: none)."""
     def mean_over(values, mask):
         return values[mask].float().mean().item() if mask.any() else math.nan
 
@@ -172,8 +170,6 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
 
 
 def over_seeds(fig3):
-    """Fig. 3 over seeds: per (method, group) each share's mean, sd and SE, and of the share minus
-    GRPO's on the same seed (paired); a seed whose group has no such token is left out of it."""
     def cell(method, q, key):
         return {r["seed"]: r[key] for r in fig3 if r["method"] == method and r["group"] == q
                 and not math.isnan(r[key])}
@@ -319,7 +315,6 @@ def main(argv=None):
 
 
 def print_fig3(cells):
-    """cells {(method, group): (pos_rose, neg_fell[, pos_rose_sd])} -> one line per method."""
     print("Fig. 3: share of A>0 tokens whose probability rose (A<0 tokens whose probability fell), by group")
     print("  method   | " + " | ".join(f"Q{q + 1}" for q in range(NUM_GROUPS)) + " |")
     for method in UPDATES:

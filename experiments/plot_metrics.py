@@ -68,7 +68,6 @@ def read_metrics(path):
 
 
 def extract_series(rows, aliases):
-    """First alias present in any row -> (key, steps, values); (None, [], []) when none is present."""
     available = {}
     for row in rows:
         for key in row:
@@ -97,14 +96,11 @@ def standard_errors(rows, key):
 
 
 def moving_average(values, window):
-    if window <= 1:
-        return values
-    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+    return [sum(values[max(0, i - window + 1):i + 1]) / min(i + 1, window)
             for i in range(len(values))]
 
 
 def collect(paths, extra_keys=()):
-    """-> [(panel title, [(run label, series label, is_eval, key, steps, values, <key>_se)])]."""
     runs = [(os.path.basename(os.path.dirname(os.path.abspath(metrics_file(p)))) or p, *read_metrics(p))
             for p in paths]
     panels = PANELS + [(key, [(key, (key,), (key,))]) for key in extra_keys]

@@ -20,7 +20,6 @@ SAMPLES_LOGGED = 8  # greedy completions in each eval's table
 
 
 def open_reporters(config, first_step):
-    """-> a Reporters writing from first_step (the first step this process logs: 0 fresh, k + 1 resumed)."""
     writers = []
     for name in filter(None, (config.report_to or "").split(",")):  # the loggers --report-to names, in order
         if name == "tensorboard":
@@ -78,7 +77,6 @@ def check_writable(folder):
 
 
 def prompt_text(prompt):
-    """A task's prompt as one text: a compact prompt as it is, a chat prompt's last user message."""
     if isinstance(prompt, str):
         return prompt
     return next((message["content"] for message in reversed(prompt) if message.get("role") == "user"), "")
@@ -98,7 +96,6 @@ class Reporters:
         self.each("scalars", scalars, row["step"])
 
     def samples(self, step, samples, prompts=None):
-        """samples: (completion, reward) of the held-out prompts in order; prompts: their texts (none: blank)."""
         rows = [(prompt, completion, reward) for (completion, reward), prompt
                 in zip(samples[:SAMPLES_LOGGED], [*(prompts or []), *[""] * SAMPLES_LOGGED])]
         self.each("samples", rows, step)
@@ -160,7 +157,6 @@ class WandB:
                 handler.handleError = functools.partial(self.failed_write, handler.handleError)
 
     def failed_write(self, handle_error, record):
-        """logging's handleError for W&B's log file: an OSError is kept (the first), anything else is logging's."""
         error = sys.exc_info()[1]
         if not isinstance(error, OSError):
             return handle_error(record)

@@ -54,7 +54,6 @@ class StepRecord:
 
 
 def shown_alpha_eta(config):
-    """AR's alpha and Lopti's eta the page shows: the run's, or the papers' values where the run has them off."""
     return config.alpha or SHOWN_ALPHA, config.lopti_eta or SHOWN_ETA
 
 
@@ -102,8 +101,6 @@ def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, du
 
 
 def after_update(record, model, stats, *, path=None):
-    """Finish the record after the update (ratio, tokens beyond the clip, stats), write the page
-    -> its path (default <output-dir>/inspect/step-<N>.html). None in, None out."""
     if record is None:
         return None
     new_logprobs = sampled_logprobs(model, record.rollouts, record.config)
@@ -130,8 +127,6 @@ def write_page(path, text):
 
 
 def chosen_groups(rewards, pass_threshold):
-    """[(role, group index)] for the page: the hardest group with a signal (lowest pass rate, then mean reward),
-    a mixed one (pass rate nearest 1/2), the easiest, and one without signal (all rewards equal), each once."""
     passed = (rewards >= pass_threshold).float().mean(1).tolist()
     mean = rewards.mean(1).tolist()
     signal = (rewards.amax(1) != rewards.amin(1)).tolist()
@@ -174,8 +169,6 @@ def number(value, digits=3):
 
 
 def token_span(text, p_old, weight, low, ratio, clipped):
-    """One completion token: background by p_old, a blue underline in Lopti's low pass, a black box when the clip
-    holds it; the numbers on hover."""
     shown = text if len(text) <= TOKEN_CHARS else text[:TOKEN_CHARS] + "…"
     title = f"p_old {p_old:.3f}, AR weight {weight:.3f}, Lopti {'low' if low else 'high'}, ratio {ratio:.3f}" + \
         (" (clipped)" if clipped else "")
@@ -224,7 +217,6 @@ def histogram_svg(series, bins=21, width=560, height=150):
 
 
 def budget_shares(record):
-    """Each group's share of the step's budget sum_i |A_i| len_i (Table 3's cheap budget), per estimator: [G]."""
     shares = {}
     for name, advantages in record.advantages.items():
         budget = (advantages.abs() * record.lengths).sum(1)
@@ -240,7 +232,6 @@ def learning_low_share(record):
 
 
 def step_section(record):
-    """The step's summary: settings, rewards, Lopti's pass shares, the loss's clip fractions, the histogram."""
     config, stats, mask = record.config, record.stats or {}, record.mask.bool()
     valid, low, beyond = int(mask.sum()), int(record.low.sum()), int(record.clipped.sum())
     G, M = record.rewards.shape
@@ -278,7 +269,6 @@ def legend():
 
 
 def group_section(record, role, g, shares, per_completion):
-    """One group: its prompt, its summary (k of M, ω, budget shares), then each completion's row."""
     config, M = record.config, record.rewards.shape[1]
     rewards = record.rewards[g]
     k = int((rewards >= record.pass_threshold).sum())

@@ -87,13 +87,11 @@ def mean_se(values):
 
 
 def interval_text(values):
-    """'mean ± SE [low, high]' with the 95% t-interval, 3 significant digits; a single value has neither."""
     mean, se, interval = mean_se_interval(values)
     return f"{mean:.3g}" if interval is None else f"{mean:.3g} ± {se:.2g} [{interval[0]:.3g}, {interval[1]:.3g}]"
 
 
 def paired_text(values):
-    """'mean [low, high]' with the 95% t-interval; a single value has none."""
     mean, _, interval = mean_se_interval(values)
     return f"{mean:+.3f}" if interval is None else f"{mean:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
 

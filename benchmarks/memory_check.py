@@ -273,7 +273,6 @@ def recipe_paths():
 
 
 def recipe_config(path):
-    """A recipe's args=( ... ) flags (as tests/test_recipes.py reads them), CUDA, bf16."""
     import re
     import shlex
     from harness.flags import parse_args

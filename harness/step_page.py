@@ -225,7 +225,6 @@ def budget_shares(record):
 
 
 def learning_low_share(record):
-    """The low pass's share of the learning rows' tokens (as update_policy's lopti_low_share)."""
     mask = record.mask.bool()
     active = (record.advantages[record.config.method].flatten() != 0) | (record.config.kl_coef > 0)
     return float(record.low[active].sum() / mask[active].sum().clamp_min(1))

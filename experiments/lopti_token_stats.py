@@ -1,16 +1,10 @@
 """Lopti paper (Yang et al., arXiv 2505.12929) Fig. 1(d) and Fig. 3 on rollouts of one checkpoint.
 
-Both look at the tokens that get a gradient (completion tokens of rows with A != 0) grouped by
-p_old, the sampled token's probability under the sampling policy: "quantile" (default, four
-equal-count quartiles, ties by position) or "fixed" (p_old in [0,.25) [.25,.5) [.5,.75) [.75,1]).
-
-Fig. 1(d): the logit-level gradient norm of A log pi(o), |A| * ||onehot(o) - softmax(z)|| = |A|
-sqrt(1 - 2 pi_o + sum_j pi_j^2) (Prop. 4.2: between sqrt(N/(N-1)) (1-pi_o) and sqrt(2) (1-pi_o)),
-per group; --param-grad adds the parameter-gradient norm of each group's part of (1/N) sum_t A_t log
-pi_t. Fig. 3: from the SAME rollouts and weights, one train.update_batch each for GRPO, AR (alpha
-0.3), Lopti (eta 0.5) and AR+Lopti (fresh AdamW, or --optimizer sgd for a plain gradient step; give
-it a larger --lr), then per group the share of A > 0 tokens whose probability rose and of A < 0
-tokens whose probability fell.
+The tokens with a gradient (rows with A != 0), grouped by p_old (--groups: quartiles or fixed
+ranges). Fig. 1(d): per group the logit-level gradient norm |A| * ||onehot(o) - softmax(z)||
+(--param-grad: also the parameter-gradient norm). Fig. 3: from the same rollouts and weights, one
+update each for GRPO, AR, Lopti and AR+Lopti, then per group the share of A > 0 tokens whose
+probability rose and of A < 0 tokens whose probability fell.
 
     python -m experiments.lopti_token_stats --checkpoint runs/default/latest                  # tiny, CPU, ~1 min
     python -m experiments.lopti_token_stats --task countdown --task-option num_count=3 --seeds 0,1,2,3,4 \\
@@ -40,11 +34,9 @@ UPDATES = {"grpo": dict(alpha=0.0, eta=0.0), "ar": dict(alpha=0.3, eta=0.0),  # 
 NUM_GROUPS = 4
 
 
-# Token statistics: p_old, ||onehot - softmax||, quartile groups
 @torch.no_grad()
 def logit_gradient_norms(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, micro_batch=64):
-    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)||_2 = sqrt(1 - 2 pi_o + sum pi_j^2)
-    for every completion token (full-vocabulary softmax, [micro_batch, T, V] floats at a time)."""
+    """norms [B, T] = ||onehot(o_t) - softmax(z_t / temperature)|| of every completion token."""
     width = completion_mask.shape[1]
     norm_chunks = []
     for start in range(0, input_ids.shape[0], micro_batch):
@@ -77,7 +69,6 @@ def probability_groups(old_probs, token_mask, how="quantile"):
 
 
 def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperature, micro_batch):
-    """L2 norm of grad (1/N) sum_{tokens in group q} A log pi, for q = 0..3 -> list of 4 floats."""
     input_ids, attention_mask, completion_mask = batch
     params = [p for p in model.parameters() if p.requires_grad]
     norms = []
@@ -98,12 +89,9 @@ def param_grad_norms(model, batch, advantages, groups, *, total_tokens, temperat
     return norms
 
 
-# Fig. 3: one update as train.py does it, then which probabilities rose
 def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temperature=1.0, clip_low=0.2,
                clip_high=0.28, weight_decay=0.01, grad_clip=1.0, micro_batch=64, optimizer="adamw"):
-    """train.py's update (train.update_batch: one PPO epoch, no KL, fp32) on `model` in place;
-    pi_old = old_logprobs [B, T]; batch = (input_ids [B, P+T], attention_mask, completion_mask
-    [B, T]); advantages [B]; optimizer "adamw" (train.py's) or "sgd" (a plain gradient step)."""
+    """train.update_batch (one PPO epoch, no KL, fp32) on `model` in place, pi_old = old_logprobs"""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
     config = Config(alpha=alpha, lopti_eta=eta, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
@@ -114,7 +102,6 @@ def one_update(model, batch, advantages, old_logprobs, *, alpha, eta, lr, temper
 
 
 def rise_rows(method, old_logprobs, new_logprobs, advantages, groups):
-    """Per group: share of A > 0 tokens with new log-prob > old, and of A < 0 tokens with new < old (nan: none)."""
     def mean_over(values, mask):
         return values[mask].float().mean().item() if mask.any() else math.nan
 
@@ -131,8 +118,7 @@ def rise_rows(method, old_logprobs, new_logprobs, advantages, groups):
 
 
 def sampled_batch(model, tokenizer, style, task, args, *, seed, max_new_tokens):
-    """One seed's batch: args.num_prompts held-out prompts x args.M samples -> ((input_ids, attention_mask,
-    completion_mask) on the model's device, the sequence advantages [rows])."""
+    """One seed's held-out prompts x M samples -> ((ids, attention, completion mask), advantages)"""
     device = next(model.parameters()).device
     torch.manual_seed(seed)
     examples = task.examples("test", args.num_prompts, seed=seed)
@@ -145,8 +131,7 @@ def sampled_batch(model, tokenizer, style, task, args, *, seed, max_new_tokens):
 
 
 def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, clip_high):
-    """One seed's rollouts from `model` -> (fig1d rows, fig3 rows, tokens with A != 0); None when every group has
-    equal rewards (nothing to measure)."""
+    """One seed -> (fig1d rows, fig3 rows, tokens with A != 0); None when every advantage is 0."""
     batch, advantages = sampled_batch(model, tokenizer, style, task, args, seed=seed, max_new_tokens=max_new_tokens)
     with torch.no_grad():  # p_old, computed exactly as the post-update log-probs below (same code, same batches)
         old_logprobs = token_logprobs(model, *batch, temperature=args.temperature, micro_batch=args.micro_batch)
@@ -156,8 +141,6 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
         return None
     old_probs = old_logprobs.exp()
     groups = probability_groups(old_probs.cpu(), token_mask.cpu(), args.groups).to(advantages.device)
-
-    # --- Fig. 1(d) -------------------------------------------------------------------------------------------
     weighted = advantages.abs()[:, None] * norms
     total = weighted[token_mask].sum().item()
     grad_norms = [None] * NUM_GROUPS
@@ -174,8 +157,6 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
                       "mean_norm": norms[in_group].mean().item(), "mean_adv_x_norm": weighted[in_group].mean().item(),
                       "share_of_sum": weighted[in_group].sum().item() / total,
                       "param_grad_norm": "" if grad_norms[q] is None else grad_norms[q]})
-
-    # --- Fig. 3 ---------------------------------------------------------------------------------------------
     fig3 = []
     for method, setting in UPDATES.items():
         updated = one_update(copy.deepcopy(model), batch, advantages, old_logprobs, lr=lr, temperature=args.temperature,
@@ -189,9 +170,6 @@ def measure(model, tokenizer, style, task, args, *, seed, lr, max_new_tokens, cl
 
 
 def over_seeds(fig3):
-    """Fig. 3 averaged over seeds: per (method, group) the mean, sample std and standard error of each share, and of
-    the share minus GRPO's on the same seed (the same rollouts and groups: a paired difference). A seed whose group
-    has no such token is left out of that cell."""
     def cell(method, q, key):
         return {r["seed"]: r[key] for r in fig3 if r["method"] == method and r["group"] == q
                 and not math.isnan(r[key])}
@@ -214,7 +192,6 @@ def over_seeds(fig3):
     return rows
 
 
-# Output
 def write_csv(path, rows):
     with output_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -223,8 +200,6 @@ def write_csv(path, rows):
 
 
 def plot(output_dir, fig1d, summary, seeds):
-    """Fig. 1(d) (mean over seeds per group) and Fig. 3 (mean share per method and group, with the sample std over
-    seeds as error bars when there are several)."""
     plt = pyplot("the PNGs; the CSVs have the numbers")
     if plt is None:
         return []
@@ -269,8 +244,7 @@ def plot(output_dir, fig1d, summary, seeds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Lopti Fig. 1(d) (gradient norm by p_old) and Fig. 3 (which "
-                                                 "probabilities rose after one update).")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_checkpoint_arguments(parser)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("-M", "--num-generations", dest="M", type=int, default=8)
@@ -279,16 +253,14 @@ def main(argv=None):
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: train.py's (tiny or not)")
     parser.add_argument("--lr", type=float, default=None, help="default: train.py's (3e-4 tiny, 1e-6 otherwise)")
-    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"), help="Fig. 3's update (train.py: "
-                        "adamw; sgd shows the raw gradient's effect, give it a larger --lr)")
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     parser.add_argument("--clip-high", type=float, default=None, help="default: train.py's")
     parser.add_argument("--groups", default="quantile", choices=("quantile", "fixed"))
     parser.add_argument("--param-grad", action="store_true", help="Fig. 1(d): parameter-gradient norm per group")
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: --seed): one measurement each "
-                        "(its prompts and samples; a {seed} in --checkpoint picks that seed's checkpoint), then Fig. "
-                        "3 averaged over them")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: --seed), "
+                        "Fig. 3 over them; a {seed} in --checkpoint picks each seed's checkpoint")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default="runs/lopti_stats")
     args = parser.parse_args(argv)
@@ -343,7 +315,6 @@ def main(argv=None):
 
 
 def print_fig3(cells):
-    """cells {(method, group): (pos_rose, neg_fell[, pos_rose_sd])} -> one line per method."""
     print("Fig. 3: share of A>0 tokens whose probability rose (A<0 tokens whose probability fell), by group")
     print("  method   | " + " | ".join(f"Q{q + 1}" for q in range(NUM_GROUPS)) + " |")
     for method in UPDATES:

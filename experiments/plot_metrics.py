@@ -1,19 +1,11 @@
 """Plot a train.py metrics.jsonl: reward, pass rate, clip fractions, KL, entropy, length vs step.
 
-The SoftmaxGRPO review asks how active clipping and the KL penalty are during training; this answers
-it for any run. Rows with "eval": true are held-out evaluations, drawn as markers with their
-standard errors. The keys each panel looks for are PANELS' (first match wins; case, '-' vs '_' and a
-'train/' or 'eval/' prefix ignored); a panel with nothing to show says so; `--extra a,b` adds panels
-for other keys (e.g. zero_var_share, grad_norm). Several files overlay runs (one colour per file,
-labelled by its folder); a run folder stands for its metrics.jsonl, and a run still going can be
-drawn (its half-written last line is left out).
+Eval rows are markers with their standard errors; each panel's keys are PANELS' (first match wins;
+case, '-' vs '_' and a 'train/' or 'eval/' prefix ignored). Several runs overlay; a run still going
+is drawn (its half-written last line left out). Prints a summary of every series. docs/runs.md.
 
-Run:  python -m experiments.plot_metrics runs/default [other-run-folder or metrics.jsonl ...] [--output PNG]
-      [--panels reward,pass,length] [--smooth 5]
-Prints a first/last/min/max summary of every series; writes the PNG (with matplotlib): --output,
-else beside one run's metrics.jsonl, or for several runs metrics.png in the current folder.
+Run:  python -m experiments.plot_metrics runs/default [other runs ...] [--output PNG] [--smooth 5]
 """
-
 import argparse
 import json
 import math
@@ -46,13 +38,12 @@ def normalize_key(key):
 
 
 def metrics_file(path):
-    """A run folder (its metrics.jsonl) or a metrics file."""
     return os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
 
 
 def read_metrics(path):
-    """metrics.jsonl (or a run folder) -> (train_rows, eval_rows), lists of dicts; bad lines raise ValueError
-    naming file:line, except a last line without its newline: a run still going is writing it, so it is left out."""
+    """metrics.jsonl (or a run folder) -> (train_rows, eval_rows); a bad line raises ValueError
+    naming file:line, but for a last line without its newline (being written): left out."""
     path = metrics_file(path)
     if not os.path.isfile(path):
         kind = what_is(os.path.realpath(path))
@@ -77,7 +68,6 @@ def read_metrics(path):
 
 
 def extract_series(rows, aliases):
-    """First alias present in any row -> (key, steps, values); (None, [], []) when none is present."""
     available = {}
     for row in rows:
         for key in row:
@@ -106,15 +96,11 @@ def standard_errors(rows, key):
 
 
 def moving_average(values, window):
-    if window <= 1:
-        return values
-    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+    return [sum(values[max(0, i - window + 1):i + 1]) / min(i + 1, window)
             for i in range(len(values))]
 
 
 def collect(paths, extra_keys=()):
-    """-> list of (panel title, list of (run label, series label, is_eval, key, steps, values, errors)); errors: the
-    eval rows' <key>_se (train.py's held-out standard errors), None when absent."""
     runs = [(os.path.basename(os.path.dirname(os.path.abspath(metrics_file(p)))) or p, *read_metrics(p))
             for p in paths]
     panels = PANELS + [(key, [(key, (key,), (key,))]) for key in extra_keys]
@@ -183,8 +169,6 @@ def plot(panels, path, smooth=1, multiple_runs=False):
 
 
 def default_output(paths):
-    """Where the PNG goes without --output: beside the one run's metrics.jsonl, or for several runs the current
-    folder's metrics.png."""
     if len(paths) > 1:
         return os.path.abspath("metrics.png")
     return os.path.join(os.path.dirname(os.path.abspath(metrics_file(paths[0]))), "metrics.png")
@@ -192,14 +176,11 @@ def default_output(paths):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Plot train.py metrics.jsonl files (reward, pass rate, clip, KL, ...).")
-    parser.add_argument("metrics", nargs="+", help="one or more run folders or metrics.jsonl files, finished or "
-                        "still running (several = overlay)")
-    parser.add_argument("--output", default=None, help="PNG path (default: one run: metrics.png in its folder; "
-                        "several: metrics.png in the current folder)")
+    parser.add_argument("metrics", nargs="+", help="run folders or metrics.jsonl files")
+    parser.add_argument("--output", default=None, help="PNG path (default: docstring)")
     parser.add_argument("--extra", default="", help="comma list of further keys to plot, e.g. zero_var_share,grad_norm")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window for training rows")
-    parser.add_argument("--panels", default="", help="comma list of the panels to draw, by the start of their "
-                        "title (e.g. reward,pass,length); default: all")
+    parser.add_argument("--panels", default="", help="panels to draw (titles' starts)")
     args = parser.parse_args(argv)
     if args.smooth < 1:
         parser.error("--smooth must be >= 1")

@@ -1,8 +1,7 @@
 """--report-to tensorboard,wandb: the run's metrics as the loggers people already use show them.
 
-metrics.jsonl stays the source of truth; each row goes here too (`train/<key>`, `eval/<key>`), with
-the held-out greedy samples at each eval (`eval/samples`). A resume continues both (tensorboard's
-purge_step, run.json's wandb_run_id). Details: docs/runs.md.
+metrics.jsonl stays the source of truth; each row goes here too, with the held-out greedy samples at
+each eval. Details: docs/runs.md.
 """
 import errno
 import functools
@@ -21,7 +20,6 @@ SAMPLES_LOGGED = 8  # greedy completions in each eval's table
 
 
 def open_reporters(config, first_step):
-    """-> a Reporters writing from first_step (the first step this process logs: 0 fresh, k + 1 resumed)."""
     writers = []
     for name in filter(None, (config.report_to or "").split(",")):  # the loggers --report-to names, in order
         if name == "tensorboard":
@@ -56,8 +54,7 @@ def open_reporters(config, first_step):
 
 
 def no_room(folder):
-    """An OSError (ENOSPC or EROFS) when statvfs says folder's filesystem is read-only or has no free block left (one
-    that reports no size, f_blocks 0, is never taken as full), else None."""
+    """An OSError (EROFS, ENOSPC) if folder's filesystem is read-only or full (f_blocks 0: never)"""
     stats = os.statvfs(folder)
     code = errno.EROFS if stats.f_flag & os.ST_RDONLY else errno.ENOSPC if stats.f_blocks and not stats.f_bavail \
         else None
@@ -68,8 +65,6 @@ PROBE_BYTES = 64 * 1024  # check_writable's test write: about what W&B writes as
 
 
 def check_writable(folder):
-    """Make folder if missing, then write PROBE_BYTES to a file there and delete it: a full disk, a read-only folder or
-    a file in its place raises its OSError now, before the run's folder changes."""
     os.makedirs(folder, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix=".write-test-", dir=folder)  # a new file (O_EXCL, O_NOFOLLOW)
     try:
@@ -82,17 +77,14 @@ def check_writable(folder):
 
 
 def prompt_text(prompt):
-    """A task's prompt as one text for the samples tables: a compact prompt as it is, a chat prompt's last user
-    message."""
     if isinstance(prompt, str):
         return prompt
     return next((message["content"] for message in reversed(prompt) if message.get("role") == "user"), "")
 
 
 class Reporters:
-    """Fan-out of metrics rows and eval samples to the open loggers. A logger that cannot write its folder (a full
-    disk) stops the run in one line, a RunError, like metrics.jsonl's own writes; closing never raises (every row
-    is in metrics.jsonl): a failure there is a note."""
+    """Fan-out of rows and eval samples to the loggers. A failed write stops the run in one line (a
+    RunError); closing never raises (every row is in metrics.jsonl): a failure there is a note."""
 
     def __init__(self, writers):
         self.writers = writers
@@ -104,7 +96,6 @@ class Reporters:
         self.each("scalars", scalars, row["step"])
 
     def samples(self, step, samples, prompts=None):
-        """samples: (completion, reward) of the held-out prompts in order; prompts: their texts (none: blank)."""
         rows = [(prompt, completion, reward) for (completion, reward), prompt
                 in zip(samples[:SAMPLES_LOGGED], [*(prompts or []), *[""] * SAMPLES_LOGGED])]
         self.each("samples", rows, step)
@@ -127,8 +118,7 @@ class Reporters:
 
 
 def quiet_writer_thread(args, previous=threading.excepthook):
-    """threading.excepthook without the traceback of TensorBoard's writer thread failing to write (a full disk): its
-    writer raises that error again in the main thread, where Reporters makes it one line."""
+    """threading.excepthook, quiet on TensorBoard's writer thread's OSError (raised again later)."""
     if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
         return
     previous(args)
@@ -155,10 +145,8 @@ class TensorBoard:
 
 
 class WandB:
-    """A W&B run in folder. A write there that fails stops the run in one line (Reporters), however
-    W&B meets it: its tables raise here, its debug.log handler's first error is kept (failed_write)
-    and raised after the row, and wandb-core's silence is checked as a disk with no room
-    (no_room)."""
+    """A W&B run in folder. A failed write there stops the run (Reporters), however W&B meets it:
+    its log handler's first error is kept (failed_write) and raised after a row, else no_room's."""
 
     def __init__(self, wandb, run, folder):
         self.wandb, self.run, self.folder = wandb, run, folder
@@ -169,14 +157,12 @@ class WandB:
                 handler.handleError = functools.partial(self.failed_write, handler.handleError)
 
     def failed_write(self, handle_error, record):
-        """logging's handleError for W&B's log file: an OSError is kept (the first), anything else is logging's."""
         error = sys.exc_info()[1]
         if not isinstance(error, OSError):
             return handle_error(record)
         self.error = self.error or error
 
     def raise_failed_write(self):
-        """Raise, once, the kept OSError of W&B's log file, else no_room's."""
         error = self.error or no_room(self.folder)
         if error is not None and not self.reported:
             self.reported = True

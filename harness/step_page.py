@@ -1,10 +1,8 @@
 """One RL step, seen: a self-contained HTML page of what the step did to a handful of its groups (--inspect-every;
 the command: experiments/inspect_step.py).
 
-What it shows: docs/runs.md, "See one step". Every number comes from the lesson's functions
-(softmax_grpo, lopti, ppo.clip_masks, update_policy's stats): a view, not a second implementation.
-No script, no link: it opens offline, a few hundred KB at most (TOKENS_SHOWN; longer completions are
-cut, visibly).
+What it shows: docs/runs.md, "See one step". Every number comes from the lesson's functions: a
+view, not a second implementation. No script, no link: it opens offline (TOKENS_SHOWN bounds it).
 """
 import dataclasses
 import html
@@ -29,13 +27,9 @@ PROMPT_CHARS = 400                 # characters shown of a prompt
 NAMES = {"softmax": "SoftmaxGRPO", "grpo": "GRPO"}
 
 
-# The step's numbers, from the lesson's functions
 @dataclasses.dataclass
 class StepRecord:
-    """What the page shows of one step. Tensors on the CPU: rewards, lengths [G, M]; advantages: estimator name ->
-    [G, M]; old_logprobs, token_advantages, ar_weight [B, T] float; low [B, T] bool; completion_ids, mask [B, T];
-    filled after the update: ratio [B, T], clipped [B, T] bool, stats (update_policy's). Token texts are decoded
-    when the page is drawn, for the tokens it shows only."""
+    """What the page shows of one step (on the CPU); ratio, clipped, stats: after the update."""
     config: object
     step: int
     pass_threshold: float
@@ -60,12 +54,10 @@ class StepRecord:
 
 
 def shown_alpha_eta(config):
-    """AR's alpha and Lopti's eta the page shows: the run's, or the papers' values where the run has them off."""
     return config.alpha or SHOWN_ALPHA, config.lopti_eta or SHOWN_ETA
 
 
 def estimators(method):
-    """The run's advantage method first, then GRPO and SoftmaxGRPO unless it is one of them."""
     return [method] + [name for name in ("grpo", "softmax") if name != method]
 
 
@@ -80,8 +72,7 @@ def sampled_logprobs(model, rollouts, config):
 
 
 def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, due=None, source=""):
-    """The step's record before its update (p_old is the weights before it), or None when --inspect-every does not
-    ask for this step (`due` overrides). rollouts, rewards: collect_rollouts'."""
+    """The step's record before its update; None when --inspect-every skips it (`due` overrides)."""
     if not (due if due is not None else config.inspect_every and step % config.inspect_every == 0):
         return None
     M = config.num_generations
@@ -110,9 +101,6 @@ def before_update(config, step, model, tokenizer, task, rollouts, rewards, *, du
 
 
 def after_update(record, model, stats, *, path=None):
-    """Finish the record with the weights after the update (ratio = pi_after / pi_old, the tokens beyond the clip)
-    and update_policy's stats, then write the page -> its path (default <output-dir>/inspect/step-<N>.html).
-    None in, None out (a step --inspect-every skips)."""
     if record is None:
         return None
     new_logprobs = sampled_logprobs(model, record.rollouts, record.config)
@@ -127,8 +115,6 @@ def after_update(record, model, stats, *, path=None):
 
 
 def write_page(path, text):
-    """Write the page atomically (replaced_file: never through a link, a hard link or a FIFO; a link at path is
-    replaced, not followed); a failure is one RunError."""
     folder = os.path.dirname(os.path.abspath(path))
     if what_is(folder) not in (None, "a directory"):  # planted during the run: named, not "File exists"
         raise RunError(f"{folder} is {what_is(folder)}, where the step's pages go; move it away")
@@ -140,10 +126,7 @@ def write_page(path, text):
         raise RunError(write_failed(f"the step's page {path}", error, otherwise="", elsewhere="")) from None
 
 
-# Which groups
 def chosen_groups(rewards, pass_threshold):
-    """[(role, group index)] for the page: the hardest group with a signal (lowest pass rate, then mean reward),
-    a mixed one (pass rate nearest 1/2), the easiest, and one without signal (all rewards equal), each once."""
     passed = (rewards >= pass_threshold).float().mean(1).tolist()
     mean = rewards.mean(1).tolist()
     signal = (rewards.amax(1) != rewards.amin(1)).tolist()
@@ -153,14 +136,12 @@ def chosen_groups(rewards, pass_threshold):
              ("mixed", min(with_signal, key=lambda g: (abs(passed[g] - 0.5), -mean[g]))),
              ("easiest", max(groups, key=lambda g: (passed[g], mean[g])))]
     picks += [("no signal", g) for g in groups if not signal[g]][:1]
-    chosen = []
+    first = {}
     for role, g in picks:
-        if g not in [c for _, c in chosen]:
-            chosen.append((role, g))
-    return chosen[:GROUPS_SHOWN]
+        first.setdefault(g, role)  # each group once
+    return [(role, g) for g, role in first.items()][:GROUPS_SHOWN]
 
 
-# The page
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:18px 28px;color:#1d1d1f;max-width:1340px}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 4px}
@@ -183,14 +164,11 @@ def esc(text):
 
 
 def number(value, digits=3):
-    """A signed number, coloured by its sign."""
     kind = "pos" if value > 0 else "neg" if value < 0 else ""
     return f'<span class="{kind}">{value:+.{digits}f}</span>'
 
 
 def token_span(text, p_old, weight, low, ratio, clipped):
-    """One completion token: background by p_old, a blue underline in Lopti's low pass, a black box when the clip
-    holds it; the numbers on hover."""
     shown = text if len(text) <= TOKEN_CHARS else text[:TOKEN_CHARS] + "…"
     title = f"p_old {p_old:.3f}, AR weight {weight:.3f}, Lopti {'low' if low else 'high'}, ratio {ratio:.3f}" + \
         (" (clipped)" if clipped else "")
@@ -239,7 +217,6 @@ def histogram_svg(series, bins=21, width=560, height=150):
 
 
 def budget_shares(record):
-    """Each group's share of the step's budget sum_i |A_i| len_i (Table 3's cheap budget), per estimator: [G]."""
     shares = {}
     for name, advantages in record.advantages.items():
         budget = (advantages.abs() * record.lengths).sum(1)
@@ -248,19 +225,14 @@ def budget_shares(record):
 
 
 def learning_low_share(record):
-    """The low pass's share of the tokens of the rows that can learn: rows with a non-zero advantage of the run's
-    method, or every row under the KL term (train.update_policy's lopti_low_share counts these)."""
     mask = record.mask.bool()
     active = (record.advantages[record.config.method].flatten() != 0) | (record.config.kl_coef > 0)
     return float(record.low[active].sum() / mask[active].sum().clamp_min(1))
 
 
 def step_section(record):
-    """The step's summary: settings, rewards, Lopti's pass shares, the loss's clip fractions, the histogram."""
     config, stats, mask = record.config, record.stats or {}, record.mask.bool()
-    valid = int(mask.sum())
-    low = int(record.low.sum())
-    beyond = int(record.clipped.sum())
+    valid, low, beyond = int(mask.sum()), int(record.low.sum()), int(record.clipped.sum())
     G, M = record.rewards.shape
     passing = float((record.rewards >= record.pass_threshold).float().mean())
     ar = f"AR α = {config.alpha:g}" if config.alpha else f"AR off (weights shown at α = {SHOWN_ALPHA:g})"
@@ -296,7 +268,6 @@ def legend():
 
 
 def group_section(record, role, g, shares, per_completion):
-    """One group: its prompt, its summary (k of M, ω, budget shares), then each completion's row."""
     config, M = record.config, record.rewards.shape[1]
     rewards = record.rewards[g]
     k = int((rewards >= record.pass_threshold).sum())
@@ -339,8 +310,7 @@ def group_section(record, role, g, shares, per_completion):
 
 
 def prompt_format(record):
-    """One line on the compact prompt format, once a page, when the run uses it: the task's own words for it (its
-    compact_wording), else one of the step's prompts as the example."""
+    """The compact prompt format, if the run uses it: the task's compact_wording or an example."""
     if record.config.style != "compact":
         return ""
     example = record.prompts[0] if record.prompts else ""
@@ -353,7 +323,6 @@ def prompt_format(record):
 
 
 def page_html(record):
-    """The whole page as one string: inline CSS and SVG, no script, no link."""
     chosen = chosen_groups(record.rewards, record.pass_threshold)
     shown_rows = sum(min(record.rewards.shape[1], COMPLETIONS_SHOWN) for _ in chosen)
     per_completion = tokens_shown_per_completion(shown_rows)

@@ -8,10 +8,7 @@ from experiments import mean_sd_se
 
 
 def pass_at_k(n, c, k):
-    """The unbiased pass@k estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
-    HumanEval): with n samples of a prompt of which c pass, the chance that k of them drawn without replacement
-    include a pass, 1 - C(n-c, k) / C(n, k) (1 when fewer than k fail). Averaged over prompts it is an unbiased
-    estimate of the expected pass@k; pass@1 = c / n."""
+    """The unbiased pass@k (Chen et al. 2021): of n samples c pass, 1 - C(n-c, k) / C(n, k)."""
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
     if n - c < k:
@@ -20,14 +17,12 @@ def pass_at_k(n, c, k):
 
 
 def pass_ks(M):
-    """k = 1, 2, 4, ... up to M samples per prompt (M itself included)."""
     ks = [2 ** i for i in range(M.bit_length()) if 2 ** i <= M]
     return ks + ([M] if ks[-1] != M else [])
 
 
 def t_cdf(t, df, n=2000):
-    """P(T <= t) for Student's t with df degrees of freedom: 1/2 + int_0^t f, the t density f integrated by
-    Simpson's rule on n (even) panels. No scipy."""
+    """P(T <= t) for Student's t with df degrees of freedom, by Simpson's rule on n panels."""
     log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
     f = [math.exp(log_c - (df + 1) / 2 * math.log1p((t * i / n) ** 2 / df)) for i in range(n + 1)]
     return 0.5 + t / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
@@ -35,8 +30,7 @@ def t_cdf(t, df, n=2000):
 
 @functools.lru_cache(maxsize=None)  # ~0.5 s of pure-Python bisection per call; the scripts ask for a few (q, df)
 def t_quantile(q, df):
-    """The q-quantile of Student's t with df degrees of freedom (q in (0.5, 1)), by bisection on t_cdf.
-    t_quantile(0.975, 4) = 2.776."""
+    """The q-quantile (q in (0.5, 1)) of Student's t with df degrees of freedom, by bisection."""
     if not 0.5 < q < 1 or df < 1:
         raise ValueError(f"t_quantile needs 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
     low, high = 0.0, 1.0
@@ -49,8 +43,7 @@ def t_quantile(q, df):
 
 
 def paired_p(differences):
-    """The two-sided p of a paired t-test that the mean difference is 0: 2 (1 - t_cdf(|mean| / SE, n - 1)).
-    Needs n >= 2 and differences that are not all equal."""
+    """The two-sided p of a paired t-test that the mean difference is 0."""
     mean, _, se = mean_sd_se(differences)
     if not se:
         raise ValueError(f"paired_p needs >= 2 differences that are not all equal, got {differences}")
@@ -58,8 +51,7 @@ def paired_p(differences):
 
 
 def holm(p_values, level=0.05):
-    """Holm's step-down over a family of tests (a list of p): which survive at family-wise error `level`. The
-    k-th smallest p (k = 0, 1, ...) must be below level / (m - k), and every smaller one must have survived."""
+    """Holm's step-down over a list of p: which survive at family-wise error `level`."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
     survives = [False] * len(p_values)
     for k, i in enumerate(order):
@@ -70,8 +62,7 @@ def holm(p_values, level=0.05):
 
 
 def mean_se_interval(values, level=0.95):
-    """(mean, standard error = sample std / sqrt(n), (low, high) two-sided t-interval with n - 1 df); a single
-    value has no SE or interval (None)."""
+    """(mean, SE, (low, high) two-sided t-interval); a single value has no SE or interval (None)."""
     mean, _, se = mean_sd_se(values)
     if se is None:
         return mean, None, None
@@ -80,9 +71,8 @@ def mean_se_interval(values, level=0.95):
 
 
 def seeds_for_half_width(sd, target, level=0.95, most=1000):
-    """The power calculation of a paired comparison: the fewest seeds n (>= 2) whose two-sided t-interval of the mean
-    paired difference has half-width t_{(1+level)/2, n-1} * sd / sqrt(n) <= target, for a seed-to-seed standard
-    deviation sd of the differences (measured on the seeds so far). None if more than `most` would be needed."""
+    """The fewest seeds n (>= 2) whose paired t-interval has half-width <= target at a seed-to-seed
+    sd of the differences; None if more than `most`."""
     if sd < 0 or target <= 0:
         raise ValueError(f"seeds_for_half_width needs sd >= 0 and target > 0, got sd={sd}, target={target}")
     for n in range(2, most + 1):
@@ -92,25 +82,21 @@ def seeds_for_half_width(sd, target, level=0.95, most=1000):
 
 
 def mean_se(values):
-    """'mean +- SE'; a single value has no SE."""
     mean, se, _ = mean_se_interval(values)
     return f"{mean:.3f}" if se is None else f"{mean:.3f} +- {se:.3f}"
 
 
 def interval_text(values):
-    """'mean ± SE [low, high]' with the 95% t-interval, 3 significant digits; a single value has neither."""
     mean, se, interval = mean_se_interval(values)
     return f"{mean:.3g}" if interval is None else f"{mean:.3g} ± {se:.2g} [{interval[0]:.3g}, {interval[1]:.3g}]"
 
 
 def paired_text(values):
-    """'mean [low, high]' with the 95% t-interval; a single value has none."""
     mean, _, interval = mean_se_interval(values)
     return f"{mean:+.3f}" if interval is None else f"{mean:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
 
 
 def mean_std(values):
-    """'mean +- std' with the sample std (n - 1); a single value has no std."""
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"

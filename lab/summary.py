@@ -11,9 +11,8 @@ from lab.reproduce import CELLS, none_shipped, preset_cells, shipped_values
 
 
 def summary(preset, machine=None, metrics=None, figure=None):
-    """Print a compare preset's shipped cells from one CPU (default this machine's): per config, each pass metric's
-    mean +- SE over seeds, then each config minus the preset's first config, paired by seed with its 95%
-    t-interval over seeds and "none resolved" where it holds 0. -> {config: {seed: {metric: value}}}."""
+    """Print a preset's shipped cells of one CPU (see the module's docstring).
+    -> {config: {seed: {metric: value}}}."""
     from lab.seed_stats import mean_se, mean_se_interval, paired_text
     runs, names = {}, preset_cells(preset)
     for name in names:
@@ -47,10 +46,8 @@ def summary(preset, machine=None, metrics=None, figure=None):
 
 
 def fig3_summary(by_seed, figure=None):
-    """Lopti's Fig. 3 over seeds from the grpo cells' fig3_<method>_Q<q>_pos_rose_share metrics (each seed's final
-    GRPO policy, one update per method from the same weights and rollouts): per method and quartile the mean ± SD
-    over seeds of the share of A > 0 tokens whose probability rose, and minus GRPO's on the same seed (mean ± SE);
-    with `figure`, a bar chart of the means (SD bars). -> {method: [[per-seed shares] for Q1..Q4]}."""
+    """Lopti's Fig. 3 over seeds from the grpo cells' fig3_<method>_Q<q>_pos_rose_share metrics;
+    with `figure`, a bar chart. -> {method: [[per-seed shares] for Q1..Q4]}."""
     from experiments import mean_sd_se
     from lab.seed_stats import mean_se_interval
     methods = list(dict.fromkeys(key.split("_")[1] for values in by_seed.values() for key in values

@@ -268,7 +268,7 @@ def completion_hidden_states(model, input_ids, attention_mask, T):
         cache = getattr(decoder(input_ids=prompts[:, :P - 1], attention_mask=prompt_mask[:, :-1],
                                 position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0)[:, :-1],
                                 use_cache=True), name)
-    if cache is None or any(getattr(cache, "is_linear", ())):  # no plain KV cache: the plain forward
+    if cache is None or any(getattr(cache, "is_linear", ())):  # no plain KV cache: the plain one
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
                          position_ids=position_ids).last_hidden_state[:, -T - 1:-1]
     else:  # columns P-1 .. P+T-2 of every row on its prompt's keys and values (columns 0 .. P-2)

@@ -74,7 +74,8 @@ def group_advantages(rewards, method, *, tau=0.1, eps=1e-6, lengths=None):
 
 def _check_rewards(rewards, method, tau, lengths):
     """(R, tokens) for group_advantages, or ValueError at the first bad input."""
-    R = torch.as_tensor(rewards).detach().to(torch.float64 if method == "softmax" else torch.float32)
+    R = torch.as_tensor(rewards).detach()
+    R = R.to(torch.float64 if method == "softmax" else torch.float32)
     tokens = None if method != "reinforce_pp" else (
         torch.ones_like(R) if lengths is None else torch.as_tensor(lengths, dtype=torch.float32))
     if method not in METHODS:

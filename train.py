@@ -22,19 +22,19 @@ runs on harness/. A production trainer's extras: docs/scale-out.md.
 import contextlib
 import sys
 
-from harness import flags  # the command line, read first: --help and a bad flag answer before torch loads
+from harness import flags  # the command line first: --help and a bad flag answer before torch loads
 if __name__ == "__main__":
     command_line = flags.load(sys.argv[1:])  # a Config (+ a resumed run's saved settings)
 
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import torch
+from tqdm import tqdm
 
-from harness import console, files, metrics, policy, prompts, run, settle, stops  # noqa: E402
-from harness.config import Config, InputError  # noqa: E402
-from lopti import lopti_passes, reweight_advantages  # noqa: E402
-from ppo import merge_stats, policy_loss, rows_with_gradient, token_weights  # noqa: E402
-from rollout import evaluate, generate_rollouts, precision, render_prompts, token_logprobs  # noqa: E402
-from softmax_grpo import group_advantages  # noqa: E402
+from harness import console, files, metrics, policy, prompts, run, settle, stops
+from harness.config import Config, InputError
+from lopti import lopti_passes, reweight_advantages
+from ppo import merge_stats, policy_loss, rows_with_gradient, token_weights
+from rollout import evaluate, generate_rollouts, precision, render_prompts, token_logprobs
+from softmax_grpo import group_advantages
 
 
 def no_clock(name):  # clock(name) -> a context timing one phase; benchmarks pass a real one

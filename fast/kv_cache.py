@@ -41,14 +41,9 @@ KEPT_SHAPES = 2  # static caches kept on the model (row counts): a last, smaller
 
 
 class TypedStaticLayer(StaticLayer):
-    """A StaticLayer whose keys and values are kept in `dtype`: the forward's compute dtype.
-
-    Under bf16 autocast over fp32 weights a layer's keys leave RoPE in fp32 and its values leave
-    v_proj in bf16 (transformers' StaticLayer allocates both in the keys' dtype: fp32); attention
-    casts both to bf16 at each step (its matmuls and sdpa run in autocast's dtype). Kept in bf16,
-    the cache holds what attention reads: the same values (a cast of a cast, exact), half the
-    bytes, no cast of the whole cache a step (12.1 of the 25.5 MB a step writes per layer at
-    Qwen2.5-0.5B's attention, 128 rows, cache 320: benchmarks/decode_ops.py --bytes)."""
+    """A StaticLayer whose keys and values are kept in `dtype`, the forward's compute dtype: under
+    bf16 autocast attention reads them in bf16 anyway (a cast of a cast, exact), so half the bytes
+    and no cast of the whole cache a step (transformers' StaticLayer keeps RoPE's fp32 keys)."""
 
     def __init__(self, max_cache_len, dtype):
         super().__init__(max_cache_len)

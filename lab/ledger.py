@@ -231,12 +231,11 @@ def provenance(load=None):
             "load": load_average() if load is None else load, "machine": this_machine()}
 
 
-# --- one run's clip, ratio and KL activity (lab.referee_clipping, reproduce's clipping cells) ---
-ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")
+ACTIVITY = ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "kl")  # a run's activity
 
 
 def activity(metrics_path):
-    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]} (missing keys: none)."""
+    """The training rows' clip/ratio/KL series of one run -> {key: [(step, value)]}."""
     from harness.metrics import read_metrics
     rows = [r for r in read_metrics(metrics_path) if not r.get("eval")]
     return {key: [(r["step"], r[key]) for r in rows if key in r] for key in ACTIVITY}

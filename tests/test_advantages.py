@@ -190,7 +190,9 @@ def test_group_advantages_sum_to_zero(method_and_rewards, tau):
     A = group_advantages(R, method, tau=tau)
     assert A.shape == R.shape and torch.isfinite(A).all()
     scale = 1 + A.abs().amax(dim=1)
-    assert (A.sum(dim=1).abs() <= 1e-5 * R.shape[1] * scale).all()
+    # float32's R - mean cancels: an error of ~2^-23 |R| a reward, over the group's spread (grpo's std)
+    cancel = R.abs().amax(dim=1) * 2.0 ** -23 / (R.std(dim=1) + 1e-6) if R.shape[1] > 1 else 0.0
+    assert (A.sum(dim=1).abs() <= R.shape[1] * (1e-5 * scale + 4 * cancel)).all()
 
 
 @settings(max_examples=40, deadline=None)

@@ -327,8 +327,8 @@ def test_token_logprobs_under_activation_checkpointing_give_the_same_values_and_
     model.train()
     plain = token_logprobs(model, *batch, logit_chunk=5)
     plain_grads = torch.autograd.grad(plain.sum(), list(model.parameters()))
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    enable()
+    from harness.model import enable_checkpointing
+    enable_checkpointing(model)  # HF's, non-reentrant, as --gradient-checkpointing
     checkpointed = token_logprobs(model, *batch, logit_chunk=5)
     for a, b in zip(torch.autograd.grad(checkpointed.sum(), list(model.parameters())), plain_grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

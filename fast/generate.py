@@ -29,9 +29,10 @@ def loop_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_id, e
         return None
     call = dict(max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
                 generate_kwargs=generate_kwargs)
-    weights = next(model.parameters()).detach().flatten()[:256].clone()  # moved by an optimizer step
-    checked = untested_device(input_ids.device) and verdict["calls"] < SELF_CHECKED_CALLS and (
-        verdict["weights"] is None or not torch.equal(weights, verdict["weights"]))
+    checked = untested_device(input_ids.device) and verdict["calls"] < SELF_CHECKED_CALLS
+    if checked:  # a weight sample, moved by an optimizer step: no check twice at the same weights
+        weights = next(model.parameters()).detach().flatten()[:256].clone()
+        checked = verdict["weights"] is None or not torch.equal(weights, verdict["weights"])
     before = loop.rng_state(input_ids.device)
     try:
         completion_ids = loop.static_decode(model, input_ids, attention_mask, **call)

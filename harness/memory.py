@@ -201,12 +201,9 @@ def memory_plan(shape, config, prompt_length):
     else:  # shared prompts: each distinct prompt's P tokens once, every row's T, each row's K, V over P + T
         tokens = math.ceil(micro / M) * P + micro * T
         layer_activations = L * (per_token_layer * tokens + compute * 2 * kv * micro * P)
-    # GQA: transformers' repeat_kv copies K and V to every query head, and SDPA saves the copies
-    # (measured)
+    # GQA: transformers' repeat_kv copies K and V to every query head, and SDPA saves the copies (measured)
     gqa_copies = compute * 2 * (q - kv) * micro * (P + T) * (1 if config.gradient_checkpointing else L)
-    # one layer's backward on top: its MLP's 2 [tokens, I] input gradients, the residual's 2
-    # [tokens, H]
-
+    # one layer's backward on top: its MLP's 2 [tokens, I] input gradients, the residual's 2 [tokens, H]
     backward = (2 * compute * I + 2 * stored * H) * tokens
     # the tokens whose float32 logits, scaling and softmax exist at once (rollout.token_logprobs): "logit_chunk"
     at_once = min(config.logit_chunk, micro * T)
